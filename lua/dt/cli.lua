@@ -1,0 +1,92 @@
+-- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench and info subcommands.
+local M = {}
+
+local usage = [[
+usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in this process
+       dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
+       dtrun bench NAME [options]                              run a benchmark (train)
+       dtrun info                                              build, threads and devices
+       dtrun --help | --version]]
+
+local function rest(args, from)
+   local r = {}
+   for i = from, #args do r[#r + 1] = args[i] end
+   return r
+end
+
+local commands = {}
+
+function commands.test(args)
+   _G.arg = rest(args, 2)
+   _G.arg[0] = "busted"
+   -- busted signals failures under Lua 5.1 by raising an error with no message.
+   local ok, err = pcall(require("busted.runner"), { standalone = false })
+   if ok then return 0 end
+   if err ~= nil then error(err, 0) end
+   return 1
+end
+
+function commands.bench(args)
+   local name = args[2]
+   if not name then
+      io.stderr:write("dtrun bench: name a benchmark, e.g. `dtrun bench train`\n")
+      return 2
+   end
+   local ok, mod = pcall(require, "dt.bench." .. name)
+   if not ok then
+      if tostring(mod):find("module 'dt.bench." .. name .. "' not found", 1, true) then
+         io.stderr:write(("dtrun bench: unknown benchmark '%s'\n"):format(name))
+         return 2
+      end
+      error(mod, 0)
+   end
+   return mod.main(rest(args, 3)) or 0
+end
+
+function commands.info()
+   local dt = require "dt"
+   print(("dtrun %s  LuaJIT %s"):format(require("dt.version"), jit.version))
+   print(("build: CPU only   threads: %d"):format(dt.threads()))
+   print("devices: cpu")
+   return 0
+end
+
+local function run_recipe(args)
+   local path = args[1]
+   local f = io.open(path, "r")
+   if not f then
+      io.stderr:write(("dtrun: recipe '%s' does not exist\n"):format(path))
+      return 2
+   end
+   f:close()
+   local chunk, err = loadfile(path)
+   if not chunk then error(err, 0) end
+   _G.arg = rest(args, 2)
+   _G.arg[0] = path
+   local ret = chunk(unpack(_G.arg))
+   return type(ret) == "number" and ret or 0
+end
+
+function M.main(args)
+   local first = args[1]
+   if first == nil or first == "--help" or first == "-h" then
+      print(usage)
+      return first == nil and 2 or 0
+   end
+   if first == "--version" then
+      print("dtrun " .. require("dt.version"))
+      return 0
+   end
+   if commands[first] then return commands[first](args) end
+   if first:sub(1, 1) == "-" then
+      io.stderr:write(("dtrun: unknown option '%s'\n%s\n"):format(first, usage))
+      return 2
+   end
+   if not first:match("%.lua$") then
+      io.stderr:write(("dtrun: unknown command '%s' (recipes end in .lua)\n%s\n"):format(first, usage))
+      return 2
+   end
+   return run_recipe(args)
+end
+
+return M

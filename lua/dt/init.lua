@@ -1,0 +1,53 @@
+-- dt/init.lua: `require "dt"`: tensors, dtypes, devices, autograd switches, memory and thread controls.
+local ffi = require "ffi"
+local dtffi = require "dt.ffi"
+local Tensor = require "dt.tensor"
+local autograd = require "dt.autograd"
+
+local C, check = dtffi.C, dtffi.check
+local dt = {
+   Tensor = Tensor,
+   is_tensor = Tensor.is_tensor,
+   empty = Tensor.empty,
+   zeros = Tensor.zeros,
+   ones = Tensor.ones,
+   full = Tensor.full,
+   tensor = Tensor.from,
+   no_grad = autograd.no_grad,
+   enable_grad = function(fn, ...) return autograd.set_enabled(true, fn, ...) end,
+   is_grad_enabled = autograd.is_enabled,
+   checkpoint = autograd.checkpoint,
+   C = C,
+   check = check,
+}
+
+-- Op families install functions into dt and methods into Tensor.
+for _, family in ipairs { "dt.random", "dt.ops.elementwise", "dt.ops.reduce", "dt.ops.linalg", "dt.ops.index",
+   "dt.ops.nn" } do
+   require(family)(dt, Tensor)
+end
+
+local pool_ids = { host = 0, pinned = 1, device = 2 }
+
+-- Live/peak bytes per pool: { host = {live=, peak=, allocs=}, pinned = ..., device = ... }.
+function dt.memory_stats()
+   local st, out = ffi.new("dt_pool_stats"), {}
+   for name, id in pairs(pool_ids) do
+      check(C.dt_pool_stats_get(id, st))
+      out[name] = { live = tonumber(st.live_bytes), peak = tonumber(st.peak_bytes), allocs = tonumber(st.alloc_count) }
+   end
+   return out
+end
+
+function dt.reset_peak_memory()
+   for _, id in pairs(pool_ids) do C.dt_pool_reset_peak(id) end
+end
+
+function dt.threads(n)
+   if n then check(C.dt_threads_set(n)) end
+   return C.dt_threads_get()
+end
+
+function dt.time() return C.dt_time_now() end
+
+return dt

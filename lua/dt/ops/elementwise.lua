@@ -1,0 +1,2 @@
+-- ops.elementwise: placeholder until its family lands.
+return function() end

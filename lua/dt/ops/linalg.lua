@@ -1,0 +1,2 @@
+-- ops.linalg: placeholder until its family lands.
+return function() end

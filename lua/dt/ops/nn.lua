@@ -1,0 +1,2 @@
+-- ops.nn: placeholder until its family lands.
+return function() end

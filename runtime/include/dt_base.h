@@ -1,0 +1,58 @@
+/* dt_base.h: status codes, thread-local error messages, dtypes, devices and threading. */
+#ifndef DT_BASE_H
+#define DT_BASE_H
+#ifndef DT_FFI
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+/* Every fallible function returns a dt_status; on failure dt_last_error() says why. */
+typedef enum {
+  DT_OK = 0,
+  DT_ERR_ARG = -1,    /* bad argument: shape, dtype, range */
+  DT_ERR_OOM = -2,    /* allocation failed */
+  DT_ERR_IO = -3,     /* file or socket error */
+  DT_ERR_STATE = -4,  /* call not valid in this state */
+  DT_ERR_UNSUPPORTED = -5,
+  DT_ERR_CORRUPT = -6 /* checksum or format mismatch */
+} dt_status;
+
+const char *dt_last_error(void);
+void dt_clear_error(void);
+
+typedef enum {
+  DT_DTYPE_F32 = 0,
+  DT_DTYPE_F64 = 1,
+  DT_DTYPE_BF16 = 2,
+  DT_DTYPE_F16 = 3,
+  DT_DTYPE_I32 = 4,
+  DT_DTYPE_I64 = 5,
+  DT_DTYPE_U8 = 6,
+  DT_DTYPE_BOOL = 7,
+  DT_DTYPE_COUNT = 8
+} dt_dtype;
+
+size_t dt_dtype_size(int dtype);
+const char *dt_dtype_name(int dtype);
+bool dt_dtype_is_float(int dtype);
+
+typedef enum { DT_DEVICE_CPU = 0, DT_DEVICE_CUDA = 1 } dt_device_type;
+
+typedef struct dt_device {
+  int32_t type;  /* dt_device_type */
+  int32_t index; /* cuda:N; 0 for cpu */
+} dt_device;
+
+/* Threads used by CPU kernels (OpenMP and OpenBLAS). Default: DT_NUM_THREADS,
+ * else OMP_NUM_THREADS, else online cores / DT_LOCAL_WORLD_SIZE. */
+int dt_threads_get(void);
+dt_status dt_threads_set(int n);
+
+/* Size in bytes of a struct that Lua reads directly, so a spec can compare with ffi.sizeof. */
+size_t dt_abi_sizeof(const char *type_name);
+
+/* Monotonic clock in seconds. */
+double dt_time_now(void);
+
+#endif

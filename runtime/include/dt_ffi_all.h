@@ -1,0 +1,8 @@
+/* dt_ffi_all.h: every public header, preprocessed with -DDT_FFI into lua/dt/cdef.lua at build time. */
+#include "dt_base.h"
+#include "dt_tensor.h"
+#include "dt_ops.h"
+#include "dt_nn.h"
+#include "dt_random.h"
+#include "dt_optim.h"
+#include "dt_io.h"

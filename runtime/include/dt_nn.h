@@ -1,0 +1,64 @@
+/* dt_nn.h: fused neural-network kernels, forward/backward pairs. Rows are the last dimension;
+ * all leading dims are flattened into N rows. Float inputs; f32 accumulation. */
+#ifndef DT_NN_H
+#define DT_NN_H
+#include "dt_tensor.h"
+
+/* y = softmax(x) (or log_softmax when log) over the last dim. */
+dt_status dt_nn_softmax_fwd(const dt_tensor *x, dt_tensor *y, bool log);
+/* dx from y (the forward output) and dy. */
+dt_status dt_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *dx, bool log);
+
+/* Fused softmax + cross-entropy. logits (N, V); targets (N) i32/i64; losses (N) f32 gets
+ * -log p[target] (0 where target == ignore_index). If dlogits is not NULL it gets
+ * grad_scale * (softmax - onehot) in the same pass (0 rows for ignored targets).
+ * n_valid receives the count of targets != ignore_index. */
+dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
+                                  double grad_scale, dt_tensor *losses, dt_tensor *dlogits, int64_t *n_valid);
+
+/* LayerNorm over the last dim C: y = (x - mean) * rstd * w + b. w, b: (C) or NULL.
+ * mean, rstd: (N) f32, saved for backward. */
+dt_status dt_nn_layernorm_fwd(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, double eps,
+                              dt_tensor *y, dt_tensor *mean, dt_tensor *rstd);
+/* dx = ..., dw += ..., db += ... (accumulated; NULL to skip). */
+dt_status dt_nn_layernorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w,
+                              const dt_tensor *mean, const dt_tensor *rstd, dt_tensor *dx, dt_tensor *dw,
+                              dt_tensor *db);
+
+/* RMSNorm: y = x * rstd * w; rstd (N) f32 saved. */
+dt_status dt_nn_rmsnorm_fwd(const dt_tensor *x, const dt_tensor *w, double eps, dt_tensor *y, dt_tensor *rstd);
+dt_status dt_nn_rmsnorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *rstd,
+                            dt_tensor *dx, dt_tensor *dw);
+
+/* Exact GELU: y = x * Phi(x) (approx_tanh: the tanh approximation). */
+dt_status dt_nn_gelu_fwd(const dt_tensor *x, dt_tensor *y, bool approx_tanh);
+dt_status dt_nn_gelu_bwd(const dt_tensor *x, const dt_tensor *dy, dt_tensor *dx, bool approx_tanh);
+
+/* SwiGLU: y = silu(gate) * up. gate, up, y same shape. */
+dt_status dt_nn_swiglu_fwd(const dt_tensor *gate, const dt_tensor *up, dt_tensor *y);
+dt_status dt_nn_swiglu_bwd(const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy, dt_tensor *dgate,
+                           dt_tensor *dup);
+
+/* Rotary embeddings on x (B, T, H, D), D even, rotating pairs (i, i + D/2) (Llama/NeoX layout),
+ * position of token t = pos_offset + t, frequencies theta^(-2i/D). bwd applies the inverse rotation. */
+dt_status dt_nn_rope_fwd(const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y);
+dt_status dt_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx);
+
+/* Causal self-attention, tiled with an online softmax (no T x T matrix kept).
+ * q (B, Hq, T, D); k, v (B, Hkv, Tk, D), Hq % Hkv == 0 (GQA); out (B, Hq, T, D);
+ * lse (B, Hq, T) f32 log-sum-exp saved for backward. Query t attends keys
+ * s <= t + (Tk - T) when causal. scale usually 1/sqrt(D). */
+dt_status dt_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale,
+                              bool causal, dt_tensor *out, dt_tensor *lse);
+/* dq, dk, dv overwritten. */
+dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, const dt_tensor *out,
+                              const dt_tensor *dout, const dt_tensor *lse, double scale, bool causal,
+                              dt_tensor *dq, dt_tensor *dk, dt_tensor *dv);
+
+/* Dropout with the counter-based generator: element i is kept iff
+ * uniform(seed, offset + i) >= p; kept values are scaled by 1/(1-p). The backward
+ * regenerates the same mask from (seed, offset), so no mask is stored. */
+dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y);
+dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx);
+
+#endif

@@ -1,0 +1,72 @@
+/* dt_ops.h: generic CPU/GPU ops: elementwise with broadcasting, reductions, matmul, indexing.
+ * Outputs are allocated by the caller with the right shape; inputs broadcast to the output
+ * shape (numpy rules). Float dtypes (f32, f64, bf16, f16) compute in f32 (f64 for f64). */
+#ifndef DT_OPS_H
+#define DT_OPS_H
+#include "dt_tensor.h"
+
+typedef enum {
+  DT_UNARY_NEG = 0, DT_UNARY_EXP, DT_UNARY_LOG, DT_UNARY_SQRT, DT_UNARY_RSQRT,
+  DT_UNARY_TANH, DT_UNARY_SIGMOID, DT_UNARY_RELU, DT_UNARY_ABS, DT_UNARY_SIN,
+  DT_UNARY_COS, DT_UNARY_SQUARE, DT_UNARY_RECIPROCAL, DT_UNARY_SIGN, DT_UNARY_COUNT
+} dt_unary_op;
+
+typedef enum {
+  DT_BINARY_ADD = 0, DT_BINARY_SUB, DT_BINARY_MUL, DT_BINARY_DIV, DT_BINARY_POW,
+  DT_BINARY_MAX, DT_BINARY_MIN, DT_BINARY_EQ, DT_BINARY_NE, DT_BINARY_LT,
+  DT_BINARY_LE, DT_BINARY_GT, DT_BINARY_GE, DT_BINARY_COUNT
+} dt_binary_op;
+
+typedef enum {
+  DT_TERNARY_WHERE = 0, /* out = cond(a) ? b : c */
+  DT_TERNARY_LERP,      /* out = a + c * (b - a) */
+  DT_TERNARY_ADDCMUL,   /* out = a + b * c */
+  DT_TERNARY_COUNT
+} dt_ternary_op;
+
+typedef enum {
+  DT_REDUCE_SUM = 0, DT_REDUCE_MEAN, DT_REDUCE_MAX, DT_REDUCE_MIN,
+  DT_REDUCE_ARGMAX, /* out dtype i64 */
+  DT_REDUCE_NORM2,  /* sqrt(sum(x^2)) */
+  DT_REDUCE_SUMSQ,  /* sum(x^2) */
+  DT_REDUCE_COUNT
+} dt_reduce_op;
+
+/* out = op(x); comparisons write bool or any dtype (1/0). */
+dt_status dt_op_unary(int op, const dt_tensor *x, dt_tensor *out);
+dt_status dt_op_binary(int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out);
+/* out = op(x, scalar) (scalar on the right; use reversed ops from Lua for the left). */
+dt_status dt_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *out);
+dt_status dt_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out);
+/* out = alpha * x + beta * out, in place on out (gradient accumulation). */
+dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out);
+
+/* Reduce x over one dimension (0-based `dim`), or over all when dim == -1.
+ * out has x's shape with that dim removed (keepdim: size 1). Accumulation in f32/f64
+ * with a fixed order (deterministic for any thread count). */
+dt_status dt_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out);
+
+/* out = alpha * op(a) @ op(b) + beta * out. a: (..., M, K) or (..., K, M) if trans_a;
+ * b: (..., K, N) or (..., N, K) if trans_b; batch dims broadcast; out: (..., M, N).
+ * f32/f64 through BLAS; bf16/f16 converted to f32 with f32 accumulation. */
+dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
+                       double alpha, double beta);
+
+/* Indices are i32 or i64 holding 0-based positions; out-of-range is an error naming the value. */
+/* out = x.index_select(dim, idx): out.shape[dim] = numel(idx). */
+dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);
+/* out[.., idx[i], ..] += src[.., i, ..] along dim (embedding backward). Deterministic. */
+dt_status dt_op_index_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);
+/* out[i][j] = x[i][idx[i][j]] (for dim = last; general dim supported). idx has out's shape. */
+dt_status dt_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);
+/* out[i][idx[i][j]] += src[i][j] (general dim). */
+dt_status dt_op_scatter_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);
+
+/* out = [a; b; ...] along dim (0-based). */
+dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out);
+/* out = lower/upper triangle masks etc: fills -inf/0 helper for tests. */
+
+/* Fills out with 0, 1, 2, ... (arange). */
+dt_status dt_op_arange(dt_tensor *out, double start, double step);
+
+#endif

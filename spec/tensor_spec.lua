@@ -1,0 +1,104 @@
+-- spec/tensor_spec.lua: tensor creation, properties, views, copies, casts and their errors.
+local dt = require "dt"
+local testing = require "dt.testing"
+
+describe("tensor", function()
+   it("creates tensors with shape, dtype and device", function()
+      local t = dt.zeros({ 2, 3 }, { dtype = "f64" })
+      assert.same({ 2, 3 }, t.shape)
+      assert.equal("f64", t.dtype)
+      assert.equal("cpu", t.device)
+      assert.equal(6, t:numel())
+      assert.equal(0, t:get(6))
+   end)
+
+   it("supports every dtype", function()
+      for _, d in ipairs { "f32", "f64", "bf16", "f16", "i32", "i64", "u8", "bool" } do
+         local t = dt.full({ 3 }, 1, { dtype = d })
+         assert.equal(d, t.dtype)
+         assert.equal(1, t:get(3))
+      end
+   end)
+
+   it("builds from nested tables and reads back", function()
+      local t = dt.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+      assert.same({ { 1, 2, 3 }, { 4, 5, 6 } }, t:totable())
+      assert.equal(5, t[2][2]:item())
+   end)
+
+   it("rejects ragged data and bad shapes", function()
+      assert.has_error(function() dt.tensor({ { 1, 2 }, { 3 } }) end)
+      assert.has_error(function() dt.zeros({ -1 }) end)
+      assert.has_error(function() dt.zeros({ 2 }, { dtype = "f8" }) end, nil)
+   end)
+
+   it("views share storage: transpose, narrow, select, permute, expand", function()
+      local t = dt.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+      local tt = t:transpose(1, 2)
+      assert.same({ 3, 2 }, tt.shape)
+      assert.same({ { 1, 4 }, { 2, 5 }, { 3, 6 } }, tt:totable())
+      assert.is_false(tt:is_contiguous())
+      assert.same({ { 2, 3 }, { 5, 6 } }, t:narrow(2, 2, 2):totable())
+      assert.same({ 4, 5, 6 }, t:select(1, 2):totable())
+      t:narrow(2, 1, 1):fill_(9)
+      assert.same({ { 9, 2, 3 }, { 9, 5, 6 } }, t:totable())
+      local e = dt.tensor({ 1, 2 }):view(2, 1):expand(2, 3)
+      assert.same({ { 1, 1, 1 }, { 2, 2, 2 } }, e:totable())
+   end)
+
+   it("reshapes with -1 and rejects mismatches", function()
+      local t = dt.zeros({ 2, 3, 4 })
+      assert.same({ 6, 4 }, t:view(-1, 4).shape)
+      assert.same({ 24 }, t:flatten().shape)
+      assert.has_error(function() t:view(5, -1) end)
+      assert.has_error(function() t:view(7, 3) end)
+   end)
+
+   it("copies non-contiguous views and casts with rounding", function()
+      local t = dt.tensor({ { 1, 2 }, { 3, 4 } }):transpose(1, 2):contiguous()
+      assert.same({ { 1, 3 }, { 2, 4 } }, t:totable())
+      local b = dt.tensor({ 1.00390625, 3.14159 }):to("bf16")
+      assert.equal(1.0, b:get(1)) -- ties round to even
+      testing.assert_close(b:to("f32"), { 1.0, 3.140625 }, 0)
+      local h = dt.tensor({ 65504, 1e-7, 0.1 }):to("f16")
+      testing.assert_close(h, { 65504, 1.1920928955078125e-07, 0.0999755859375 }, 1e-12)
+   end)
+
+   it("out-of-range dims and indices are errors naming the problem", function()
+      local t = dt.zeros({ 2, 3 })
+      assert.has_error(function() t:size(3) end,
+         "dimension 3 out of range for a 2-d tensor (use 1..2 or -1..-2)")
+      local ok, err = pcall(function() return t[3] end)
+      assert.is_false(ok)
+      assert.matches("index 3 out of range for dimension 1 of size 2", err)
+   end)
+
+   it("reports live and peak memory", function()
+      collectgarbage()
+      collectgarbage("stop") -- no finalizer may free other tensors while we count
+      local before = dt.memory_stats().host.live
+      local t = dt.empty({ 1024, 1024 })
+      assert.equal(before + 4 * 1024 * 1024, dt.memory_stats().host.live)
+      assert.is_true(dt.memory_stats().host.peak >= before + 4 * 1024 * 1024)
+      t:free()
+      assert.equal(before, dt.memory_stats().host.live)
+      collectgarbage("restart")
+   end)
+
+   it("prints small tensors in full and summarises large ones", function()
+      assert.matches("dt.Tensor%(2%) f32 cpu %[1 2%]", tostring(dt.tensor({ 1, 2 })))
+      local s = tostring(dt.ones({ 100, 100 }))
+      assert.matches("norm 100", s)
+      assert.matches("min 1  max 1", s)
+   end)
+
+   it("matches the struct layout the C library uses", function()
+      local ffi = require "ffi"
+      for _, name in ipairs { "dt_tensor", "dt_device", "dt_pool_stats" } do
+         assert.equal(tonumber(dt.C.dt_abi_sizeof(name)), ffi.sizeof(name), name)
+      end
+      assert.equal(tonumber(dt.C.dt_abi_sizeof("dt_tensor.ndim")), ffi.offsetof("dt_tensor", "ndim"))
+      assert.equal(tonumber(dt.C.dt_abi_sizeof("dt_tensor.offset")), ffi.offsetof("dt_tensor", "offset"))
+      assert.equal(tonumber(dt.C.dt_abi_sizeof("dt_tensor.device")), ffi.offsetof("dt_tensor", "device"))
+   end)
+end)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# tools/setup.sh: installs the Debian packages dtrun needs (only those missing) and builds it into build/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev libopenblas0-openmp
+  zlib1g-dev lua-busted lua-cjson)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" 2>&1 | grep -vE '^\[|^(Consolidate|Scanning|Built target)' || true
+test -x build/dtrun || { echo "setup: build failed" >&2; exit 1; }
+echo "setup: built build/dtrun"
