@@ -1,0 +1,81 @@
+-- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch, and GFLOP/s vs measured sgemm.
+local dt = require "dt"
+local nn = require "dt.nn"
+local optim = require "dt.optim"
+local common = require "dt.bench.common"
+
+local M = {}
+
+-- ref-gpt (shared/peers/torch_gpt.py): byte vocab, context 256, width 384, 6 layers, 6 heads.
+local REF = { vocab = 256, seq = 256, dim = 384, layers = 6, heads = 6, batch = 8 }
+
+-- Matmul FLOPs of one training step (forward + backward = 3x forward), attention included (causal: half).
+local function step_flops(cfg, batch)
+   local tokens, d, L = batch * cfg.seq, cfg.dim, cfg.layers
+   local per_token = L * (2 * (3 * d * d + d * d + 8 * d * d)) + 2 * d * cfg.vocab
+   local attn = L * 2 * 2 * batch * cfg.seq * cfg.seq * d * 0.5 -- q.k and p.v, causal half
+   return 3 * (per_token * tokens + attn)
+end
+
+local function sgemm_gflops(n, reps)
+   local a, b = dt.randn({ n, n }), dt.randn({ n, n })
+   local c = dt.matmul(a, b)
+   local times = {}
+   for _ = 1, reps do
+      local t0 = dt.time()
+      c = dt.matmul(a, b)
+      times[#times + 1] = dt.time() - t0
+   end
+   c:free()
+   return 2 * n ^ 3 / common.median(times) / 1e9
+end
+
+function M.main(args)
+   local o = common.options(args, { steps = 7, warmup = 2, threads = 0, peer = "yes" }, "train")
+   local threads = o.threads > 0 and o.threads or common.cores()
+   dt.threads(threads)
+   print(("ref-gpt training benchmark: batch %dx%d, %d steps after %d warm-up, %d threads"):format(REF.batch, REF.seq,
+      o.steps, o.warmup, threads))
+
+   local model = nn.GPT { vocab = REF.vocab, seq = REF.seq, dim = REF.dim, layers = REF.layers, heads = REF.heads, seed = 0 }
+   local opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.1 })
+   local x = dt.randint(0, REF.vocab, { REF.batch, REF.seq }, { dtype = "i64" })
+   local y = dt.randint(0, REF.vocab, { REF.batch, REF.seq }, { dtype = "i64" })
+   local times = {}
+   for i = 1, o.warmup + o.steps do
+      local t0 = dt.time()
+      opt:zero_grad()
+      local loss = model(x, y)
+      loss:backward()
+      opt:step()
+      local dt_s = dt.time() - t0
+      if i > o.warmup then times[#times + 1] = dt_s end
+      print(("  step %d  loss %.4f  %.0f ms"):format(i, loss:item(), dt_s * 1e3))
+      collectgarbage()
+   end
+   local step_s = common.median(times)
+   local tps = REF.batch * REF.seq / step_s
+   local gflops = step_flops(REF, REF.batch) / step_s / 1e9
+   local peak = sgemm_gflops(1024, 5)
+   print(("ours: %.0f tokens/s, step %.0f ms, %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s"):format(tps, step_s * 1e3,
+      gflops, 100 * gflops / peak, peak))
+
+   local peer, why = nil, "skipped (peer=no)"
+   if o.peer ~= "no" then
+      peer, why = common.run_peer("torch_gpt.py", ("--threads %d --steps %d"):format(threads, o.steps))
+   end
+   local fields = { { "tokens_per_second", tps }, { "step_ms", step_s * 1e3 }, { "gflops", gflops },
+      { "sgemm_gflops", peak }, { "mfu_vs_sgemm", gflops / peak } }
+   if peer then
+      print(("peer: torch %.0f tokens/s"):format(peer.tokens_per_second))
+      table.insert(fields, 2, { "peer_tokens_per_second", peer.tokens_per_second })
+      fields[#fields + 1] = { "ratio", tps / peer.tokens_per_second }
+   else
+      print("peer: " .. why)
+      fields[#fields + 1] = { "ratio", "n/a" }
+   end
+   common.report("train", fields)
+   return 0
+end
+
+return M
