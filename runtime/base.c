@@ -45,6 +45,8 @@ const char *dt_dtype_name(int dtype) {
 }
 bool dt_dtype_is_float(int dtype) { return dtype >= 0 && dtype < DT_DTYPE_COUNT && dtype_info[dtype].is_float; }
 
+int dt_device_count(int device_type) { return device_type == DT_DEVICE_CPU ? 1 : 0; }
+
 static int dt_threads = 0;
 
 static int default_threads(void) {
@@ -81,6 +83,15 @@ size_t dt_abi_sizeof(const char *name) {
   if (!strcmp(name, "dt_tensor.offset")) return offsetof(dt_tensor, offset);
   if (!strcmp(name, "dt_tensor.device")) return offsetof(dt_tensor, device);
   return 0;
+}
+
+const char *dt_exe_path(void) {
+  static char path[4096];
+  if (!path[0]) {
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    path[n > 0 ? n : 0] = 0;
+  }
+  return path;
 }
 
 double dt_time_now(void) {

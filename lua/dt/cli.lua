@@ -3,6 +3,9 @@ local M = {}
 
 local usage = [[
 usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in this process
+       dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
+             --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
+             [--threads T] [key=value ...]                     run N ranks under the agent
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
        dtrun bench NAME [options]                              run a benchmark (train)
        dtrun info                                              build, threads and devices
@@ -59,6 +62,10 @@ local function run_recipe(args)
       return 2
    end
    f:close()
+   local launch = require "dt.launch"
+   if launch.is_launch(args) then
+      return launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end)
+   end
    local chunk, err = loadfile(path)
    if not chunk then error(err, 0) end
    _G.arg = rest(args, 2)

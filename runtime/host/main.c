@@ -44,6 +44,7 @@ static int traceback(lua_State *L) {
 
 int main(int argc, char **argv) {
   dt_clear_error(); /* also keeps libdt linked so ffi.C sees its symbols */
+  if (getenv("DT_AGENT")) setvbuf(stdout, NULL, _IOLBF, 0); /* a worker: the agent relays whole lines live */
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "dtrun: cannot create a Lua state (out of memory)\n");

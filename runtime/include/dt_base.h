@@ -44,6 +44,9 @@ typedef struct dt_device {
   int32_t index; /* cuda:N; 0 for cpu */
 } dt_device;
 
+/* Number of devices of a type this build and machine can use (cpu: 1; cuda: 0 in CPU-only builds). */
+int dt_device_count(int device_type);
+
 /* Threads used by CPU kernels (OpenMP and OpenBLAS). Default: DT_NUM_THREADS,
  * else OMP_NUM_THREADS, else online cores / DT_LOCAL_WORLD_SIZE. */
 int dt_threads_get(void);
@@ -51,6 +54,9 @@ dt_status dt_threads_set(int n);
 
 /* Size in bytes of a struct that Lua reads directly, so a spec can compare with ffi.sizeof. */
 size_t dt_abi_sizeof(const char *type_name);
+
+/* Absolute path of the running executable (dtrun), for re-executing it as a worker. */
+const char *dt_exe_path(void);
 
 /* Monotonic clock in seconds. */
 double dt_time_now(void);

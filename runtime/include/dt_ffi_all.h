@@ -6,3 +6,4 @@
 #include "dt_random.h"
 #include "dt_optim.h"
 #include "dt_io.h"
+#include "dt_launch.h"

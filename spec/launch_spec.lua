@@ -1,0 +1,110 @@
+-- spec/launch_spec.lua: the launcher agent: rank environment, prefixed and tee'd output, failure handling, flag errors.
+local ffi = require "ffi"
+local dt = require "dt"
+
+local exe = ffi.string(dt.C.dt_exe_path())
+local worker = "spec/fixtures/launch_worker.lua"
+
+-- Run dtrun with args in a temp base dir; returns output lines, exit code, and the run dir.
+local function dtrun(args)
+   local p = io.popen(("cd %s && %s %s 2>&1; echo \"exit=$?\""):format(os.getenv("PWD") or ".", exe, args))
+   local out = p:read("*a")
+   p:close()
+   local lines = {}
+   for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+   local code = tonumber(table.remove(lines):match("exit=(%d+)"))
+   local run_dir = lines[1] and lines[1]:match("^run dir: (.*)$")
+   return lines, code, run_dir, out
+end
+
+local function read(path)
+   local f = assert(io.open(path))
+   local s = f:read("*a")
+   f:close()
+   return s
+end
+
+local function stray_workers()
+   local p = io.popen("pgrep -f 'launch_worker[.]lua' | wc -l") -- the bracket keeps this shell out of the match
+   local n = tonumber(p:read("*a"))
+   p:close()
+   return n
+end
+
+describe("launcher", function()
+   it("starts N ranks with torchrun-compatible variables, prefixes output and tees logs", function()
+      local lines, code, run_dir, out = dtrun(worker .. " --nproc 2")
+      assert.equal(0, code, out)
+      assert.is_not_nil(run_dir, "first line must be `run dir: <path>`: " .. out)
+      for r = 0, 1 do
+         assert.matches(("%%[%d%%] env RANK=%d LOCAL_RANK=%d WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%%d+ DT_NUM_THREADS=%%d"):format(r, r, r), out)
+         assert.matches(("%%[%d%%] stderr line from rank %d"):format(r, r), out)
+         local log = read(("%s/logs/rank%d.log"):format(run_dir, r))
+         assert.matches("rank " .. r .. " done", log)
+         assert.not_matches("%[%d%]", log) -- logs hold the raw lines
+      end
+      assert.is_true(#lines >= 7)
+   end)
+
+   it("filters console ranks but still logs every rank", function()
+      local _, code, run_dir, out = dtrun(worker .. " --nproc 2 --ranks 1")
+      assert.equal(0, code)
+      assert.not_matches("%[0%]", out)
+      assert.matches("%[1%] rank 1 done", out)
+      assert.matches("rank 0 done", read(run_dir .. "/logs/rank0.log"))
+   end)
+
+   it("stops the group when a rank fails and names the root cause", function()
+      local t0 = dt.time()
+      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=1 code=7 sleep=30")
+      assert.equal(7, code)
+      assert.is_true(dt.time() - t0 < 10, "the other rank must be stopped, not awaited")
+      assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7", out)
+      assert.matches("rank 1 about to fail", out)
+      assert.matches("rank 0 was killed by SIGTERM", out)
+      assert.equal(0, stray_workers())
+   end)
+
+   it("reports a rank killed by SIGKILL", function()
+      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=0 how=kill sleep=30")
+      assert.equal(137, code)
+      assert.matches("job failed: rank 0 %(pid %d+%) was killed by SIGKILL", out)
+   end)
+
+   it("restarts the whole group with --max-restarts", function()
+      local _, code, _, out = dtrun(worker .. " --nproc 2 --max-restarts 1 fail_rank=0 fail_times=1")
+      assert.equal(0, code, out)
+      assert.matches("restarting all ranks %(restart 1 of 1%)", out)
+      assert.matches("%[0%] rank 0 done", out)
+   end)
+
+   it("stops every rank cleanly on Ctrl-C (SIGINT to the agent)", function()
+      local cmd = ("%s %s --nproc 2 --grace 2 sleep=30 > /dev/null 2>&1 & pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?")
+         :format(exe, worker)
+      local p = io.popen(cmd)
+      local code = tonumber(p:read("*a"))
+      p:close()
+      assert.equal(130, code)
+      assert.equal(0, stray_workers())
+   end)
+
+   it("rejects bad flags and values with one clear line", function()
+      local cases = {
+         { "--nproc 0", "dtrun: %-%-nproc must be at least 1, got 0" },
+         { "--nproc two", "dtrun: %-%-nproc must be an integer, got 'two'" },
+         { "--nprocs 2", "dtrun: unknown flag %-%-nprocs" },
+         { "--device tpu --nproc 1", "dtrun: %-%-device must be one of cpu, cuda; got 'tpu'" },
+         { "--gpus 8", "dtrun: 8 GPU rank%(s%) requested but this machine has 0 CUDA device%(s%).*use %-%-nproc 8" },
+         { "--master-port 70000 --nproc 1", "%-%-master%-port must be in 1..65535" },
+      }
+      for _, c in ipairs(cases) do
+         local lines, code = dtrun(worker .. " " .. c[1])
+         assert.equal(2, code, c[1])
+         assert.equal(1, #lines, c[1] .. ": " .. table.concat(lines, "\n"))
+         assert.matches(c[2], lines[1])
+      end
+      local lines, code = dtrun("no/such/recipe.lua --nproc 2")
+      assert.equal(2, code)
+      assert.matches("recipe 'no/such/recipe.lua' does not exist", lines[1])
+   end)
+end)
