@@ -1,4 +1,6 @@
 /* tensor.c: storage refcounting, pool accounting, views, copy/fill, half-precision conversion. */
+#include <malloc.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +27,17 @@ static void pool_account(int pool, int64_t delta) {
   }
 }
 
+/* Training allocates and frees the same large activation sizes every step. Keep freed memory in
+ * the heap (no trimming, mmap only above 32 MiB) so pages are reused warm instead of being
+ * unmapped and faulted in again; this is glibc tuning, not a caching allocator of our own. */
+static void tune_malloc(void) {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 void *dt_pool_alloc(int pool, size_t nbytes) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, tune_malloc);
   size_t n = nbytes ? (nbytes + 63) & ~(size_t)63 : 64;
   void *p = aligned_alloc(64, n);
   if (p) pool_account(pool, (int64_t)nbytes);

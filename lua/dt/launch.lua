@@ -1,9 +1,17 @@
 -- dt/launch.lua: `dtrun RECIPE --nproc N ...`: parse launcher flags, make the run dir, run the C agent.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
+local dist = require "dt.dist"
 
 local C = dtffi.C
 local M = {}
+
+local function random_hex(nbytes)
+   local f = assert(io.open("/dev/urandom", "rb"))
+   local bytes = f:read(nbytes)
+   f:close()
+   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
 
 -- Flags the launcher owns; everything else after the recipe goes to the recipe.
 local flags = {
@@ -120,6 +128,24 @@ function M.run(recipe, args, make_run_dir)
          return 2
       end
    end
+   -- The store: node 0's agent serves it on its own thread; every worker connects with the token.
+   local token = os.getenv("DT_JOB_TOKEN")
+   if opts.nnodes > 1 and not token then
+      io.stderr:write("dtrun: multi-node jobs need a shared secret: set DT_JOB_TOKEN to the same value on every node\n")
+      return 2
+   end
+   token = token or random_hex(16)
+   local port = opts.master_port or (opts.nnodes == 1 and 0 or 29500)
+   local server
+   if opts.node_rank == 0 then
+      local ok, srv = pcall(dist.serve, opts.master_addr or "127.0.0.1", port, token)
+      if not ok then
+         io.stderr:write(("dtrun: cannot start the rendezvous store on port %d: %s (pick another --master-port)\n")
+            :format(port, tostring(srv):gsub("^.-: ", "")))
+         return 2
+      end
+      server, port = srv, srv.port
+   end
    local run_dir = make_run_dir(recipe, rest)
    print("run dir: " .. run_dir)
    io.stdout:flush()
@@ -136,7 +162,7 @@ function M.run(recipe, args, make_run_dir)
    local o = ffi.new("dt_launch_opts")
    o.nproc, o.nnodes, o.node_rank = opts.nproc, opts.nnodes, opts.node_rank
    o.master_addr = opts.master_addr or "127.0.0.1"
-   o.master_port = opts.master_port or 29500
+   o.master_port = port
    o.device = opts.device
    o.run_dir = run_dir
    o.console_ranks = opts.ranks or "all"
@@ -144,8 +170,14 @@ function M.run(recipe, args, make_run_dir)
    o.max_restarts = opts.max_restarts or 0
    o.threads_per_rank = opts.threads or 0
    o.argc, o.argv = #argv_list, argv
+   local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=dt-" .. token:sub(1, 12) }
+   local env = ffi.new("const char*[?]", #env_list + 1)
+   for i, e in ipairs(env_list) do env[i - 1] = e end
+   o.extra_env = env
    local code = ffi.new("int[1]")
-   dtffi.check(C.dt_launch_run(o, code), 2)
+   local status = C.dt_launch_run(o, code)
+   if server then server:stop() end
+   dtffi.check(status, 2)
    return code[0]
 end
 

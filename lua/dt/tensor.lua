@@ -50,6 +50,23 @@ local function cdim(t, d, ndim, level)
 end
 Tensor.cdim = cdim
 
+-- LuaJIT's GC sees a tensor as a few bytes, so dead tensors' storage would pile up. Count the
+-- bytes allocated since the last collection and collect once they exceed what was live then
+-- (at least 64 MiB): garbage stays bounded by about the live set, and pages get reused while warm.
+local gc_budget, gc_min = 64 * 2 ^ 20, 64 * 2 ^ 20
+local allocated_since_gc = 0
+local pool_stats = ffi.new("dt_pool_stats")
+
+local function account_allocation(nbytes)
+   allocated_since_gc = allocated_since_gc + nbytes
+   if allocated_since_gc > gc_budget then
+      collectgarbage()
+      C.dt_pool_stats_get(0, pool_stats)
+      gc_budget = math.max(gc_min, tonumber(pool_stats.live_bytes))
+      allocated_since_gc = 0
+   end
+end
+
 function Tensor.empty(shape, opts)
    opts = opts or {}
    local dtinfo = dtype.get(opts.dtype or "f32", 3)
@@ -63,6 +80,7 @@ function Tensor.empty(shape, opts)
    local out = handle_out()
    check(C.dt_tensor_empty(#shape, to_carray(shape), dtinfo.id, dev, out))
    local t = wrap(out[0])
+   account_allocation(tonumber(C.dt_storage_nbytes(out[0].storage)))
    if opts.requires_grad then t.requires_grad = true end
    return t
 end
@@ -192,7 +210,7 @@ end
 -- In-place, not recorded: fill and copy (with broadcasting and dtype conversion).
 function Tensor:fill_(v) check(C.dt_tensor_fill(self.h, v)); return self end
 function Tensor:copy_(src)
-   check(C.dt_tensor_copy(self.h, src.h))
+   check(C.dt_op_axpby(1, src.h, 0, self.h))
    return self
 end
 
@@ -218,7 +236,7 @@ end
 -- A contiguous copy (always new storage).
 function Tensor:clone()
    local out = self:new_empty(self.shape)
-   check(C.dt_tensor_copy(out.h, self.h))
+   check(C.dt_op_axpby(1, self.h, 0, out.h))
    return autograd.record(out, { self }, function(g) return g end, "clone")
 end
 
@@ -389,7 +407,7 @@ function Tensor:to(target)
    local info = dtype.get(target, 2)
    if info.id == self.h.dtype then return self end
    local out = self:new_empty(self.shape, info.name)
-   check(C.dt_tensor_copy(out.h, self.h))
+   check(C.dt_op_axpby(1, self.h, 0, out.h))
    local src_dtype = self.dtype
    if info.is_float and self:dtype_info().is_float then
       autograd.record(out, { self }, function(g) return g:to(src_dtype) end, "cast")
