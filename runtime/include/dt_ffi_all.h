@@ -7,3 +7,5 @@
 #include "dt_optim.h"
 #include "dt_io.h"
 #include "dt_launch.h"
+#include "dt_store.h"
+#include "dt_comm.h"

@@ -1,0 +1,306 @@
+/* comm_api.c: the public communicator API: argument checks, init/destroy, and in-order async calls on a progress thread. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "shm_internal.h"
+
+enum { DEFAULT_TIMEOUT_MS = 300000, MAX_WORLD = 256, MAX_JOB = 128 };
+
+struct dt_comm_work {
+  dt_comm *c;
+  comm_call call;
+  dt_comm_work *next;
+  _Atomic bool done;
+  dt_status status;
+  char err[1024];
+};
+
+/* ---- progress thread: runs queued calls one at a time, in order of issue ---- */
+
+static void *progress_main(void *arg) {
+  dt_comm *c = arg;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while ((!c->head && !c->stopping) || (c->head && c->busy)) pthread_cond_wait(&c->cv, &c->mu);
+    if (!c->head) break; /* stopping, and everything queued has run */
+    dt_comm_work *w = c->head;
+    c->head = w->next;
+    if (!c->head) c->tail = NULL;
+    c->busy = true;
+    pthread_mutex_unlock(&c->mu);
+    dt_status st = shm_run(c, &w->call);
+    if (st != DT_OK) snprintf(w->err, sizeof w->err, "%s", dt_last_error());
+    pthread_mutex_lock(&c->mu);
+    c->busy = false;
+    w->status = st;
+    atomic_store(&w->done, true);
+    pthread_cond_broadcast(&c->cv);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+static dt_status enqueue(dt_comm *c, dt_comm_work *w) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->has_thread) {
+    if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+      pthread_mutex_unlock(&c->mu);
+      return DT_FAIL(DT_ERR_STATE, "comm '%s' rank %d: cannot start the progress thread", c->job, c->rank);
+    }
+    c->has_thread = true;
+  }
+  if (c->tail) c->tail->next = w;
+  else c->head = w;
+  c->tail = w;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return DT_OK;
+}
+
+static void wait_done(dt_comm_work *w) {
+  if (atomic_load(&w->done)) return;
+  pthread_mutex_lock(&w->c->mu);
+  while (!atomic_load(&w->done)) pthread_cond_wait(&w->c->cv, &w->c->mu);
+  pthread_mutex_unlock(&w->c->mu);
+}
+
+static dt_status work_status(const dt_comm_work *w) {
+  return w->status == DT_OK ? DT_OK : DT_FAIL(w->status, "%s", w->err);
+}
+
+/* Run now on this thread when nothing is queued or running; otherwise queue behind the rest
+ * (and wait, for a synchronous call). */
+static dt_status submit(dt_comm *c, const comm_call *call, dt_comm_work **work) {
+  if (work) {
+    *work = NULL;
+    dt_comm_work *w = calloc(1, sizeof *w);
+    DT_CHECK(w, DT_ERR_OOM, "comm '%s': out of memory queueing %s", c->job, shm_kind_name(call->kind));
+    w->c = c;
+    w->call = *call;
+    dt_status st = enqueue(c, w);
+    if (st != DT_OK) free(w);
+    else *work = w;
+    return st;
+  }
+  pthread_mutex_lock(&c->mu);
+  bool inline_ok = !c->head && !c->busy;
+  if (inline_ok) c->busy = true;
+  pthread_mutex_unlock(&c->mu);
+  if (inline_ok) {
+    dt_status st = shm_run(c, call);
+    pthread_mutex_lock(&c->mu);
+    c->busy = false;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+  }
+  dt_comm_work w = {.c = c, .call = *call};
+  DT_TRY(enqueue(c, &w));
+  wait_done(&w);
+  return work_status(&w);
+}
+
+dt_status dt_comm_work_wait(dt_comm_work *w) {
+  DT_CHECK(w, DT_ERR_ARG, "dt_comm_work_wait: NULL work handle");
+  wait_done(w);
+  return work_status(w);
+}
+
+dt_status dt_comm_work_test(dt_comm_work *w, bool *done) {
+  DT_CHECK(w, DT_ERR_ARG, "dt_comm_work_test: NULL work handle");
+  *done = atomic_load(&w->done);
+  return DT_OK;
+}
+
+void dt_comm_work_free(dt_comm_work *w) {
+  if (!w) return;
+  wait_done(w);
+  free(w);
+}
+
+/* ---- lifetime ---- */
+
+void dt_comm_destroy(dt_comm *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stopping = true;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (c->has_thread) pthread_join(c->thread, NULL);
+  shm_segment_close(c);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c->send_seq);
+  free(c->srcs);
+  free(c);
+}
+
+dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out) {
+  *out = NULL;
+  DT_CHECK(store, DT_ERR_ARG, "dt_comm_init_shm: NULL store");
+  DT_CHECK(world >= 1 && world <= MAX_WORLD, DT_ERR_ARG, "dt_comm_init_shm: world must be 1..%d ranks, got %d",
+           MAX_WORLD, world);
+  DT_CHECK(rank >= 0 && rank < world, DT_ERR_ARG, "dt_comm_init_shm: rank %d is outside 0..%d", rank, world - 1);
+  size_t jlen = job_id ? strlen(job_id) : 0;
+  DT_CHECK(jlen >= 1 && jlen <= MAX_JOB, DT_ERR_ARG, "dt_comm_init_shm: job id must be 1..%d bytes, got %zu",
+           MAX_JOB, jlen);
+  dt_comm *c = calloc(1, sizeof *c);
+  DT_CHECK(c, DT_ERR_OOM, "dt_comm_init_shm: out of memory");
+  c->rank = rank;
+  c->world = world;
+  c->timeout_ms = DEFAULT_TIMEOUT_MS;
+  memcpy(c->job, job_id, jlen);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  /* one allocation for the four per-peer counters */
+  c->send_seq = calloc((size_t)world * 3, sizeof(uint64_t));
+  c->srcs = calloc((size_t)world, sizeof *c->srcs);
+  dt_status st = DT_OK;
+  if (!c->send_seq || !c->srcs) {
+    st = DT_FAIL(DT_ERR_OOM, "dt_comm_init_shm: out of memory");
+  } else {
+    c->recv_seq = c->send_seq + world;
+    c->send_chunks = (uint32_t *)(c->recv_seq + world);
+    c->recv_chunks = c->send_chunks + world;
+    st = shm_segment_open(c, store);
+  }
+  if (st != DT_OK) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt_comm_destroy(c);
+    return DT_FAIL(st, "comm '%s' rank %d/%d: shm init failed: %s", job_id, rank, world, why);
+  }
+  *out = c;
+  return DT_OK;
+}
+
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }
+int dt_comm_world(const dt_comm *c) { return c ? c->world : 0; }
+
+dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms) {
+  DT_CHECK(c, DT_ERR_ARG, "dt_comm_set_timeout: NULL communicator");
+  DT_CHECK(timeout_ms >= 1, DT_ERR_ARG, "comm '%s': timeout must be >= 1 ms, got %d", c->job, timeout_ms);
+  c->timeout_ms = timeout_ms;
+  return DT_OK;
+}
+
+/* ---- argument checks ---- */
+
+static bool reducible(int dtype) {
+  return dtype == DT_DTYPE_F32 || dtype == DT_DTYPE_F64 || dtype == DT_DTYPE_BF16 || dtype == DT_DTYPE_F16 ||
+         dtype == DT_DTYPE_I32 || dtype == DT_DTYPE_I64;
+}
+
+static dt_status check_tensor(const dt_comm *c, const char *fn, const char *name, const dt_tensor *t) {
+  DT_CHECK(t, DT_ERR_ARG, "comm %s: %s is NULL", fn, name);
+  char shape[DT_SHAPE_BUF];
+  dt_shape_str(t, shape, sizeof shape);
+  DT_CHECK(t->device.type == DT_DEVICE_CPU, DT_ERR_UNSUPPORTED,
+           "comm '%s' %s: %s %s is not on the cpu; the shm backend moves host tensors only", c->job, fn, name, shape);
+  DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "comm '%s' %s: %s %s is not contiguous", c->job, fn, name, shape);
+  DT_CHECK(t->data || dt_tensor_numel(t) == 0, DT_ERR_STATE, "comm '%s' %s: %s %s has no storage (released)", c->job,
+           fn, name, shape);
+  return DT_OK;
+}
+
+static dt_status check_op(const dt_comm *c, const char *fn, int op, const dt_tensor *t) {
+  DT_CHECK(op >= 0 && op < DT_COMM_OP_COUNT, DT_ERR_ARG, "comm '%s' %s: unknown reduction op %d (sum 0, avg 1, max 2, min 3)",
+           c->job, fn, op);
+  DT_CHECK(reducible(t->dtype), DT_ERR_ARG, "comm '%s' %s: cannot reduce %s tensors (f32, f64, bf16, f16, i32, i64)",
+           c->job, fn, dt_dtype_name(t->dtype));
+  return DT_OK;
+}
+
+static dt_status check_rank(const dt_comm *c, const char *fn, const char *what, int r, bool not_self) {
+  DT_CHECK(r >= 0 && r < c->world, DT_ERR_ARG, "comm '%s' %s: %s %d is outside 0..%d", c->job, fn, what, r, c->world - 1);
+  DT_CHECK(!not_self || r != c->rank, DT_ERR_ARG, "comm '%s' %s: rank %d cannot be its own peer", c->job, fn, r);
+  return DT_OK;
+}
+
+/* in and out: same dtype, in * mul_in == out * mul_out elements; `rule` says which. */
+static dt_status check_pair(const dt_comm *c, const char *fn, const dt_tensor *in, const dt_tensor *out,
+                            int64_t mul_in, int64_t mul_out, const char *rule) {
+  DT_TRY(check_tensor(c, fn, "in", in));
+  DT_TRY(check_tensor(c, fn, "out", out));
+  char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
+  dt_shape_str(in, a, sizeof a);
+  dt_shape_str(out, b, sizeof b);
+  DT_CHECK(in->dtype == out->dtype, DT_ERR_ARG, "comm '%s' %s: in %s and out %s differ in dtype", c->job, fn, a, b);
+  DT_CHECK(dt_tensor_numel(in) * mul_in == dt_tensor_numel(out) * mul_out, DT_ERR_ARG,
+           "comm '%s' %s: in %s and out %s: %s (world %d)", c->job, fn, a, b, rule, c->world);
+  return DT_OK;
+}
+
+#define CHECK_COMM(fn) DT_CHECK(c, DT_ERR_ARG, "comm %s: NULL communicator", fn)
+
+dt_status dt_comm_all_reduce(dt_comm *c, dt_tensor *t, int op, dt_comm_work **work) {
+  CHECK_COMM("all_reduce");
+  DT_TRY(check_tensor(c, "all_reduce", "tensor", t));
+  DT_TRY(check_op(c, "all_reduce", op, t));
+  comm_call call = {.kind = CALL_ALL_REDUCE, .op = op, .root = -1, .peer = -1, .in = t, .out = t};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_reduce(dt_comm *c, dt_tensor *t, int op, int root, dt_comm_work **work) {
+  CHECK_COMM("reduce");
+  DT_TRY(check_tensor(c, "reduce", "tensor", t));
+  DT_TRY(check_op(c, "reduce", op, t));
+  DT_TRY(check_rank(c, "reduce", "root", root, false));
+  comm_call call = {.kind = CALL_REDUCE, .op = op, .root = root, .peer = -1, .in = t, .out = t};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_broadcast(dt_comm *c, dt_tensor *t, int root, dt_comm_work **work) {
+  CHECK_COMM("broadcast");
+  DT_TRY(check_tensor(c, "broadcast", "tensor", t));
+  DT_TRY(check_rank(c, "broadcast", "root", root, false));
+  comm_call call = {.kind = CALL_BROADCAST, .op = -1, .root = root, .peer = -1, .in = t, .out = t};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_all_gather(dt_comm *c, const dt_tensor *in, dt_tensor *out, dt_comm_work **work) {
+  CHECK_COMM("all_gather");
+  DT_TRY(check_pair(c, "all_gather", in, out, c->world, 1, "out must have world x in's elements"));
+  comm_call call = {.kind = CALL_ALL_GATHER, .op = -1, .root = -1, .peer = -1, .in = in, .out = out};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_reduce_scatter(dt_comm *c, const dt_tensor *in, dt_tensor *out, int op, dt_comm_work **work) {
+  CHECK_COMM("reduce_scatter");
+  DT_TRY(check_pair(c, "reduce_scatter", in, out, 1, c->world, "in must have world x out's elements"));
+  DT_TRY(check_op(c, "reduce_scatter", op, in));
+  comm_call call = {.kind = CALL_REDUCE_SCATTER, .op = op, .root = -1, .peer = -1, .in = in, .out = out};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_all_to_all(dt_comm *c, const dt_tensor *in, dt_tensor *out, dt_comm_work **work) {
+  CHECK_COMM("all_to_all");
+  DT_TRY(check_pair(c, "all_to_all", in, out, 1, 1, "out must have as many elements as in"));
+  DT_CHECK(dt_tensor_numel(in) % c->world == 0, DT_ERR_ARG,
+           "comm '%s' all_to_all: %lld elements do not split into world %d equal blocks", c->job,
+           (long long)dt_tensor_numel(in), c->world);
+  comm_call call = {.kind = CALL_ALL_TO_ALL, .op = -1, .root = -1, .peer = -1, .in = in, .out = out};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_barrier(dt_comm *c, dt_comm_work **work) {
+  CHECK_COMM("barrier");
+  comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int peer, dt_comm_work **work) {
+  CHECK_COMM("send");
+  DT_TRY(check_tensor(c, "send", "tensor", t));
+  DT_TRY(check_rank(c, "send", "peer", peer, true));
+  comm_call call = {.kind = CALL_SEND, .op = -1, .root = -1, .peer = peer, .in = t};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int peer, dt_comm_work **work) {
+  CHECK_COMM("recv");
+  DT_TRY(check_tensor(c, "recv", "tensor", t));
+  DT_TRY(check_rank(c, "recv", "peer", peer, true));
+  comm_call call = {.kind = CALL_RECV, .op = -1, .root = -1, .peer = peer, .out = t};
+  return submit(c, &call, work);
+}

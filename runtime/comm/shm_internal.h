@@ -1,0 +1,122 @@
+/* shm_internal.h: the shm communicator's segment layout, per-process state and internal entry points. */
+#ifndef DT_SHM_INTERNAL_H
+#define DT_SHM_INTERNAL_H
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "dt_comm.h"
+#include "dt_internal.h"
+
+typedef enum {
+  CALL_NONE = 0, CALL_ALL_REDUCE, CALL_REDUCE, CALL_BROADCAST, CALL_ALL_GATHER, CALL_REDUCE_SCATTER,
+  CALL_ALL_TO_ALL, CALL_BARRIER, CALL_SEND, CALL_RECV, CALL_KIND_COUNT
+} call_kind;
+
+/* One call's arguments as issued (tensors validated by comm_api.c). */
+typedef struct comm_call {
+  int32_t kind, op, root, peer;
+  const dt_tensor *in;
+  dt_tensor *out; /* in-place calls: in == out */
+} comm_call;
+
+/* What every rank's call must agree on; each rank writes its own at entry. */
+typedef struct shm_fp {
+  uint64_t seq;
+  int32_t kind, op, dtype, root;
+  int64_t count;
+} shm_fp;
+
+/* The segment: header | rank blocks [world] | channels [world * (world - 1)] |
+ * channel data [world * (world - 1)][2][chan_bytes] | slots [world][2][slot_bytes]. */
+typedef struct shm_header {
+  uint32_t magic, version;
+  int32_t world, pad;
+  uint64_t seg_bytes, slot_bytes, chan_bytes;
+  _Alignas(64) _Atomic uint64_t arrivals; /* barrier arrivals since creation */
+  _Alignas(64) _Atomic uint32_t gen;      /* futex word: low 32 bits of the last completed barrier epoch */
+  _Atomic uint32_t abort_rank;            /* 0: healthy; r + 1: rank r gave up (reason in its block) */
+} shm_header;
+
+typedef struct shm_rank {
+  _Alignas(64) _Atomic uint64_t epoch; /* the last barrier this rank arrived at */
+  int32_t pid;
+  shm_fp fp[2]; /* the call being entered, indexed by sequence parity: a fast rank can enter call
+                   s + 1 while a slow one still reads call s, never s + 2 (it needs s + 1's barrier) */
+  char abort_msg[768];
+} shm_rank;
+
+/* One chunk of a point-to-point message. */
+typedef struct shm_msg {
+  uint64_t seq; /* message number on this (sender, receiver) pair, from 1 */
+  int64_t count, bytes;
+  int32_t dtype, pad;
+} shm_msg;
+
+/* A one-way channel sender -> receiver with two chunk buffers. */
+typedef struct shm_chan {
+  _Alignas(64) _Atomic uint32_t posted; /* futex word: chunks the sender has written */
+  _Alignas(64) _Atomic uint32_t taken;  /* futex word: chunks the receiver has consumed */
+  _Atomic uint32_t broken;              /* the receiver saw a mismatch; `rx` is what it expected */
+  shm_msg hdr[2];
+  shm_msg rx;
+} shm_chan;
+
+struct dt_comm {
+  int rank, world, timeout_ms;
+  char job[129], shm_name[96];
+  uint8_t *base;
+  size_t seg_bytes, slot_bytes, chan_bytes;
+  bool unlinked;
+  shm_header *hdr;
+  shm_rank *ranks;
+  shm_chan *chans;
+  uint8_t *chan_data, *slots;
+  uint64_t seq, epoch, round;         /* collective calls, barriers and staging rounds so far */
+  uint64_t *send_seq, *recv_seq;      /* per peer: messages sent / received */
+  uint32_t *send_chunks, *recv_chunks; /* per peer: chunks posted / taken (mirrors the channel words) */
+  const void **srcs;                  /* world pointers, scratch for reductions */
+  char failed[1024];                  /* non-empty: unusable after a timeout or abort, and why */
+  /* asynchronous calls (comm_api.c) */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  dt_comm_work *head, *tail;
+  bool busy, stopping, has_thread;
+  pthread_t thread;
+};
+
+/* The state of one call on this rank, for synchronisation and messages. */
+typedef struct call_ctx {
+  dt_comm *c;
+  shm_fp fp;
+  bool checked; /* fingerprints compared (done at the call's first barrier) */
+} call_ctx;
+
+/* shm_segment.c */
+const char *shm_kind_name(int kind);
+/* "all_reduce #5 (sum, f32, count 100)" */
+const char *shm_describe(const shm_fp *fp, char *buf, size_t n);
+/* Start a call: refuse on a failed communicator, publish the fingerprint. */
+dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count);
+/* Barrier over all ranks; the call's first one also compares fingerprints. */
+dt_status shm_sync(call_ctx *x);
+/* Wait until the futex word reaches target (wrapping compare). 0: reached; 1: deadline;
+ * 2: the communicator was aborted; 3: *stop became non-zero (stop may be NULL). */
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline);
+void shm_wake(_Atomic uint32_t *w);
+/* Give up: make the communicator unusable here and wake every other rank with the reason. */
+dt_status shm_abort(dt_comm *c, dt_status code, const char *msg);
+/* The error for a rank woken by another rank's abort. */
+dt_status shm_aborted_error(call_ctx *x);
+dt_status shm_segment_open(dt_comm *c, dt_store_client *store);
+void shm_segment_close(dt_comm *c);
+
+/* shm_reduce.c: out[i] := op over j = 0..n-1 (in order) of srcs[j][i]; avg divides by n.
+ * out may alias any srcs[j]. */
+void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, int64_t count);
+
+/* shm_collectives.c / shm_p2p.c: run one validated call on this thread. */
+dt_status shm_run(dt_comm *c, const comm_call *call);
+dt_status shm_send(call_ctx *x, const dt_tensor *t, int peer);
+dt_status shm_recv(call_ctx *x, dt_tensor *t, int peer);
+
+#endif

@@ -1,0 +1,335 @@
+/* shm_segment.c: the shm communicator's segment (creation, rendezvous, cleanup), futex barrier, fingerprints and failure reports. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shm_internal.h"
+
+enum {
+  SEG_MAGIC = 0x4d484454, /* "TDHM" */
+  SEG_VERSION = 1,
+  DEFAULT_SLOT = 1 << 20,
+  MIN_SLOT = 4096,
+  MAX_SLOT = 64 << 20,
+  CHAN_TOTAL = 16 << 20, /* all channels' data together, before clamping */
+  MIN_CHAN = 4096,
+  MAX_CHAN = 128 << 10,
+  WAIT_SLICE_MS = 200 /* a sleeping rank rechecks for an abort at least this often */
+};
+
+static const char *const kind_names[CALL_KIND_COUNT] = {
+    "none", "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "send",
+    "recv"};
+static const char *const op_names[DT_COMM_OP_COUNT] = {"sum", "avg", "max", "min"};
+
+const char *shm_kind_name(int kind) { return kind >= 0 && kind < CALL_KIND_COUNT ? kind_names[kind] : "?"; }
+
+const char *shm_describe(const shm_fp *fp, char *buf, size_t n) {
+  if (fp->kind == CALL_NONE) {
+    snprintf(buf, n, "no call yet");
+  } else if (fp->kind == CALL_BARRIER) {
+    snprintf(buf, n, "barrier #%llu", (unsigned long long)fp->seq);
+  } else {
+    char root[24] = "";
+    if (fp->root >= 0) snprintf(root, sizeof root, ", root %d", fp->root);
+    snprintf(buf, n, "%s #%llu (%s%s%s, count %lld%s)", shm_kind_name(fp->kind), (unsigned long long)fp->seq,
+             fp->op >= 0 && fp->op < DT_COMM_OP_COUNT ? op_names[fp->op] : "", fp->op >= 0 ? ", " : "",
+             dt_dtype_name(fp->dtype), (long long)fp->count, root);
+  }
+  return buf;
+}
+
+/* ---- futexes: shared (not PRIVATE) because the words live in memory mapped by several processes ---- */
+
+void shm_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline) {
+  for (;;) {
+    uint32_t v = atomic_load(w);
+    if ((int32_t)(v - target) >= 0) return 0;
+    if (atomic_load(&c->hdr->abort_rank)) return 2;
+    if (stop && atomic_load(stop)) return 3;
+    double left = deadline - dt_time_now();
+    if (left <= 0) return 1;
+    /* an abort (or stop) wakes sleepers, but one that checked just before it can miss that wake: sleep in slices */
+    if (left > WAIT_SLICE_MS * 1e-3) left = WAIT_SLICE_MS * 1e-3;
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0);
+  }
+}
+
+/* ---- failures ---- */
+
+dt_status shm_abort(dt_comm *c, dt_status code, const char *msg) {
+  snprintf(c->ranks[c->rank].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
+  uint32_t healthy = 0;
+  atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)c->rank + 1);
+  shm_wake(&c->hdr->gen);
+  for (int i = 0; i < c->world * (c->world - 1); i++) {
+    shm_wake(&c->chans[i].posted);
+    shm_wake(&c->chans[i].taken);
+  }
+  snprintf(c->failed, sizeof c->failed, "%s", msg);
+  return DT_FAIL(code, "%s", msg);
+}
+
+static const char *what_of(const call_ctx *x, char *buf, size_t n) { return shm_describe(&x->fp, buf, n); }
+
+dt_status shm_aborted_error(call_ctx *x) {
+  dt_comm *c = x->c;
+  int r = (int)atomic_load(&c->hdr->abort_rank) - 1;
+  char why[sizeof c->ranks[0].abort_msg], what[160];
+  snprintf(why, sizeof why, "%s", c->ranks[r].abort_msg);
+  snprintf(c->failed, sizeof c->failed, "comm '%s' rank %d/%d: %s failed because rank %d gave up: %s", c->job,
+           c->rank, c->world, what_of(x, what, sizeof what), r, why);
+  return DT_FAIL(DT_ERR_STATE, "%s", c->failed);
+}
+
+dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count) {
+  x->c = c;
+  x->checked = false;
+  x->fp = (shm_fp){.kind = call->kind, .op = call->op, .dtype = dtype, .root = call->root, .count = count};
+  DT_CHECK(!c->failed[0], DT_ERR_STATE, "comm '%s' rank %d/%d: unusable after an earlier failure: %s", c->job,
+           c->rank, c->world, c->failed);
+  if (atomic_load(&c->hdr->abort_rank)) return shm_aborted_error(x);
+  if (call->kind == CALL_SEND || call->kind == CALL_RECV) return DT_OK; /* numbered per pair in shm_p2p.c */
+  x->fp.seq = c->seq++;
+  c->ranks[c->rank].fp[x->fp.seq & 1] = x->fp;
+  return DT_OK;
+}
+
+static bool fp_eq(const shm_fp *a, const shm_fp *b) {
+  return a->seq == b->seq && a->kind == b->kind && a->op == b->op && a->dtype == b->dtype && a->root == b->root &&
+         a->count == b->count;
+}
+
+/* Append "ranks a, b" (or "rank a") for the ranks in `set` (length world). */
+static int list_ranks(char *buf, size_t n, const bool *set, int world) {
+  int count = 0, o = 0;
+  for (int j = 0; j < world; j++) count += set[j];
+  o += snprintf(buf, n, count == 1 ? "rank" : "ranks");
+  for (int j = 0, k = 0; j < world && (size_t)o < n; j++)
+    if (set[j]) o += snprintf(buf + o, n - (size_t)o, "%s %d", k++ ? "," : "", j);
+  return o;
+}
+
+/* After the call's first barrier every rank's fingerprint for this sequence parity is stable. */
+static dt_status check_fingerprints(call_ctx *x) {
+  dt_comm *c = x->c;
+  int par = (int)(x->fp.seq & 1), world = c->world;
+  bool same = true;
+  for (int j = 0; j < world; j++) same = same && fp_eq(&c->ranks[j].fp[par], &x->fp);
+  if (same) return DT_OK;
+  bool *done = calloc((size_t)world * 2, sizeof *done), *group = done + world;
+  DT_CHECK(done, DT_ERR_OOM, "comm '%s': out of memory reporting a collective mismatch", c->job);
+  char msg[1024], what[160];
+  int o = snprintf(msg, sizeof msg, "comm '%s': collective mismatch at call #%llu:", c->job,
+                   (unsigned long long)x->fp.seq);
+  for (int j = 0; j < world && (size_t)o < sizeof msg; j++) {
+    if (done[j]) continue;
+    shm_fp fj = c->ranks[j].fp[par];
+    for (int k = 0; k < world; k++) {
+      group[k] = !done[k] && fp_eq(&c->ranks[k].fp[par], &fj);
+      done[k] = done[k] || group[k];
+    }
+    o += snprintf(msg + o, sizeof msg - (size_t)o, "%s ", j ? ";" : "");
+    if ((size_t)o < sizeof msg) o += list_ranks(msg + o, sizeof msg - (size_t)o, group, world);
+    if ((size_t)o < sizeof msg)
+      o += snprintf(msg + o, sizeof msg - (size_t)o, " called %s", shm_describe(&fj, what, sizeof what));
+  }
+  free(done);
+  return DT_FAIL(DT_ERR_STATE, "%s", msg);
+}
+
+/* Barrier: every rank publishes its epoch (for timeout reports) and bumps the arrival count; the
+ * last to arrive advances `gen` and wakes the sleepers. A rank cannot arrive at epoch e + 1 before
+ * epoch e completes, so arrivals == e * world identifies the last arrival. */
+static dt_status barrier(call_ctx *x) {
+  dt_comm *c = x->c;
+  uint64_t e = ++c->epoch;
+  atomic_store(&c->ranks[c->rank].epoch, e);
+  if (atomic_fetch_add(&c->hdr->arrivals, 1) + 1 == e * (uint64_t)c->world) {
+    atomic_store(&c->hdr->gen, (uint32_t)e);
+    shm_wake(&c->hdr->gen);
+    return DT_OK;
+  }
+  int r = shm_wait_reach(c, &c->hdr->gen, (uint32_t)e, NULL, dt_time_now() + c->timeout_ms * 1e-3);
+  if (r == 0) return DT_OK;
+  if (r == 2) return shm_aborted_error(x);
+  char msg[1024], what[160];
+  int o = snprintf(msg, sizeof msg, "comm '%s' rank %d/%d: %s timed out after %.1f s waiting for", c->job, c->rank,
+                   c->world, what_of(x, what, sizeof what), c->timeout_ms * 1e-3);
+  for (int j = 0, k = 0; j < c->world && (size_t)o < sizeof msg; j++) {
+    if (atomic_load(&c->ranks[j].epoch) >= e) continue;
+    shm_fp f0 = c->ranks[j].fp[0], f1 = c->ranks[j].fp[1];
+    const shm_fp *last = f1.seq > f0.seq || f0.kind == CALL_NONE ? &f1 : &f0;
+    o += snprintf(msg + o, sizeof msg - (size_t)o, "%s rank %d (pid %d, last entered %s)", k++ ? "," : "", j,
+                  c->ranks[j].pid, shm_describe(last, what, sizeof what));
+  }
+  return shm_abort(c, DT_ERR_IO, msg);
+}
+
+dt_status shm_sync(call_ctx *x) {
+  DT_TRY(barrier(x));
+  if (x->checked) return DT_OK;
+  x->checked = true;
+  return check_fingerprints(x);
+}
+
+/* ---- creation and rendezvous ---- */
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static size_t env_slot_bytes(int world) {
+  const char *env = getenv("DT_SHM_SLOT_BYTES");
+  long long v = env && *env ? atoll(env) : DEFAULT_SLOT;
+  if (v < MIN_SLOT) v = MIN_SLOT;
+  if (v > MAX_SLOT) v = MAX_SLOT;
+  size_t s = align_up((size_t)v, 64);
+  return s < (size_t)world * 64 ? (size_t)world * 64 : s; /* room for one element per rank block */
+}
+
+/* Region offsets for a world; returns the total size. */
+static size_t layout(int world, size_t slot, size_t chan, size_t *off_ranks, size_t *off_chans, size_t *off_cdata,
+                     size_t *off_slots) {
+  size_t nch = (size_t)world * (size_t)(world - 1);
+  *off_ranks = align_up(sizeof(shm_header), 64);
+  *off_chans = align_up(*off_ranks + (size_t)world * sizeof(shm_rank), 64);
+  *off_cdata = align_up(*off_chans + nch * sizeof(shm_chan), 4096);
+  *off_slots = align_up(*off_cdata + nch * 2 * chan, 4096);
+  return *off_slots + (size_t)world * 2 * slot;
+}
+
+static void map_regions(dt_comm *c) {
+  size_t o_r, o_c, o_d, o_s;
+  layout(c->world, c->slot_bytes, c->chan_bytes, &o_r, &o_c, &o_d, &o_s);
+  c->hdr = (shm_header *)c->base;
+  c->ranks = (shm_rank *)(c->base + o_r);
+  c->chans = (shm_chan *)(c->base + o_c);
+  c->chan_data = c->base + o_d;
+  c->slots = c->base + o_s;
+}
+
+/* Rank 0: remove a stale segment of the same name, create, size and initialise a fresh one. */
+static dt_status create_segment(dt_comm *c) {
+  size_t nch = (size_t)c->world * (size_t)(c->world - 1);
+  size_t chan = nch ? CHAN_TOTAL / nch / 2 : MIN_CHAN;
+  chan = chan < MIN_CHAN ? MIN_CHAN : chan > MAX_CHAN ? MAX_CHAN : chan;
+  c->chan_bytes = align_up(chan, 64);
+  c->slot_bytes = env_slot_bytes(c->world);
+  size_t o_r, o_c, o_d, o_s;
+  c->seg_bytes = layout(c->world, c->slot_bytes, c->chan_bytes, &o_r, &o_c, &o_d, &o_s);
+  shm_unlink(c->shm_name); /* left by a crashed run with this job id; ENOENT is the normal case */
+  int fd = shm_open(c->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  DT_CHECK(fd >= 0, DT_ERR_IO, "comm '%s': cannot create shared memory %s: %s", c->job, c->shm_name, strerror(errno));
+  int err = ftruncate(fd, (off_t)c->seg_bytes) == 0 ? 0 : errno;
+  if (!err) {
+    c->base = mmap(NULL, c->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (c->base == MAP_FAILED) err = errno, c->base = NULL;
+  }
+  close(fd);
+  if (err) {
+    shm_unlink(c->shm_name);
+    return DT_FAIL(DT_ERR_IO, "comm '%s': cannot size or map %zu bytes of shared memory %s: %s", c->job,
+                   c->seg_bytes, c->shm_name, strerror(err));
+  }
+  map_regions(c);
+  *c->hdr = (shm_header){.magic = SEG_MAGIC, .version = SEG_VERSION, .world = c->world,
+                         .seg_bytes = c->seg_bytes, .slot_bytes = c->slot_bytes, .chan_bytes = c->chan_bytes};
+  return DT_OK;
+}
+
+static dt_status attach_segment(dt_comm *c, const char *name) {
+  snprintf(c->shm_name, sizeof c->shm_name, "%s", name);
+  int fd = shm_open(name, O_RDWR, 0600);
+  DT_CHECK(fd >= 0, DT_ERR_IO, "comm '%s' rank %d: cannot open shared memory %s published by rank 0: %s", c->job,
+           c->rank, name, strerror(errno));
+  struct stat st;
+  size_t size = fstat(fd, &st) == 0 ? (size_t)st.st_size : 0;
+  if (size >= sizeof(shm_header)) c->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (c->base == MAP_FAILED) c->base = NULL;
+  DT_CHECK(c->base, DT_ERR_IO, "comm '%s' rank %d: cannot map shared memory %s (%zu bytes)", c->job, c->rank, name,
+           size);
+  c->seg_bytes = size;
+  const shm_header *h = (const shm_header *)c->base;
+  DT_CHECK(h->magic == SEG_MAGIC && h->version == SEG_VERSION && h->seg_bytes == size, DT_ERR_CORRUPT,
+           "comm '%s' rank %d: shared memory %s is not a version %d dtrun segment", c->job, c->rank, name,
+           SEG_VERSION);
+  DT_CHECK(h->world == c->world, DT_ERR_ARG, "comm '%s': rank 0 created it for world %d but rank %d was given world %d",
+           c->job, h->world, c->rank, c->world);
+  c->slot_bytes = h->slot_bytes;
+  c->chan_bytes = h->chan_bytes;
+  map_regions(c);
+  return DT_OK;
+}
+
+static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, size_t n) {
+  uint32_t h = 2166136261u;
+  char clean[49];
+  size_t len = strlen(c->job), o = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)c->job[i];
+    h = (h ^ ch) * 16777619u;
+    if (o < sizeof clean - 1) clean[o++] = (isalnum(ch) || ch == '-' || ch == '_' || ch == '.') ? (char)ch : '_';
+  }
+  clean[o] = 0;
+  /* sanitised for a file name, plus a hash of the raw id so distinct ids never share a segment */
+  snprintf(c->shm_name, sizeof c->shm_name, "/dtcomm-%u-%s-%08x", (unsigned)getuid(), clean, h);
+  snprintf(k_seg, n, "dtcomm/%s/segment", c->job);
+  snprintf(k_joined, n, "dtcomm/%s/joined", c->job);
+  snprintf(k_ready, n, "dtcomm/%s/ready", c->job);
+}
+
+dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
+  char k_seg[200], k_joined[200], k_ready[200];
+  make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
+  if (c->rank == 0) {
+    DT_TRY(create_segment(c));
+    DT_TRY(dt_store_set(store, k_seg, c->shm_name, (int64_t)strlen(c->shm_name), DT_STORE_DEFAULT_TIMEOUT));
+  } else {
+    void *name = NULL;
+    int64_t len = 0;
+    DT_TRY(dt_store_get(store, k_seg, DT_STORE_DEFAULT_TIMEOUT, &name, &len));
+    dt_status st = len > 0 && len < (int64_t)sizeof c->shm_name
+                       ? attach_segment(c, name)
+                       : DT_FAIL(DT_ERR_CORRUPT, "comm '%s': store key %s holds no segment name", c->job, k_seg);
+    dt_store_free(name);
+    DT_TRY(st);
+  }
+  c->ranks[c->rank].pid = (int32_t)getpid();
+  int64_t joined = 0;
+  DT_TRY(dt_store_add(store, k_joined, 1, DT_STORE_DEFAULT_TIMEOUT, &joined));
+  if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
+  const char *ready[] = {k_ready};
+  DT_TRY(dt_store_wait(store, 1, ready, DT_STORE_DEFAULT_TIMEOUT));
+  /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
+  if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  call_ctx x;
+  comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
+  DT_TRY(shm_begin(&x, c, &call, -1, 0));
+  DT_TRY(shm_sync(&x));
+  /* all ranks are past their store waits: the keys can go, so the job id can be used again */
+  if (c->rank == 0) {
+    dt_store_delete(store, k_seg, DT_STORE_DEFAULT_TIMEOUT, NULL);
+    dt_store_delete(store, k_joined, DT_STORE_DEFAULT_TIMEOUT, NULL);
+    dt_store_delete(store, k_ready, DT_STORE_DEFAULT_TIMEOUT, NULL);
+  }
+  return DT_OK;
+}
+
+void shm_segment_close(dt_comm *c) {
+  if (c->base) munmap(c->base, c->seg_bytes);
+  if (c->rank == 0 && !c->unlinked && c->shm_name[0]) shm_unlink(c->shm_name);
+  c->base = NULL;
+}

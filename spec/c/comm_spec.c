@@ -1,0 +1,475 @@
+/* comm_spec.c: shm collectives in forked ranks against a single-process reference: every op x dtype x size, async, mismatches, timeouts, cleanup. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dt_comm.h"
+
+/* Counters shared by the forked ranks (anonymous shared mapping made before any fork). */
+static _Atomic int *counts;
+static int my_rank = -1;
+
+static void expect(bool ok, const char *what) {
+  if (ok) atomic_fetch_add(&counts[0], 1);
+  else {
+    atomic_fetch_add(&counts[1], 1);
+    if (my_rank >= 0) printf("FAIL [rank %d]: %s\n", my_rank, what);
+    else printf("FAIL: %s\n", what);
+    fflush(stdout);
+  }
+}
+
+static void expect_ok(dt_status s, const char *what) {
+  if (s != DT_OK) printf("  [rank %d] status %d: %s\n", my_rank, (int)s, dt_last_error());
+  expect(s == DT_OK, what);
+}
+
+/* Failed, and the message holds every needle (NULL-terminated). */
+static void expect_error(dt_status s, const char *what, const char *const *needles) {
+  bool ok = s != DT_OK;
+  for (int i = 0; ok && needles[i]; i++) ok = strstr(dt_last_error(), needles[i]) != NULL;
+  if (!ok) printf("  [rank %d] status %d, message: %s\n", my_rank, (int)s, dt_last_error());
+  expect(ok, what);
+}
+#define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static const dt_device cpu = {DT_DEVICE_CPU, 0};
+static const char *TOKEN = "comm-spec";
+static int store_port;
+static int spec_pid; /* in job ids: the plain and ASan specs may run at the same time */
+
+static dt_tensor *make(int64_t n, int dtype) {
+  dt_tensor *t = NULL;
+  if (dt_tensor_zeros(1, &n, dtype, cpu, &t) != DT_OK) printf("alloc: %s\n", dt_last_error());
+  return t;
+}
+
+/* ---- values and the reference ---- */
+
+static const int DTYPES[] = {DT_DTYPE_F32, DT_DTYPE_F64, DT_DTYPE_BF16, DT_DTYPE_F16, DT_DTYPE_I32, DT_DTYPE_I64};
+enum { NDTYPES = 6 };
+
+static bool is_int(int dtype) { return dtype == DT_DTYPE_I32 || dtype == DT_DTYPE_I64; }
+
+/* Input element i of `rank` for call `salt`, already representable in dtype. */
+static double input(int dtype, int rank, int64_t i, int salt) {
+  if (is_int(dtype)) return (double)((i * 7 + rank * 13 + salt * 5) % 2001 - 1000);
+  double v = sin(0.37 * (double)i + 1.7 * rank + 0.11 * salt) * 4.0;
+  if (dtype == DT_DTYPE_BF16) return dt_bf16_to_f32(dt_f32_to_bf16((float)v));
+  if (dtype == DT_DTYPE_F16) return dt_f16_to_f32(dt_f32_to_f16((float)v));
+  if (dtype == DT_DTYPE_F32) return (float)v;
+  return v;
+}
+
+static void fill(dt_tensor *t, int rank, int salt, int64_t offset) {
+  int64_t n = dt_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) dt_tensor_set(t, i, input(t->dtype, rank, offset + i, salt));
+}
+
+static double at(const dt_tensor *t, int64_t i) {
+  double v = 0;
+  dt_tensor_get(t, i, &v);
+  return v;
+}
+
+/* The documented result: ranks combined in order 0, 1, ... in f32 (f64 for f64, wrapping
+ * integers), avg divided at the end, rounded once to dtype. `exact` gets that value; the
+ * return value is the same reduction done in f64 (the precision reference). */
+static double reference(int dtype, int op, int world, int64_t i, int salt, double *exact) {
+  double acc64 = input(dtype, 0, i, salt);
+  float acc32 = (float)acc64;
+  int64_t acci = (int64_t)acc64;
+  for (int j = 1; j < world; j++) {
+    double x = input(dtype, j, i, salt);
+    if (op == DT_COMM_SUM || op == DT_COMM_AVG) {
+      acc64 += x;
+      acc32 += (float)x;
+      acci += (int64_t)x;
+    } else {
+      bool take = op == DT_COMM_MAX ? x > acc64 : x < acc64;
+      if (take) acc64 = x, acc32 = (float)x, acci = (int64_t)x;
+    }
+  }
+  if (op == DT_COMM_AVG) acc64 /= world, acc32 /= (float)world, acci /= world;
+  if (is_int(dtype)) *exact = (double)acci;
+  else if (dtype == DT_DTYPE_F64) *exact = acc64;
+  else if (dtype == DT_DTYPE_BF16) *exact = dt_bf16_to_f32(dt_f32_to_bf16(acc32));
+  else if (dtype == DT_DTYPE_F16) *exact = dt_f16_to_f32(dt_f32_to_f16(acc32));
+  else *exact = acc32;
+  return acc64;
+}
+
+static double tolerance(int dtype) {
+  return dtype == DT_DTYPE_F32 ? 1e-5 : dtype == DT_DTYPE_F64 ? 1e-12 : dtype == DT_DTYPE_BF16 ? 2e-2 : dtype == DT_DTYPE_F16 ? 2e-3 : 0;
+}
+
+/* out[i] for i in [0, n) against the reduction of element offset + i; both exact and close to f64. */
+static bool check_reduced(const dt_tensor *out, int op, int world, int salt, int64_t offset) {
+  int64_t n = dt_tensor_numel(out);
+  for (int64_t i = 0; i < n; i++) {
+    double exact, ref = reference(out->dtype, op, world, offset + i, salt, &exact), got = at(out, i);
+    /* integer avg truncates: within 1 of the f64 mean */
+    double tol = is_int(out->dtype) ? 0.999 : tolerance(out->dtype) * (4 + fabs(ref));
+    if (got != exact || fabs(got - ref) > tol) {
+      printf("  [rank %d] %s element %lld: got %.9g, exact %.9g, f64 %.12g\n", my_rank, dt_dtype_name(out->dtype),
+             (long long)(offset + i), got, exact, ref);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* t[i] == input(src_rank, offset + i) for all i. */
+static bool check_copy(const dt_tensor *t, int64_t from, int64_t n, int src_rank, int salt, int64_t offset) {
+  for (int64_t i = 0; i < n; i++)
+    if (at(t, from + i) != input(t->dtype, src_rank, offset + i, salt)) {
+      printf("  [rank %d] element %lld: got %g, want %g from rank %d\n", my_rank, (long long)(from + i),
+             at(t, from + i), input(t->dtype, src_rank, offset + i, salt), src_rank);
+      return false;
+    }
+  return true;
+}
+
+/* ---- running ranks ---- */
+
+typedef void (*rank_fn)(dt_comm *c, int rank, int world);
+
+/* Fork `world` ranks that join communicator `job` and run fn; a rank that hangs is killed by
+ * alarm. Returns whether all exited 0 (a rank exits non-zero only when init or the run broke). */
+static bool run_ranks(int world, const char *name, rank_fn fn) {
+  char job[64];
+  snprintf(job, sizeof job, "%s-%d", name, spec_pid);
+  pid_t pids[8];
+  for (int r = 0; r < world; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      my_rank = r;
+      alarm(60);
+      dt_store_client *s = NULL;
+      dt_comm *c = NULL;
+      if (dt_store_connect("127.0.0.1", store_port, TOKEN, 10000, &s) != DT_OK ||
+          dt_comm_init_shm(s, r, world, job, &c) != DT_OK) {
+        printf("[rank %d] init of %s failed: %s\n", r, job, dt_last_error());
+        _exit(2);
+      }
+      fn(c, r, world);
+      dt_comm_destroy(c);
+      dt_store_close(s);
+      fflush(stdout);
+      _exit(0);
+    }
+  }
+  bool ok = true;
+  for (int r = 0; r < world; r++) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      printf("  %s rank %d: %s %d\n", job, r, WIFEXITED(st) ? "exit" : "signal",
+             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+static const int64_t SIZES[] = {0, 1, 5, 333, 1024, 3001};
+enum { NSIZES = 6 };
+
+static void describe(char *buf, size_t n, const char *op, int dtype, int64_t count, int world) {
+  snprintf(buf, n, "%s %s count %lld world %d", op, dt_dtype_name(dtype), (long long)count, world);
+}
+
+static void every_collective(dt_comm *c, int rank, int world) {
+  char what[128];
+  int salt = 0;
+  for (int d = 0; d < NDTYPES; d++) {
+    int dtype = DTYPES[d];
+    for (int s = 0; s < NSIZES; s++) {
+      int64_t n = SIZES[s];
+      for (int op = 0; op < DT_COMM_OP_COUNT; op++) {
+        dt_tensor *t = make(n, dtype);
+        fill(t, rank, ++salt, 0);
+        describe(what, sizeof what, "all_reduce", dtype, n, world);
+        dt_status st = dt_comm_all_reduce(c, t, op, NULL);
+        expect(st == DT_OK && check_reduced(t, op, world, salt, 0), what);
+        dt_tensor_free(t);
+      }
+      int root = (s + d) % world, op = (s + d) % DT_COMM_OP_COUNT;
+      dt_tensor *t = make(n, dtype);
+      fill(t, rank, ++salt, 0);
+      describe(what, sizeof what, "reduce", dtype, n, world);
+      dt_status st = dt_comm_reduce(c, t, op, root, NULL);
+      expect(st == DT_OK && (rank == root ? check_reduced(t, op, world, salt, 0) : check_copy(t, 0, n, rank, salt, 0)),
+             what);
+      fill(t, rank, ++salt, 0);
+      describe(what, sizeof what, "broadcast", dtype, n, world);
+      st = dt_comm_broadcast(c, t, root, NULL);
+      expect(st == DT_OK && check_copy(t, 0, n, root, salt, 0), what);
+      dt_tensor_free(t);
+
+      dt_tensor *in = make(n, dtype), *out = make(n * world, dtype);
+      fill(in, rank, ++salt, 0);
+      describe(what, sizeof what, "all_gather", dtype, n, world);
+      bool ok = dt_comm_all_gather(c, in, out, NULL) == DT_OK;
+      for (int j = 0; ok && j < world; j++) ok = check_copy(out, j * n, n, j, salt, 0);
+      expect(ok, what);
+      /* reduce_scatter: rank r gets the reduction of everyone's block r */
+      fill(out, rank, ++salt, 0);
+      describe(what, sizeof what, "reduce_scatter", dtype, n, world);
+      st = dt_comm_reduce_scatter(c, out, in, op, NULL);
+      expect(st == DT_OK && check_reduced(in, op, world, salt, rank * n), what);
+      /* all_to_all: block j of my out is block `rank` of rank j's in (inputs depend on position) */
+      dt_tensor *out2 = make(n * world, dtype);
+      fill(out, rank, ++salt, 0);
+      describe(what, sizeof what, "all_to_all", dtype, n, world);
+      ok = dt_comm_all_to_all(c, out, out2, NULL) == DT_OK;
+      for (int j = 0; ok && j < world; j++) ok = check_copy(out2, j * n, n, j, salt, rank * n);
+      expect(ok, what);
+      dt_tensor_free(in);
+      dt_tensor_free(out);
+      dt_tensor_free(out2);
+    }
+  }
+  /* point to point around the ring; even ranks send first (sends complete on receipt); the
+   * largest size spans several channel chunks */
+  const int64_t p2p_sizes[] = {0, 3, 1000, 100003};
+  for (int k = 0; k < 4; k++) {
+    int dtype = DTYPES[k % NDTYPES];
+    int64_t n = p2p_sizes[k];
+    dt_tensor *a = make(n, dtype), *b = make(n, dtype);
+    fill(a, rank, ++salt, 0);
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    dt_status s1, s2;
+    if (rank % 2 == 0) {
+      s1 = dt_comm_send(c, a, next, NULL);
+      s2 = dt_comm_recv(c, b, prev, NULL);
+    } else {
+      s2 = dt_comm_recv(c, b, prev, NULL);
+      s1 = dt_comm_send(c, a, next, NULL);
+    }
+    describe(what, sizeof what, "send/recv ring", dtype, n, world);
+    expect(s1 == DT_OK && s2 == DT_OK && check_copy(b, 0, n, prev, salt, 0), what);
+    dt_tensor_free(a);
+    dt_tensor_free(b);
+  }
+  expect_ok(dt_comm_barrier(c, NULL), "barrier");
+}
+
+/* Async calls queue in order; a synchronous call waits behind them. */
+static void async_calls(dt_comm *c, int rank, int world) {
+  enum { K = 4 };
+  dt_tensor *t[K];
+  dt_comm_work *w[K + 1];
+  for (int k = 0; k < K; k++) {
+    t[k] = make(5000 + k, k % 2 ? DT_DTYPE_F64 : DT_DTYPE_F32);
+    fill(t[k], rank, 100 + k, 0);
+    expect_ok(dt_comm_all_reduce(c, t[k], DT_COMM_SUM, &w[k]), "async all_reduce is queued");
+  }
+  dt_tensor *in = make(7, DT_DTYPE_I64), *out = make(7 * world, DT_DTYPE_I64);
+  fill(in, rank, 200, 0);
+  expect_ok(dt_comm_all_gather(c, in, out, &w[K]), "async all_gather is queued");
+  expect_ok(dt_comm_barrier(c, NULL), "a synchronous barrier behind queued calls");
+  bool done = false;
+  dt_comm_work_test(w[K], &done);
+  expect(done, "calls issued before a synchronous one are done when it returns");
+  for (int k = 0; k < K; k++) {
+    expect_ok(dt_comm_work_wait(w[k]), "wait on async all_reduce");
+    expect(check_reduced(t[k], DT_COMM_SUM, world, 100 + k, 0), "async all_reduce values");
+    dt_comm_work_free(w[k]);
+    dt_tensor_free(t[k]);
+  }
+  expect_ok(dt_comm_work_wait(w[K]), "wait on async all_gather");
+  bool ok = true;
+  for (int j = 0; j < world; j++) ok = ok && check_copy(out, j * 7, 7, j, 200, 0);
+  expect(ok, "async all_gather values");
+  dt_comm_work_free(w[K]);
+  /* an async call that fails reports through its handle */
+  dt_tensor *small = make(3, DT_DTYPE_F32);
+  dt_comm_work *bad = NULL;
+  dt_comm_all_reduce(c, small, rank == 0 ? DT_COMM_SUM : DT_COMM_MAX, &bad);
+  expect_error(dt_comm_work_wait(bad), "a failed async call reports its error on wait",
+               NEEDLES("collective mismatch", "all_reduce #"));
+  dt_comm_work_free(bad);
+  dt_tensor_free(small);
+  dt_tensor_free(in);
+  dt_tensor_free(out);
+}
+
+static void mismatches(dt_comm *c, int rank, int world) {
+  dt_tensor *t = make(10, DT_DTYPE_F32), *g = make(10 * world, DT_DTYPE_F32), *big = make(100000, DT_DTYPE_F32);
+  dt_status st = rank == 0 ? dt_comm_all_reduce(c, t, DT_COMM_SUM, NULL) : dt_comm_all_gather(c, t, g, NULL);
+  expect_error(st, "different collectives fail on every rank naming both calls and ranks",
+               NEEDLES("collective mismatch at call #1", "rank 0 called all_reduce #1 (sum, f32, count 10)",
+                       world == 2 ? "rank 1 called all_gather #1 (f32, count 10)" : "ranks 1, 2, 3 called all_gather #1"));
+  /* a large (multi-round) call against a small one: detected at the first step, both stay in step */
+  st = dt_comm_all_reduce(c, rank == 1 ? t : big, DT_COMM_SUM, NULL);
+  expect_error(st, "different counts fail on every rank",
+               NEEDLES("mismatch at call #2", "count 100000", "rank 1 called all_reduce #2 (sum, f32, count 10)"));
+  st = dt_comm_reduce(c, t, DT_COMM_MAX, rank == world - 1 ? 0 : 1, NULL);
+  expect_error(st, "different roots fail", NEEDLES("root 0", "root 1"));
+  /* the communicator is still usable after a mismatch */
+  fill(big, rank, 7, 0);
+  expect_ok(dt_comm_all_reduce(c, big, DT_COMM_AVG, NULL), "all_reduce after mismatches");
+  expect(check_reduced(big, DT_COMM_AVG, world, 7, 0), "all_reduce values after mismatches");
+  if (rank < 2) {
+    dt_tensor *d = make(10, DT_DTYPE_F64);
+    st = rank == 0 ? dt_comm_send(c, t, 1, NULL) : dt_comm_recv(c, d, 0, NULL);
+    expect_error(st, "send/recv with different dtypes fail on both ranks",
+                 NEEDLES("point-to-point mismatch: rank 0 called send #1 to rank 1 (f32, count 10) but rank 1 called "
+                         "recv #1 from rank 0 (f64, count 10)"));
+    st = rank == 0 ? dt_comm_send(c, t, 1, NULL) : dt_comm_recv(c, t, 0, NULL);
+    expect_error(st, "the pair's channel is unusable after a mismatch", NEEDLES("unusable after an earlier mismatch"));
+    dt_tensor_free(d);
+  }
+  expect_ok(dt_comm_barrier(c, NULL), "collectives still work after a point-to-point mismatch");
+  dt_tensor_free(t);
+  dt_tensor_free(g);
+  dt_tensor_free(big);
+}
+
+/* Rank `world - 1` joins, then never calls: the others time out naming it. */
+static void absent_rank(dt_comm *c, int rank, int world) {
+  if (rank == world - 1) return;
+  dt_comm_set_timeout(c, 300);
+  char who[64];
+  snprintf(who, sizeof who, "rank %d (pid ", world - 1);
+  expect_error(dt_comm_barrier(c, NULL), "a rank that never arrives times out the call, named",
+               NEEDLES("barrier #1", "timed out after 0.3 s waiting for", who, "last entered barrier #0)"));
+  expect_error(dt_comm_barrier(c, NULL), "the communicator is unusable after a timeout",
+               NEEDLES("unusable after an earlier failure", "timed out"));
+}
+
+static void absent_sender(dt_comm *c, int rank, int world) {
+  if (rank != 0) return;
+  dt_comm_set_timeout(c, 200);
+  dt_tensor *t = make(4, DT_DTYPE_F32);
+  expect_error(dt_comm_recv(c, t, 1, NULL), "a recv whose sender never sends times out naming it",
+               NEEDLES("recv #1 from rank 1 (f32, count 4) timed out after 0.2 s: rank 1 has not sent it"));
+  dt_tensor_free(t);
+}
+
+static void bad_arguments(dt_comm *c, int rank, int world) {
+  dt_tensor *t = make(6, DT_DTYPE_F32), *u8 = make(6, DT_DTYPE_U8), *v = NULL, *o = make(5, DT_DTYPE_F32);
+  int64_t shape[2] = {3, 2}, strides[2] = {1, 3};
+  dt_tensor_view(t, 2, shape, strides, 0, &v);
+  expect_error(dt_comm_all_reduce(c, v, DT_COMM_SUM, NULL), "non-contiguous tensor",
+               NEEDLES("all_reduce", "(3, 2) f32 is not contiguous"));
+  expect_error(dt_comm_all_reduce(c, u8, DT_COMM_SUM, NULL), "reduce on u8", NEEDLES("cannot reduce u8"));
+  expect_error(dt_comm_all_reduce(c, t, 9, NULL), "unknown op", NEEDLES("unknown reduction op 9"));
+  expect_error(dt_comm_all_gather(c, t, o, NULL), "all_gather size", NEEDLES("in (6) f32 and out (5) f32", "world x"));
+  expect_error(dt_comm_reduce_scatter(c, o, t, DT_COMM_SUM, NULL), "reduce_scatter size", NEEDLES("in must have world x out's elements"));
+  expect_error(dt_comm_all_gather(c, t, u8, NULL), "dtype mismatch", NEEDLES("differ in dtype"));
+  expect_error(dt_comm_broadcast(c, t, world, NULL), "root out of range", NEEDLES("root 1 is outside 0..0"));
+  expect_error(dt_comm_send(c, t, rank, NULL), "send to self", NEEDLES("cannot be its own peer"));
+  expect_error(dt_comm_set_timeout(c, 0), "zero timeout", NEEDLES("timeout must be >= 1 ms"));
+  /* a single rank: every collective is the identity or a copy */
+  fill(t, 0, 1, 0);
+  expect_ok(dt_comm_all_reduce(c, t, DT_COMM_AVG, NULL), "world 1 all_reduce");
+  expect(check_copy(t, 0, 6, 0, 1, 0), "world 1 all_reduce is the identity");
+  dt_tensor *g = make(6, DT_DTYPE_F32);
+  expect_ok(dt_comm_all_to_all(c, t, g, NULL), "world 1 all_to_all");
+  expect(check_copy(g, 0, 6, 0, 1, 0), "world 1 all_to_all copies");
+  dt_tensor_free(t);
+  dt_tensor_free(u8);
+  dt_tensor_free(v);
+  dt_tensor_free(o);
+  dt_tensor_free(g);
+}
+
+static void quick_sum(dt_comm *c, int rank, int world) {
+  dt_tensor *t = make(1000, DT_DTYPE_F32);
+  fill(t, rank, 3, 0);
+  expect_ok(dt_comm_all_reduce(c, t, DT_COMM_SUM, NULL), "all_reduce on a re-created segment");
+  expect(check_reduced(t, DT_COMM_SUM, world, 3, 0), "values on a re-created segment");
+  dt_tensor_free(t);
+}
+
+/* Segments of `job` in /dev/shm (their names carry the job id). */
+static int count_segments(const char *name) {
+  char prefix[128];
+  snprintf(prefix, sizeof prefix, "dtcomm-%u-%s-%d-", (unsigned)getuid(), name, spec_pid);
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += !strncmp(e->d_name, prefix, strlen(prefix));
+  if (d) closedir(d);
+  return n;
+}
+
+static void segments_check(dt_comm *c, int rank, int world) {
+  dt_comm_barrier(c, NULL);
+  expect(count_segments("spec-stale") == 0, "the segment name is unlinked once every rank has mapped it");
+  quick_sum(c, rank, world);
+}
+
+/* A rank 0 killed while waiting for its peers leaves a segment; the next init with the job id removes it. */
+static void stale_segments(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    dt_store_client *s = NULL;
+    dt_comm *c = NULL;
+    dt_store_connect("127.0.0.1", store_port, TOKEN, 5000, &s);
+    char job[64];
+    snprintf(job, sizeof job, "spec-stale-%d", spec_pid);
+    dt_comm_init_shm(s, 0, 2, job, &c); /* rank 1 never comes */
+    _exit(3);
+  }
+  for (int i = 0; i < 400 && count_segments("spec-stale") == 0; i++) usleep(5000);
+  expect(count_segments("spec-stale") == 1, "an unfinished init leaves its segment behind");
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  /* a new job would bring its own store: start one */
+  dt_store_server *srv = NULL;
+  int old_port = store_port;
+  dt_store_server_start("127.0.0.1", 0, TOKEN, &srv);
+  store_port = dt_store_server_port(srv);
+  expect(run_ranks(2, "spec-stale", segments_check), "init after a crash with the same job id");
+  dt_store_server_stop(srv);
+  store_port = old_port;
+  expect(count_segments("spec-stale") == 0, "no segment left after destroy");
+}
+
+int main(void) {
+  spec_pid = (int)getpid();
+  counts = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  dt_store_server *srv = NULL;
+  if (dt_store_server_start("127.0.0.1", 0, TOKEN, &srv) != DT_OK) {
+    printf("store: %s\n", dt_last_error());
+    return 1;
+  }
+  store_port = dt_store_server_port(srv);
+  /* small staging slots: multi-round paths with small tensors */
+  setenv("DT_SHM_SLOT_BYTES", "4096", 1);
+  expect(run_ranks(2, "spec-all-2", every_collective), "2 ranks: every collective");
+  expect(run_ranks(4, "spec-all-4", every_collective), "4 ranks: every collective");
+  expect(run_ranks(3, "spec-all-3", every_collective), "3 ranks: every collective");
+  unsetenv("DT_SHM_SLOT_BYTES");
+  expect(run_ranks(4, "spec-all-4-default", every_collective), "4 ranks, default slots: every collective");
+  expect(run_ranks(2, "spec-async", async_calls), "2 ranks: async");
+  expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
+  expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");
+  expect(run_ranks(3, "spec-absent", absent_rank), "3 ranks: absent rank");
+  expect(run_ranks(2, "spec-absent-p2p", absent_sender), "2 ranks: absent sender");
+  expect(run_ranks(1, "spec-args", bad_arguments), "1 rank: argument errors");
+  expect(run_ranks(2, "spec-reuse", quick_sum) && run_ranks(2, "spec-reuse", quick_sum),
+         "a job id can be used again after a clean destroy");
+  stale_segments();
+  dt_store_client *s = NULL;
+  dt_comm *c = NULL;
+  dt_store_connect("127.0.0.1", store_port, TOKEN, 2000, &s);
+  expect_error(dt_comm_init_shm(s, 2, 2, "x", &c), "rank outside the world", NEEDLES("rank 2 is outside 0..1"));
+  expect_error(dt_comm_init_shm(s, 0, 1, "", &c), "empty job id", NEEDLES("job id must be 1..128 bytes"));
+  dt_store_close(s);
+  dt_store_server_stop(srv);
+  printf("%d passed, %d failed\n", counts[0], counts[1]);
+  return counts[1] != 0;
+}
