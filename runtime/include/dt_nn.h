@@ -1,5 +1,7 @@
-/* dt_nn.h: fused neural-network kernels, forward/backward pairs. Rows are the last dimension;
- * all leading dims are flattened into N rows. Float inputs; f32 accumulation. */
+/* dt_nn.h: fused neural-network kernels, forward/backward pairs. */
+/* Rows are the last dimension; all leading dims are flattened into N rows. Every tensor must be contiguous.
+ * Float tensors (f32, f64, bf16, f16) may mix dtypes; math runs in f64 when the main input is f64, else in f32.
+ * Saved per-row statistics (mean, rstd, lse) may be any float dtype: f32, or f64 for gradchecks. */
 #ifndef DT_NN_H
 #define DT_NN_H
 #include "dt_tensor.h"
@@ -9,23 +11,31 @@ dt_status dt_nn_softmax_fwd(const dt_tensor *x, dt_tensor *y, bool log);
 /* dx from y (the forward output) and dy. */
 dt_status dt_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *dx, bool log);
 
-/* Fused softmax + cross-entropy. logits (N, V); targets (N) i32/i64; losses (N) f32 gets
- * -log p[target] (0 where target == ignore_index). If dlogits is not NULL it gets
- * grad_scale * (softmax - onehot) in the same pass (0 rows for ignored targets).
- * n_valid receives the count of targets != ignore_index. */
+/* Fused softmax + cross-entropy in one pass over the logits. logits (N, V); targets N values i32/i64
+ * (any shape). losses (N) float (NULL to skip) gets -log softmax[target], 0 where target == ignore_index.
+ * n_valid receives the count of targets != ignore_index; loss_sum (NULL to skip) the sum of the
+ * losses, added in row order in f64. If dlogits (N, V) is not NULL it gets scale * (softmax - onehot)
+ * in the same pass (0 rows for ignored targets) with scale = grad_scale / n_valid when mean (0 when
+ * n_valid == 0), else grad_scale. A target outside [0, V) other than ignore_index is an error. */
 dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
-                                  double grad_scale, dt_tensor *losses, dt_tensor *dlogits, int64_t *n_valid);
+                                  double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits,
+                                  int64_t *n_valid, double *loss_sum);
+/* dlogits = dlosses[i] * (softmax - onehot) per row (0 rows for ignored targets): the backward of
+ * unreduced losses, recomputing the softmax. dlosses: N float values. */
+dt_status dt_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,
+                                  int64_t ignore_index, dt_tensor *dlogits);
 
 /* LayerNorm over the last dim C: y = (x - mean) * rstd * w + b. w, b: (C) or NULL.
- * mean, rstd: (N) f32, saved for backward. */
+ * mean, rstd: (N) float, saved for backward (NULL to skip). */
 dt_status dt_nn_layernorm_fwd(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, double eps,
                               dt_tensor *y, dt_tensor *mean, dt_tensor *rstd);
-/* dx = ..., dw += ..., db += ... (accumulated; NULL to skip). */
+/* dx overwritten; dw += ..., db += ... accumulated in a fixed order over fixed row blocks
+ * (deterministic for any thread count); dw, db NULL to skip. */
 dt_status dt_nn_layernorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w,
                               const dt_tensor *mean, const dt_tensor *rstd, dt_tensor *dx, dt_tensor *dw,
                               dt_tensor *db);
 
-/* RMSNorm: y = x * rstd * w; rstd (N) f32 saved. */
+/* RMSNorm: y = x * rstd * w (w NULL: no scale); rstd (N) float saved. dw accumulated as above. */
 dt_status dt_nn_rmsnorm_fwd(const dt_tensor *x, const dt_tensor *w, double eps, dt_tensor *y, dt_tensor *rstd);
 dt_status dt_nn_rmsnorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *rstd,
                             dt_tensor *dx, dt_tensor *dw);
@@ -46,18 +56,19 @@ dt_status dt_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, 
 
 /* Causal self-attention, tiled with an online softmax (no T x T matrix kept).
  * q (B, Hq, T, D); k, v (B, Hkv, Tk, D), Hq % Hkv == 0 (GQA); out (B, Hq, T, D);
- * lse (B, Hq, T) f32 log-sum-exp saved for backward. Query t attends keys
- * s <= t + (Tk - T) when causal. scale usually 1/sqrt(D). */
+ * lse (B, Hq, T) float log-sum-exp saved for backward. Query t attends keys
+ * s <= t + (Tk - T) when causal (a query that sees no key gets 0 and lse -inf). scale usually 1/sqrt(D). */
 dt_status dt_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale,
                               bool causal, dt_tensor *out, dt_tensor *lse);
-/* dq, dk, dv overwritten. */
+/* dq, dk, dv overwritten; probabilities recomputed from lse; deterministic (dk/dv of a kv head
+ * accumulate over its query heads and tiles in a fixed order). */
 dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, const dt_tensor *out,
                               const dt_tensor *dout, const dt_tensor *lse, double scale, bool causal,
                               dt_tensor *dq, dt_tensor *dk, dt_tensor *dv);
 
 /* Dropout with the counter-based generator: element i is kept iff
  * uniform(seed, offset + i) >= p; kept values are scaled by 1/(1-p). The backward
- * regenerates the same mask from (seed, offset), so no mask is stored. */
+ * regenerates the same mask from (seed, offset), so no mask is stored. p in [0, 1). */
 dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y);
 dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx);
 

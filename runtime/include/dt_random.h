@@ -1,18 +1,22 @@
-/* dt_random.h: counter-based random numbers (Philox4x32-10): value i depends only on
- * (seed, offset + i), so results never depend on thread or rank counts. */
+/* dt_random.h: counter-based random numbers (Philox4x32-10), independent of thread and rank counts. */
+/* Value i of a stream depends only on (seed, offset + i). */
 #ifndef DT_RANDOM_H
 #define DT_RANDOM_H
 #include "dt_tensor.h"
 
-/* Four 32-bit words for counter `ctr` under key `seed` (written to out[0..3]). */
+/* The Philox4x32-10 block function on raw words (Random123's philox4x32_R(10, ctr, key)). */
+void dt_philox4x32_10(const uint32_t key[2], const uint32_t ctr[4], uint32_t out[4]);
+/* Four 32-bit words for counter `ctr` under key `seed`: key (seed lo, seed hi), counter (ctr lo, ctr hi, 0, 0). */
 void dt_philox4x32(uint64_t seed, uint64_t ctr, uint32_t out[4]);
-/* Uniform in [0, 1) as f32/f64 for element i from counter offset + i. */
+/* The uniform stream: value i is word i % 4 of dt_philox4x32(seed, i / 4), as (word >> 8) * 2^-24,
+ * in [0, 1) on a 2^-24 grid (exact in f32). Dropout keeps element i iff this value >= p. */
 double dt_random_uniform_at(uint64_t seed, uint64_t index);
-/* Fill out (any float dtype) with uniform [lo, hi) values. */
+/* Fills: element j of out (row-major over its view, any strides) takes stream value offset + j.
+ * Uniform [lo, hi) from the uniform stream (rounded to out's dtype; f32/f64 never reach hi). */
 dt_status dt_random_uniform(dt_tensor *out, uint64_t seed, uint64_t offset, double lo, double hi);
-/* Fill out with normal(mean, std) values (Box-Muller). */
+/* normal(mean, std) by Box-Muller on word pairs of a separate stream (counter word 2 = 1). Float dtypes. */
 dt_status dt_random_normal(dt_tensor *out, uint64_t seed, uint64_t offset, double mean, double std);
-/* Fill an integer tensor with uniform integers in [lo, hi). */
+/* Uniform integers in [lo, hi) from 64-bit word pairs of a third stream (counter word 2 = 2). Any non-bool dtype. */
 dt_status dt_random_int(dt_tensor *out, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi);
 
 #endif

@@ -1,0 +1,166 @@
+/* nn_attention_gen.h: generic (real = float/double) tiled attention forward and backward, tile products in BLAS. */
+/* The forward keeps a running max and sum per query (online softmax); the backward recomputes probabilities from
+ * the saved lse (FlashAttention-2 style). */
+#if RIS64
+#define RGEMM cblas_dgemm
+#else
+#define RGEMM cblas_sgemm
+#endif
+
+/* Fills columns of the (br, bc) tile s (row stride ATT_BC) beyond each query's last visible key. */
+static void RF(attn_mask)(const attn_dims *a, real *s, int64_t i0, int64_t br, int64_t j0, int64_t bc, real fill) {
+  for (int64_t r = 0; r < br; r++) {
+    int64_t end = attn_key_end(a, i0 + r) - j0;
+    for (int64_t c = end < 0 ? 0 : end; c < bc; c++) s[r * ATT_BC + c] = fill;
+  }
+}
+
+/* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br. work: ATT_BR * (ATT_BC + 2) reals. */
+static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *v, real *o,
+                              real *lse, real *work) {
+  int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, d = a->d;
+  int64_t bh = task / ntiles, i0 = task % ntiles * ATT_BR, br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR;
+  int64_t kvh = bh / a->hq * a->hkv + bh % a->hq / (a->hq / a->hkv);
+  const real *qi = q + (bh * a->t + i0) * d, *kh = k + kvh * a->tk * d, *vh = v + kvh * a->tk * d;
+  real *oi = o + (bh * a->t + i0) * d, *li = lse + bh * a->t + i0;
+  real *s = work, *m = s + ATT_BR * ATT_BC, *l = m + ATT_BR;
+  memset(oi, 0, (size_t)(br * d) * sizeof(real));
+  for (int64_t r = 0; r < br; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0;
+  }
+  int64_t kend = attn_key_end(a, i0 + br - 1); /* key tiles past the last row's keys are skipped */
+  for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
+    int64_t bc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+    RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)d, kh + j0 * d,
+          (int)d, 0, s, ATT_BC);
+    if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, i0, br, j0, bc, -INFINITY);
+    for (int64_t r = 0; r < br; r++) {
+      real *sr = s + r * ATT_BC, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
+      if (mnew == -INFINITY) { /* this query sees no key yet */
+        memset(sr, 0, (size_t)bc * sizeof(real));
+        continue;
+      }
+      real alpha = RF(exp)(m[r] - mnew);
+      for (int64_t c = 0; c < bc; c++) sr[c] = RF(exp)(sr[c] - mnew);
+      l[r] = l[r] * alpha + RF(sum)(sr, bc);
+      m[r] = mnew;
+      if (alpha != 1)
+        for (int64_t j = 0; j < d; j++) oi[r * d + j] *= alpha;
+    }
+    RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, 1, s, ATT_BC, vh + j0 * d, (int)d, 1,
+          oi, (int)d);
+  }
+  for (int64_t r = 0; r < br; r++) {
+    if (l[r] > 0) {
+      real inv = 1 / l[r];
+      for (int64_t j = 0; j < d; j++) oi[r * d + j] *= inv;
+      li[r] = m[r] + RMATH(log)(l[r]);
+    } else {
+      li[r] = -INFINITY;
+    }
+  }
+}
+
+/* One (batch, kv head) with all its query heads: dk, dv of the head, and dq of those query heads, each summed in
+ * a fixed order (key tiles outer; query heads, then query tiles inner). work: 2 * ATT_BR * ATT_BC reals. */
+static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *v,
+                               const real *dout, const real *lse, const real *delta, real *dq, real *dk, real *dv,
+                               real *work) {
+  int64_t d = a->d, group = a->hq / a->hkv, b = task / a->hkv, hk = task % a->hkv;
+  const real *kh = k + task * a->tk * d, *vh = v + task * a->tk * d;
+  real *dkh = dk + task * a->tk * d, *dvh = dv + task * a->tk * d, *p = work, *ds = work + ATT_BR * ATT_BC;
+  for (int64_t j0 = 0; j0 < a->tk; j0 += ATT_BC) {
+    int64_t bc = a->tk - j0 < ATT_BC ? a->tk - j0 : ATT_BC;
+    int64_t first = a->causal ? j0 - (a->tk - a->t) : 0; /* first query that sees key j0 */
+    first = first < 0 ? 0 : first / ATT_BR * ATT_BR;
+    for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+      int64_t bh = b * a->hq + h;
+      for (int64_t i0 = first; i0 < a->t; i0 += ATT_BR) {
+        int64_t br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR, row = bh * a->t + i0;
+        const real *qi = q + row * d, *doi = dout + row * d, *li = lse + row, *di = delta + row;
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)d,
+              kh + j0 * d, (int)d, 0, p, ATT_BC);
+        if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, p, i0, br, j0, bc, -INFINITY);
+        for (int64_t r = 0; r < br; r++) {
+          real *pr = p + r * ATT_BC;
+          if (li[r] == -INFINITY) memset(pr, 0, (size_t)bc * sizeof(real)); /* a query that sees no key */
+          else
+            for (int64_t c = 0; c < bc; c++) pr[c] = RF(exp)(pr[c] - li[r]);
+        }
+        /* dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - delta);  dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i */
+        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, 1, p, ATT_BC, doi, (int)d, 1,
+              dvh + j0 * d, (int)d);
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, 1, doi, (int)d, vh + j0 * d, (int)d,
+              0, ds, ATT_BC);
+        for (int64_t r = 0; r < br; r++)
+          for (int64_t c = 0; c < bc; c++) ds[r * ATT_BC + c] = p[r * ATT_BC + c] * (ds[r * ATT_BC + c] - di[r]);
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, (real)a->scale, ds, ATT_BC,
+              kh + j0 * d, (int)d, 1, dq + row * d, (int)d);
+        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, (real)a->scale, ds, ATT_BC, qi,
+              (int)d, 1, dkh + j0 * d, (int)d);
+      }
+    }
+  }
+}
+
+static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                              dt_tensor *out, dt_tensor *lse) {
+  const real *qp = NULL, *kp = NULL, *vp = NULL;
+  real *op = NULL, *lp = NULL, *own[5] = {NULL, NULL, NULL, NULL, NULL};
+  char *scr = NULL;
+  size_t stride;
+  void *shared;
+  dt_status st = RF(tensor_in)(q, &qp, &own[0]);
+  if (st == DT_OK) st = RF(tensor_in)(k, &kp, &own[1]);
+  if (st == DT_OK) st = RF(tensor_in)(v, &vp, &own[2]);
+  if (st == DT_OK) st = RF(tensor_out)(out, &op, &own[3]);
+  if (st == DT_OK) st = RF(tensor_out)(lse, &lp, &own[4]);
+  if (st == DT_OK) st = dt_nn_scratch(0, ATT_BR * (ATT_BC + 2) * sizeof(real), &scr, &stride, &shared);
+  if (st == DT_OK) {
+    int64_t ntasks = a->b * a->hq * ((a->t + ATT_BR - 1) / ATT_BR);
+#pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && ntasks * ATT_BR * a->tk * a->d > DT_NN_PAR_MIN)
+    for (int64_t task = 0; task < ntasks; task++)
+      RF(attn_fwd_tile)(a, task, qp, kp, vp, op, lp, dt_nn_slice(scr, stride));
+    RF(tensor_flush)(out, own[3]);
+    RF(tensor_flush)(lse, own[4]);
+    own[3] = own[4] = NULL;
+  }
+  free(scr);
+  for (int i = 0; i < 5; i++) free(own[i]);
+  return st;
+}
+
+static dt_status RF(attn_bwd)(const attn_dims *a, const dt_tensor *const in[6], dt_tensor *const grads[3]) {
+  const real *x[6] = {NULL}; /* q, k, v, out, dout, lse */
+  real *g[3] = {NULL}, *own[9] = {NULL}, *delta;
+  char *scr = NULL;
+  size_t stride;
+  int64_t rows = a->b * a->hq * a->t;
+  dt_status st = DT_OK;
+  for (int i = 0; i < 6 && st == DT_OK; i++) st = RF(tensor_in)(in[i], &x[i], &own[i]);
+  for (int i = 0; i < 3 && st == DT_OK; i++) st = RF(tensor_out)(grads[i], &g[i], &own[6 + i]);
+  if (st == DT_OK)
+    st = dt_nn_scratch((size_t)rows * sizeof(real), 2 * ATT_BR * ATT_BC * sizeof(real), &scr, &stride,
+                       (void **)&delta);
+  if (st == DT_OK) {
+    memset(g[0], 0, (size_t)(rows * a->d) * sizeof(real));
+    memset(g[1], 0, (size_t)(a->b * a->hkv * a->tk * a->d) * sizeof(real));
+    memset(g[2], 0, (size_t)(a->b * a->hkv * a->tk * a->d) * sizeof(real));
+#pragma omp parallel for schedule(static) if (rows * a->d > DT_NN_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) delta[r] = RF(dot)(x[4] + r * a->d, x[3] + r * a->d, a->d);
+    int64_t ntasks = a->b * a->hkv;
+#pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && rows * a->tk * a->d > DT_NN_PAR_MIN)
+    for (int64_t task = 0; task < ntasks; task++)
+      RF(attn_bwd_group)(a, task, x[0], x[1], x[2], x[4], x[5], delta, g[0], g[1], g[2], dt_nn_slice(scr, stride));
+    for (int i = 0; i < 3; i++) {
+      RF(tensor_flush)(grads[i], own[6 + i]);
+      own[6 + i] = NULL;
+    }
+  }
+  free(scr);
+  for (int i = 0; i < 9; i++) free(own[i]);
+  return st;
+}
+
+#undef RGEMM

@@ -1,0 +1,87 @@
+/* nn_common.h: helpers shared by the fused NN kernels: checks, scratch, vectorisable f32 exp/erf, row helpers. */
+/* The generic row helpers of nn_rows_gen.h are instantiated here for f32 and f64 compute. */
+#ifndef DT_NN_COMMON_H
+#define DT_NN_COMMON_H
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "dt_internal.h"
+
+/* Parallelise a loop when it touches more elements than this; lane-wise reductions use DT_NN_LANES
+ * independent accumulators (vectorisable, and a fixed order for any thread count). */
+enum { DT_NN_PAR_MIN = 16384, DT_NN_LANES = 16 };
+
+/* Fails unless t is a contiguous float tensor; `op` and `name` go into the message. */
+dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name);
+/* Fails unless a and b have the same shape. */
+dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
+                                 const char *nb);
+/* Fails unless t is a contiguous float tensor of n elements (a weight or a per-row statistic). */
+dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what);
+/* Rows (product of the leading dims) and columns (last dim) of a contiguous float tensor of rank >= 1. */
+dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, int64_t *rows, int64_t *cols);
+
+/* One allocation (free() it): a 64-byte aligned slice of `per_thread` bytes for each OpenMP thread,
+ * `stride` bytes apart, then `shared` bytes at *shared_part. */
+dt_status dt_nn_scratch(size_t shared, size_t per_thread, char **out, size_t *stride, void **shared_part);
+
+/* This thread's slice of a dt_nn_scratch allocation. */
+static inline void *dt_nn_slice(char *scratch, size_t stride) {
+#ifdef _OPENMP
+  return scratch + stride * (size_t)omp_get_thread_num();
+#else
+  return scratch;
+#endif
+}
+
+/* exp(x) in f32 without libm, so loops over it vectorise: Cody-Waite reduction by ln 2, a degree-7
+ * polynomial (rel. error ~2e-7), 2^k through the exponent bits. exp(x) = 0 below -87 (and for -inf). */
+static inline float dt_nn_expf(float x) {
+  const float lo = -87.0f, hi = 88.0f, magic = 12582912.0f; /* 1.5 * 2^23 rounds to an integer */
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  float kf = xc * 1.44269504f + magic;
+  uint32_t kb;
+  memcpy(&kb, &kf, 4);
+  kf -= magic;
+  float r = xc - kf * 0.693145752f;
+  r = r - kf * 1.42860677e-6f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  uint32_t eb = (kb - 0x4B400000u + 127u) << 23; /* bits of 2^k */
+  float scale;
+  memcpy(&scale, &eb, 4);
+  return x < lo ? 0.0f : p * scale;
+}
+
+/* erf(x) in f32 through dt_nn_expf (vectorisable): Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (the
+ * approximation PyTorch's vectorised CPU erf uses). */
+static inline float dt_nn_erff(float x) {
+  float ax = x < 0 ? -x : x, t = 1.0f / (1.0f + 0.3275911f * ax);
+  float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  float r = 1.0f - poly * dt_nn_expf(-ax * ax);
+  return x < 0 ? -r : r;
+}
+
+/* Declares real acc[DT_NN_LANES] = init and runs acc[k] = update for element i + k of x[0..n) so that
+ * element j lands in accumulator j % DT_NN_LANES; `update` reads x[i + k]. */
+#define DT_NN_LANE_REDUCE(init, update)                      \
+  real acc[DT_NN_LANES];                                     \
+  for (int k = 0; k < DT_NN_LANES; k++) acc[k] = (init);     \
+  int64_t i = 0;                                             \
+  for (; i + DT_NN_LANES <= n; i += DT_NN_LANES)             \
+    for (int k = 0; k < DT_NN_LANES; k++) acc[k] = (update); \
+  for (int k = 0; k < n - i; k++) acc[k] = (update)
+
+#define DT_NN_GENERIC "nn_rows_gen.h"
+#include "nn_generic.h"
+
+#endif

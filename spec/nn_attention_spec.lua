@@ -1,0 +1,134 @@
+-- spec/nn_attention_spec.lua: dt.F.attention vs a naive f64 reference, gradchecks, thread independence, errors.
+local dt = require "dt"
+local testing = require "dt.testing"
+
+local sample, gradcheck, assert_close, flat = testing.sample, testing.gradcheck, testing.assert_close, testing.flat
+
+local function expect_error(fn, needle)
+   local ok, err = pcall(fn)
+   assert.is_false(ok, "expected an error containing: " .. needle)
+   assert.is_truthy(tostring(err):find(needle, 1, true), ("error %q lacks %q"):format(tostring(err), needle))
+end
+
+local function leaf(shape, seed)
+   local t = sample(shape, seed)
+   t.requires_grad = true
+   return t
+end
+
+-- Naive attention over flat arrays: q (B, Hq, T, D), k/v (B, Hkv, Tk, D) -> flat (B, Hq, T, D).
+local function ref_attention(q, k, v, B, Hq, Hkv, T, Tk, D, causal, scale)
+   local out, group = {}, Hq / Hkv
+   scale = scale or 1 / math.sqrt(D)
+   for b = 0, B - 1 do
+      for h = 0, Hq - 1 do
+         local kv = b * Hkv + math.floor(h / group)
+         for t = 0, T - 1 do
+            local qrow = ((b * Hq + h) * T + t) * D
+            local last = causal and math.min(Tk - 1, t + Tk - T) or Tk - 1
+            local s, m = {}, -math.huge
+            for j = 0, last do
+               local dot = 0
+               for d = 1, D do dot = dot + q[qrow + d] * k[(kv * Tk + j) * D + d] end
+               s[j] = dot * scale
+               m = math.max(m, s[j])
+            end
+            local z = 0
+            for j = 0, last do z = z + math.exp(s[j] - m) end
+            for d = 1, D do
+               local o = 0
+               for j = 0, last do o = o + math.exp(s[j] - m) / z * v[(kv * Tk + j) * D + d] end
+               out[qrow + d] = o
+            end
+         end
+      end
+   end
+   return out
+end
+
+local function check_case(B, Hq, Hkv, T, Tk, D, causal, dtype, tol, seed)
+   local q = sample({ B, Hq, T, D }, seed, dtype)
+   local k = sample({ B, Hkv, Tk, D }, seed + 1, dtype)
+   local v = sample({ B, Hkv, Tk, D }, seed + 2, dtype)
+   local out = dt.F.attention(q, k, v, { causal = causal })
+   assert.same({ B, Hq, T, D }, out.shape)
+   assert.equal(q.dtype, out.dtype)
+   local ref = ref_attention(flat(q), flat(k), flat(v), B, Hq, Hkv, T, Tk, D, causal)
+   assert_close(out, ref, tol, 0, ("attention B=%d Hq=%d Hkv=%d T=%d Tk=%d D=%d causal=%s %s"):format(B, Hq, Hkv, T,
+      Tk, D, tostring(causal), dtype))
+end
+
+describe("F.attention", function()
+   it("matches the naive reference: causal, non-causal, GQA, Tk > T", function()
+      check_case(2, 2, 2, 5, 5, 4, true, "f64", 1e-14, 1)
+      check_case(2, 2, 2, 5, 5, 4, false, "f64", 1e-14, 2)
+      check_case(1, 4, 2, 4, 4, 3, true, "f64", 1e-14, 3)
+      check_case(1, 4, 1, 3, 7, 4, true, "f64", 1e-14, 4)
+      check_case(1, 2, 1, 3, 7, 4, false, "f64", 1e-14, 5)
+   end)
+
+   it("is right across tile edges in f32 and bf16", function()
+      check_case(1, 2, 1, 70, 70, 8, true, "f32", 2e-6, 6)
+      check_case(1, 1, 1, 65, 130, 4, true, "f32", 2e-6, 7)
+      check_case(1, 1, 1, 66, 66, 8, false, "bf16", 2e-2, 8)
+   end)
+
+   it("gives queries that see no key (causal, T > Tk) zero output", function()
+      local q, k, v = sample({ 1, 1, 3, 2 }, 9), sample({ 1, 1, 2, 2 }, 10), sample({ 1, 1, 2, 2 }, 11)
+      local out = flat(dt.F.attention(q, k, v))
+      assert.same({ 0, 0 }, { out[1], out[2] })
+      assert_close(dt.F.attention(q:narrow(3, 2, 2), k, v), { unpack(out, 3, 6) }, 1e-15)
+   end)
+
+   it("uses opts.scale and defaults to causal", function()
+      local q, k, v = sample({ 1, 2, 4, 3 }, 12), sample({ 1, 2, 4, 3 }, 13), sample({ 1, 2, 4, 3 }, 14)
+      assert_close(dt.F.attention(q, k, v, { scale = 0.7, causal = false }),
+         ref_attention(flat(q), flat(k), flat(v), 1, 2, 2, 4, 4, 3, false, 0.7), 1e-14)
+      assert_close(dt.F.attention(q, k, v), ref_attention(flat(q), flat(k), flat(v), 1, 2, 2, 4, 4, 3, true), 1e-14)
+   end)
+
+   it("accepts strided q, k, v (transposed from (B, T, H, D))", function()
+      local q, k, v = sample({ 1, 4, 2, 3 }, 15), sample({ 1, 4, 2, 3 }, 16), sample({ 1, 4, 2, 3 }, 17)
+      local qt, kt, vt = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
+      assert_close(dt.F.attention(qt, kt, vt), ref_attention(flat(qt), flat(kt), flat(vt), 1, 2, 2, 4, 4, 3, true),
+         1e-14)
+   end)
+
+   it("has correct gradients for q, k and v", function()
+      gradcheck(function(q, k, v) return dt.F.attention(q, k, v) end,
+         { leaf({ 1, 2, 3, 4 }, 20), leaf({ 1, 1, 5, 4 }, 21), leaf({ 1, 1, 5, 4 }, 22) })
+      gradcheck(function(q, k, v) return dt.F.attention(q, k, v, { causal = false }) end,
+         { leaf({ 2, 4, 3, 2 }, 23), leaf({ 2, 2, 3, 2 }, 24), leaf({ 2, 2, 3, 2 }, 25) })
+      gradcheck(function(q, k, v) return dt.F.attention(q, k, v) end,
+         { leaf({ 1, 1, 4, 2 }, 26), leaf({ 1, 1, 3, 2 }, 27), leaf({ 1, 1, 3, 2 }, 28) })
+   end)
+
+   it("gives the same bits for 1 and 2 threads, forward and backward", function()
+      local threads = dt.threads()
+      local function run(n)
+         dt.threads(n)
+         local q = sample({ 2, 4, 70, 8 }, 30, "f32")
+         local k, v = sample({ 2, 2, 70, 8 }, 31, "f32"), sample({ 2, 2, 70, 8 }, 32, "f32")
+         for _, t in ipairs { q, k, v } do t.requires_grad = true end
+         local out = dt.F.attention(q, k, v)
+         out:backward(sample({ 2, 4, 70, 8 }, 33, "f32"))
+         return { flat(out), flat(q.grad), flat(k.grad), flat(v.grad) }
+      end
+      local one, two = run(1), run(2)
+      dt.threads(threads)
+      assert.same(one, two)
+   end)
+
+   it("rejects ungroupable heads, mismatched shapes and other ranks", function()
+      local q = sample({ 1, 3, 4, 2 }, 40)
+      expect_error(function() dt.F.attention(q, sample({ 1, 2, 4, 2 }, 1), sample({ 1, 2, 4, 2 }, 2)) end,
+         "attention: Hq % Hkv != 0: 3 query heads cannot be grouped over 2 kv heads")
+      expect_error(function() dt.F.attention(q, sample({ 1, 1, 4, 3 }, 1), sample({ 1, 1, 4, 3 }, 2)) end,
+         "must agree on B (dim 1) and D (dim 4)")
+      expect_error(function() dt.F.attention(q, sample({ 1, 1, 4, 2 }, 1), sample({ 1, 1, 5, 2 }, 2)) end,
+         "attention: shape mismatch: k is (1, 1, 4, 2) f64 but v is (1, 1, 5, 2) f64")
+      expect_error(function() dt.F.attention(sample({ 4, 2 }, 1), sample({ 4, 2 }, 2), sample({ 4, 2 }, 3)) end,
+         "attention: q, k, v must be (B, H, T, D), got q (4, 2) f64")
+      expect_error(function() dt.F.attention(q:to("i32"), q, q) end, "attention: q must be a float tensor")
+   end)
+end)
