@@ -1,0 +1,222 @@
+-- dt/train/config.lua: recipe configuration: defaults, key=value / dotted / --config overrides, type checks, nearest-key hints.
+--
+--    local cfg = config.parse({ steps = 100, lr = 3e-4, model = { dim = 128 } })   -- reads the global `arg`
+--    dtrun recipe.lua steps=10 model.dim=64 --config mine.lua 'model.mesh_shape={{2,2},{"fsdp","tp"}}'
+--
+-- Every key must exist in the defaults; a value is coerced to the type of its default (number, boolean,
+-- string; tables from a Lua literal). Record tables (string keys) merge key by key, lists replace whole.
+-- Later words win. The trainer's own keys (config.base) are added where the recipe does not set them.
+local M = {}
+
+-- Keys every recipe accepts (read by train.Trainer and train.run_dir); recipe defaults override them.
+M.base = {
+   steps = 100,           -- optimizer steps
+   seed = 1,              -- model init, data order and dropout
+   grad_accum = 1,        -- micro-batches per step
+   clip = 1.0,            -- max global grad norm (0: no clipping)
+   log_every = 10,        -- console progress line every N steps (0: never)
+   checkpoint_every = 0,  -- save a checkpoint every N steps and at the end (0: never)
+   resume = false,        -- continue from the run dir's latest checkpoint when there is one
+   run_dir = "",          -- "" picks runs/<recipe>-<timestamp>
+}
+
+local function is_list(t) return next(t) == nil or t[1] ~= nil end
+
+local function deep_copy(v)
+   if type(v) ~= "table" then return v end
+   local r = {}
+   for k, x in pairs(v) do r[k] = deep_copy(x) end
+   return r
+end
+M.deep_copy = deep_copy
+
+-- Every valid dotted key of a schema (records are walked, lists are leaves).
+local function all_keys(schema, prefix, out)
+   out = out or {}
+   for k, v in pairs(schema) do
+      local key = prefix .. tostring(k)
+      out[#out + 1] = key
+      if type(v) == "table" and not is_list(v) then all_keys(v, key .. ".", out) end
+   end
+   return out
+end
+
+local function levenshtein(a, b)
+   local prev = {}
+   for j = 0, #b do prev[j] = j end
+   for i = 1, #a do
+      local cur = { [0] = i }
+      for j = 1, #b do
+         local cost = a:byte(i) == b:byte(j) and 0 or 1
+         cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      end
+      prev = cur
+   end
+   return prev[#b]
+end
+
+-- The valid key closest to `key`; a match on the last segment alone counts too (`dim` -> `model.dim`).
+local function nearest(key, schema)
+   local best, best_d
+   local keys = all_keys(schema, "")
+   table.sort(keys)
+   for _, k in ipairs(keys) do
+      local d = math.min(levenshtein(key, k), levenshtein(key, k:match("([^.]+)$")) + 1)
+      if best_d == nil or d < best_d then best, best_d = k, d end
+   end
+   return best
+end
+
+local function unknown_key(key, schema)
+   local hint = nearest(key, schema)
+   error(("config: unknown key '%s'%s"):format(key, hint and (" (did you mean '%s'?)"):format(hint) or ""), 0)
+end
+
+local function bad_value(key, value, expected)
+   error(("config: bad value for '%s': %s is not %s"):format(key, type(value) == "string" and ("'" .. value .. "'")
+      or tostring(value), expected), 0)
+end
+
+local booleans = { ["true"] = true, ["false"] = false, ["1"] = true, ["0"] = false, yes = true, no = false,
+   on = true, off = false }
+
+-- A Lua table literal from the command line, evaluated with no globals.
+local function table_literal(key, text)
+   local chunk = loadstring("return " .. text, "=" .. key)
+   local ok, v = false, nil
+   if chunk then ok, v = pcall(setfenv(chunk, {})) end
+   if not ok or type(v) ~= "table" then bad_value(key, text, "a Lua table literal") end
+   return v
+end
+
+local merge
+
+-- `value` (a command-line string or a value from a config file) as the type of `default`; records
+-- merge into `current`. `root` is the whole schema, for suggestions.
+local function coerce(key, value, default, root, current)
+   local want = type(default)
+   if want == "table" then
+      if type(value) == "string" then value = table_literal(key, value) end
+      if type(value) ~= "table" then bad_value(key, value, "a table") end
+      if is_list(default) then return deep_copy(value) end
+      merge(current, value, default, key .. ".", root)
+      return current
+   end
+   if type(value) == want then return value end
+   if type(value) ~= "string" then bad_value(key, value, "a " .. want) end
+   if want == "number" then
+      local n = tonumber(value)
+      if n == nil then bad_value(key, value, "a number") end
+      return n
+   elseif want == "boolean" then
+      local b = booleans[value:lower()]
+      if b == nil then bad_value(key, value, "a boolean (true/false)") end
+      return b
+   end
+   bad_value(key, value, "a " .. want)
+end
+
+-- Merge a table of overrides (from a config file or a literal) into cfg, checked against schema.
+function merge(cfg, src, schema, prefix, root)
+   local keys = {}
+   for k in pairs(src) do keys[#keys + 1] = k end
+   table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+   for _, k in ipairs(keys) do
+      local key = prefix .. tostring(k)
+      if schema[k] == nil then unknown_key(key, root) end
+      cfg[k] = coerce(key, src[k], schema[k], root, cfg[k])
+   end
+end
+
+-- key=value with a dotted key.
+local function set_dotted(cfg, schema, key, value)
+   local node, snode, parts = cfg, schema, {}
+   for part in key:gmatch("[^.]+") do parts[#parts + 1] = part end
+   for i, part in ipairs(parts) do
+      local k = part
+      if snode[k] == nil and tonumber(part) then k = tonumber(part) end
+      local sv = snode[k]
+      if sv == nil or (i < #parts and (type(sv) ~= "table" or is_list(sv))) then unknown_key(key, schema) end
+      if i == #parts then
+         node[k] = coerce(key, value, sv, schema, node[k])
+      else
+         node, snode = node[k], sv
+      end
+   end
+end
+
+local function load_file(path)
+   local chunk, err = loadfile(path)
+   if not chunk then error(("config: cannot load %s: %s"):format(path, err), 0) end
+   local ok, v = pcall(chunk)
+   if not ok then error(("config: %s failed: %s"):format(path, tostring(v)), 0) end
+   if type(v) ~= "table" then error(("config: %s must return a table, got %s"):format(path, type(v)), 0) end
+   return v
+end
+
+-- The resolved config: defaults (plus config.base) with the overrides in `args` (default: the global arg).
+function M.parse(defaults, args)
+   args = args or _G.arg or {}
+   local schema = deep_copy(M.base)
+   for k, v in pairs(defaults or {}) do schema[k] = deep_copy(v) end
+   local cfg = deep_copy(schema)
+   local i = 1
+   while i <= #args do
+      local a = args[i]
+      local file = a:match("^%-%-config=(.+)$")
+      if a == "--config" then
+         file = args[i + 1]
+         if file == nil then error("config: --config needs a file name", 0) end
+         i = i + 1
+      end
+      if file then
+         merge(cfg, load_file(file), schema, "", schema)
+      else
+         local key, value = a:match("^([%w_][%w_.]*)=(.*)$")
+         if not key then error(("config: cannot parse '%s' (expected key=value or --config FILE.lua)"):format(a), 0) end
+         set_dotted(cfg, schema, key, value)
+      end
+      i = i + 1
+   end
+   return cfg
+end
+
+-- Lua source for a config (sorted keys, exact numbers) that `--config` reads back to the same table.
+function M.to_lua(cfg)
+   local function emit(v, indent)
+      local t = type(v)
+      if t == "number" then
+         if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ("%d"):format(v) end
+         if v ~= v then return "0/0" end
+         if v == math.huge or v == -math.huge then return v > 0 and "math.huge" or "-math.huge" end
+         for digits = 15, 16 do -- shortest exact form
+            local s = ("%." .. digits .. "g"):format(v)
+            if tonumber(s) == v then return s end
+         end
+         return ("%.17g"):format(v)
+      elseif t == "string" then
+         return ("%q"):format(v)
+      elseif t == "boolean" then
+         return tostring(v)
+      elseif t ~= "table" then
+         error(("config: cannot write a %s value"):format(t), 0)
+      end
+      if is_list(v) then
+         local parts = {}
+         for i = 1, #v do parts[i] = emit(v[i], indent) end
+         return "{ " .. table.concat(parts, ", ") .. (#parts > 0 and " }" or "}")
+      end
+      local keys = {}
+      for k in pairs(v) do keys[#keys + 1] = k end
+      table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+      local lines, inner = {}, indent .. "   "
+      for _, k in ipairs(keys) do
+         local name = (type(k) == "string" and k:match("^[%a_][%w_]*$")) and k or ("[" .. emit(k, inner) .. "]")
+         lines[#lines + 1] = ("%s%s = %s,"):format(inner, name, emit(v[k], inner))
+      end
+      return "{\n" .. table.concat(lines, "\n") .. "\n" .. indent .. "}"
+   end
+   return "return " .. emit(cfg, "") .. "\n"
+end
+
+return M

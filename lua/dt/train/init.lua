@@ -1,0 +1,46 @@
+-- dt/train/init.lua: `require "dt.train"`: config, run directories, the Trainer, datasets, JSONL and checkpoints.
+--
+--    local cfg = train.config { steps = 200, lr = 1e-3, model = { dim = 128 } }   -- key=value from the command line
+--    local dir = train.run_dir(cfg)                       -- prints "run dir: runs/<recipe>-<timestamp>"
+--    local data = train.text { seq = 128, batch = 8, seed = cfg.seed }
+--    train.Trainer { model = m, optimizer = opt, data = data, config = cfg, run_dir = dir }:run()
+local config = require "dt.train.config"
+local data = require "dt.train.data"
+local fs = require "dt.train.fs"
+local rundir = require "dt.rundir"
+
+local train = {
+   config = config.parse,
+   text = data.text,
+   tokens = data.tokens,
+   jsonl = require("dt.train.jsonl").read,
+   checkpoint = require "dt.train.checkpoint",
+   safetensors = require "dt.train.safetensors",
+   Trainer = require "dt.train.trainer",
+}
+
+-- Create the run directory (config.run_dir, else the launcher's DT_RUN_DIR, else
+-- runs/<recipe>-<YYYYmmdd-HHMMSS>[-n] for the recipe in arg[0]) with logs/ and checkpoints/, write
+-- the resolved config to config.lua, print "run dir: <path>" (rank 0 only) and return the path.
+-- opts: name (instead of the recipe's file name), root (instead of "runs"), quiet.
+function train.run_dir(cfg, opts)
+   opts = opts or {}
+   local path = (cfg.run_dir ~= "" and cfg.run_dir) or rundir.from_launcher()
+   if path then
+      fs.mkdir(path)
+   else
+      local recipe = opts.name or (_G.arg and _G.arg[0]) or "run"
+      repeat -- another process may take the same second's name between the check and the mkdir
+         path = rundir.new_path(recipe, opts.root)
+      until fs.mkdir(path, false)
+   end
+   fs.mkdir(fs.join(path, "logs"))
+   fs.mkdir(fs.join(path, "checkpoints"))
+   if (tonumber(os.getenv("RANK")) or 0) == 0 then -- one writer and one console line per job
+      fs.write_atomic(fs.join(path, "config.lua"), config.to_lua(cfg))
+      if not opts.quiet then print("run dir: " .. path) end
+   end
+   return path
+end
+
+return train

@@ -1,0 +1,174 @@
+-- dt/train/trainer.lua: the training loop: accumulation, clipping, schedules, memory policy, callbacks, logs, checkpoints.
+--
+--    local trainer = train.Trainer { model = m, optimizer = opt, data = d, config = cfg, run_dir = dir,
+--                                    schedule = optim.schedule{...} }
+--    trainer:add_step_callback(function(r) print(r.step, r.loss) end)
+--    trainer:run()
+--
+-- One step: zero grads; grad_accum micro-batches (forward -> loss, backward of loss / grad_accum);
+-- clip to config.clip (the norm is reported either way); lr = schedule(step); optimizer step. After
+-- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
+-- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
+-- are small tables over C memory): a full collection takes ~2 ms on recipes/train.lua's model (about 3%
+-- of its step); the result's metrics.gc_seconds reports it.
+--
+-- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
+-- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, ... } }. Step
+-- callbacks run in order and may add entries to result.metrics; then the result goes to
+-- <run_dir>/metrics.jsonl and, every log_every steps, to the console.
+--
+-- Strategy hooks (all optional methods of opts.strategy, for DDP/FSDP/ZeRO and the like):
+--   begin_step(trainer, step)          before anything else in a step
+--   micro_batch(trainer, i, n)         before micro-batch i of n (e.g. skip gradient sync while i < n)
+--   before_optimizer(trainer)          after the last backward (e.g. wait for gradient reductions)
+--   reduce_grad_sumsq(trainer, s) -> s the global sum of squared gradients from this rank's share
+--   end_step(trainer, result)          after the optimizer step, before callbacks
+local dt = require "dt"
+local optim = require "dt.optim"
+local config = require "dt.train.config"
+local fs = require "dt.train.fs"
+local jsonl = require "dt.train.jsonl"
+local metrics = require "dt.train.metrics"
+local checkpoint = require "dt.train.checkpoint"
+
+local Trainer = {}
+Trainer.__index = Trainer
+
+local function default_forward(model, x, y) return model(x, y) end
+
+-- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
+-- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy,
+-- rng (generator saved in checkpoints; default dt.default_generator()), print (console sink).
+local function new(opts)
+   for _, k in ipairs { "model", "optimizer", "data" } do
+      if opts[k] == nil then error(("train.Trainer: '%s' is required"):format(k), 2) end
+   end
+   local cfg = config.deep_copy(config.base)
+   for k, v in pairs(opts.config or {}) do cfg[k] = v end
+   if cfg.grad_accum < 1 or cfg.grad_accum % 1 ~= 0 then
+      error(("train.Trainer: grad_accum must be a positive integer, got %s"):format(tostring(cfg.grad_accum)), 2)
+   end
+   if (cfg.checkpoint_every > 0 or cfg.resume) and not opts.run_dir then
+      error("train.Trainer: checkpoint_every and resume need a run_dir", 2)
+   end
+   local self = setmetatable({ model = opts.model, optimizer = opts.optimizer, data = opts.data, config = cfg,
+      run_dir = opts.run_dir, schedule = opts.schedule, forward = opts.forward or default_forward,
+      strategy = opts.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
+      rng = opts.rng or dt.default_generator() }, Trainer)
+   self.params = self.optimizer.params or self.model:parameters()
+   return self
+end
+
+function Trainer:add_step_callback(fn)
+   if type(fn) ~= "function" then error("add_step_callback: expected a function", 2) end
+   self.callbacks[#self.callbacks + 1] = fn
+end
+
+function Trainer:hook(name, ...)
+   local s = self.strategy
+   if s[name] then return s[name](s, self, ...) end
+end
+
+function Trainer:checkpoint_dir() return fs.join(self.run_dir, "checkpoints") end
+
+function Trainer:save_checkpoint()
+   return checkpoint.save(self:checkpoint_dir(), { model = self.model, optimizer = self.optimizer, step = self.step,
+      data = self.data, rng = self.rng, config = self.config })
+end
+
+-- Restore model, optimizer, data position, RNG and step from a checkpoint (path: step, checkpoints or run dir).
+function Trainer:load_checkpoint(path)
+   local info = checkpoint.load(path, { model = self.model, optimizer = self.optimizer, data = self.data,
+      rng = self.rng })
+   self.step = info.step
+   return info
+end
+
+local function timed_gc()
+   local t0 = dt.time()
+   collectgarbage()
+   return dt.time() - t0
+end
+
+-- One optimizer step; returns the step result (see the top of this file).
+function Trainer:train_step()
+   local cfg, opt = self.config, self.optimizer
+   local step, n_micro = self.step + 1, cfg.grad_accum
+   self:hook("begin_step", step)
+   dt.reset_peak_memory()
+   local t0 = dt.time()
+   local lr = self.schedule and self.schedule(step) or opt.lr
+   opt.lr = lr
+   opt:zero_grad()
+   local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
+   for i = 1, n_micro do
+      self:hook("micro_batch", i, n_micro)
+      local x, y = self.data:next()
+      local loss = self.forward(self.model, x, y)
+      loss_sum = loss_sum + loss:item()
+      samples, tokens = samples + x.shape[1], tokens + x:numel()
+      if n_micro == 1 then loss:backward() else loss:backward(loss:new_full(loss.shape, 1 / n_micro)) end
+      x, y, loss = nil, nil, nil
+      gc_s = gc_s + timed_gc()
+   end
+   self:hook("before_optimizer")
+   local reduce = self.strategy.reduce_grad_sumsq and function(s) return self:hook("reduce_grad_sumsq", s) end
+   local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
+   opt:step()
+   local seconds = dt.time() - t0
+   self.step = step
+   local result = { step = step, loss = loss_sum / n_micro, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
+      samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
+      metrics = { gc_seconds = gc_s } }
+   self:hook("end_step", result)
+   for i, fn in ipairs(self.callbacks) do
+      local ok, err = pcall(fn, result)
+      if not ok then error(("step callback %d failed at step %d: %s"):format(i, step, tostring(err)), 0) end
+   end
+   return result
+end
+
+-- Mean loss over the first n batches of data.val (default 8), without gradients, in eval mode.
+function Trainer:evaluate(n)
+   local val = self.data.val
+   if not val then error("evaluate: the data has no val split", 2) end
+   local model, total = self.model, 0
+   if model.eval then model:eval() end
+   dt.no_grad(function()
+      for pos = 0, (n or 8) - 1 do total = total + self.forward(model, val:batch_at(pos)):item() end
+   end)
+   if model.train then model:train() end
+   collectgarbage()
+   return total / (n or 8)
+end
+
+-- Train until config.steps (resuming from the run dir's latest checkpoint when config.resume is set).
+-- Returns the last step result.
+function Trainer:run()
+   local cfg = self.config
+   if cfg.resume and checkpoint.resolve(self:checkpoint_dir()) then
+      local info = self:load_checkpoint(self.run_dir)
+      self.print(("resumed from %s at step %d"):format(info.path, info.step))
+   end
+   local log = self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
+   local first, t_start, result = self.step, dt.time(), nil
+   local ok, err = pcall(function()
+      while self.step < cfg.steps do
+         result = self:train_step()
+         if log then log:write(metrics.record(result)) end
+         local s = result.step
+         if cfg.log_every > 0 and (s % cfg.log_every == 0 or s == first + 1 or s == cfg.steps) then
+            local eta = (dt.time() - t_start) / (s - first) * (cfg.steps - s)
+            self.print(metrics.progress(result, cfg.steps, eta))
+         end
+         if cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
+            self:save_checkpoint()
+         end
+      end
+   end)
+   if log then log:close() end
+   if not ok then error(err, 0) end
+   return result
+end
+
+return new

@@ -1,0 +1,184 @@
+-- spec/trainer_spec.lua: the Trainer: step results, accumulation, clipping, callbacks, hooks, logs and exact resumption.
+local dt = require "dt"
+local nn = require "dt.nn"
+local optim = require "dt.optim"
+local train = require "dt.train"
+local fs = require "dt.train.fs"
+local helpers = require "spec.train_helpers"
+local tmpdir, errmsg = helpers.tmpdir, helpers.errmsg
+local cjson = require "cjson"
+
+local TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom. "):rep(8)
+local MODEL = { vocab = 256, seq = 8, dim = 16, layers = 1, heads = 2, dropout = 0.1, seed = 3 }
+
+local root
+
+-- A fresh model, optimizer and data stream; `over` overrides trainer config keys.
+local function setup(over, opts)
+   opts = opts or {}
+   local model = nn.GPT(MODEL)
+   local opt = opts.sgd and optim.SGD(model:parameters(), { lr = opts.lr or 1 })
+      or optim.AdamW(model:parameters(), { lr = 1e-2 })
+   local data = train.text { path = fs.join(root, "text.txt"), seq = 8, batch = opts.batch or 2, seed = 7 }
+   local cfg = { steps = 4, log_every = 0, clip = 0 }
+   for k, v in pairs(over or {}) do cfg[k] = v end
+   local t = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = opts.run_dir,
+      schedule = opts.schedule, strategy = opts.strategy, print = opts.print }
+   return t, model
+end
+
+local function flat_params(model)
+   local out = {}
+   for _, p in ipairs(model:parameters()) do
+      for i = 1, p:numel() do out[#out + 1] = p:get(i) end
+   end
+   return out
+end
+
+describe("train.Trainer", function()
+   before_each(function()
+      root = tmpdir()
+      fs.write(fs.join(root, "text.txt"), TEXT)
+      dt.manual_seed(11)
+   end)
+   after_each(function() fs.remove_tree(root) end)
+
+   it("returns a full step result and the loss falls", function()
+      local t = setup({ steps = 30 }, { schedule = optim.schedule { lr = 1e-2, warmup = 2, total = 30 } })
+      local results = {}
+      t:add_step_callback(function(r) results[#results + 1] = r end)
+      local last = t:run()
+      assert.equal(30, #results)
+      assert.equal(last, results[30])
+      local r1 = results[1]
+      assert.equal(1, r1.step)
+      assert.equal(5e-3, r1.lr) -- warmup: step 1 of 2
+      assert.is_true(r1.loss > 4 and r1.loss < 7, "initial loss near ln(256): " .. r1.loss)
+      assert.is_true(r1.grad_norm > 0)
+      assert.is_true(r1.samples_per_second > 0)
+      assert.near(r1.tokens_per_second, r1.samples_per_second * 8, 1e-6 * r1.tokens_per_second)
+      assert.is_true(r1.memory.host.peak >= r1.memory.host.live)
+      assert.is_number(r1.metrics.gc_seconds)
+      assert.is_true(last.loss < r1.loss - 1, ("loss falls: %.3f -> %.3f"):format(r1.loss, last.loss))
+      assert.equal(30, t.data:position())
+      local v1 = t:evaluate(2)
+      assert.equal(v1, t:evaluate(2))
+      assert.equal(30, t.data:position())
+   end)
+
+   it("accumulates micro-batches like one large batch", function()
+      local big, mb = setup({ steps = 1 }, { sgd = true, lr = 0.5, batch = 4 })
+      local acc, ma = setup({ steps = 1, grad_accum = 2 }, { sgd = true, lr = 0.5, batch = 2 })
+      for _, m in ipairs { mb, ma } do m:eval() end -- no dropout: the two runs draw different masks
+      local rb, ra = big:run(), acc:run()
+      assert.near(rb.loss, ra.loss, 1e-5)
+      assert.equal(2, acc.data:position())
+      assert.equal(rb.tokens_per_second / rb.samples_per_second, ra.tokens_per_second / ra.samples_per_second)
+      local pb, pa = flat_params(mb), flat_params(ma)
+      for i = 1, #pb do assert.near(pb[i], pa[i], 1e-5) end
+   end)
+
+   it("clips the global gradient norm and reports it before clipping", function()
+      local t, model = setup({ steps = 1, clip = 1e-3 }, { sgd = true, lr = 1 })
+      local before = flat_params(model)
+      local r = t:run()
+      assert.is_true(r.grad_norm > 1e-2)
+      local after, sq = flat_params(model), 0
+      for i = 1, #before do sq = sq + (after[i] - before[i]) ^ 2 end
+      assert.near(1e-3, math.sqrt(sq), 1e-5) -- SGD(lr=1) moves by exactly the clipped gradient
+   end)
+
+   it("runs callbacks in order, logs metrics.jsonl and prints progress", function()
+      local lines, order = {}, {}
+      local dir = fs.join(root, "run")
+      fs.mkdir(dir)
+      local t = setup({ steps = 4, log_every = 2 }, { run_dir = dir, print = function(s) lines[#lines + 1] = s end })
+      t:add_step_callback(function(r) order[#order + 1] = "a" .. r.step; r.metrics.extra = r.step * 10 end)
+      t:add_step_callback(function(r) order[#order + 1] = "b" .. r.step end)
+      t:run()
+      assert.same({ "a1", "b1", "a2", "b2", "a3", "b3", "a4", "b4" }, order)
+      assert.equal(3, #lines) -- steps 1, 2 and 4
+      assert.matches("^step 2/4  loss %d%.%d+  lr 1%.00e%-02  grad %d+%.%d+  %d+ tok/s  peak %d+%.%d MiB  eta %d+s$", lines[2])
+      local n = 0
+      for line in io.lines(fs.join(dir, "metrics.jsonl")) do
+         n = n + 1
+         local rec = cjson.decode(line)
+         assert.equal(n, rec.step)
+         assert.is_number(rec.loss)
+         assert.equal(n * 10, rec.extra)
+      end
+      assert.equal(4, n)
+   end)
+
+   it("aborts with a clear message when a callback fails", function()
+      local t = setup({ steps = 3 })
+      t:add_step_callback(function() end)
+      t:add_step_callback(function(r) if r.step == 2 then error("boom", 0) end end)
+      assert.equal("step callback 2 failed at step 2: boom", errmsg(t.run, t))
+      assert.equal(2, t.step)
+      assert.matches("expected a function", errmsg(t.add_step_callback, t, 5))
+   end)
+
+   it("calls the strategy hooks at their points of the step", function()
+      local calls = {}
+      local strategy = {}
+      for _, name in ipairs { "begin_step", "micro_batch", "before_optimizer", "end_step" } do
+         strategy[name] = function(self, trainer, a, b)
+            assert.equal(strategy, self)
+            calls[#calls + 1] = name .. (type(a) == "number" and ("(" .. a .. (b and "," .. b or "") .. ")") or "")
+         end
+      end
+      function strategy.reduce_grad_sumsq(_, _, s)
+         calls[#calls + 1] = "reduce"
+         return 4 * s -- as if four ranks held the same shard
+      end
+      local t = setup({ steps = 1, grad_accum = 2 }, { strategy = strategy })
+      local r = t:run()
+      assert.same({ "begin_step(1)", "micro_batch(1,2)", "micro_batch(2,2)", "before_optimizer", "reduce", "end_step" },
+         calls)
+      local own = math.sqrt(optim.grad_sumsq(t.params))
+      assert.near(2 * own, r.grad_norm, 1e-6 * r.grad_norm)
+   end)
+
+   it("rejects incomplete setups", function()
+      assert.matches("'data' is required", errmsg(train.Trainer, { model = {}, optimizer = {} }))
+      local model = nn.GPT(MODEL)
+      local opt = optim.SGD(model:parameters())
+      assert.matches("checkpoint_every and resume need a run_dir", errmsg(train.Trainer,
+         { model = model, optimizer = opt, data = {}, config = { checkpoint_every = 2 } }))
+      assert.matches("grad_accum must be a positive integer, got 0", errmsg(train.Trainer,
+         { model = model, optimizer = opt, data = {}, config = { grad_accum = 0 } }))
+   end)
+
+   it("resumes from a checkpoint with bit-identical losses (dropout, AdamW, schedule, data)", function()
+      local sched = function() return optim.schedule { lr = 1e-2, warmup = 2, total = 6 } end
+      local function losses(t)
+         local out = {}
+         t:add_step_callback(function(r) out[#out + 1] = r.loss end)
+         return out
+      end
+      dt.manual_seed(5)
+      local full_t = setup({ steps = 6 }, { schedule = sched() })
+      local full = losses(full_t)
+      full_t:run()
+
+      local dir = fs.join(root, "run")
+      fs.mkdir(dir)
+      dt.manual_seed(5)
+      local first_t = setup({ steps = 3, checkpoint_every = 3 }, { schedule = sched(), run_dir = dir })
+      local first = losses(first_t)
+      first_t:run()
+      assert.is_true(fs.is_dir(fs.join(dir, "checkpoints", "step-3")))
+
+      dt.manual_seed(12345) -- fresh state everywhere: the checkpoint must restore all of it
+      local lines = {}
+      local second_t = setup({ steps = 6, resume = true, checkpoint_every = 3 }, { schedule = sched(), run_dir = dir,
+         print = function(s) lines[#lines + 1] = s end })
+      local second = losses(second_t)
+      second_t:run()
+      assert.matches("^resumed from .*step%-3 at step 3$", lines[1])
+      assert.same({ full[1], full[2], full[3] }, first)
+      assert.same({ full[4], full[5], full[6] }, second) -- exact equality, not closeness
+      assert.equal("step-6\n", fs.read(fs.join(dir, "checkpoints", "latest")))
+   end)
+end)
