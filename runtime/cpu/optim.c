@@ -1,0 +1,170 @@
+/* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype path. */
+#include "dt_internal.h"
+#include "dt_optim.h"
+
+enum { OPTIM_PAR_MIN = 32768 }; /* elements below which one thread is faster */
+
+typedef struct {
+  double decay, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps;
+} adamw_consts;
+
+typedef struct {
+  double lr, momentum, omdamp, wd;
+  bool has_buf, nesterov, first;
+} sgd_consts;
+
+/* One element's update, shared by every path; defined for float (f32/bf16/f16 params) and double (f64). */
+#define DT_DEFINE_ADAMW(NAME, T, SQRT)                                                       \
+  static inline T NAME(T p, T g, T *m, T *v, const adamw_consts *c) {                        \
+    T mm = (T)c->b1 * *m + (T)c->omb1 * g;                                                   \
+    T vv = (T)c->b2 * *v + (T)c->omb2 * g * g;                                               \
+    *m = mm;                                                                                 \
+    *v = vv;                                                                                 \
+    return p * (T)c->decay - (T)c->step_size * mm / (SQRT(vv) * (T)c->inv_sqrt_bc2 + (T)c->eps); \
+  }
+DT_DEFINE_ADAMW(adamw_f32, float, sqrtf)
+DT_DEFINE_ADAMW(adamw_f64, double, sqrt)
+
+#define DT_DEFINE_SGD(NAME, T)                                             \
+  static inline T NAME(T p, T g, T *buf, const sgd_consts *c) {            \
+    g += (T)c->wd * p;                                                     \
+    if (c->has_buf) {                                                      \
+      T b = c->first ? g : (T)c->momentum * *buf + (T)c->omdamp * g;       \
+      *buf = b;                                                            \
+      g = c->nesterov ? g + (T)c->momentum * b : b;                        \
+    }                                                                      \
+    return p - (T)c->lr * g;                                               \
+  }
+DT_DEFINE_SGD(sgd_f32, float)
+DT_DEFINE_SGD(sgd_f64, double)
+
+/* Element offset of flat index i in t (i itself when contiguous). */
+static inline int64_t elem_offset(const dt_tensor *t, bool contiguous, int64_t i) {
+  return contiguous ? i : dt_strided_offset(t->ndim, t->shape, t->strides, i);
+}
+
+static bool same_shape(const dt_tensor *a, const dt_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  return true;
+}
+
+/* The state dtype that goes with a parameter dtype. */
+static int state_dtype(int param_dtype) { return param_dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32; }
+
+/* Checks shared by both optimizers: float param and grad, matching shapes, live storage. */
+static dt_status check_param_grad(const char *op, const dt_tensor *param, const dt_tensor *grad) {
+  char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
+  DT_CHECK(dt_dtype_is_float(param->dtype), DT_ERR_ARG, "%s: param must be a float tensor, got %s", op,
+           dt_shape_str(param, a, sizeof a));
+  DT_CHECK(dt_dtype_is_float(grad->dtype), DT_ERR_ARG, "%s: grad must be a float tensor, got %s", op,
+           dt_shape_str(grad, a, sizeof a));
+  DT_CHECK(same_shape(param, grad), DT_ERR_ARG, "%s: grad %s does not match param %s", op,
+           dt_shape_str(grad, a, sizeof a), dt_shape_str(param, b, sizeof b));
+  DT_CHECK(param->data && grad->data, DT_ERR_STATE, "%s: param or grad storage was released", op);
+  return DT_OK;
+}
+
+/* A state tensor (m, v, momentum buffer): param's shape, f32 (f64 for f64 params). */
+static dt_status check_state(const char *op, const char *what, const dt_tensor *param, const dt_tensor *s) {
+  char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
+  DT_CHECK(s->dtype == state_dtype(param->dtype), DT_ERR_ARG, "%s: %s must be %s for a %s param, got %s", op, what,
+           dt_dtype_name(state_dtype(param->dtype)), dt_dtype_name(param->dtype), dt_shape_str(s, a, sizeof a));
+  DT_CHECK(same_shape(param, s), DT_ERR_ARG, "%s: %s %s does not match param %s", op, what,
+           dt_shape_str(s, a, sizeof a), dt_shape_str(param, b, sizeof b));
+  DT_CHECK(s->data, DT_ERR_STATE, "%s: %s storage was released", op, what);
+  return DT_OK;
+}
+
+dt_status dt_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr,
+                              double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  DT_TRY(check_param_grad("adamw", param, grad));
+  DT_TRY(check_state("adamw", "m", param, m));
+  DT_TRY(check_state("adamw", "v", param, v));
+  DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
+  DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,
+           "adamw: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
+  DT_CHECK(eps >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
+           "adamw: lr, eps and weight_decay must be >= 0, got lr=%g eps=%g weight_decay=%g", lr, eps, weight_decay);
+  double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+  const adamw_consts c = {1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, lr / bc1,
+                          1.0 / sqrt(bc2), eps};
+  int64_t n = dt_tensor_numel(param);
+  void *pp = dt_tensor_ptr(param), *mp = dt_tensor_ptr(m), *vp = dt_tensor_ptr(v);
+  const void *gp = dt_tensor_ptr(grad);
+  bool pc = dt_tensor_is_contiguous(param), gc = dt_tensor_is_contiguous(grad), mc = dt_tensor_is_contiguous(m),
+       vc = dt_tensor_is_contiguous(v);
+  if (pc && gc && mc && vc && param->dtype == DT_DTYPE_F32 && grad->dtype == DT_DTYPE_F32) {
+    float *p = pp, *mf = mp, *vf = vp;
+    const float *g = gp;
+#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], g[i], &mf[i], &vf[i], &c);
+    return DT_OK;
+  }
+  int pd = param->dtype, gd = grad->dtype, sd = m->dtype;
+#pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t po = elem_offset(param, pc, i), go = elem_offset(grad, gc, i), mo = elem_offset(m, mc, i),
+            vo = elem_offset(v, vc, i);
+    double p = dt_load(pp, pd, po), g = dt_load(gp, gd, go), mm = dt_load(mp, sd, mo), vv = dt_load(vp, sd, vo);
+    if (sd == DT_DTYPE_F64) {
+      p = adamw_f64(p, g, &mm, &vv, &c);
+    } else {
+      float mf = (float)mm, vf = (float)vv;
+      p = adamw_f32((float)p, (float)g, &mf, &vf, &c);
+      mm = mf;
+      vv = vf;
+    }
+    dt_store(mp, sd, mo, mm);
+    dt_store(vp, sd, vo, vv);
+    dt_store(pp, pd, po, p);
+  }
+  return DT_OK;
+}
+
+dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,
+                            double dampening, double weight_decay, bool nesterov, bool first_step) {
+  DT_TRY(check_param_grad("sgd", param, grad));
+  DT_CHECK(momentum >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
+           "sgd: lr, momentum and weight_decay must be >= 0, got lr=%g momentum=%g weight_decay=%g", lr, momentum,
+           weight_decay);
+  DT_CHECK(!nesterov || (momentum > 0 && dampening == 0), DT_ERR_ARG,
+           "sgd: nesterov needs momentum > 0 and dampening 0, got momentum=%g dampening=%g", momentum, dampening);
+  bool has_buf = momentum != 0;
+  DT_CHECK(buf || !has_buf, DT_ERR_ARG, "sgd: momentum %g needs a momentum buffer", momentum);
+  if (has_buf) DT_TRY(check_state("sgd", "momentum buffer", param, buf));
+  const sgd_consts c = {lr, momentum, 1.0 - dampening, weight_decay, has_buf, nesterov, first_step};
+  int64_t n = dt_tensor_numel(param);
+  void *pp = dt_tensor_ptr(param), *bp = has_buf ? dt_tensor_ptr(buf) : NULL;
+  const void *gp = dt_tensor_ptr(grad);
+  bool pc = dt_tensor_is_contiguous(param), gc = dt_tensor_is_contiguous(grad),
+       bc = !has_buf || dt_tensor_is_contiguous(buf);
+  if (pc && gc && bc && param->dtype == DT_DTYPE_F32 && grad->dtype == DT_DTYPE_F32) {
+    float *p = pp, *b = bp;
+    const float *g = gp;
+#pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+      float bi = has_buf ? b[i] : 0.0f;
+      p[i] = sgd_f32(p[i], g[i], &bi, &c);
+      if (has_buf) b[i] = bi;
+    }
+    return DT_OK;
+  }
+  int pd = param->dtype, gd = grad->dtype, sd = state_dtype(pd);
+#pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t po = elem_offset(param, pc, i), go = elem_offset(grad, gc, i), bo = has_buf ? elem_offset(buf, bc, i) : 0;
+    double p = dt_load(pp, pd, po), g = dt_load(gp, gd, go), b = has_buf ? dt_load(bp, sd, bo) : 0.0;
+    if (sd == DT_DTYPE_F64) {
+      p = sgd_f64(p, g, &b, &c);
+    } else {
+      float bf = (float)b;
+      p = sgd_f32((float)p, (float)g, &bf, &c);
+      b = bf;
+    }
+    if (has_buf) dt_store(bp, sd, bo, b);
+    dt_store(pp, pd, po, p);
+  }
+  return DT_OK;
+}

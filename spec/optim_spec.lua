@@ -1,0 +1,295 @@
+-- spec/optim_spec.lua: AdamW/SGD against Lua references, param groups, state dicts, schedules, grad clipping.
+local dt = require "dt"
+local optim = require "dt.optim"
+local testing = require "dt.testing"
+
+-- Parameters and per-step gradients as Lua arrays, so the reference never touches dt.
+local function values(n, seed, scale)
+   local t = testing.sample({ n }, seed)
+   local out = {}
+   for i = 1, n do out[i] = t:get(i) * (scale or 1) end
+   return out
+end
+
+local function param_from(vals, shape, dtype)
+   local p = dt.tensor(vals, { dtype = dtype }):view(shape)
+   p.requires_grad = true
+   return p
+end
+
+local function grad_for(p, vals) p.grad = dt.tensor(vals, { dtype = p.dtype }):view(p.shape) end
+
+-- torch.optim.AdamW on Lua arrays (one step).
+local function ref_adamw(st, p, g, h, lr)
+   st.step = (st.step or 0) + 1
+   st.m, st.v = st.m or {}, st.v or {}
+   local b1, b2 = h.betas[1], h.betas[2]
+   local bc1, bc2 = 1 - b1 ^ st.step, 1 - b2 ^ st.step
+   for i = 1, #p do
+      p[i] = p[i] * (1 - lr * h.weight_decay)
+      st.m[i] = b1 * (st.m[i] or 0) + (1 - b1) * g[i]
+      st.v[i] = b2 * (st.v[i] or 0) + (1 - b2) * g[i] * g[i]
+      p[i] = p[i] - lr / bc1 * st.m[i] / (math.sqrt(st.v[i]) / math.sqrt(bc2) + h.eps)
+   end
+end
+
+-- torch.optim.SGD on Lua arrays (one step).
+local function ref_sgd(st, p, g, h, lr)
+   for i = 1, #p do
+      local d = g[i] + h.weight_decay * p[i]
+      if h.momentum ~= 0 then
+         st[i] = st[i] == nil and d or h.momentum * st[i] + (1 - h.dampening) * d
+         d = h.nesterov and d + h.momentum * st[i] or st[i]
+      end
+      p[i] = p[i] - lr * d
+   end
+end
+
+describe("AdamW", function()
+   local function run(dtype, tol)
+      -- two groups: a decayed matrix at lr, a bias without decay at lr * 0.5
+      local w0, b0 = values(12, 1), values(3, 2)
+      local w, b = param_from(w0, { 3, 4 }, dtype), param_from(b0, { 3 }, dtype)
+      local groups = { { params = { w }, weight_decay = 0.1 }, { params = { b }, weight_decay = 0, lr_scale = 0.5 } }
+      local opt = optim.AdamW(groups, { lr = 0.05, betas = { 0.8, 0.95 }, eps = 1e-6 })
+      local rw, rb, sw, sb = { unpack(w0) }, { unpack(b0) }, {}, {}
+      local hw = { betas = { 0.8, 0.95 }, eps = 1e-6, weight_decay = 0.1 }
+      local hb = { betas = { 0.8, 0.95 }, eps = 1e-6, weight_decay = 0 }
+      for step = 1, 5 do
+         local gw, gb = values(12, 10 + step), values(3, 20 + step)
+         grad_for(w, gw)
+         grad_for(b, gb)
+         opt.lr = 0.05 / step -- a changing lr, as a schedule would set it
+         opt:step()
+         ref_adamw(sw, rw, gw, hw, 0.05 / step)
+         ref_adamw(sb, rb, gb, hb, 0.025 / step)
+      end
+      testing.assert_close(w, rw, tol, tol, "weight")
+      testing.assert_close(b, rb, tol, tol, "bias")
+      testing.assert_close(opt.state[w].m, sw.m, tol, tol, "m")
+      testing.assert_close(opt.state[w].v, sw.v, tol, tol, "v")
+      assert.equal(5, opt.state[b].step)
+      assert.are_not.equal(w0[1], w:get(1)) -- it moved
+   end
+
+   it("matches the reference in f64 (weight decay, bias correction, groups, lr changes)", function()
+      run("f64", 1e-12)
+   end)
+
+   it("matches the reference in f32", function() run("f32", 2e-6) end)
+
+   it("steps bf16 parameters with f32 state", function()
+      local p0 = values(64, 3, 4)
+      local p = param_from(p0, { 8, 8 }, "bf16")
+      local opt = optim.AdamW({ p }, { lr = 0.1, weight_decay = 0 })
+      local ref, st = {}, {}
+      for i = 1, 64 do ref[i] = p:get(i) end -- the bf16-rounded start
+      for step = 1, 3 do
+         local g = values(64, 30 + step)
+         grad_for(p, g)
+         opt:step()
+         ref_adamw(st, ref, g, { betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0 }, 0.1)
+         for i = 1, 64 do ref[i] = dt.tensor({ ref[i] }):to("bf16"):get(1) end
+      end
+      assert.equal("bf16", p.dtype)
+      assert.equal("f32", opt.state[p].m.dtype)
+      -- one bf16 ulp (2^-7 relative) of slack for f32-vs-f64 rounding; one update is 0.1
+      testing.assert_close(p, ref, 1e-6, 2 ^ -7, "bf16 params")
+   end)
+
+   it("skips parameters without gradients and zero_grad clears them", function()
+      local a, b = param_from({ 1, 2 }, { 2 }), param_from({ 3, 4 }, { 2 })
+      local opt = optim.AdamW({ a, b }, { lr = 0.1 })
+      grad_for(a, { 1, 1 })
+      opt:step()
+      assert.is_nil(opt.state[b])
+      assert.same({ 3, 4 }, b:totable())
+      assert.is_true(a:get(1) < 1)
+      opt:zero_grad()
+      assert.is_nil(a.grad)
+   end)
+
+   it("round-trips its state dict", function()
+      local function setup()
+         local w = param_from(values(6, 4), { 2, 3 })
+         return w, optim.AdamW({ w }, { lr = 0.01, weight_decay = 0.1 })
+      end
+      local w1, o1 = setup()
+      for step = 1, 3 do
+         grad_for(w1, values(6, 40 + step))
+         o1:step()
+      end
+      local w2, o2 = setup()
+      w2:copy_(w1)
+      o2:load_state_dict(o1:state_dict())
+      assert.equal(3, o2.state[w2].step)
+      assert.are_not.equal(o1.state[w1].m, o2.state[w2].m) -- copied, not shared
+      for _, pair in ipairs { { w1, o1 }, { w2, o2 } } do
+         grad_for(pair[1], values(6, 50))
+         pair[2]:step()
+      end
+      testing.assert_close(w2, w1, 0, 0, "resumed step")
+      local sd = o1:state_dict()
+      assert.equal(4, sd.step_count)
+      assert.equal(0.01, sd.lr)
+   end)
+
+   it("rejects a state dict that does not fit", function()
+      local w = param_from(values(6, 4), { 2, 3 })
+      local o = optim.AdamW({ w })
+      grad_for(w, values(6, 5))
+      o:step()
+      local sd = o:state_dict()
+      local other = optim.AdamW({ param_from(values(6, 4), { 3, 2 }) })
+      assert.has_error(function() other:load_state_dict(sd) end,
+         "AdamW:load_state_dict: state 'm' of parameter 1 has shape (2, 3), the parameter (3, 2)")
+      local two = optim.AdamW({ param_from({ 1 }, { 1 }), param_from({ 1 }, { 1 }) })
+      local ok, err = pcall(two.load_state_dict, two, sd)
+      assert.is_false(ok)
+      assert.matches("state has 1 groups and 1 parameters, the optimizer 1 and 2", err)
+      local sgd = optim.SGD({ w })
+      ok, err = pcall(sgd.load_state_dict, sgd, sd)
+      assert.is_false(ok)
+      assert.matches("state is for AdamW, not SGD", err)
+   end)
+
+   it("rejects bad options and gradients", function()
+      local w = param_from({ 1, 2 }, { 2 })
+      assert.has_error(function() optim.AdamW({ w }, { lr = 1, beta = 0.9 }) end,
+         "AdamW: unknown option 'beta' (valid: betas, eps, lr, weight_decay)")
+      assert.has_error(function() optim.AdamW({ w, w }) end, "AdamW: a parameter appears twice (group 1 entry 2)")
+      assert.has_error(function() optim.AdamW({}) end,
+         "AdamW: expected a non-empty list of parameters or of param groups")
+      local o = optim.AdamW({ w })
+      w.grad = dt.zeros({ 3 })
+      local ok, err = pcall(o.step, o)
+      assert.is_false(ok)
+      assert.matches("adamw: grad %(3%) f32 does not match param %(2%) f32", err)
+   end)
+end)
+
+describe("SGD", function()
+   for _, case in ipairs {
+      { name = "plain", momentum = 0, dampening = 0, nesterov = false, weight_decay = 0 },
+      { name = "momentum, dampening, weight decay", momentum = 0.9, dampening = 0.3, nesterov = false,
+        weight_decay = 0.05 },
+      { name = "nesterov", momentum = 0.8, dampening = 0, nesterov = true, weight_decay = 0.01 },
+   } do
+      for _, dtype in ipairs { "f64", "f32" } do
+         it(("matches the reference: %s, %s"):format(case.name, dtype), function()
+            local p0 = values(10, 6)
+            local p = param_from(p0, { 2, 5 }, dtype)
+            local opt = optim.SGD({ p }, { lr = 0.1, momentum = case.momentum, dampening = case.dampening,
+               nesterov = case.nesterov, weight_decay = case.weight_decay })
+            local ref, buf = { unpack(p0) }, {}
+            for step = 1, 4 do
+               local g = values(10, 60 + step)
+               grad_for(p, g)
+               opt:step()
+               ref_sgd(buf, ref, g, case, 0.1)
+            end
+            local tol = dtype == "f64" and 1e-13 or 1e-6
+            testing.assert_close(p, ref, tol, tol, case.name)
+            if case.momentum ~= 0 then testing.assert_close(opt.state[p].momentum_buffer, buf, tol, tol, "buffer") end
+         end)
+      end
+   end
+
+   it("round-trips momentum buffers through a state dict", function()
+      local a = param_from(values(4, 7), { 4 })
+      local o = optim.SGD({ a }, { lr = 0.1, momentum = 0.9 })
+      grad_for(a, values(4, 8))
+      o:step()
+      local b = param_from(values(4, 7), { 4 })
+      local o2 = optim.SGD({ b }, { lr = 0.1, momentum = 0.9 })
+      b:copy_(a)
+      o2:load_state_dict(o:state_dict())
+      grad_for(a, values(4, 9))
+      grad_for(b, values(4, 9))
+      o:step()
+      o2:step()
+      testing.assert_close(b, a, 0, 0, "resumed momentum")
+   end)
+
+   it("rejects nesterov with dampening", function()
+      local p = param_from({ 1 }, { 1 })
+      local o = optim.SGD({ p }, { momentum = 0.9, dampening = 0.1, nesterov = true })
+      grad_for(p, { 1 })
+      local ok, err = pcall(o.step, o)
+      assert.is_false(ok)
+      assert.matches("sgd: nesterov needs momentum > 0 and dampening 0", err)
+   end)
+end)
+
+describe("schedule", function()
+   it("warms up linearly, then decays by cosine to min_lr", function()
+      local s = optim.schedule { lr = 1.0, warmup = 10, total = 110, decay = "cosine", min_lr = 0.1 }
+      assert.near(0.1, s(1), 1e-15)
+      assert.near(0.5, s(5), 1e-15)
+      assert.near(1.0, s(10), 1e-15)
+      assert.near(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.25)), s(35), 1e-15)
+      assert.near(0.55, s(60), 1e-15)
+      assert.near(0.1, s(110), 1e-15)
+      assert.near(0.1, s(500), 1e-15)
+   end)
+
+   it("decays linearly or stays constant", function()
+      local lin = optim.schedule { lr = 2.0, total = 100, decay = "linear" }
+      assert.near(2.0, lin(0), 1e-15)
+      assert.near(1.0, lin(50), 1e-15)
+      assert.near(0.0, lin(100), 1e-15)
+      local const = optim.schedule { lr = 3e-4, warmup = 4, decay = "constant" }
+      assert.near(1.5e-4, const(2), 1e-18)
+      assert.equal(3e-4, const(4))
+      assert.equal(3e-4, const(10 ^ 6))
+   end)
+
+   it("rejects bad configurations", function()
+      assert.has_error(function() optim.schedule { lr = 1, total = 10, decay = "exp" } end,
+         "schedule: unknown decay 'exp' (use cosine, linear or constant)")
+      assert.has_error(function() optim.schedule { lr = 1, warmup = 10, total = 10 } end,
+         "schedule: cosine decay needs total > warmup, got total=10 warmup=10")
+      assert.has_error(function() optim.schedule { lr = 1, total = 10, warmpu = 1 } end,
+         "schedule: unknown option 'warmpu' (valid: decay, lr, min_lr, total, warmup)")
+      assert.has_error(function() optim.schedule { lr = 1, total = 10, min_lr = 2 } end,
+         "schedule: min_lr must be in [0, lr], got 2")
+   end)
+end)
+
+describe("grad clipping and groups", function()
+   it("clip_grad_norm returns the global norm and scales gradients down to max_norm", function()
+      local a, b = param_from({ 0, 0, 0 }, { 3 }), param_from({ 0, 0 }, { 2 })
+      local c = param_from({ 0 }, { 1 }) -- no gradient: ignored
+      grad_for(a, { 1, 2, 2 })
+      grad_for(b, { 4, 0 })
+      local norm = optim.clip_grad_norm({ a, b, c }, 2.5)
+      assert.near(math.sqrt(25), norm, 1e-6)
+      local s = 2.5 / (5 + 1e-6)
+      testing.assert_close(a.grad, { s, 2 * s, 2 * s }, 1e-6, 0, "a")
+      testing.assert_close(b.grad, { 4 * s, 0 }, 1e-6, 0, "b")
+      assert.near(25, optim.grad_sumsq({ a, b, c }) / s ^ 2, 1e-4)
+      local n2 = optim.clip_grad_norm({ a, b }, 10)
+      assert.near(2.5, n2, 1e-5)
+      testing.assert_close(a.grad, { s, 2 * s, 2 * s }, 1e-6, 0, "unchanged below max_norm")
+   end)
+
+   it("clip_grad_norm adds shard norms through opts.reduce", function()
+      local a = param_from({ 0, 0 }, { 2 })
+      grad_for(a, { 3, 4 })
+      local norm = optim.clip_grad_norm({ a }, 100, { reduce = function(sumsq) return sumsq + 144 end })
+      assert.near(13, norm, 1e-6)
+   end)
+
+   it("decay_groups puts 2-D and larger weights in the decayed group", function()
+      local w, b, g = param_from(values(4, 1), { 2, 2 }), param_from({ 0, 0 }, { 2 }), param_from({ 1, 1 }, { 2 })
+      local groups = optim.decay_groups({ { "fc.weight", w }, { "fc.bias", b }, { "ln.weight", g } }, 0.1)
+      assert.equal(2, #groups)
+      assert.equal(0.1, groups[1].weight_decay)
+      assert.equal(w, groups[1].params[1])
+      assert.equal(0, groups[2].weight_decay)
+      assert.same({ b, g }, groups[2].params)
+      local opt = optim.AdamW(groups, { lr = 0.1 })
+      assert.equal(0.1, opt.param_groups[1].weight_decay)
+      assert.equal(0, opt.param_groups[2].weight_decay)
+   end)
+end)
