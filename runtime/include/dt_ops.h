@@ -1,6 +1,10 @@
 /* dt_ops.h: generic CPU/GPU ops: elementwise with broadcasting, reductions, matmul, indexing.
  * Outputs are allocated by the caller with the right shape; inputs broadcast to the output
- * shape (numpy rules). Float dtypes (f32, f64, bf16, f16) compute in f32 (f64 for f64). */
+ * shape (numpy rules). Float dtypes (f32, f64, bf16, f16) compute in f32 (f64 for f64).
+ * Elementwise operands may mix dtypes: the widest decides (f64 > f32 > integers, which compute
+ * exactly in i64) and the result is converted to out's dtype. Integer inputs support neg, abs,
+ * relu, square, sign, add, sub, mul, max, min, comparisons, where and addcmul (others:
+ * DT_ERR_UNSUPPORTED). Every result is independent of the thread count. */
 #ifndef DT_OPS_H
 #define DT_OPS_H
 #include "dt_tensor.h"
@@ -48,7 +52,8 @@ dt_status dt_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_ten
 
 /* out = alpha * op(a) @ op(b) + beta * out. a: (..., M, K) or (..., K, M) if trans_a;
  * b: (..., K, N) or (..., N, K) if trans_b; batch dims broadcast; out: (..., M, N).
- * f32/f64 through BLAS; bf16/f16 converted to f32 with f32 accumulation. */
+ * f32/f64 through BLAS; bf16/f16 converted to f32 with f32 accumulation. out is not read
+ * when beta == 0. Strided views are read in place when BLAS can (row- or column-major). */
 dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
                        double alpha, double beta);
 
@@ -62,11 +67,10 @@ dt_status dt_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_ten
 /* out[i][idx[i][j]] += src[i][j] (general dim). */
 dt_status dt_op_scatter_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);
 
-/* out = [a; b; ...] along dim (0-based). */
+/* out = [a; b; ...] along dim (0-based); every input has out's dtype and out's shape outside dim. */
 dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out);
-/* out = lower/upper triangle masks etc: fills -inf/0 helper for tests. */
 
-/* Fills out with 0, 1, 2, ... (arange). */
+/* out's elements (row-major) := start, start + step, start + 2 * step, ... (arange). */
 dt_status dt_op_arange(dt_tensor *out, double start, double step);
 
 #endif

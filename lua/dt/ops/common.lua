@@ -1,0 +1,102 @@
+-- dt/ops/common.lua: helpers shared by the op families: raw output allocation, dtype checks, broadcast shapes, scalars.
+local dtffi = require "dt.ffi"
+local dtype = require "dt.dtype"
+local Tensor = require "dt.tensor"
+
+local C, check = dtffi.C, dtffi.check
+local to_carray, handle_out, wrap = Tensor.to_carray, Tensor.handle_out, Tensor.wrap
+
+local M = {}
+
+-- A new uninitialised tensor of `shape` and dtype name `dt` on like's device (no autograd, no checks).
+function M.empty(shape, dt, like)
+   local out = handle_out()
+   check(C.dt_tensor_empty(#shape, to_carray(shape), dtype.by_name[dt].id, like.h.device, out), 2)
+   return wrap(out[0])
+end
+
+function M.zeros(shape, dt, like)
+   local t = M.empty(shape, dt, like)
+   check(C.dt_tensor_fill(t.h, 0), 2)
+   return t
+end
+
+function M.shape_str(shape) return "(" .. table.concat(shape, ", ") .. ")" end
+
+function M.same_shape(a, b)
+   if #a ~= #b then return false end
+   for i = 1, #a do
+      if a[i] ~= b[i] then return false end
+   end
+   return true
+end
+
+-- Numpy broadcasting of shapes (tables); raises naming both (level: the caller's caller by default).
+function M.broadcast_shape(sa, sb, level)
+   local n = math.max(#sa, #sb)
+   local out = {}
+   for i = 1, n do
+      local x, y = sa[#sa - n + i] or 1, sb[#sb - n + i] or 1
+      if x ~= y and x ~= 1 and y ~= 1 then
+         error(("shape mismatch: %s and %s do not broadcast (dim %d: %d vs %d)"):format(M.shape_str(sa), M.shape_str(sb),
+            i - n - 1, x, y), (level or 2) + 1)
+      end
+      out[i] = x == 1 and y or x
+   end
+   return out
+end
+
+function M.check_dtypes(a, b, level)
+   if a.dtype ~= b.dtype then
+      error(("dtype mismatch: %s vs %s (cast one with :to())"):format(a.dtype, b.dtype), (level or 2) + 1)
+   end
+end
+
+function M.is_float(t) return dtype.by_name[t.dtype].is_float end
+
+-- A 0-d tensor holding number s for an op with tensor `like`: f64 beside f64, f32 beside other
+-- floats, i64 beside integers (f64 when s is fractional). C ops mix it with like's dtype.
+function M.scalar(s, like)
+   local dt
+   if like.dtype == "f64" then
+      dt = "f64"
+   elseif M.is_float(like) then
+      dt = "f32"
+   else
+      dt = s == math.floor(s) and "i64" or "f64"
+   end
+   local t = M.empty({}, dt, like)
+   check(C.dt_tensor_fill(t.h, s), 2)
+   return t
+end
+
+-- dst := src (broadcast, cast), not recorded; the elementwise kernels make strided copies fast.
+function M.copy(dst, src)
+   check(C.dt_op_axpby(1, src.h, 0, dst.h), 3)
+   return dst
+end
+
+-- x itself when contiguous, else a contiguous copy (not recorded).
+function M.contiguous(x)
+   if x:is_contiguous() then return x end
+   return M.copy(M.empty(x.shape, x.dtype, x), x)
+end
+
+-- A raw (unrecorded) row-major view of contiguous x with another shape.
+function M.view(x, shape)
+   local strides, st = {}, 1
+   for i = #shape, 1, -1 do
+      strides[i] = st
+      st = st * shape[i]
+   end
+   return x:as_strided(shape, strides, x.h.offset)
+end
+
+-- A new tensor of `shape` holding x broadcast to it (x's shape must broadcast to `shape`).
+function M.broadcast_to(x, shape)
+   local out = M.empty(shape, x.dtype, x)
+   check(C.dt_op_axpby(1, x.h, 0, out.h), 2)
+   return out
+end
+
+return M

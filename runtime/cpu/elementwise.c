@@ -1,0 +1,237 @@
+/* elementwise.c: unary, binary, scalar, ternary and axpby ops with numpy broadcasting and any dtypes (dt_ops.h). */
+#include <tgmath.h>
+
+#include "dt_ops.h"
+#include "ops_cpu.h"
+
+enum { EW_BLOCK = 1024, EW_MAX_ARGS = 4, EW_TILE_ROWS = 256, EW_TILE_COLS = 16 };
+enum { EW_UNARY = 1, EW_BINARY, EW_TERNARY, EW_AXPBY };
+
+/* Kernels per compute type: ew_apply_f32, ew_apply_f64, ew_apply_i64 (one contiguous run each call). */
+#define EW_T float
+#define EW_SUF f32
+#define EW_ABS(v) fabs(v)
+#define EW_ISNAN(v) isnan(v)
+#include "ew_kernels.h"
+#undef EW_T
+#undef EW_SUF
+
+#define EW_T double
+#define EW_SUF f64
+#include "ew_kernels.h"
+#undef EW_T
+#undef EW_SUF
+#undef EW_ABS
+#undef EW_ISNAN
+
+#define EW_T int64_t
+#define EW_SUF i64
+#define EW_ABS(v) ((v) < 0 ? -(v) : (v))
+#define EW_ISNAN(v) 0
+#include "ew_kernels.h"
+#undef EW_T
+#undef EW_SUF
+#undef EW_ABS
+#undef EW_ISNAN
+
+typedef void (*ew_apply_fn)(int kind, int op, double alpha, double beta, int64_t n, const void *const *in,
+                            void *out);
+
+/* Operands after broadcasting and dim merging: inputs 0..nin-1, then the output at index nin. */
+typedef struct {
+  int kind, op, nin, ctype, ndim;
+  double alpha, beta;
+  int64_t shape[DT_MAX_DIMS];
+  const char *ptr[EW_MAX_ARGS];
+  int dtype[EW_MAX_ARGS];
+  int64_t st[EW_MAX_ARGS][DT_MAX_DIMS];
+} ew_plan;
+
+static const char *const unary_names[DT_UNARY_COUNT] = {
+    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "abs", "sin", "cos", "square", "reciprocal",
+    "sign"};
+static const char *const binary_names[DT_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+static const char *const ternary_names[DT_TERNARY_COUNT] = {"where", "lerp", "addcmul"};
+
+/* f64 if any input is f64, else f32 if any is a float dtype, else i64. */
+static int ctype_of(int n, const dt_tensor *const *xs) {
+  int ct = DT_CT_I64;
+  for (int k = 0; k < n; k++) {
+    if (xs[k]->dtype == DT_DTYPE_F64) return DT_CT_F64;
+    if (dt_dtype_is_float(xs[k]->dtype)) ct = DT_CT_F32;
+  }
+  return ct;
+}
+
+static dt_status int_unsupported(const char *name, const dt_tensor *x) {
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not supported for integer inputs (%s); cast to a float dtype first", name,
+                 dt_dtype_name(x->dtype));
+}
+
+/* Broadcast every input to out's shape, then merge neighbouring dims that all operands walk
+ * contiguously, so that the innermost dim is as long as possible. */
+static dt_status ew_plan_init(ew_plan *p, const char *name, int nin, const dt_tensor *const *in, dt_tensor *out) {
+  int nd = out->ndim, nargs = nin + 1;
+  int64_t st[EW_MAX_ARGS][DT_MAX_DIMS];
+  for (int k = 0; k < nin; k++) {
+    if (dt_broadcast_strides(in[k], nd, out->shape, st[k]) != DT_OK) {
+      char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+      return DT_FAIL(DT_ERR_ARG, "%s: shape mismatch: input %s does not broadcast to the output %s", name,
+                     dt_shape_str(in[k], b1, sizeof b1), dt_shape_str(out, b2, sizeof b2));
+    }
+    p->ptr[k] = dt_tensor_ptr(in[k]);
+    p->dtype[k] = in[k]->dtype;
+  }
+  for (int d = 0; d < nd; d++) st[nin][d] = out->strides[d];
+  p->ptr[nin] = dt_tensor_ptr(out);
+  p->dtype[nin] = out->dtype;
+  p->nin = nin;
+  int m = 0;
+  for (int d = 0; d < nd; d++) {
+    int64_t size = out->shape[d];
+    if (size == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nargs && merge; k++) merge = p->st[k][m - 1] == st[k][d] * size;
+    if (merge) p->shape[m - 1] *= size;
+    else p->shape[m++] = size;
+    for (int k = 0; k < nargs; k++) p->st[k][m - 1] = st[k][d];
+  }
+  if (m == 0) {
+    p->shape[0] = 1;
+    for (int k = 0; k < nargs; k++) p->st[k][0] = 0;
+    m = 1;
+  }
+  p->ndim = m;
+  return DT_OK;
+}
+
+/* Elements [j0, j0 + n) of row `row` (rows: all merged dims but the innermost). Operands whose dtype
+ * is the compute type and whose inner stride is 1 are used in place, the others go through buf. */
+static void ew_row(const ew_plan *p, ew_apply_fn fn, int64_t row, int64_t j0, int64_t n,
+                   double (*buf)[EW_BLOCK]) {
+  int last = p->ndim - 1, cdt = dt_ctype_dtype(p->ctype);
+  const void *args[EW_MAX_ARGS] = {NULL, NULL, NULL, NULL};
+  char *base[EW_MAX_ARGS];
+  for (int k = 0; k <= p->nin; k++) {
+    int64_t off = dt_strided_offset(last, p->shape, p->st[k], row) + j0 * p->st[k][last];
+    base[k] = (char *)p->ptr[k] + off * (int64_t)dt_dtype_size(p->dtype[k]);
+  }
+  for (int k = 0; k < p->nin; k++) {
+    if (p->dtype[k] == cdt && p->st[k][last] == 1) {
+      args[k] = base[k];
+    } else {
+      dt_cpu_load(p->ctype, buf[k], base[k], p->dtype[k], p->st[k][last], n);
+      args[k] = buf[k];
+    }
+  }
+  bool direct = p->dtype[p->nin] == cdt && p->st[p->nin][last] == 1;
+  void *o = direct ? (void *)base[p->nin] : (void *)buf[p->nin];
+  fn(p->kind, p->op, p->alpha, p->beta, n, args, o);
+  if (!direct) dt_cpu_store(p->ctype, base[p->nin], p->dtype[p->nin], p->st[p->nin][last], o, n);
+}
+
+/* Work items are tiles of `th` rows by `tw` inner elements. Contiguous operands use single-row
+ * tiles of EW_BLOCK; when an operand walks the inner dim with a large stride (a transposed view),
+ * narrow tiles over EW_TILE_ROWS rows reuse each cache line it touches across those rows. */
+static void ew_run(const ew_plan *p) {
+  int last = p->ndim - 1;
+  int64_t inner = p->shape[last], numel = 1;
+  for (int d = 0; d < p->ndim; d++) numel *= p->shape[d];
+  if (numel == 0) return;
+  bool strided = false;
+  for (int k = 0; k <= p->nin; k++) strided = strided || (p->st[k][last] != 0 && p->st[k][last] != 1);
+  int64_t tw = strided ? EW_TILE_COLS : EW_BLOCK, th = strided ? EW_TILE_ROWS : 1, rows = numel / inner;
+  int64_t ncol = (inner + tw - 1) / tw, items = (rows + th - 1) / th * ncol;
+  ew_apply_fn fn = p->ctype == DT_CT_F32 ? ew_apply_f32 : p->ctype == DT_CT_F64 ? ew_apply_f64 : ew_apply_i64;
+#pragma omp parallel for schedule(static) if (numel > DT_OPS_PAR_MIN)
+  for (int64_t it = 0; it < items; it++) {
+    _Alignas(64) double buf[EW_MAX_ARGS][EW_BLOCK];
+    int64_t r0 = it / ncol * th, j0 = it % ncol * tw;
+    int64_t n = inner - j0 < tw ? inner - j0 : tw, r1 = rows - r0 < th ? rows : r0 + th;
+    for (int64_t row = r0; row < r1; row++) ew_row(p, fn, row, j0, n, buf);
+  }
+}
+
+dt_status dt_op_unary(int op, const dt_tensor *x, dt_tensor *out) {
+  DT_CHECK(op >= 0 && op < DT_UNARY_COUNT, DT_ERR_ARG, "unknown unary op %d", op);
+  ew_plan p = {.kind = EW_UNARY, .op = op, .ctype = ctype_of(1, &x)};
+  bool int_ok = op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS || op == DT_UNARY_SQUARE ||
+                op == DT_UNARY_SIGN;
+  if (p.ctype == DT_CT_I64 && !int_ok) return int_unsupported(unary_names[op], x);
+  DT_TRY(ew_plan_init(&p, unary_names[op], 1, &x, out));
+  ew_run(&p);
+  return DT_OK;
+}
+
+dt_status dt_op_binary(int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
+  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
+  const dt_tensor *in[2] = {a, b};
+  ew_plan p = {.kind = EW_BINARY, .op = op, .ctype = ctype_of(2, in)};
+  if (p.ctype == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], a);
+  DT_TRY(ew_plan_init(&p, binary_names[op], 2, in, out));
+  ew_run(&p);
+  return DT_OK;
+}
+
+/* A 0-d tensor over `storage` holding s in compute type ct: broadcasting handles the rest. */
+static dt_tensor scalar_tensor(int ct, double s, double *storage) {
+  dt_tensor t = {.data = storage, .ndim = 0, .dtype = dt_ctype_dtype(ct)};
+  if (ct == DT_CT_F32) {
+    float f = (float)s;
+    memcpy(storage, &f, sizeof f);
+  } else if (ct == DT_CT_F64) {
+    *storage = s;
+  } else {
+    int64_t i = (int64_t)s;
+    memcpy(storage, &i, sizeof i);
+  }
+  return t;
+}
+
+/* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
+static bool int_scalar(double s) { return s == floor(s) && fabs(s) < 9.0e18; }
+
+dt_status dt_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *out) {
+  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
+  int ct = ctype_of(1, &x);
+  if (ct == DT_CT_I64 && !int_scalar(s)) ct = DT_CT_F64;
+  if (ct == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], x);
+  double storage;
+  dt_tensor st = scalar_tensor(ct, s, &storage);
+  const dt_tensor *in[2] = {x, &st};
+  ew_plan p = {.kind = EW_BINARY, .op = op, .ctype = ct};
+  DT_TRY(ew_plan_init(&p, binary_names[op], 2, in, out));
+  ew_run(&p);
+  return DT_OK;
+}
+
+dt_status dt_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out) {
+  DT_CHECK(op >= 0 && op < DT_TERNARY_COUNT, DT_ERR_ARG, "unknown ternary op %d", op);
+  const dt_tensor *in[3] = {a, b, c};
+  /* where's condition only selects; its dtype does not decide the compute type */
+  int ct = op == DT_TERNARY_WHERE ? ctype_of(2, in + 1) : ctype_of(3, in);
+  if (ct == DT_CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(ternary_names[op], b);
+  ew_plan p = {.kind = EW_TERNARY, .op = op, .ctype = ct};
+  DT_TRY(ew_plan_init(&p, ternary_names[op], 3, in, out));
+  ew_run(&p);
+  return DT_OK;
+}
+
+dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
+  const dt_tensor *in[2] = {x, out};
+  int ct = ctype_of(2, in);
+  if (ct == DT_CT_I64 && !(int_scalar(alpha) && int_scalar(beta))) ct = DT_CT_F64;
+  ew_plan p = {.kind = EW_AXPBY, .ctype = ct, .alpha = alpha, .beta = beta};
+  /* beta == 0 must not read out (it may be uninitialised), so out is then not an input */
+  DT_TRY(ew_plan_init(&p, "axpby", beta == 0 ? 1 : 2, in, out));
+  ew_run(&p);
+  return DT_OK;
+}
+
+dt_status dt_cpu_copy(dt_tensor *dst, const dt_tensor *src) {
+  bool same = dst->dtype == src->dtype && dst->ndim == src->ndim;
+  for (int d = 0; same && d < dst->ndim; d++) same = dst->shape[d] == src->shape[d];
+  if (same && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src)) return dt_tensor_copy(dst, src);
+  return dt_op_axpby(1.0, src, 0.0, dst);
+}
