@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@
 
 extern char **environ;
 
-enum { TAIL_LINES = 12, LINE_MAX_BYTES = 4096, MAX_LOCAL = 1024 };
+enum { TAIL_LINES = 12, LINE_MAX_BYTES = 4096, MAX_LOCAL = 1024, STORE_POLL_MS = 1000, STORE_CALL_MS = 5000 };
 
 typedef struct worker {
   int rank, local_rank;
@@ -41,6 +42,12 @@ typedef struct agent {
   double t0, fail_time;
   bool stopping, interrupted;
   double kill_deadline;
+  /* multi-node (o->store set): this attempt's failure report shared with the other nodes */
+  int attempt;
+  bool published, store_lost;
+  char remote[768]; /* another node's report (or the lost store), empty if none */
+  int remote_code;
+  double next_poll;
 } agent;
 
 static const char *signal_name(int sig) {
@@ -193,7 +200,22 @@ static void free_env(char **env) {
   free(env);
 }
 
-static dt_status spawn(agent *a, worker *w, const sigset_t *orig_mask, int restart) {
+static const int agent_signals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+static void agent_sigset(sigset_t *mask) {
+  sigemptyset(mask);
+  for (size_t i = 0; i < sizeof agent_signals / sizeof *agent_signals; i++) sigaddset(mask, agent_signals[i]);
+}
+
+/* A process-directed signal goes to any thread that does not block it: a thread started before
+ * the agent blocks these (the store server) would swallow SIGCHLD and SIGINT. */
+void dt_launch_block_signals(bool block) {
+  sigset_t mask;
+  agent_sigset(&mask);
+  pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &mask, NULL);
+}
+
+static dt_status spawn(agent *a, worker *w, const sigset_t *child_mask, int restart) {
   const dt_launch_opts *o = a->o;
   int fds[2];
   DT_CHECK(pipe2(fds, O_CLOEXEC) == 0, DT_ERR_IO, "pipe failed: %s", strerror(errno));
@@ -216,7 +238,7 @@ static dt_status spawn(agent *a, worker *w, const sigset_t *orig_mask, int resta
     dup2(fds[1], STDERR_FILENO);
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    sigprocmask(SIG_SETMASK, orig_mask, NULL);
+    sigprocmask(SIG_SETMASK, child_mask, NULL);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     execve(o->argv[0], (char *const *)o->argv, env);
@@ -246,6 +268,77 @@ static void begin_stop(agent *a) {
   signal_all(a, SIGTERM);
 }
 
+/* ---- multi-node: failure reports through the store ---- */
+
+static void failure_key(const agent *a, char *key, size_t n) { snprintf(key, n, "dtrun/failed/%d", a->attempt); }
+
+static void lost_store(agent *a) {
+  a->store_lost = true;
+  if (!a->remote[0]) {
+    snprintf(a->remote, sizeof a->remote, "lost the job's store (%s); node 0's agent is gone", dt_last_error());
+    a->remote_code = 1;
+  }
+  begin_stop(a);
+}
+
+/* Another node's report "<exit code> node <N>: <what>": remember it and stop the local group. */
+static void take_remote(agent *a, const char *value) {
+  char *end;
+  long code = strtol(value, &end, 10);
+  a->remote_code = end != value && code > 0 && code < 256 ? (int)code : 1;
+  while (*end == ' ') end++;
+  snprintf(a->remote, sizeof a->remote, "%s", end);
+  begin_stop(a);
+}
+
+/* Read the report at this attempt's key (known to exist) into a->remote. */
+static void fetch_remote(agent *a, const char *key) {
+  void *v = NULL;
+  int64_t len = 0;
+  if (dt_store_get(a->o->store, key, STORE_CALL_MS, &v, &len) != DT_OK) {
+    lost_store(a);
+    return;
+  }
+  take_remote(a, v);
+  dt_store_free(v);
+}
+
+static void publish_failure(agent *a, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Tell the other nodes' agents why this node stops; when one of them reported first, its report
+ * is the job's root cause. */
+static void publish_failure(agent *a, int code, const char *fmt, ...) {
+  if (!a->o->store || a->published || a->store_lost || a->remote[0]) return;
+  a->published = true;
+  char what[512], msg[600], key[64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  int n = snprintf(msg, sizeof msg, "%d node %d: %s", code, a->o->node_rank, what);
+  failure_key(a, key, sizeof key);
+  bool swapped = false;
+  if (dt_store_compare_set(a->o->store, key, "", 0, msg, n, STORE_CALL_MS, &swapped) != DT_OK) {
+    lost_store(a);
+    return;
+  }
+  if (!swapped) fetch_remote(a, key);
+}
+
+/* Once per second while the group runs: has another node failed? */
+static void poll_store(agent *a) {
+  if (!a->o->store || a->store_lost || a->stopping || dt_time_now() < a->next_poll) return;
+  a->next_poll = dt_time_now() + STORE_POLL_MS * 1e-3;
+  char key[64];
+  failure_key(a, key, sizeof key);
+  const char *keys[] = {key};
+  bool exist = false;
+  if (dt_store_check(a->o->store, 1, keys, STORE_CALL_MS, &exist) != DT_OK) {
+    lost_store(a);
+    return;
+  }
+  if (exist) fetch_remote(a, key);
+}
+
 static void describe_exit(int wstatus, char *buf, size_t n) {
   if (WIFSIGNALED(wstatus)) snprintf(buf, n, "was killed by %s", signal_name(WTERMSIG(wstatus)));
   else snprintf(buf, n, "exited with code %d", WEXITSTATUS(wstatus));
@@ -269,22 +362,33 @@ static void reap(agent *a) {
       if (bad && a->failed < 0 && !a->stopping) {
         a->failed = i;
         a->fail_time = dt_time_now() - a->t0;
+        char how[64];
+        describe_exit(st, how, sizeof how);
+        publish_failure(a, exit_code_of(st), "rank %d (pid %d) %s after %.1f s", w->rank, (int)pid, how,
+                        a->fail_time);
       }
       if (bad) begin_stop(a);
     }
   }
 }
 
+/* The root cause: a local rank (with its last lines), or another node's report. */
 static void print_summary(agent *a) {
-  worker *f = &a->w[a->failed];
   char how[64];
-  describe_exit(f->wstatus, how, sizeof how);
-  fprintf(stderr, "\ndtrun: job failed: rank %d (pid %d) %s after %.1f s  <- root cause\n", f->rank, (int)f->pid, how,
-          a->fail_time);
-  fprintf(stderr, "dtrun: last lines of rank %d (%s/logs/rank%d.log):\n", f->rank, a->o->run_dir, f->rank);
-  for (int k = 0; k < f->tail_count; k++) {
-    int idx = (f->tail_next - f->tail_count + k + TAIL_LINES) % TAIL_LINES;
-    fprintf(stderr, "    %s\n", f->tail[idx]);
+  if (a->failed >= 0) {
+    worker *f = &a->w[a->failed];
+    describe_exit(f->wstatus, how, sizeof how);
+    fprintf(stderr, "\ndtrun: job failed: rank %d (pid %d) %s after %.1f s  <- root cause%s\n", f->rank, (int)f->pid,
+            how, a->fail_time, a->remote[0] ? " on this node" : "");
+    fprintf(stderr, "dtrun: last lines of rank %d (%s/logs/rank%d.log):\n", f->rank, a->o->run_dir, f->rank);
+    for (int k = 0; k < f->tail_count; k++) {
+      int idx = (f->tail_next - f->tail_count + k + TAIL_LINES) % TAIL_LINES;
+      fprintf(stderr, "    %s\n", f->tail[idx]);
+    }
+    if (a->remote[0]) fprintf(stderr, "dtrun: another node reported first: %s\n", a->remote);
+  } else {
+    fprintf(stderr, "\ndtrun: job failed on another node: %s  <- root cause (its agent printed the details)\n",
+            a->remote);
   }
   for (int i = 0; i < a->n; i++) {
     if (i == a->failed) continue;
@@ -326,12 +430,16 @@ static dt_status open_logs(agent *a) {
 }
 
 /* One attempt: spawn everyone, relay until all are gone. */
-static dt_status run_group(agent *a, int sigfd, const sigset_t *orig_mask, int restart) {
+static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int restart) {
   a->failed = -1;
   a->stopping = false;
   a->t0 = dt_time_now();
+  a->attempt = restart;
+  a->published = false;
+  a->remote[0] = 0;
+  a->next_poll = a->t0 + STORE_POLL_MS * 1e-3;
   for (int i = 0; i < a->n; i++) {
-    dt_status s = spawn(a, &a->w[i], orig_mask, restart);
+    dt_status s = spawn(a, &a->w[i], child_mask, restart);
     if (s != DT_OK) {
       begin_stop(a);
       return s;
@@ -352,8 +460,9 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *orig_mask, int r
     }
     if (!any_running && np == 1) break;
     int timeout = -1;
-    if (a->stopping && any_running) {
-      double left = a->kill_deadline - dt_time_now();
+    double until = a->stopping ? a->kill_deadline : a->o->store && !a->store_lost ? a->next_poll : -1;
+    if (any_running && until >= 0) {
+      double left = until - dt_time_now();
       timeout = left > 0 ? (int)(left * 1000) + 1 : 0;
     }
     if (!any_running) timeout = 2000; /* grandchildren may hold a pipe open: don't wait forever */
@@ -376,11 +485,13 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *orig_mask, int r
                                      signal_name((int)si.ssi_signo), a->o->grace_s);
         a->interrupted = true;
         begin_stop(a);
+        publish_failure(a, 130, "the agent was interrupted by %s", signal_name((int)si.ssi_signo));
       }
     }
     for (int p = 1; r > 0 && p < np; p++)
       if (pfd[p].revents & (POLLIN | POLLHUP | POLLERR)) drain(a, &a->w[map[p]]);
     reap(a);
+    poll_store(a);
   }
   return DT_OK;
 }
@@ -406,26 +517,26 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
   dt_status s = parse_console(o->console_ranks, o->node_rank * o->nproc, a.n, a.console);
   if (s == DT_OK) s = open_logs(&a);
 
-  sigset_t mask, orig;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGCHLD);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGHUP);
-  sigprocmask(SIG_BLOCK, &mask, &orig);
+  sigset_t mask, orig, child;
+  agent_sigset(&mask);
+  pthread_sigmask(SIG_BLOCK, &mask, &orig);
+  child = orig; /* workers get these signals even when the caller blocked them already */
+  for (size_t i = 0; i < sizeof agent_signals / sizeof *agent_signals; i++) sigdelset(&child, agent_signals[i]);
   int sigfd = s == DT_OK ? signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC) : -1;
   if (s == DT_OK && sigfd < 0) s = DT_FAIL(DT_ERR_IO, "signalfd failed: %s", strerror(errno));
 
   for (int attempt = 0; s == DT_OK; attempt++) {
-    s = run_group(&a, sigfd, &orig, attempt);
+    s = run_group(&a, sigfd, &child, attempt);
     if (s != DT_OK) break;
-    if (a.failed < 0) {
+    if (a.failed < 0 && !a.remote[0]) {
       *exit_code = a.interrupted ? 130 : 0;
       break;
     }
     print_summary(&a);
-    *exit_code = exit_code_of(a.w[a.failed].wstatus);
-    if (a.interrupted || attempt >= o->max_restarts) break;
+    *exit_code = a.failed >= 0 ? exit_code_of(a.w[a.failed].wstatus) : a.remote_code;
+    /* another node interrupted (130) or the store is gone: the other agents won't restart */
+    bool remote_final = a.failed < 0 && (a.remote_code == 130 || a.store_lost);
+    if (a.interrupted || remote_final || attempt >= o->max_restarts) break;
     fprintf(stderr, "dtrun: restarting all ranks (restart %d of %d)\n", attempt + 1, o->max_restarts);
   }
   if (s != DT_OK) {
@@ -435,7 +546,7 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
     }
   }
   if (sigfd >= 0) close(sigfd);
-  sigprocmask(SIG_SETMASK, &orig, NULL);
+  pthread_sigmask(SIG_SETMASK, &orig, NULL);
   for (int i = 0; i < a.n; i++) {
     if (a.w[i].log_fd >= 0) close(a.w[i].log_fd);
     if (a.w[i].out_fd >= 0) close(a.w[i].out_fd);

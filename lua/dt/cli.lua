@@ -7,7 +7,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [key=value ...]                     run N ranks under the agent
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
-       dtrun bench NAME [options]                              run a benchmark (train)
+       dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives)
        dtrun info                                              build, threads and devices
        dtrun --help | --version]]
 
@@ -43,7 +43,19 @@ function commands.bench(args)
       end
       error(mod, 0)
    end
-   return mod.main(rest(args, 3)) or 0
+   local bargs = rest(args, 3)
+   -- A distributed benchmark (one with launch_defaults) runs under the agent with its default launcher
+   -- flags, overridden by those given; the workers run main, then the agent runs after_launch.
+   if mod.launch_defaults and not os.getenv("DT_AGENT") then
+      local largs = {}
+      for _, a in ipairs(mod.launch_defaults) do largs[#largs + 1] = a end
+      for _, a in ipairs(bargs) do largs[#largs + 1] = a end
+      local code, run_dir = require("dt.launch").run({ "bench", name }, largs,
+         function(n) return require("dt.rundir").new_path(n) end, true)
+      if code ~= 0 or not mod.after_launch then return code end
+      return mod.after_launch(run_dir) or 0
+   end
+   return mod.main(bargs) or 0
 end
 
 function commands.info()
@@ -64,7 +76,7 @@ local function run_recipe(args)
    f:close()
    local launch = require "dt.launch"
    if launch.is_launch(args) then
-      return launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end)
+      return (launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end))
    end
    local chunk, err = loadfile(path)
    if not chunk then error(err, 0) end

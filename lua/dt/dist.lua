@@ -188,10 +188,18 @@ end
 
 local world
 
+-- A device mesh over `w` (see dt/mesh.lua): spec {shape = {2, 2}, names = {"fsdp", "tp"}} or
+-- {mesh_shape = {{2, 2}, {"fsdp", "tp"}}}.
+function M.mesh(w, spec) return require("dt.mesh").new(w, spec) end
+
 -- The process group of this job: ranks, sizes, device, the store and the world communicator.
 -- Under the launcher it joins the job; alone it is a world of one with a private store.
-function M.init()
-   if world then return world end
+-- opts.mesh (a mesh spec) sets world.mesh, also on a later call.
+function M.init(opts)
+   if world then
+      if opts and opts.mesh then world.mesh = M.mesh(world, opts.mesh) end
+      return world
+   end
    local rank, size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
    local store, server
    if os.getenv("MASTER_PORT") and os.getenv("DT_STORE_TOKEN") then
@@ -216,6 +224,7 @@ function M.init()
       job_id = job,
    }
    world.comm = M.new_comm(store, rank, size, job .. "-world")
+   if opts and opts.mesh then world.mesh = M.mesh(world, opts.mesh) end
    return world
 end
 

@@ -1,4 +1,12 @@
--- dt/launch.lua: `dtrun RECIPE --nproc N ...`: parse launcher flags, make the run dir, run the C agent.
+-- dt/launch.lua: `dtrun RECIPE --nproc N ...`: parse launcher flags, make the run dir, run the C agent (one per node).
+--
+-- Multi-node (--nnodes N, one agent per node, the same DT_JOB_TOKEN everywhere): node 0's agent serves
+-- the store at --master-addr:--master-port and names the run dir; it publishes that path under the
+-- store key "dtrun/run_dir" and every other agent uses the same path (on a shared filesystem all logs
+-- land in one <run dir>/logs/rank<global rank>.log set; otherwise each node holds its own ranks' logs
+-- under the same name). Agents report failures to each other through the store (dt_launch_opts.store)
+-- and, when done, their exit codes ("dtrun/exit/<node>"); node 0 keeps the store up until every
+-- agent has reported and exits non-zero when any node failed.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local dist = require "dt.dist"
@@ -55,8 +63,9 @@ local function coerce(name, spec, v)
    return n
 end
 
--- Split argv (after the recipe path) into launcher options and recipe arguments.
-function M.parse(args)
+-- Split argv (after the recipe path) into launcher options and recipe arguments. With `passthrough`
+-- unknown flags (and their values) go to the recipe arguments instead of being errors.
+function M.parse(args, passthrough)
    local opts, rest = {}, {}
    local i = 1
    while i <= #args do
@@ -68,7 +77,7 @@ function M.parse(args)
          local v = inline
          if v == nil then i = i + 1; v = args[i] end
          opts[spec.key] = coerce(name, spec, v)
-      elseif a:match("^%-%-") and a ~= "--config" then
+      elseif a:match("^%-%-") and a ~= "--config" and not passthrough then
          fail(("unknown flag %s (launcher flags: %s)"):format(a, flag_names()))
       else
          rest[#rest + 1] = a
@@ -91,19 +100,57 @@ function M.is_launch(args)
    return false
 end
 
--- SLURM fills in what the flags leave open.
-local function from_slurm(opts)
-   local env = os.getenv
-   if env("SLURM_JOB_ID") then
-      opts.nnodes = opts.nnodes or tonumber(env("SLURM_NNODES"))
-      opts.node_rank = opts.node_rank or tonumber(env("SLURM_NODEID"))
-      opts.nproc = opts.nproc or tonumber(env("SLURM_NTASKS_PER_NODE") and env("SLURM_NTASKS_PER_NODE"):match("^%d+"))
-   end
+-- The first host of a SLURM node list: "gpu[03-05,9],cpu1" -> "gpu03".
+function M.first_host(nodelist)
+   local prefix, first = nodelist:match("^([^,%[]*)%[([^%]%-,]+)")
+   if prefix then return prefix .. first end
+   return nodelist:match("^[^,]+")
 end
 
--- Run `recipe` under the agent; returns the process exit code.
-function M.run(recipe, args, make_run_dir)
-   local ok, opts, rest = pcall(M.parse, args)
+-- SLURM (one agent per node, e.g. `srun --ntasks-per-node=1 dtrun ...`) fills in what the flags leave
+-- open; MASTER_ADDR / MASTER_PORT from the environment win over the node list. env: os.getenv-like.
+function M.from_slurm(opts, env)
+   env = env or os.getenv
+   if env("SLURM_JOB_ID") then
+      opts.nnodes = opts.nnodes or tonumber(env("SLURM_NNODES") or env("SLURM_JOB_NUM_NODES"))
+      opts.node_rank = opts.node_rank or tonumber(env("SLURM_NODEID"))
+      opts.nproc = opts.nproc or tonumber(env("SLURM_NTASKS_PER_NODE") and env("SLURM_NTASKS_PER_NODE"):match("^%d+"))
+      local nodelist = env("SLURM_JOB_NODELIST") or env("SLURM_NODELIST")
+      opts.master_addr = opts.master_addr or env("MASTER_ADDR") or (nodelist and M.first_host(nodelist))
+      opts.master_port = opts.master_port or tonumber(env("MASTER_PORT"))
+   end
+   return opts
+end
+
+-- After the group ended: report this agent's exit code; node 0 keeps the store up until every agent
+-- has reported (bounded by `wait_s`) and returns the first failing node's code when its own is 0.
+local function gather_exits(store, opts, code, wait_s)
+   store:set(("dtrun/exit/%d"):format(opts.node_rank), tostring(code))
+   if opts.node_rank ~= 0 then return code end
+   for node = 1, opts.nnodes - 1 do
+      local key = ("dtrun/exit/%d"):format(node)
+      local ok, v = pcall(store.get, store, key, 100)
+      if not ok then
+         io.stderr:write(("dtrun: waiting for node %d's agent to finish\n"):format(node))
+         ok, v = pcall(store.get, store, key, math.floor(wait_s * 1000))
+      end
+      local c = ok and (tonumber(v) or 1)
+      if not ok then
+         io.stderr:write(("dtrun: node %d's agent did not report within %.0f s; stopping the store\n"):format(node, wait_s))
+         c = 1
+      elseif c ~= 0 and code == 0 then
+         io.stderr:write(("dtrun: node %d failed (exit code %d); see its agent's output\n"):format(node, c))
+      end
+      if code == 0 then code = c end
+   end
+   return code
+end
+
+-- Run `cmd` under the agent: a recipe path, or a list of dtrun words ({"bench", "collectives"}) with
+-- `passthrough` parsing. make_run_dir(name, rest) -> path. Returns the process exit code and the run dir.
+function M.run(cmd, args, make_run_dir, passthrough)
+   local words = type(cmd) == "table" and cmd or { cmd }
+   local ok, opts, rest = pcall(M.parse, args, passthrough)
    if not ok then
       if type(opts) == "table" and opts.launcher_error then
          io.stderr:write("dtrun: " .. opts.launcher_error .. "\n")
@@ -111,7 +158,7 @@ function M.run(recipe, args, make_run_dir)
       end
       error(opts, 0)
    end
-   from_slurm(opts)
+   M.from_slurm(opts)
    opts.nproc = opts.nproc or 1
    opts.nnodes = opts.nnodes or 1
    opts.node_rank = opts.node_rank or 0
@@ -129,6 +176,8 @@ function M.run(recipe, args, make_run_dir)
       end
    end
    -- The store: node 0's agent serves it on its own thread; every worker connects with the token.
+   -- Block the agent's signals first so that thread inherits the mask and never takes them.
+   C.dt_launch_block_signals(true)
    local token = os.getenv("DT_JOB_TOKEN")
    if opts.nnodes > 1 and not token then
       io.stderr:write("dtrun: multi-node jobs need a shared secret: set DT_JOB_TOKEN to the same value on every node\n")
@@ -136,9 +185,10 @@ function M.run(recipe, args, make_run_dir)
    end
    token = token or random_hex(16)
    local port = opts.master_port or (opts.nnodes == 1 and 0 or 29500)
+   local master = opts.master_addr or "127.0.0.1"
    local server
    if opts.node_rank == 0 then
-      local ok, srv = pcall(dist.serve, opts.master_addr or "127.0.0.1", port, token)
+      local ok, srv = pcall(dist.serve, master, port, token)
       if not ok then
          io.stderr:write(("dtrun: cannot start the rendezvous store on port %d: %s (pick another --master-port)\n")
             :format(port, tostring(srv):gsub("^.-: ", "")))
@@ -146,12 +196,29 @@ function M.run(recipe, args, make_run_dir)
       end
       server, port = srv, srv.port
    end
-   local run_dir = make_run_dir(recipe, rest)
+   local store, run_dir -- multi-node: every agent's client of the job's store
+   if opts.nnodes > 1 then
+      local cok, s = pcall(dist.Store.connect, master, port, token, 300000)
+      if not cok then
+         io.stderr:write(("dtrun: cannot reach node 0's store at %s:%d: %s\n"):format(master, port,
+            tostring(s):gsub("^.-: ", "")))
+         if server then server:stop() end
+         return 2
+      end
+      store = s
+   end
+   if opts.node_rank == 0 then
+      run_dir = make_run_dir(table.concat(words, "-"), rest)
+      if store then store:set("dtrun/run_dir", run_dir) end
+   else
+      run_dir = store:get("dtrun/run_dir")
+   end
    print("run dir: " .. run_dir)
    io.stdout:flush()
 
    local exe = ffi.string(C.dt_exe_path())
-   local argv_list = { exe, recipe }
+   local argv_list = { exe }
+   for _, a in ipairs(words) do argv_list[#argv_list + 1] = a end
    for _, a in ipairs(rest) do argv_list[#argv_list + 1] = a end
    local argv = ffi.new("const char*[?]", #argv_list + 1)
    local keep = {}
@@ -161,7 +228,7 @@ function M.run(recipe, args, make_run_dir)
    end
    local o = ffi.new("dt_launch_opts")
    o.nproc, o.nnodes, o.node_rank = opts.nproc, opts.nnodes, opts.node_rank
-   o.master_addr = opts.master_addr or "127.0.0.1"
+   o.master_addr = master
    o.master_port = port
    o.device = opts.device
    o.run_dir = run_dir
@@ -174,11 +241,16 @@ function M.run(recipe, args, make_run_dir)
    local env = ffi.new("const char*[?]", #env_list + 1)
    for i, e in ipairs(env_list) do env[i - 1] = e end
    o.extra_env = env
+   o.store = store and store.h or nil
    local code = ffi.new("int[1]")
    local status = C.dt_launch_run(o, code)
+   C.dt_launch_block_signals(false) -- Ctrl-C ends the wait for the other nodes below
+   local result = code[0]
+   if store and status == 0 then result = gather_exits(store, opts, result, result == 0 and 3600 or o.grace_s + 15) end
+   if store then store:close() end
    if server then server:stop() end
    dtffi.check(status, 2)
-   return code[0]
+   return result, run_dir
 end
 
 return M

@@ -47,6 +47,14 @@ function M.cores()
    return n or 1
 end
 
+-- A TCP port on 127.0.0.1 that was free a moment ago (for a peer's rendezvous).
+function M.free_port()
+   local srv = require("dt.dist").serve("127.0.0.1", 0, "")
+   local port = srv.port
+   srv:stop()
+   return port
+end
+
 -- Directory of the repo's tools/bench (source tree or installed share dir).
 local function bench_dir()
    local src = debug.getinfo(1, "S").source:sub(2)

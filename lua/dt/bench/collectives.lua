@@ -1,0 +1,147 @@
+-- dt/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives per size, vs PyTorch/gloo all_reduce.
+--
+-- The agent runs main() on every rank; rank 0 prints the table and leaves the headline numbers in
+-- <run dir>/bench_collectives.txt. Then after_launch() (in the agent, once the ranks are gone, so the
+-- peer has the cores to itself) runs tools/bench/torch_allreduce.py with the same world size and
+-- prints the final `bench collectives:` line. Bandwidths follow nccl-tests: algbw = bytes / time with
+-- bytes the full buffer (all_gather's output, reduce_scatter's input); busbw = algbw x 2(n-1)/n for
+-- all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
+local dt = require "dt"
+local dist = require "dt.dist"
+local common = require "dt.bench.common"
+
+local M = {}
+
+-- Without launcher flags, `dtrun bench collectives` runs 2 ranks.
+M.launch_defaults = { "--nproc", "2" }
+
+local RESULTS = "bench_collectives.txt"
+local OPS = { "all_reduce", "reduce_scatter", "all_gather", "broadcast" }
+
+local function busbw_factor(op, n)
+   if op == "all_reduce" then return 2 * (n - 1) / n end
+   if op == "broadcast" then return 1 end
+   return (n - 1) / n
+end
+
+local function size_name(bytes)
+   if bytes >= 1048576 then return ("%d MiB"):format(bytes / 1048576) end
+   return ("%d KiB"):format(bytes / 1024)
+end
+
+-- Buffers for one op at `bytes` (f32; counts rounded down to a multiple of n where the op splits)
+-- and the call to time. Returns call, the bytes moved per nccl-tests, and the buffers to free.
+local function setup(comm, op, bytes)
+   local n = comm.size
+   local count = math.floor(bytes / 4)
+   if op == "all_reduce" then
+      local t = dt.zeros({ count })
+      return function() comm:all_reduce(t) end, count * 4, { t }
+   elseif op == "broadcast" then
+      local t = dt.zeros({ count })
+      return function() comm:broadcast(t, 0) end, count * 4, { t }
+   end
+   local block = math.max(1, math.floor(count / n))
+   local small, big = dt.zeros({ block }), dt.zeros({ block * n })
+   if op == "all_gather" then
+      return function() comm:all_gather(small, big) end, block * n * 4, { small, big }
+   end
+   return function() comm:reduce_scatter(big, small) end, block * n * 4, { small, big }
+end
+
+-- Median over iterations of the slowest rank's time for one call.
+local function time_call(comm, call, warmup, iters)
+   for _ = 1, warmup do call() end
+   comm:barrier()
+   local times = dt.zeros({ iters }, { dtype = "f64" })
+   for i = 1, iters do
+      local t0 = dt.time()
+      call()
+      times:set(i, dt.time() - t0)
+   end
+   comm:all_reduce(times, "max")
+   local ts = times:totable()
+   times:free()
+   return common.median(ts)
+end
+
+function M.main(args)
+   local o = common.options(args, { iters = 10, warmup = 3, max_mib = 64, peer = "yes" }, "collectives")
+   local world = dist.init()
+   local comm, n = world.comm, world.size
+   if n < 2 then
+      io.stderr:write("bench collectives: needs at least 2 ranks (dtrun bench collectives --nproc N)\n")
+      return 2
+   end
+   local main = world.rank == 0
+   if main then
+      print(("collectives benchmark: %d ranks (shm), f32, median of %d iterations (%d below 1 MiB) after %d warm-ups,"
+         .. " slowest rank per iteration"):format(n, o.iters, 5 * o.iters, o.warmup))
+      print(("%-15s %8s %12s %12s %12s"):format("op", "size", "time", "algbw", "busbw"))
+   end
+   local headline = {}
+   for _, op in ipairs(OPS) do
+      local bytes = 1024
+      while bytes <= o.max_mib * 1048576 do
+         local call, moved, bufs = setup(comm, op, bytes)
+         local iters = bytes < 1048576 and 5 * o.iters or o.iters
+         local t = time_call(comm, call, o.warmup, iters)
+         for _, b in ipairs(bufs) do b:free() end
+         local algbw = moved / t / 1e9
+         local busbw = algbw * busbw_factor(op, n)
+         if main then
+            print(("%-15s %8s %9.1f us %7.3f GB/s %7.3f GB/s"):format(op, size_name(bytes), t * 1e6, algbw, busbw))
+         end
+         if op == "all_reduce" and bytes == 1024 then headline.allreduce_1kib_us = t * 1e6 end
+         if op == "all_reduce" and bytes == 64 * 1048576 then headline.allreduce_64mib_busbw_gbps = busbw end
+         bytes = bytes * 4
+      end
+   end
+   if main then
+      local path = (os.getenv("DT_RUN_DIR") or ".") .. "/" .. RESULTS
+      local f = assert(io.open(path, "w"))
+      f:write(("ranks=%d\niters=%d\nmax_mib=%d\npeer=%s\n"):format(n, o.iters, o.max_mib, o.peer))
+      for k, v in pairs(headline) do f:write(("%s=%.6g\n"):format(k, v)) end
+      f:close()
+   end
+   return 0
+end
+
+local function ratio(a, b) return (a and b) and a / b or "n/a" end
+
+-- In the agent after the ranks exited: run the gloo peer and print the final line.
+function M.after_launch(run_dir)
+   local f = io.open(run_dir .. "/" .. RESULTS)
+   if not f then
+      io.stderr:write("bench collectives: rank 0 left no results in " .. run_dir .. "\n")
+      return 1
+   end
+   local ours = {}
+   for k, v in f:read("*a"):gmatch("([%w_]+)=([^\n]+)") do ours[k] = tonumber(v) or v end
+   f:close()
+   local peer, why = {}, "skipped (peer=no)"
+   if ours.peer ~= "no" then
+      local res, err = common.run_peer("torch_allreduce.py", ("--ranks %d --port %d --iters %d --max-mib %d"):format(
+         ours.ranks, common.free_port(), ours.iters, ours.max_mib))
+      peer, why = res or {}, err
+   end
+   if peer.allreduce_1kib_us then
+      print(("peer: torch/gloo all_reduce, %d ranks: 1 KiB %.1f us, 64 MiB busbw %s GB/s"):format(ours.ranks,
+         peer.allreduce_1kib_us, tostring(peer.allreduce_64mib_busbw_gbps or "n/a")))
+   else
+      print("peer: " .. tostring(why))
+   end
+   local bw, us = ours.allreduce_64mib_busbw_gbps, ours.allreduce_1kib_us
+   local pbw, pus = peer.allreduce_64mib_busbw_gbps, peer.allreduce_1kib_us
+   common.report("collectives", {
+      { "allreduce_64mib_busbw_gbps", bw or "n/a" },
+      { "peer_allreduce_64mib_busbw_gbps", pbw or "n/a" },
+      { "ratio", ratio(bw, pbw) },
+      { "allreduce_1kib_us", us or "n/a" },
+      { "peer_allreduce_1kib_us", pus or "n/a" },
+      { "latency_ratio", ratio(pus, us) },
+   })
+   return 0
+end
+
+return M

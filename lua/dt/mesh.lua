@@ -1,0 +1,174 @@
+-- dt/mesh.lua: device meshes: named axes over the world's ranks (row-major) with a lazily created communicator per axis.
+--
+--    local m = mesh.new(world, { shape = { 2, 2 }, names = { "fsdp", "tp" } })
+--    -- or the seeds' config form: mesh.new(world, { mesh_shape = { { 2, 2 }, { "fsdp", "tp" } } })
+--    m:coord("tp")           -- this rank's 0-based coordinate on an axis (= its rank in m:comm("tp"))
+--    m:size("fsdp")          -- ranks along an axis; m:size() is the world size
+--    m:comm("tp")            -- the ranks that differ only in "tp" (created on first use: collective)
+--    m:comm({ "fsdp", "tp" }) -- flattened axes: rank = row-major index over the listed axes, in that order
+local dist = require "dt.dist"
+
+local M = {}
+local Mesh = {}
+Mesh.__index = Mesh
+M.Mesh = Mesh
+
+-- Communicators per (job, shape, axes, group): meshes of the same shape share them, so a job id is
+-- never joined twice by one rank.
+local comm_cache = {}
+
+local function fmt_list(xs)
+   local s = {}
+   for i, x in ipairs(xs) do s[i] = tostring(x) end
+   return "{" .. table.concat(s, ", ") .. "}"
+end
+
+-- Accept {shape=, names=} or {mesh_shape = {shape, names}}; returns shape, names (validated).
+local function normalize(spec, world_size)
+   if type(spec) ~= "table" then error("mesh: expected a table {shape = {...}, names = {...}}", 3) end
+   local shape, names = spec.shape, spec.names
+   if spec.mesh_shape ~= nil then
+      if shape ~= nil or type(spec.mesh_shape) ~= "table" then
+         error("mesh: give either shape/names or mesh_shape = {{sizes...}, {names...}}", 3)
+      end
+      shape, names = spec.mesh_shape[1], spec.mesh_shape[2]
+   end
+   if type(shape) ~= "table" or #shape == 0 then error("mesh: shape must be a non-empty list of axis sizes", 3) end
+   local total = 1
+   for i, n in ipairs(shape) do
+      if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+         error(("mesh: axis %d size must be a positive integer, got %s"):format(i, tostring(n)), 3)
+      end
+      total = total * n
+   end
+   if type(names) ~= "table" or #names ~= #shape then
+      error(("mesh: shape %s has %d axes but %d name(s) were given; name every axis (e.g. names = {\"dp\", \"tp\"})")
+         :format(fmt_list(shape), #shape, type(names) == "table" and #names or 0), 3)
+   end
+   local seen = {}
+   for i, name in ipairs(names) do
+      if type(name) ~= "string" or not name:match("^[%w_]+$") then
+         error(("mesh: axis %d name must be a word (letters, digits, _), got %s"):format(i, tostring(name)), 3)
+      end
+      if seen[name] then error(("mesh: axis name '%s' is used twice (axes %d and %d)"):format(name, seen[name], i), 3) end
+      seen[name] = i
+   end
+   if total ~= world_size then
+      error(("mesh: shape %s holds %d ranks but the world has %d; the product of the axis sizes must equal the world size")
+         :format(fmt_list(shape), total, world_size), 3)
+   end
+   return shape, names, seen
+end
+
+-- A mesh over `world` ({rank=, size=, job_id=, store=}, as from dist.init()).
+function M.new(world, spec)
+   local shape, names, index = normalize(spec, world.size)
+   local self = setmetatable({ world = world, shape = shape, names = names, index = index, rank = world.rank,
+      comms = {} }, Mesh)
+   self.coord_list = self:coords_of(world.rank)
+   return self
+end
+
+-- Axis number of `name` (error naming the valid axes).
+function Mesh:axis(name)
+   local i = self.index[name]
+   if not i then
+      error(("mesh: no axis '%s' (axes: %s)"):format(tostring(name), table.concat(self.names, ", ")), 3)
+   end
+   return i
+end
+
+-- 0-based coordinates of a global rank, in axis order (row-major: the last axis varies fastest).
+function Mesh:coords_of(rank)
+   local c, r = {}, rank
+   for i = #self.shape, 1, -1 do
+      c[i] = r % self.shape[i]
+      r = (r - c[i]) / self.shape[i]
+   end
+   return c
+end
+
+-- The global rank at 0-based coordinates (a list in axis order).
+function Mesh:rank_of(coords)
+   local r = 0
+   for i, n in ipairs(self.shape) do r = r * n + coords[i] end
+   return r
+end
+
+function Mesh:coord(name) return self.coord_list[self:axis(name)] end
+
+-- This rank's coordinates by axis name: { fsdp = 1, tp = 0 }.
+function Mesh:coords()
+   local t = {}
+   for i, name in ipairs(self.names) do t[name] = self.coord_list[i] end
+   return t
+end
+
+-- Ranks along an axis (or the product over a list of axes); the world size with no argument.
+function Mesh:size(axes)
+   if axes == nil then return self.world.size end
+   local n = 1
+   for _, name in ipairs(type(axes) == "table" and axes or { axes }) do n = n * self.shape[self:axis(name)] end
+   return n
+end
+
+-- The group of `axes` that holds this rank: its global ranks in sub-rank order, this rank's index
+-- in it, and the group's index among all groups (row-major over the other axes).
+function Mesh:group(axes)
+   axes = type(axes) == "table" and axes or { axes }
+   if #axes == 0 then error("mesh: name at least one axis", 2) end
+   local listed, along = {}, {}
+   for k, name in ipairs(axes) do
+      local i = self:axis(name)
+      if listed[i] then error(("mesh: axis '%s' is listed twice"):format(name), 2) end
+      listed[i], along[k] = true, i
+   end
+   local group = 0
+   for i, n in ipairs(self.shape) do
+      if not listed[i] then group = group * n + self.coord_list[i] end
+   end
+   local ranks, sub_rank, c = {}, nil, {}
+   for i, v in ipairs(self.coord_list) do c[i] = v end
+   local function walk(k)
+      if k > #along then
+         ranks[#ranks + 1] = self:rank_of(c)
+         if ranks[#ranks] == self.rank then sub_rank = #ranks - 1 end
+         return
+      end
+      local i = along[k]
+      for v = 0, self.shape[i] - 1 do
+         c[i] = v
+         walk(k + 1)
+      end
+      c[i] = self.coord_list[i]
+   end
+   walk(1)
+   return ranks, sub_rank, group
+end
+
+-- The communicator over `axes` (a name or a list) holding this rank. Created on first use: every
+-- rank of the world must make that first call (each joins its own group's communicator).
+function Mesh:comm(axes)
+   local list = type(axes) == "table" and axes or { axes }
+   local key = table.concat(list, ",")
+   if self.comms[key] then return self.comms[key] end
+   local ranks, sub_rank, group = self:group(list)
+   local shape = table.concat(self.shape, "x")
+   local id = ("%s/mesh/%s/%s/%d"):format(self.world.job_id, shape, key, group)
+   local c = comm_cache[id]
+   if not c then
+      c = dist.new_comm(self.world.store, sub_rank, #ranks, id)
+      c.ranks = ranks
+      comm_cache[id] = c
+   end
+   self.comms[key] = c
+   return c
+end
+
+function Mesh:__tostring()
+   local parts = {}
+   for i, name in ipairs(self.names) do parts[i] = ("%s=%d"):format(name, self.shape[i]) end
+   return ("mesh(%s) rank %d at %s"):format(table.concat(parts, ", "), self.rank, fmt_list(self.coord_list))
+end
+
+return M

@@ -1,0 +1,98 @@
+-- spec/dist_helpers.lua: helpers shared by the distributed specs: run dtrun as a subprocess, find stray processes and shm segments.
+local ffi = require "ffi"
+local dt = require "dt"
+
+local M = {}
+M.exe = ffi.string(dt.C.dt_exe_path())
+M.root = os.getenv("PWD") or "."
+
+local function sh(cmd)
+   local p = io.popen(cmd)
+   local out = p:read("*a")
+   p:close()
+   return out
+end
+
+local function lines_of(out)
+   local lines = {}
+   for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
+   return lines
+end
+
+-- A random word to tag one job's processes and files.
+function M.tag()
+   local f = assert(io.open("/dev/urandom", "rb"))
+   local b = f:read(6)
+   f:close()
+   return (b:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+-- Run `env dtrun args` from the repo root. Returns {out=, lines=, code=, run_dir=, seconds=}.
+function M.dtrun(args, env)
+   local t0 = dt.time()
+   local out = sh(("cd %s && %s %s %s 2>&1; echo \"exit=$?\""):format(M.root, env or "", M.exe, args))
+   local lines = lines_of(out)
+   local code = tonumber(table.remove(lines):match("exit=(%d+)"))
+   return { out = out, lines = lines, code = code, seconds = dt.time() - t0,
+      run_dir = lines[1] and lines[1]:match("^run dir: (.*)$") }
+end
+
+-- Start one shell command per entry of `cmds` at once (from the repo root) and wait for all.
+-- Returns one {out=, code=} per command and the seconds until the last one ended.
+function M.dtrun_parallel(cmds)
+   local dir = os.tmpname()
+   os.remove(dir)
+   assert(os.execute("mkdir -p " .. dir) == 0)
+   local script = { "cd " .. M.root }
+   for i, c in ipairs(cmds) do
+      script[#script + 1] = ("(%s %s %s > %s/out%d 2>&1; echo $? > %s/code%d) &"):format(c.env or "", M.exe, c.args, dir,
+         i, dir, i)
+   end
+   script[#script + 1] = "wait"
+   local t0 = dt.time()
+   sh(table.concat(script, "\n"))
+   local seconds, results = dt.time() - t0, {}
+   for i = 1, #cmds do
+      local f = assert(io.open(("%s/out%d"):format(dir, i)))
+      local out = f:read("*a")
+      f:close()
+      f = assert(io.open(("%s/code%d"):format(dir, i)))
+      local code = f:read("*n")
+      f:close()
+      results[i] = { out = out, lines = lines_of(out), code = code,
+         run_dir = out:match("^run dir: ([^\n]*)") }
+   end
+   os.execute("rm -rf " .. dir)
+   return results, seconds
+end
+
+-- Remove a run dir the launcher made under runs/.
+function M.remove_run(run_dir)
+   if run_dir and run_dir:match("^runs/[%w%-_.]+$") then os.execute(("rm -rf %s/%s"):format(M.root, run_dir)) end
+end
+
+-- Processes whose command line contains `word`.
+function M.count_procs(word)
+   -- the brackets keep the pgrep's own shell out of the match
+   return tonumber(sh(("pgrep -f '[%s]%s' | wc -l"):format(word:sub(1, 1), word:sub(2))))
+end
+
+-- Entries of /dev/shm whose name contains `word`.
+function M.shm_entries(word)
+   local found = {}
+   for name in sh("ls /dev/shm 2>/dev/null"):gmatch("[^\n]+") do
+      if name:find(word, 1, true) then found[#found + 1] = name end
+   end
+   return found
+end
+
+M.free_port = require("dt.bench.common").free_port
+
+-- The message of the error fn(...) raises; fails the test when it raises none.
+function M.errmsg(fn, ...)
+   local ok, err = pcall(fn, ...)
+   assert(not ok, "expected an error")
+   return tostring(err)
+end
+
+return M

@@ -1,0 +1,132 @@
+-- spec/dist_spec.lua: collectives through the launcher (2 and 4 ranks, every op and dtype, async), failure modes, argument errors.
+local dt = require "dt"
+local dist = require "dt.dist"
+local H = require "spec.dist_helpers"
+
+local COLLECTIVES = "spec/fixtures/dist_collectives.lua"
+local FAULTS = "spec/fixtures/dist_faults.lua"
+local CHECKS = 89 -- checks each rank of dist_collectives makes; a silently skipped one fails the spec
+
+local function expect_all_passed(r, size)
+   assert.equal(0, r.code, r.out)
+   for rank = 0, size - 1 do
+      local n = r.out:match(("%%[%d%%] rank %d/%d: (%%d+) checks passed"):format(rank, rank, size))
+      assert.equal(CHECKS, tonumber(n), r.out)
+   end
+   H.remove_run(r.run_dir)
+end
+
+describe("collectives through the launcher", function()
+   it("match the single-process reference for every op and dtype on 2 ranks (pipelined through 4 KiB slots)", function()
+      expect_all_passed(H.dtrun(COLLECTIVES .. " --nproc 2", "DT_SHM_SLOT_BYTES=4096"), 2)
+   end)
+
+   it("match the reference on 4 ranks, with small and default slots", function()
+      expect_all_passed(H.dtrun(COLLECTIVES .. " --nproc 4", "DT_SHM_SLOT_BYTES=4096"), 4)
+      expect_all_passed(H.dtrun(COLLECTIVES .. " --nproc 4"), 4)
+   end)
+end)
+
+describe("collective failures", function()
+   local function faults(nproc, args)
+      local tag = H.tag()
+      local r = H.dtrun(("%s --nproc %d --grace 2 tag=%s %s"):format(FAULTS, nproc, tag, args))
+      r.job = r.out:match("job (dt%-%x+)%-r0")
+      assert.is_not_nil(r.job, r.out)
+      assert.equal(0, H.count_procs(tag), "stray workers")
+      assert.same({}, H.shm_entries(r.job), "shm segments left behind")
+      H.remove_run(r.run_dir)
+      return r
+   end
+
+   for _, nproc in ipairs { 2, 4 } do
+      it(("names both calls on every rank when ranks call different collectives (%d ranks)"):format(nproc), function()
+         local r = faults(nproc, "mode=mismatch")
+         local last = nproc - 1
+         local others = nproc == 2 and "rank 0" or "ranks 0, 1, 2"
+         for rank = 0, last do
+            local line = r.out:match(("%%[%d%%] rank %d caught: ([^\n]*)"):format(rank, rank))
+            assert.is_not_nil(line, r.out)
+            assert.matches("collective mismatch at call #1: " .. others .. " called all_reduce #1 %(sum, f32, count 8%); rank "
+               .. last .. " called broadcast #1 %(f32, count 8, root 0%)", line)
+         end
+         assert.equal(3, r.code)
+         -- the agent's summary names a root-cause rank and shows its error
+         assert.matches("job failed: rank %d %(pid %d+%) exited with code 3 after [%d.]+ s  <%- root cause", r.out)
+         assert.matches("last lines of rank %d.-\n    rank %d caught: [^\n]*collective mismatch", r.out)
+      end)
+   end
+
+   it("times out naming the rank that skipped a collective", function()
+      local r = faults(4, "mode=skip timeout=1 sleep=20")
+      assert.equal(4, r.code, r.out)
+      assert.is_true(r.seconds < 10, "took " .. r.seconds .. " s")
+      for rank = 0, 2 do
+         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce[^\n]*waiting for rank 3 %%(pid %%d+"):format(rank, rank),
+            r.out)
+      end
+      assert.matches("timed out after 1%.0 s waiting for rank 3", r.out)
+      assert.not_matches("rank 3 woke up", r.out)
+      assert.matches("rank 3 was killed by SIGTERM", r.out)
+   end)
+
+   it("ends the job within seconds when a rank is killed mid-collective, leaving no processes or segments", function()
+      for _, nproc in ipairs { 2, 4 } do
+         local r = faults(nproc, "mode=kill")
+         local victim = nproc - 1
+         assert.equal(137, r.code, r.out)
+         assert.is_true(r.seconds < 5, "took " .. r.seconds .. " s")
+         assert.matches(("job failed: rank %d %%(pid %%d+%%) was killed by SIGKILL"):format(victim), r.out)
+         for rank = 0, victim - 1 do
+            assert.matches(("rank %d was killed by SIGTERM %%(stopped after the failure%%)"):format(rank), r.out)
+         end
+         assert.not_matches("finished the all_reduce", r.out)
+      end
+   end)
+end)
+
+describe("dtrun bench collectives", function()
+   it("runs under the launcher flags and ends with the one summary line", function()
+      local r = H.dtrun("bench collectives --nproc 2 --iters 2 --warmup 1 --max_mib 1 --peer no")
+      assert.equal(0, r.code, r.out)
+      for _, op in ipairs { "all_reduce", "reduce_scatter", "all_gather", "broadcast" } do
+         for _, size in ipairs { "1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB" } do
+            assert.matches(("%%[0%%] %s%%s+%s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+ GB/s"):format(op, size), r.out)
+         end
+      end
+      local one = H.dtrun("bench collectives --nproc 1")
+      assert.matches("bench collectives: needs at least 2 ranks", one.out)
+      H.remove_run(one.run_dir)
+      assert.matches("^bench collectives: allreduce_64mib_busbw_gbps=n/a peer_allreduce_64mib_busbw_gbps=n/a ratio=n/a "
+         .. "allreduce_1kib_us=[%d.]+ peer_allreduce_1kib_us=n/a latency_ratio=n/a$", r.lines[#r.lines])
+      H.remove_run(r.run_dir)
+   end)
+end)
+
+describe("comm argument errors (one process)", function()
+   local world = dist.init()
+
+   it("is a world of one with a private store outside the launcher", function()
+      assert.equal(0, world.rank)
+      assert.equal(1, world.size)
+      assert.equal(world, dist.init())
+      local t = dt.tensor({ 1, 2, 3 })
+      world.comm:all_reduce(t, "avg")
+      assert.same({ 1, 2, 3 }, t:totable())
+   end)
+
+   it("rejects bad tensors, ops and ranks with the call named", function()
+      local comm = world.comm
+      local nc = dt.zeros({ 3, 4 }):transpose(1, 2)
+      assert.matches("all_reduce needs a contiguous tensor", H.errmsg(comm.all_reduce, comm, nc))
+      assert.matches("unknown reduction 'prod' %(sum, avg, max, min%)", H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }), "prod"))
+      assert.matches("all_reduce: cannot reduce u8 tensors", H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }, { dtype = "u8" })))
+      assert.matches("broadcast: root 3 is outside 0..0", H.errmsg(comm.broadcast, comm, dt.zeros({ 2 }), 3))
+      assert.matches("reduce_scatter: in %(4%) f32 and out %(3%) f32: in must have world x out's elements",
+         H.errmsg(comm.reduce_scatter, comm, dt.zeros({ 4 }), dt.zeros({ 3 })))
+      assert.matches("all_gather: in %(2%) f32 and out %(2%) f64 differ in dtype",
+         H.errmsg(comm.all_gather, comm, dt.zeros({ 2 }), dt.zeros({ 2 }, { dtype = "f64" })))
+      assert.matches("send: rank 0 cannot be its own peer", H.errmsg(comm.send, comm, dt.zeros({ 2 }), 0))
+      assert.matches("timeout must be >= 1 ms, got 0", H.errmsg(comm.set_timeout, comm, 0))
+   end)
+end)
