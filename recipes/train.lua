@@ -1,12 +1,15 @@
 -- recipes/train.lua: byte-level GPT pretraining on local text (default: /usr/share/common-licenses), then a sample.
 --
 --    dtrun recipes/train.lua                                    # loss 5.6 -> ~1.9 in ~80 s on 2 cores
+--    dtrun recipes/train.lua --nproc 2                          # data parallel (DDP) over 2 ranks
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 local dt    = require "dt"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
+local dist  = require "dt.dist"
+local ddp   = require "dt.parallel.ddp"
 
 local cfg = train.config {
    steps = 400, seed = 1, log_every = 25,
@@ -18,17 +21,21 @@ local cfg = train.config {
    eval_batches = 8,                            -- val batches for the final val loss
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
+local world = dist.init()                      -- rank and world size from the launcher (1 rank alone)
+local say = world.is_main and print or function() end
 
--- Data: random (batch, seq) byte windows; targets are the inputs shifted by one.
+-- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each rank reads
+-- its own `batch` rows of the global batch of batch * world.size rows.
 local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
-   seed = cfg.seed }
+   seed = cfg.seed, world = world }
 
 -- Model: GPT-2-like over the 256 byte values.
 dt.manual_seed(cfg.seed)
 local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
-print(("model: GPT %d layers, dim %d, %.2fM parameters"):format(cfg.model.layers, cfg.model.dim,
-   model:num_parameters() / 1e6))
+say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s)"):format(cfg.model.layers, cfg.model.dim,
+   model:num_parameters() / 1e6, world.size))
+if world.size > 1 then ddp.wrap(model, { comm = world.comm }) end  -- gradients averaged over ranks
 
 -- AdamW with weight decay on matrices only; linear warmup, then cosine decay to min_lr.
 local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),
@@ -37,15 +44,15 @@ local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.
    warmup = math.min(cfg.warmup, cfg.steps - 1) }
 
 local trainer = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = dir,
-   schedule = schedule }
+   schedule = schedule, print = say }
 local last = trainer:run()
-if last then
+if last and world.is_main then
    print(("done: step %d  train loss %.4f  val loss %.4f"):format(last.step, last.loss,
       trainer:evaluate(cfg.eval_batches)))
 end
 
 -- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40).
-if cfg.sample > 0 then
+if cfg.sample > 0 and world.is_main then
    local prompt = "The "
    local idx = dt.tensor({ { prompt:byte(1, -1) } }, { dtype = "i64" })
    local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })

@@ -37,7 +37,8 @@ Trainer.__index = Trainer
 local function default_forward(model, x, y) return model(x, y) end
 
 -- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
--- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy,
+-- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy (default:
+-- model.strategy, set by wrappers such as ddp.wrap),
 -- rng (generator saved in checkpoints; default dt.default_generator()), print (console sink).
 local function new(opts)
    for _, k in ipairs { "model", "optimizer", "data" } do
@@ -53,7 +54,7 @@ local function new(opts)
    end
    local self = setmetatable({ model = opts.model, optimizer = opts.optimizer, data = opts.data, config = cfg,
       run_dir = opts.run_dir, schedule = opts.schedule, forward = opts.forward or default_forward,
-      strategy = opts.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
+      strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
       rng = opts.rng or dt.default_generator() }, Trainer)
    self.params = self.optimizer.params or self.model:parameters()
    return self
@@ -150,7 +151,9 @@ function Trainer:run()
       local info = self:load_checkpoint(self.run_dir)
       self.print(("resumed from %s at step %d"):format(info.path, info.step))
    end
-   local log = self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
+   -- One writer per job: under the launcher only rank 0 logs metrics and saves replicated checkpoints.
+   local main = (tonumber(os.getenv("RANK")) or 0) == 0
+   local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
    local first, t_start, result = self.step, dt.time(), nil
    local ok, err = pcall(function()
       while self.step < cfg.steps do
@@ -161,7 +164,7 @@ function Trainer:run()
             local eta = (dt.time() - t_start) / (s - first) * (cfg.steps - s)
             self.print(metrics.progress(result, cfg.steps, eta))
          end
-         if cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
+         if main and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
             self:save_checkpoint()
          end
       end
