@@ -52,7 +52,7 @@ if last and world.is_main then
 end
 
 -- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40).
-if cfg.sample > 0 and world.is_main then
+if cfg.sample > 0 and world.is_main and not trainer.stopped then
    local prompt = "The "
    local idx = dt.tensor({ { prompt:byte(1, -1) } }, { dtype = "i64" })
    local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })

@@ -1,5 +1,6 @@
 /* base.c: errors, dtype tables, thread settings, ABI sizes, clock. */
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,28 @@ size_t dt_abi_sizeof(const char *name) {
   if (!strcmp(name, "dt_tensor.device")) return offsetof(dt_tensor, device);
   return 0;
 }
+
+static volatile sig_atomic_t dt_caught_signal = 0;
+
+static void catch_signal(int sig) { dt_caught_signal = sig; }
+
+dt_status dt_signal_watch(int signum) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = catch_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  DT_CHECK(sigaction(signum, &sa, NULL) == 0, DT_ERR_ARG, "cannot watch signal %d", signum);
+  return DT_OK;
+}
+
+int dt_signal_take(void) {
+  int sig = dt_caught_signal;
+  dt_caught_signal = 0;
+  return sig;
+}
+
+void dt_signal_restore(int signum) { signal(signum, SIG_DFL); }
 
 const char *dt_exe_path(void) {
   static char path[4096];

@@ -50,4 +50,11 @@ end
 
 function dt.time() return C.dt_time_now() end
 
+-- The job's process group (rank, size, device, store, comm; see dt.dist) and device meshes.
+function dt.init(opts) return require("dt.dist").init(opts) end
+function dt.mesh(spec)
+   local dist = require "dt.dist"
+   return dist.mesh(dist.init(), spec)
+end
+
 return dt

@@ -55,6 +55,13 @@ dt_status dt_threads_set(int n);
 /* Size in bytes of a struct that Lua reads directly, so a spec can compare with ffi.sizeof. */
 size_t dt_abi_sizeof(const char *type_name);
 
+/* Catch `signum` (e.g. SIGTERM) into a flag instead of dying, so a training loop can finish its
+ * step and checkpoint; dt_signal_take() returns a caught signal number once (0 if none).
+ * dt_signal_restore puts the default action back. */
+dt_status dt_signal_watch(int signum);
+int dt_signal_take(void);
+void dt_signal_restore(int signum);
+
 /* Absolute path of the running executable (dtrun), for re-executing it as a worker. */
 const char *dt_exe_path(void);
 

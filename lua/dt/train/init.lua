@@ -17,6 +17,7 @@ local train = {
    checkpoint = require "dt.train.checkpoint",
    safetensors = require "dt.train.safetensors",
    Trainer = require "dt.train.trainer",
+   DistributedSampler = require("dt.train.sampler").new,
 }
 
 -- Create the run directory (config.run_dir, else the launcher's DT_RUN_DIR, else

@@ -30,6 +30,9 @@ local fs = require "dt.train.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.train.checkpoint"
+local dtffi = require "dt.ffi"
+
+local SIGTERM = 15
 
 local Trainer = {}
 Trainer.__index = Trainer
@@ -147,7 +150,9 @@ end
 -- Returns the last step result.
 function Trainer:run()
    local cfg = self.config
-   if cfg.resume and checkpoint.resolve(self:checkpoint_dir()) then
+   -- A group restarted by the launcher (--max-restarts) resumes from the run dir's latest checkpoint.
+   local restarted = (tonumber(os.getenv("DT_RESTART_COUNT")) or 0) > 0
+   if (cfg.resume or restarted) and self.run_dir and checkpoint.resolve(self:checkpoint_dir()) then
       local info = self:load_checkpoint(self.run_dir)
       self.print(("resumed from %s at step %d"):format(info.path, info.step))
    end
@@ -155,9 +160,17 @@ function Trainer:run()
    local main = (tonumber(os.getenv("RANK")) or 0) == 0
    local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
    local first, t_start, result = self.step, dt.time(), nil
+   -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint.
+   dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
    local ok, err = pcall(function()
       while self.step < cfg.steps do
          result = self:train_step()
+         if dtffi.C.dt_signal_take() == SIGTERM then
+            if main and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
+            self.print(("stopping after step %d: SIGTERM received"):format(result.step))
+            self.stopped = true
+            break
+         end
          if log then log:write(metrics.record(result)) end
          local s = result.step
          if cfg.log_every > 0 and (s % cfg.log_every == 0 or s == first + 1 or s == cfg.steps) then
@@ -169,6 +182,7 @@ function Trainer:run()
          end
       end
    end)
+   dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end
    if not ok then error(err, 0) end
    return result
