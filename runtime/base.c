@@ -12,8 +12,6 @@
 
 #include "dt_internal.h"
 
-extern void openblas_set_num_threads(int);
-
 static _Thread_local char dt_error_buf[1024];
 
 const char *dt_last_error(void) { return dt_error_buf[0] ? dt_error_buf : "no error"; }
@@ -70,9 +68,8 @@ dt_status dt_threads_set(int n) {
   DT_CHECK(n >= 1 && n <= 4096, DT_ERR_ARG, "thread count must be 1..4096, got %d", n);
   dt_threads = n;
 #ifdef _OPENMP
-  omp_set_num_threads(n);
+  omp_set_num_threads(n); /* BLAS follows: matmul calls it single-threaded from inside our parallel tiles */
 #endif
-  openblas_set_num_threads(n);
   return DT_OK;
 }
 

@@ -55,10 +55,10 @@ function M.free_port()
    return port
 end
 
--- Directory of the repo's tools/bench (source tree or installed share dir).
+-- tools/bench beside this lua/ tree: the repo's, or <prefix>/share/dtrun/tools/bench when installed.
 local function bench_dir()
    local src = debug.getinfo(1, "S").source:sub(2)
-   local root = src:match("^(.*)/lua/dt/bench/common%.lua$") or src:match("^(.*)/share/dtrun/lua/dt/bench/common%.lua$")
+   local root = src:match("^(.*)/lua/dt/bench/common%.lua$")
    return root and (root .. "/tools/bench") or "tools/bench"
 end
 
