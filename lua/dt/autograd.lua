@@ -121,6 +121,13 @@ function M.backward(root, grad)
    end)
 end
 
+-- The engine calls a different closure for every node. A JIT trace through that call site would
+-- specialise on (and so keep alive) the closures it saw, and with them the activations they captured:
+-- hundreds of MiB that no collection frees. The loop is a few thousand iterations per step, so it
+-- runs in the interpreter (measured: live memory after a step falls from 306 to 29 MiB on a 1.9M
+-- parameter GPT, step time unchanged).
+jit.off(M.backward, true)
+
 -- Activation checkpointing: run fn(inputs...) without recording; during backward, recompute
 -- it with recording on and backpropagate through the recomputed graph. fn returns one tensor.
 function M.checkpoint(fn, ...)
