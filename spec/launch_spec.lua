@@ -88,6 +88,16 @@ describe("launcher", function()
       assert.equal(0, stray_workers())
    end)
 
+   it("fails with one line when the master port is in use", function()
+      local srv = require("dt.dist").serve("127.0.0.1", 0, "") -- holds the port for the duration
+      local lines, code = dtrun(("%s --nproc 1 --master-port %d"):format(worker, srv.port))
+      srv:stop()
+      assert.equal(2, code)
+      assert.equal(1, #lines, table.concat(lines, "\n"))
+      assert.matches(("dtrun: cannot start the rendezvous store on port %d: .*in use.*pick another %%-%%-master%%-port")
+         :format(srv.port), lines[1])
+   end)
+
    it("rejects bad flags and values with one clear line", function()
       local cases = {
          { "--nproc 0", "dtrun: %-%-nproc must be at least 1, got 0" },
