@@ -6,23 +6,9 @@
 #include <zlib.h>
 
 #include "dt_io.h"
+#include "spec.h"
 
-static int passed, failed;
 static char root[256];
-
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_error(dt_status s, dt_status code, const char *needle, const char *what) {
-  bool ok = s == code && strstr(dt_last_error(), needle) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
 
 static const char *in_root(const char *name) {
   static char buf[4][512];
@@ -56,8 +42,8 @@ static void spec_crc32(void) {
   bool is_dir = true;
   expect(dt_io_stat(p, &size, &is_dir) == DT_OK && size == 9 && !is_dir, "stat gives size and kind");
   expect(dt_io_stat(root, &size, &is_dir) == DT_OK && is_dir, "stat sees a directory");
-  expect_error(dt_io_stat(in_root("nope"), &size, &is_dir), DT_ERR_IO, "cannot stat", "stat of a missing file");
-  expect_error(dt_io_file_crc32(in_root("nope"), &crc), DT_ERR_IO, "cannot open", "crc of a missing file");
+  expect_status(dt_io_stat(in_root("nope"), &size, &is_dir), DT_ERR_IO, NEEDLES("cannot stat"), "stat of a missing file");
+  expect_status(dt_io_file_crc32(in_root("nope"), &crc), DT_ERR_IO, NEEDLES("cannot open"), "crc of a missing file");
 }
 
 static void spec_tensor_writes(void) {
@@ -98,10 +84,10 @@ static void spec_tensor_writes(void) {
 
   dt_io_open_write(p, &f);
   col->device.type = DT_DEVICE_CUDA; /* pretend: only CPU tensors can be written */
-  expect_error(dt_io_write_tensor(f, col, NULL), DT_ERR_UNSUPPORTED, "only CPU tensors", "device tensor");
+  expect_status(dt_io_write_tensor(f, col, NULL), DT_ERR_UNSUPPORTED, NEEDLES("only CPU tensors"), "device tensor");
   col->device.type = DT_DEVICE_CPU;
   dt_io_close(f);
-  expect_error(dt_io_open_write(in_root("missing/dir/x"), &f), DT_ERR_IO, "cannot create", "open in a missing dir");
+  expect_status(dt_io_open_write(in_root("missing/dir/x"), &f), DT_ERR_IO, NEEDLES("cannot create"), "open in a missing dir");
   expect(f == NULL, "failed open leaves NULL");
   dt_tensor_free(col);
   dt_tensor_free(tt);
@@ -112,17 +98,15 @@ static void spec_dirs_and_renames(void) {
   const char *deep = in_root("a/b/c");
   expect(dt_io_mkdir(deep, false) == DT_OK, "mkdir -p creates parents");
   expect(dt_io_mkdir(deep, true) == DT_OK, "mkdir with exist_ok accepts an existing dir");
-  expect_error(dt_io_mkdir(deep, false), DT_ERR_STATE, "already exists", "mkdir without exist_ok");
-  expect_error(dt_io_mkdir(in_root("digits/x"), true), DT_ERR_IO, "cannot create directory",
-               "mkdir below a regular file");
+  expect_status(dt_io_mkdir(deep, false), DT_ERR_STATE, NEEDLES("already exists"), "mkdir without exist_ok");
+  expect_status(dt_io_mkdir(in_root("digits/x"), true), DT_ERR_IO, NEEDLES("cannot create directory"), "mkdir below a regular file");
   dt_io_write_file(in_root("a/zeta"), "z", 1);
   dt_io_write_file(in_root("a/alpha.tmp"), "a", 1);
   expect(dt_io_rename(in_root("a/alpha.tmp"), in_root("a/alpha")) == DT_OK, "rename");
   expect(reads_back(in_root("a/alpha"), "a", 1), "renamed file has the content");
-  expect_error(dt_io_rename(in_root("a/alpha.tmp"), in_root("a/x")), DT_ERR_IO, "cannot rename",
-               "rename of a missing file");
+  expect_status(dt_io_rename(in_root("a/alpha.tmp"), in_root("a/x")), DT_ERR_IO, NEEDLES("cannot rename"), "rename of a missing file");
   expect(dt_io_fsync_dir(in_root("a")) == DT_OK, "fsync_dir");
-  expect_error(dt_io_fsync_dir(in_root("nodir")), DT_ERR_IO, "cannot open directory", "fsync of a missing dir");
+  expect_status(dt_io_fsync_dir(in_root("nodir")), DT_ERR_IO, NEEDLES("cannot open directory"), "fsync of a missing dir");
 
   char *text = NULL;
   int64_t size = 0;
@@ -131,8 +115,7 @@ static void spec_dirs_and_renames(void) {
   expect(text && size == (int64_t)strlen(want) && strcmp(text, want) == 0, "listing is sorted with kinds");
   if (text && strcmp(text, want) != 0) printf("  listing: [%s]\n", text);
   dt_io_buffer_free(text);
-  expect_error(dt_io_list_dir(in_root("nodir"), &text, &size), DT_ERR_IO, "cannot list directory",
-               "listing a missing dir");
+  expect_status(dt_io_list_dir(in_root("nodir"), &text, &size), DT_ERR_IO, NEEDLES("cannot list directory"), "listing a missing dir");
 
   expect(dt_io_remove_tree(in_root("a")) == DT_OK, "remove_tree");
   bool is_dir;
@@ -154,7 +137,7 @@ static void spec_mmap(void) {
   expect(dt_io_mmap(in_root("empty"), &m) == DT_OK && m->size == 0 && m->data == NULL, "empty file maps to NULL");
   dt_io_munmap(m);
   dt_io_munmap(NULL);
-  expect_error(dt_io_mmap(in_root("nope"), &m), DT_ERR_IO, "cannot open", "mmap of a missing file");
+  expect_status(dt_io_mmap(in_root("nope"), &m), DT_ERR_IO, NEEDLES("cannot open"), "mmap of a missing file");
   expect(m == NULL, "failed mmap leaves NULL");
 }
 
@@ -205,15 +188,13 @@ static void spec_read_file(void) {
   int64_t size = 0;
   gzn = write_gzip(in_root("t.gz"), text, 1, gzbytes, sizeof gzbytes);
   dt_io_write_file(in_root("cut.gz"), gzbytes, gzn / 2);
-  expect_error(dt_io_read_file(in_root("cut.gz"), &data, &size), DT_ERR_CORRUPT, "truncated gzip file",
-               "truncated gzip");
+  expect_status(dt_io_read_file(in_root("cut.gz"), &data, &size), DT_ERR_CORRUPT, NEEDLES("truncated gzip file"), "truncated gzip");
   expect(data == NULL, "failed read leaves NULL");
   gzbytes[gzn - 6] ^= 0x40; /* inside the CRC32 trailer */
   dt_io_write_file(in_root("flip.gz"), gzbytes, gzn);
-  expect_error(dt_io_read_file(in_root("flip.gz"), &data, &size), DT_ERR_CORRUPT, "corrupt gzip data",
-               "flipped byte in a gzip file");
-  expect_error(dt_io_read_file(root, &data, &size), DT_ERR_IO, "is a directory", "reading a directory");
-  expect_error(dt_io_read_file(in_root("nope"), &data, &size), DT_ERR_IO, "cannot open", "reading a missing file");
+  expect_status(dt_io_read_file(in_root("flip.gz"), &data, &size), DT_ERR_CORRUPT, NEEDLES("corrupt gzip data"), "flipped byte in a gzip file");
+  expect_status(dt_io_read_file(root, &data, &size), DT_ERR_IO, NEEDLES("is a directory"), "reading a directory");
+  expect_status(dt_io_read_file(in_root("nope"), &data, &size), DT_ERR_IO, NEEDLES("cannot open"), "reading a missing file");
 }
 
 int main(void) {
@@ -228,6 +209,5 @@ int main(void) {
   spec_mmap();
   spec_read_file();
   dt_io_remove_tree(root);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }

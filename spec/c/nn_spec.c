@@ -6,28 +6,9 @@
 
 #include "dt_nn.h"
 #include "dt_random.h"
+#include "spec.h"
 
-static int passed, failed;
 static const double PI = 3.14159265358979323846;
-
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_error(dt_status s, const char *needle, const char *what) {
-  bool ok = s != DT_OK && strstr(dt_last_error(), needle) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
-
-static void expect_ok(dt_status s, const char *what) {
-  if (s != DT_OK) printf("  %s\n", dt_last_error());
-  expect(s == DT_OK, what);
-}
 
 /* Every tensor a spec makes is kept here and freed by release_all(). */
 static dt_tensor *made[256];
@@ -503,6 +484,5 @@ int main(void) {
   spec_activations();
   spec_rope();
   spec_attention();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }

@@ -4,27 +4,8 @@
 #include <string.h>
 
 #include "dt_ops.h"
+#include "spec.h"
 
-static int passed, failed;
-
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_error(dt_status s, const char *needle, const char *what) {
-  bool ok = s != DT_OK && strstr(dt_last_error(), needle) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
-
-static void expect_ok(dt_status s, const char *what) {
-  if (s != DT_OK) printf("  error: %s\n", dt_last_error());
-  expect(s == DT_OK, what);
-}
 
 static const dt_device cpu = {DT_DEVICE_CPU, 0};
 
@@ -351,6 +332,5 @@ int main(void) {
   test_reduce();
   test_matmul();
   test_index();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }

@@ -4,22 +4,8 @@
 #include <string.h>
 
 #include "dt_optim.h"
+#include "spec.h"
 
-static int passed, failed;
-
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_error(dt_status s, const char *needle, const char *what) {
-  bool ok = s != DT_OK && strstr(dt_last_error(), needle) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
 
 static const dt_device cpu = {DT_DEVICE_CPU, 0};
 
@@ -216,6 +202,5 @@ int main(void) {
   sgd_case(DT_DTYPE_BF16, 0.9, 0, false, 8e-3, "momentum bf16 param");
   errors();
   thread_independence();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }

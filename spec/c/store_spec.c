@@ -14,30 +14,9 @@
 #include <unistd.h>
 
 #include "dt_store.h"
+#include "spec.h"
 
-static int passed, failed;
 
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_ok(dt_status s, const char *what) {
-  if (s != DT_OK) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(s == DT_OK, what);
-}
-
-/* The call failed and its message holds every needle (NULL-terminated list). */
-static void expect_error(dt_status s, const char *what, const char *const *needles) {
-  bool ok = s != DT_OK;
-  for (int i = 0; ok && needles[i]; i++) ok = strstr(dt_last_error(), needles[i]) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
-#define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 static const char *TOKEN = "job-token-123";
 static int port;
@@ -79,10 +58,9 @@ static void test_basic(void) {
   expect_ok(dt_store_add(c, "ctr", -7, -1, &v), "add a negative delta");
   expect(v == -2, "add returns the new value");
   expect(get_eq(c, "ctr", "-2"), "add stores decimal text");
-  expect_error(dt_store_add(c, "a", 1, -1, &v), "add to a non-integer value",
-               NEEDLES("add to key 'a'", "not a decimal integer", hostport));
+  expect_status(dt_store_add(c, "a", 1, -1, &v), DT_OK, NEEDLES("add to key 'a'", "not a decimal integer", hostport), "add to a non-integer value");
   dt_store_set(c, "big", "9223372036854775807", 19, -1);
-  expect_error(dt_store_add(c, "big", 1, -1, &v), "add overflowing int64", NEEDLES("overflows int64"));
+  expect_status(dt_store_add(c, "big", 1, -1, &v), DT_OK, NEEDLES("overflows int64"), "add overflowing int64");
 
   bool swapped = false;
   expect_ok(dt_store_compare_set(c, "cas", NULL, 0, "x", 1, -1, &swapped), "compare_set creates a missing key");
@@ -122,25 +100,22 @@ static void test_basic(void) {
   t0 = ts.tv_sec + 1e-9 * ts.tv_nsec;
   void *val = NULL;
   int64_t len = 0;
-  expect_error(dt_store_get(c, "never", 150, &val, &len), "get of a missing key times out",
-               NEEDLES("get 'never'", "timeout 150 ms", "timed out", hostport));
+  expect_status(dt_store_get(c, "never", 150, &val, &len), DT_OK, NEEDLES("get 'never'", "timeout 150 ms", "timed out", hostport), "get of a missing key times out");
   clock_gettime(CLOCK_MONOTONIC, &ts);
   double dt = ts.tv_sec + 1e-9 * ts.tv_nsec - t0;
   expect(dt >= 0.14 && dt < 1.5, "get times out after about its timeout");
   const char *wk[] = {"ctr", "never2"};
-  expect_error(dt_store_wait(c, 2, wk, 100), "wait on a missing key times out",
-               NEEDLES("wait 'ctr' and 1 more", "never2", "timed out"));
+  expect_status(dt_store_wait(c, 2, wk, 100), DT_OK, NEEDLES("wait 'ctr' and 1 more", "never2", "timed out"), "wait on a missing key times out");
   expect(get_eq(c, "ctr", "-2"), "the connection stays usable after server-side timeouts");
 
   char longkey[DT_STORE_MAX_KEY + 2];
   memset(longkey, 'k', sizeof longkey - 1);
   longkey[sizeof longkey - 1] = 0;
-  expect_error(dt_store_set(c, longkey, "v", 1, -1), "key over the limit", NEEDLES("4097 bytes", "1..4096"));
-  expect_error(dt_store_set(c, "", "v", 1, -1), "empty key", NEEDLES("key of 0 bytes"));
-  expect_error(dt_store_set(c, "k", "v", (int64_t)DT_STORE_MAX_VALUE + 1, -1), "value over the limit",
-               NEEDLES("67108865 bytes"));
+  expect_status(dt_store_set(c, longkey, "v", 1, -1), DT_OK, NEEDLES("4097 bytes", "1..4096"), "key over the limit");
+  expect_status(dt_store_set(c, "", "v", 1, -1), DT_OK, NEEDLES("key of 0 bytes"), "empty key");
+  expect_status(dt_store_set(c, "k", "v", (int64_t)DT_STORE_MAX_VALUE + 1, -1), DT_OK, NEEDLES("67108865 bytes"), "value over the limit");
   const char *nokeys[1] = {"x"};
-  expect_error(dt_store_wait(c, 0, nokeys, 10), "wait on no keys", NEEDLES("0 keys"));
+  expect_status(dt_store_wait(c, 0, nokeys, 10), DT_OK, NEEDLES("0 keys"), "wait on no keys");
 
   /* a large value round trip */
   int64_t big = 8 << 20;
@@ -215,11 +190,9 @@ static void test_many_clients(void) {
 
 static void test_tokens_and_connect(void) {
   dt_store_client *c = NULL;
-  expect_error(dt_store_connect("127.0.0.1", port, "wrong", 2000, &c), "a wrong token is refused",
-               NEEDLES("hello", hostport, "refused", "wrong job token"));
+  expect_status(dt_store_connect("127.0.0.1", port, "wrong", 2000, &c), DT_OK, NEEDLES("hello", hostport, "refused", "wrong job token"), "a wrong token is refused");
   expect(c == NULL, "no handle after a refused connect");
-  expect_error(dt_store_connect("127.0.0.1", port, NULL, 2000, &c), "a missing token is refused",
-               NEEDLES("wrong job token"));
+  expect_status(dt_store_connect("127.0.0.1", port, NULL, 2000, &c), DT_OK, NEEDLES("wrong job token"), "a missing token is refused");
   /* a server that accepts but never answers: the hello must time out, not hang */
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -230,15 +203,12 @@ static void test_tokens_and_connect(void) {
   int mute = ntohs(sa.sin_port);
   char where[64];
   snprintf(where, sizeof where, "127.0.0.1:%d", mute);
-  expect_error(dt_store_connect("127.0.0.1", mute, TOKEN, 200, &c), "a mute server times out the hello",
-               NEEDLES("hello", where, "no reply before the deadline"));
+  expect_status(dt_store_connect("127.0.0.1", mute, TOKEN, 200, &c), DT_OK, NEEDLES("hello", where, "no reply before the deadline"), "a mute server times out the hello");
   close(fd);
   /* nothing listening: connect retries, then gives up naming host:port and the timeout */
   snprintf(where, sizeof where, "127.0.0.1:%d within 200 ms", mute);
-  expect_error(dt_store_connect("127.0.0.1", mute, TOKEN, 200, &c), "connect to a closed port times out",
-               NEEDLES("cannot connect to store", where));
-  expect_error(dt_store_connect("127.0.0.1", 0, TOKEN, 200, &c), "port 0 is not a valid client port",
-               NEEDLES("port must be 1..65535"));
+  expect_status(dt_store_connect("127.0.0.1", mute, TOKEN, 200, &c), DT_OK, NEEDLES("cannot connect to store", where), "connect to a closed port times out");
+  expect_status(dt_store_connect("127.0.0.1", 0, TOKEN, 200, &c), DT_OK, NEEDLES("port must be 1..65535"), "port 0 is not a valid client port");
 }
 
 /* ---- fuzz: raw sockets speaking a corrupted protocol ---- */
@@ -428,8 +398,7 @@ int main(void) {
   snprintf(hostport, sizeof hostport, "127.0.0.1:%d", port);
   expect(port > 0, "server reports its port");
   dt_store_server *dup = NULL;
-  expect_error(dt_store_server_start("127.0.0.1", port, TOKEN, &dup), "a second server on the same port fails",
-               NEEDLES("cannot listen on 127.0.0.1"));
+  expect_status(dt_store_server_start("127.0.0.1", port, TOKEN, &dup), DT_OK, NEEDLES("cannot listen on 127.0.0.1"), "a second server on the same port fails");
   test_basic();
   test_blocking();
   test_many_clients();
@@ -437,6 +406,5 @@ int main(void) {
   test_fuzz();
   test_raw_errors();
   dt_store_server_stop(srv);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }
