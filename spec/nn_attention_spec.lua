@@ -4,11 +4,7 @@ local testing = require "dt.testing"
 
 local sample, gradcheck, assert_close, flat = testing.sample, testing.gradcheck, testing.assert_close, testing.flat
 
-local function expect_error(fn, needle)
-   local ok, err = pcall(fn)
-   assert.is_false(ok, "expected an error containing: " .. needle)
-   assert.is_truthy(tostring(err):find(needle, 1, true), ("error %q lacks %q"):format(tostring(err), needle))
-end
+local expect_error = testing.expect_error
 
 local function leaf(shape, seed)
    local t = sample(shape, seed)

@@ -8,11 +8,7 @@ local function values(t)
    return r
 end
 
-local function expect_error(fn, needle)
-   local ok, err = pcall(fn)
-   assert.is_false(ok, "expected an error containing: " .. needle)
-   assert.is_truthy(tostring(err):find(needle, 1, true), ("error %q lacks %q"):format(tostring(err), needle))
-end
+local expect_error = require("dt.testing").expect_error
 
 describe("random", function()
    it("implements Philox4x32-10 (Random123 known answers)", function()

@@ -11,11 +11,6 @@ function M.tmpdir()
    return p
 end
 
--- The message of the error fn(...) raises; fails the test when it raises none.
-function M.errmsg(fn, ...)
-   local ok, err = pcall(fn, ...)
-   assert(not ok, "expected an error")
-   return tostring(err)
-end
+M.errmsg = require("dt.testing").errmsg
 
 return M

@@ -44,6 +44,20 @@ function M.assert_close(a, b, atol, rtol, what)
    return true
 end
 
+-- The message of the error fn(...) raises; fails (raises) when it raises none.
+function M.errmsg(fn, ...)
+   local ok, err = pcall(fn, ...)
+   assert(not ok, "expected an error")
+   return tostring(err)
+end
+
+-- Assert that fn() raises an error whose message contains `needle` (plain text).
+function M.expect_error(fn, needle)
+   local ok, err = pcall(fn)
+   assert(not ok, "expected an error containing: " .. needle)
+   assert(tostring(err):find(needle, 1, true), ("error %q lacks %q"):format(tostring(err), needle))
+end
+
 -- Deterministic pseudo-random f64 tensor in [-1, 1) (no dependency on dt.random).
 function M.sample(shape, seed, dtype)
    local t = Tensor.empty(shape, { dtype = dtype or "f64" })
