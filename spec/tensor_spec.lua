@@ -26,6 +26,16 @@ describe("tensor", function()
       assert.equal(5, t[2][2]:item())
    end)
 
+   it("assigns numbers and tensors to t[i]", function()
+      local t = dt.zeros({ 2, 3 })
+      t[1] = 7
+      t[2] = dt.tensor({ 1, 2, 3 })
+      assert.same({ { 7, 7, 7 }, { 1, 2, 3 } }, t:totable())
+      t[2][3] = 9
+      assert.equal(9, t:get(6))
+      assert.has_error(function() t[3] = 1 end)
+   end)
+
    it("rejects ragged data and bad shapes", function()
       assert.has_error(function() dt.tensor({ { 1, 2 }, { 3 } }) end)
       assert.has_error(function() dt.zeros({ -1 }) end)

@@ -145,6 +145,13 @@ mt.__index = function(t, k)
    return nil
 end
 
+-- t[i] = v (a number or a tensor broadcast to the slice) writes into the i-th slice along dim 1.
+mt.__newindex = function(t, k, v)
+   if type(k) ~= "number" then return rawset(t, k, v) end
+   local slice = t:select(1, k)
+   if type(v) == "number" then slice:fill_(v) else slice:copy_(v) end
+end
+
 function Tensor:size(d)
    if d == nil then return self.shape end
    return tonumber(self.h.shape[cdim(self, d)])
