@@ -1,4 +1,4 @@
--- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench and info subcommands.
+-- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
 local M = {}
 
 local usage = [[
@@ -7,7 +7,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [key=value ...]                     run N ranks under the agent
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
-       dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives)
+       dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, adamw)
+       dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun info                                              build, threads and devices
        dtrun --help | --version]]
 
@@ -57,6 +58,8 @@ function commands.bench(args)
    end
    return mod.main(bargs) or 0
 end
+
+function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) end
 
 function commands.info()
    local dt = require "dt"

@@ -1,4 +1,5 @@
-/* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype path. */
+/* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype
+ * path; the streaming probe that gives their memory roofline. */
 #include "dt_internal.h"
 #include "dt_optim.h"
 
@@ -165,6 +166,34 @@ dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *
     }
     if (has_buf) dt_store(bp, sd, bo, b);
     dt_store(pp, pd, po, p);
+  }
+  return DT_OK;
+}
+
+/* A contiguous f32 tensor of n elements, for the streaming probe. */
+static dt_status check_stream_arg(const char *what, const dt_tensor *t, int64_t n) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(t && t->dtype == DT_DTYPE_F32 && dt_tensor_is_contiguous(t) && t->data && dt_tensor_numel(t) == n,
+           DT_ERR_ARG, "stream: %s must be a contiguous f32 tensor of %lld elements like x, got %s", what,
+           (long long)n, t ? dt_shape_str(t, b, sizeof b) : "NULL");
+  return DT_OK;
+}
+
+dt_status dt_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x) {
+  DT_CHECK(x, DT_ERR_ARG, "stream: x is NULL");
+  int64_t n = dt_tensor_numel(x);
+  DT_TRY(check_stream_arg("x", x, n));
+  DT_TRY(check_stream_arg("a", a, n));
+  DT_TRY(check_stream_arg("b", b, n));
+  DT_TRY(check_stream_arg("c", c, n));
+  float *ap = dt_tensor_ptr(a), *bp = dt_tensor_ptr(b), *cp = dt_tensor_ptr(c);
+  const float *xp = dt_tensor_ptr(x);
+#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) {
+    float xi = xp[i];
+    ap[i] += xi;
+    bp[i] += xi;
+    cp[i] += xi;
   }
   return DT_OK;
 }

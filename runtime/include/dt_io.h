@@ -21,6 +21,21 @@ dt_status dt_io_write(dt_file *f, const void *data, size_t n, uint32_t *crc);
 dt_status dt_io_write_tensor(dt_file *f, const dt_tensor *t, uint32_t *crc);
 /* fsync and close; NULL is fine. The handle is freed even when fsync fails. */
 dt_status dt_io_close(dt_file *f);
+
+/* A file written on a background thread (async checkpoints): `n` header bytes (copied) followed by
+ * the row-major bytes of `count` CPU tensors, then fsync and close. The job holds its own views of
+ * the tensors, so the caller may drop its handles at once, but must not modify the bytes until the
+ * job completes (pass snapshots). The thread never calls back; poll with test or block in wait. */
+typedef struct dt_io_job dt_io_job;
+dt_status dt_io_write_async(const char *path, const void *header, size_t n, const dt_tensor *const *tensors,
+                            int count, dt_io_job **out);
+/* *done := whether the write has ended (then wait returns at once). */
+dt_status dt_io_job_test(dt_io_job *j, bool *done);
+/* Block until the write ends; returns its status (the message names the file) and, on success, the
+ * file's size and CRC32 (either pointer may be NULL). May be called again; the result is kept. */
+dt_status dt_io_job_wait(dt_io_job *j, int64_t *size, uint32_t *crc32);
+/* Wait, then free. NULL is fine. */
+void dt_io_job_free(dt_io_job *j);
 /* fsync a directory so creations and renames inside it are durable. */
 dt_status dt_io_fsync_dir(const char *path);
 /* rename(2), then fsync the directory holding `to`. */

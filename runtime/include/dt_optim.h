@@ -19,4 +19,9 @@ dt_status dt_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor
 dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,
                             double dampening, double weight_decay, bool nesterov, bool first_step);
 
+/* Streaming-bandwidth probe for optimizer rooflines: a += x, b += x, c += x in one pass with all threads: per
+ * element it reads four f32 streams and writes three (28 bytes), exactly what an f32 AdamW step moves, with no
+ * arithmetic to hide behind. Contiguous f32 tensors with x's element count. */
+dt_status dt_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x);
+
 #endif

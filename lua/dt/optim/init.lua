@@ -220,13 +220,15 @@ function SGD:update(p, grad, g, lr)
 end
 
 -- Two groups from named parameters ({ {name, tensor}, ... }, as Module:named_parameters() returns):
--- matrices and embeddings (2-D and up) decay with `weight_decay`, biases and norm gains do not.
+-- matrices and embeddings (2-D and up) decay with `weight_decay`, biases and norm gains do not. An
+-- entry's optional third field is the parameter's logical rank (sharded strategies hand over flat
+-- shard views of matrices: { name, view, 2 }).
 function optim.decay_groups(named, weight_decay)
    local decay, no_decay = {}, {}
    for _, np in ipairs(named) do
       local p = np[2]
       if p.requires_grad then
-         if p.ndim >= 2 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
+         if (np[3] or p.ndim) >= 2 then decay[#decay + 1] = p else no_decay[#no_decay + 1] = p end
       end
    end
    local groups = {}

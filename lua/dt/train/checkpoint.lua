@@ -100,16 +100,41 @@ local function write_shard(dir, file, entries, files)
    files[file] = { size = info.size, crc32 = info.crc32, tensors = tensor_list(entries) }
 end
 
--- Save a checkpoint for state.step into dir/step-N and point dir/latest at it. Returns the step dir.
-function M.save(dir, state)
-   local step = state.step
-   if type(step) ~= "number" or step < 0 or step % 1 ~= 0 then error("checkpoint.save: state.step must be an integer", 2) end
+-- Start a save of `step` under dir: a fresh, empty temp directory step-N.tmp-<token> (token: this
+-- process's pid unless given, e.g. one agreed by every rank). Returns tmp, name ("step-N").
+function M.begin(dir, step, token)
+   if type(step) ~= "number" or step < 0 or step % 1 ~= 0 then
+      error("checkpoint.save: state.step must be an integer", 3)
+   end
    local name = ("step-%d"):format(step)
-   local final, pid = fs.join(dir, name), fs.pid()
-   local tmp = ("%s.tmp-%d"):format(final, pid)
+   local tmp = ("%s.tmp-%s"):format(fs.join(dir, name), tostring(token or fs.pid()))
    fs.mkdir(dir)
    fs.remove_tree(tmp)
    fs.mkdir(tmp, false)
+   return tmp, name
+end
+
+-- Finish a save: fsync tmp, rename it to dir/name (swapping out an older copy of the same step), then
+-- point dir/latest at it. Returns the step dir.
+function M.publish(dir, tmp, name)
+   fs.fsync_dir(tmp)
+   local final = fs.join(dir, name)
+   if fs.stat(final) then -- re-saving a step (e.g. after a resume): swap the old copy out first
+      local old = ("%s.old-%d"):format(final, fs.pid())
+      fs.rename(final, old)
+      fs.rename(tmp, final)
+      fs.remove_tree(old)
+   else
+      fs.rename(tmp, final)
+   end
+   fs.write_atomic(fs.join(dir, "latest"), name .. "\n")
+   return final
+end
+
+-- Save a checkpoint for state.step into dir/step-N and point dir/latest at it. Returns the step dir.
+function M.save(dir, state)
+   local step = state.step
+   local tmp, name = M.begin(dir, step)
    local ok, err = pcall(function()
       local files, index = {}, { format = FORMAT, version = VERSION, step = step }
       if state.model then write_shard(tmp, "model.safetensors", model_tensors(state.model), files) end
@@ -123,22 +148,12 @@ function M.save(dir, state)
       if state.config then index.config = encode(state.config, { "config" }) end
       index.files = files
       fs.write(fs.join(tmp, "index.json"), cjson.encode(index))
-      fs.fsync_dir(tmp)
    end)
    if not ok then
       fs.remove_tree(tmp)
       error(err, 0)
    end
-   if fs.stat(final) then -- re-saving a step (e.g. after a resume): swap the old copy out first
-      local old = ("%s.old-%d"):format(final, pid)
-      fs.rename(final, old)
-      fs.rename(tmp, final)
-      fs.remove_tree(old)
-   else
-      fs.rename(tmp, final)
-   end
-   fs.write_atomic(fs.join(dir, "latest"), name .. "\n")
-   return final
+   return M.publish(dir, tmp, name)
 end
 
 -- The step directory for a step dir, a checkpoints dir (via `latest`) or a run dir (checkpoints/latest).
@@ -191,12 +206,18 @@ local function open_shard(dir, file, entry)
    return reader
 end
 
-local function read_index(dir)
+-- index.json of a step dir, checked to be of `format` (default: this module's single-process format).
+local function read_index(dir, format)
+   format = format or FORMAT
    local path = fs.join(dir, "index.json")
    if not fs.is_file(path) then error(("%s: missing"):format(path), 0) end
    local ok, index = pcall(cjson.decode, fs.read(path))
    if not ok then error(("%s: invalid JSON: %s"):format(path, tostring(index)), 0) end
-   if type(index) ~= "table" or index.format ~= FORMAT then error(("%s: not a dtrun checkpoint index"):format(path), 0) end
+   if type(index) ~= "table" or index.format ~= format then
+      local what = type(index) == "table" and index.format
+      local it_is = what and (" (it is a %s index)"):format(tostring(what)) or ""
+      error(("%s: not a %s index%s"):format(path, format, it_is), 0)
+   end
    if index.version ~= VERSION then
       error(("%s: format version %s, this build reads %d"):format(path, tostring(index.version), VERSION), 0)
    end
@@ -260,4 +281,6 @@ function M.load(path, state)
       data_position = index.data and index.data.position }
 end
 
+-- Pieces for other checkpoint layouts (dt.train.sharded).
+M.encode, M.decode, M.open_shard, M.read_index, M.tensor_list = encode, decode, open_shard, read_index, tensor_list
 return M

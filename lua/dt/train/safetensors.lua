@@ -1,4 +1,4 @@
--- dt/train/safetensors.lua: the safetensors format: writing tensors with a CRC32, reading them back from a checked mmap.
+-- dt/train/safetensors.lua: safetensors: CRC32'd writes (inline or on a background thread), checked mmap reads.
 --
 -- Layout (https://huggingface.co/docs/safetensors): 8-byte little-endian header size N, N bytes of JSON
 -- {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}} padded
@@ -28,8 +28,9 @@ local function shape_json(shape)
    return "[" .. table.concat(shape, ",") .. "]"
 end
 
--- Write `entries` ({ {name, tensor}, ... }) to path (fsync'd). Returns { size=, crc32= } of the file.
-function M.write(path, entries, metadata)
+-- The file layout of `entries` ({ {name, tensor}, ... }): the header bytes (size prefix included), the
+-- tensors in file order and the file's total size.
+local function layout(entries, metadata)
    local list = {}
    for i, e in ipairs(entries) do list[i] = { name = e[1], t = e[2], size = e[2]:dtype_info().size } end
    table.sort(list, function(a, b)
@@ -38,11 +39,15 @@ function M.write(path, entries, metadata)
    end)
    local parts, offset = {}, 0
    local meta = {}
-   for k, v in pairs(metadata or {}) do meta[#meta + 1] = cjson.encode(tostring(k)) .. ":" .. cjson.encode(tostring(v)) end
+   for k, v in pairs(metadata or {}) do
+      meta[#meta + 1] = cjson.encode(tostring(k)) .. ":" .. cjson.encode(tostring(v))
+   end
    table.sort(meta)
    parts[1] = '"__metadata__":{' .. table.concat(meta, ",") .. "}"
    for i, e in ipairs(list) do
-      if i > 1 and e.name == list[i - 1].name then error(("safetensors: duplicate tensor name '%s'"):format(e.name), 2) end
+      if i > 1 and e.name == list[i - 1].name then
+         error(("safetensors: duplicate tensor name '%s'"):format(e.name), 3)
+      end
       local nbytes = e.t:numel() * e.size
       parts[#parts + 1] = ('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'):format(cjson.encode(e.name),
          to_st[e.t.dtype], shape_json(e.t.shape), offset, offset + nbytes)
@@ -50,18 +55,61 @@ function M.write(path, entries, metadata)
    end
    local header = "{" .. table.concat(parts, ",") .. "}"
    header = header .. (" "):rep((8 - #header % 8) % 8)
+   local prefix = u64buf(#header)
+   return ffi.string(prefix, 8) .. header, list, 8 + #header + offset
+end
+
+-- Write `entries` ({ {name, tensor}, ... }) to path (fsync'd). Returns { size=, crc32= } of the file.
+function M.write(path, entries, metadata)
+   local header, list, size = layout(entries, metadata)
    local fh = ffi.new("dt_file*[1]")
    check(C.dt_io_open_write(path, fh))
    local crc = u32buf(0)
    local ok, err = pcall(function()
-      check(C.dt_io_write(fh[0], u64buf(#header), 8, crc))
       check(C.dt_io_write(fh[0], header, #header, crc))
       for _, e in ipairs(list) do check(C.dt_io_write_tensor(fh[0], e.t.h, crc)) end
    end)
    local status = C.dt_io_close(fh[0])
    if not ok then error(err, 0) end
    check(status)
-   return { size = 8 + #header + offset, crc32 = tonumber(crc[0]) }
+   return { size = size, crc32 = tonumber(crc[0]) }
+end
+
+local Job = {}
+Job.__index = Job
+
+-- Whether the background write has ended.
+function Job:test()
+   if self.h == nil then return true end
+   local done = ffi.new("bool[1]")
+   check(C.dt_io_job_test(self.h, done))
+   return done[0]
+end
+
+-- Block until the file is written; returns { size=, crc32= } (raises the write's error naming the file).
+function Job:wait()
+   if self.h ~= nil then
+      local h = ffi.gc(self.h, nil)
+      self.h = nil
+      local size, crc = ffi.new("int64_t[1]"), u32buf(0)
+      local status = C.dt_io_job_wait(h, size, crc)
+      local msg = status ~= 0 and ffi.string(C.dt_last_error()) or nil
+      C.dt_io_job_free(h)
+      if msg then error(msg, 2) end
+      self.result = { size = tonumber(size[0]), crc32 = tonumber(crc[0]) }
+   end
+   return self.result
+end
+
+-- Like M.write, on a background C thread: returns a job with :test() and :wait() -> { size=, crc32= }.
+-- The tensors must not change until the job ends (pass snapshots); their handles may be dropped.
+function M.write_async(path, entries, metadata)
+   local header, list = layout(entries, metadata)
+   local handles = ffi.new("const dt_tensor*[?]", math.max(1, #list))
+   for i, e in ipairs(list) do handles[i - 1] = e.t.h end
+   local out = ffi.new("dt_io_job*[1]")
+   check(C.dt_io_write_async(path, header, #header, handles, #list, out))
+   return setmetatable({ h = ffi.gc(out[0], C.dt_io_job_free), path = path }, Job)
 end
 
 local Reader = {}
@@ -136,6 +184,21 @@ function M.open(path)
       base = ffi.cast(cchar, map.data) + 8 + n }, Reader)
 end
 
+-- A tensor of `shape` over the stored bytes of entry e from element `first` on (copied when unaligned).
+local function stored(e, first, shape, base)
+   local ptr, dims = base + e.first + first * e.dtype.size, Tensor.to_carray(shape)
+   local n = 1
+   for i = 1, #shape do n = n * shape[i] end
+   local out = Tensor.handle_out()
+   if tonumber(ffi.cast("uintptr_t", ptr)) % e.dtype.size == 0 then
+      check(C.dt_tensor_wrap(ffi.cast("void*", ptr), #shape, dims, e.dtype.id, out))
+   else -- files from other writers may leave tensors unaligned: stage through an aligned copy
+      check(C.dt_tensor_empty(#shape, dims, e.dtype.id, ffi.new("dt_device"), out))
+      ffi.copy(C.dt_tensor_ptr(out[0]), ptr, n * e.dtype.size)
+   end
+   return Tensor.wrap(out[0])
+end
+
 -- Copy tensor `name` into dst (same shape; any dtype, converted).
 function Reader:copy_into(name, dst)
    local e = self.entries[name]
@@ -146,16 +209,23 @@ function Reader:copy_into(name, dst)
       error(("%s: tensor '%s' has shape %s, expected %s"):format(self.path, name, shape_json(e.shape),
          shape_json(dst.shape)), 2)
    end
-   local ptr, shape = self.base + e.first, Tensor.to_carray(e.shape)
-   local out = Tensor.handle_out()
-   local aligned = tonumber(ffi.cast("uintptr_t", ptr)) % e.dtype.size == 0
-   if aligned then
-      check(C.dt_tensor_wrap(ffi.cast("void*", ptr), #e.shape, shape, e.dtype.id, out))
-   else -- files from other writers may leave tensors unaligned: stage through an aligned copy
-      check(C.dt_tensor_empty(#e.shape, shape, e.dtype.id, ffi.new("dt_device"), out))
-      ffi.copy(C.dt_tensor_ptr(out[0]), ptr, e.last - e.first)
+   local src = stored(e, 0, e.shape, self.base)
+   dst:copy_(src)
+   src:free()
+   return dst
+end
+
+-- Copy `count` elements of tensor `name` from 0-based flat (row-major) position `first` on into dst, a
+-- tensor of `count` elements (any shape and dtype; converted).
+function Reader:copy_range(name, first, count, dst)
+   local e = self.entries[name]
+   if not e then error(("%s: no tensor '%s'"):format(self.path, name), 2) end
+   local numel = (e.last - e.first) / e.dtype.size
+   if first < 0 or count < 0 or first + count > numel or dst:numel() ~= count then
+      error(("%s: cannot copy elements [%d, %d) of tensor '%s' (%d elements) into %d elements"):format(self.path,
+         first, first + count, name, numel, dst:numel()), 2)
    end
-   local src = Tensor.wrap(out[0])
+   local src = stored(e, first, dst.shape, self.base)
    dst:copy_(src)
    src:free()
    return dst

@@ -23,6 +23,10 @@
 --   before_optimizer(trainer)          after the last backward (e.g. wait for gradient reductions)
 --   reduce_grad_sumsq(trainer, s) -> s the global sum of squared gradients from this rank's share
 --   end_step(trainer, result)          after the optimizer step, before callbacks
+--   save_checkpoint(trainer) -> dir    replaces the single-process save; then every rank calls it (sharded saves:
+--                                      the strategy decides which ranks write)
+--   load_checkpoint(trainer, path) -> { step=, path= }   replaces the single-process load
+--   end_run(trainer)                   after the last step (e.g. wait for an async checkpoint write)
 local dt = require "dt"
 local optim = require "dt.optim"
 local config = require "dt.train.config"
@@ -76,14 +80,15 @@ end
 function Trainer:checkpoint_dir() return fs.join(self.run_dir, "checkpoints") end
 
 function Trainer:save_checkpoint()
+   if self.strategy.save_checkpoint then return self:hook("save_checkpoint") end
    return checkpoint.save(self:checkpoint_dir(), { model = self.model, optimizer = self.optimizer, step = self.step,
       data = self.data, rng = self.rng, config = self.config })
 end
 
 -- Restore model, optimizer, data position, RNG and step from a checkpoint (path: step, checkpoints or run dir).
 function Trainer:load_checkpoint(path)
-   local info = checkpoint.load(path, { model = self.model, optimizer = self.optimizer, data = self.data,
-      rng = self.rng })
+   local info = self.strategy.load_checkpoint and self:hook("load_checkpoint", path)
+      or checkpoint.load(path, { model = self.model, optimizer = self.optimizer, data = self.data, rng = self.rng })
    self.step = info.step
    return info
 end
@@ -156,8 +161,10 @@ function Trainer:run()
       local info = self:load_checkpoint(self.run_dir)
       self.print(("resumed from %s at step %d"):format(info.path, info.step))
    end
-   -- One writer per job: under the launcher only rank 0 logs metrics and saves replicated checkpoints.
+   -- One writer per job: under the launcher only rank 0 logs metrics and saves replicated checkpoints;
+   -- a strategy with its own save_checkpoint (sharded state) has every rank take part.
    local main = (tonumber(os.getenv("RANK")) or 0) == 0
+   local saves = main or self.strategy.save_checkpoint ~= nil
    local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint.
@@ -166,7 +173,7 @@ function Trainer:run()
       while self.step < cfg.steps do
          result = self:train_step()
          if dtffi.C.dt_signal_take() == SIGTERM then
-            if main and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
+            if saves and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
             self.print(("stopping after step %d: SIGTERM received"):format(result.step))
             self.stopped = true
             break
@@ -177,10 +184,11 @@ function Trainer:run()
             local eta = (dt.time() - t_start) / (s - first) * (cfg.steps - s)
             self.print(metrics.progress(result, cfg.steps, eta))
          end
-         if main and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
+         if saves and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
             self:save_checkpoint()
          end
       end
+      self:hook("end_run")
    end)
    dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end

@@ -1,0 +1,69 @@
+-- dt/bench/adamw.lua: `dtrun bench adamw`: fused CPU AdamW params/s vs PyTorch and vs a memory roofline measured here.
+--
+-- AdamW reads p, g, m, v and writes p, m, v: 28 bytes per parameter, so its ceiling is bandwidth / 28. The
+-- bandwidth is measured here with dt_optim_stream over buffers as large as the optimizer's: a, b, c += x, all
+-- cores, exactly AdamW's 28 bytes per element and no arithmetic. Rounds interleave the optimizer and the
+-- probe so that both see the same load on a shared machine; each rate is the best over the rounds.
+local dt = require "dt"
+local common = require "dt.bench.common"
+
+local C, check = dt.C, dt.check
+local M = {}
+
+-- Seconds of fn() (one call).
+local function timed(fn)
+   local t0 = dt.time()
+   fn()
+   return dt.time() - t0
+end
+
+function M.main(args)
+   local o = common.options(args, { params = 16000000, rounds = 30, threads = 0, peer = "yes" }, "adamw")
+   local n = o.params
+   local threads = o.threads > 0 and o.threads or common.cores()
+   dt.threads(threads)
+   print(("CPU AdamW benchmark: %d f32 params, %d rounds, %d threads"):format(n, o.rounds, threads))
+
+   local gen = dt.Generator(1)
+   local p, g = dt.randn({ n }, { generator = gen }), dt.randn({ n }, { generator = gen })
+   local m, v = dt.zeros({ n }), dt.zeros({ n })
+   local x, a, b, c = dt.randn({ n }, { generator = gen }), dt.zeros({ n }), dt.zeros({ n }), dt.zeros({ n })
+   local step = 0
+   local function adamw()
+      step = step + 1
+      check(C.dt_optim_adamw_step(p.h, g.h, m.h, v.h, 1e-3, 0.9, 0.999, 1e-8, 0.1, step))
+   end
+   local function stream() check(C.dt_optim_stream(a.h, b.h, c.h, x.h)) end
+   adamw(); stream() -- first touch and thread start-up
+   local best = { adamw = math.huge, stream = math.huge }
+   for _ = 1, o.rounds do
+      best.adamw = math.min(best.adamw, timed(adamw))
+      best.stream = math.min(best.stream, timed(stream))
+   end
+   for _, t in ipairs { p, g, m, v, x, a, b, c } do t:free() end
+
+   local rate = n / best.adamw
+   local bandwidth = 28 * n / best.stream
+   local roofline = bandwidth / 28
+   print(("memory bandwidth: %.1f GB/s (AdamW's access pattern, all cores, %.1f ms per pass)"):format(bandwidth / 1e9,
+      best.stream * 1e3))
+   print(("ours: %.3f G params/s (%.1f ms per step, %.1f GB/s) = %.0f%% of the roofline %.3f G params/s"):format(
+      rate / 1e9, best.adamw * 1e3, 28 * rate / 1e9, 100 * rate / roofline, roofline / 1e9))
+
+   local peer, why = nil, "skipped (peer=no)"
+   if o.peer ~= "no" then
+      peer, why = common.run_peer("torch_adamw.py", ("--params %d --threads %d"):format(n, threads))
+   end
+   local ratio = "n/a"
+   if peer then
+      print(("peer: torch AdamW %.3f G params/s"):format(peer.params_per_second / 1e9))
+      ratio = rate / peer.params_per_second
+   else
+      print("peer: " .. why)
+   end
+   common.report("adamw",
+      { { "params_per_second", rate }, { "roofline_fraction", rate / roofline }, { "ratio", ratio } })
+   return 0
+end
+
+return M

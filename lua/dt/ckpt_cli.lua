@@ -1,0 +1,110 @@
+-- dt/ckpt_cli.lua: `dtrun ckpt inspect|consolidate`: list and verify a checkpoint, or write its weights to one file.
+local cjson = require "cjson"
+local fs = require "dt.train.fs"
+local checkpoint = require "dt.train.checkpoint"
+local sharded = require "dt.train.sharded"
+local safetensors = require "dt.train.safetensors"
+
+local M = {}
+
+local usage = [[
+usage: dtrun ckpt inspect DIR                      list tensors, shapes and shards; verify every file's size and CRC32
+       dtrun ckpt consolidate DIR OUT.safetensors  write the model's full weights into one file
+DIR: a step dir, a checkpoints dir (its `latest`) or a run dir.]]
+
+local function sorted_keys(t)
+   local keys = {}
+   for k in pairs(t) do keys[#keys + 1] = k end
+   table.sort(keys)
+   return keys
+end
+
+local function dims(shape) return "[" .. table.concat(shape, ", ") .. "]" end
+
+-- The step dir and its index (either format), or raises naming what is missing.
+local function open(path)
+   local dir = checkpoint.resolve(path)
+   if not dir then
+      error(("no checkpoint in %s (looked for index.json, latest and checkpoints/latest)"):format(path), 0)
+   end
+   local ok, index = pcall(cjson.decode, fs.read(fs.join(dir, "index.json")))
+   if not ok or type(index) ~= "table" then error(("%s: index.json is not valid JSON"):format(dir), 0) end
+   if index.format == sharded.FORMAT then return dir, select(2, sharded.open_index(dir)), true end
+   return dir, checkpoint.read_index(dir), false
+end
+
+local function inspect(path)
+   local dir, index, is_sharded = open(path)
+   print(("%s: %s, step %d%s"):format(dir, index.format, index.step,
+      is_sharded and (", saved by %d ranks"):format(index.world or 0) or ""))
+   local bad = 0
+   print("files:")
+   for _, file in ipairs(sorted_keys(index.files)) do
+      local e = index.files[file]
+      local ok, err = pcall(function() checkpoint.open_shard(dir, file, e):close() end)
+      if not ok then bad = bad + 1 end
+      print(("  %-28s %10d bytes  crc32 %08x  %s"):format(file, e.size, e.crc32, ok and "ok" or ("FAILED: " .. err)))
+   end
+   print("tensors:")
+   if is_sharded then
+      for _, name in ipairs(sorted_keys(index.tensors)) do
+         local t = index.tensors[name]
+         local parts = {}
+         for i, sl in ipairs(t.slices) do
+            parts[i] = ("%s [%d, %d)"):format(sl.file:gsub("%.safetensors$", ""), sl.start, sl.start + sl.numel)
+         end
+         print(("  %-40s %s %-12s %d shard(s): %s"):format(name, t.dtype, dims(t.shape), #t.slices,
+            table.concat(parts, ", ")))
+      end
+   else
+      for _, file in ipairs(sorted_keys(index.files)) do
+         local tensors = index.files[file].tensors
+         for _, name in ipairs(sorted_keys(tensors)) do
+            print(("  %-40s %s %-12s %s"):format(name, tensors[name].dtype, dims(tensors[name].shape), file))
+         end
+      end
+   end
+   local n = #sorted_keys(index.files)
+   print(bad == 0 and ("checksums: %d file(s) ok"):format(n) or ("checksums: %d of %d file(s) FAILED"):format(bad, n))
+   return bad == 0 and 0 or 1
+end
+
+local function consolidate(path, out)
+   local dir, index, is_sharded = open(path)
+   local entries = {}
+   if is_sharded then
+      local wants = {}
+      for _, name in ipairs(sorted_keys(index.tensors)) do
+         local t = index.tensors[name]
+         if name:match("^model%.") then
+            local numel = 1
+            for _, d in ipairs(t.shape) do numel = numel * d end
+            wants[#wants + 1] = { name = name, shape = t.shape, start = 0, numel = numel }
+         end
+      end
+      local info = sharded.load(dir, wants)
+      for i, w in ipairs(wants) do entries[i] = { w.name:sub(#"model." + 1), info.tensors[i]:view(w.shape) } end
+   else
+      local e = index.files["model.safetensors"]
+      if not e then error(("%s: the checkpoint holds no model.safetensors"):format(dir), 0) end
+      local r = checkpoint.open_shard(dir, "model.safetensors", e)
+      for i, name in ipairs(r.names) do entries[i] = { name, r:tensor(name) } end
+      r:close()
+   end
+   local numel = 0
+   for _, e in ipairs(entries) do numel = numel + e[2]:numel() end
+   safetensors.write(out, entries, { format = "pt", source = dir })
+   print(("consolidated %d tensors (%d parameters) of step %d from %s into %s"):format(#entries, numel, index.step,
+      dir, out))
+   return 0
+end
+
+function M.main(args)
+   local cmd = args[1]
+   if cmd == "inspect" and args[2] and not args[3] then return inspect(args[2]) end
+   if cmd == "consolidate" and args[2] and args[3] and not args[4] then return consolidate(args[2], args[3]) end
+   io.stderr:write(usage .. "\n")
+   return 2
+end
+
+return M

@@ -1,0 +1,181 @@
+-- dt/parallel/flat.lua: flat parameter units for sharded strategies: padded flat buffers, shards, rebindable params.
+--
+-- A unit's parameters are laid end to end in one flat buffer padded to a multiple of the shard count; each rank
+-- keeps its f32 shard of it (with per-parameter views for the optimizer), and the module's parameter tensors are
+-- re-pointed at a gathered copy of the buffer or left empty.
+--
+-- A parameter keeps its identity (the Lua tensor object the module holds): only its C handle changes. While the
+-- unit is gathered it is a view of the gathered buffer; otherwise it is an empty 1-D tensor. Autograd nodes recorded
+-- during a forward hold the parameter objects, so a re-gather before backward is seen by them.
+local ffi = require "ffi"
+local dtffi = require "dt.ffi"
+local Tensor = require "dt.tensor"
+
+local C, check = dtffi.C, dtffi.check
+local M = {}
+local Unit = {}
+Unit.__index = Unit
+
+-- Own parameters of a module: { {key, tensor}, ... } in registration order.
+local function own_params(m)
+   local out = {}
+   for _, k in ipairs(m._names) do
+      local v = rawget(m, k)
+      if m._kinds[k] == "param" and v ~= nil then out[#out + 1] = { k, v } end
+   end
+   return out
+end
+
+local function label(u) return u.root and "root" or ("'%s'"):format(u.name) end
+
+-- Assign every parameter of `model` to the innermost unit holding it. Units: the model itself (the root,
+-- first) and `modules`, submodules of it, in the given order. Returns the list of units, each
+-- { name=, module=, root=, params = { {name=, p=, shape=, numel=}, ... } } (a parameter shared by modules of one
+-- unit is listed once, under its first name).
+function M.partition(model, modules)
+   local units = { { name = "", module = model, root = true, params = {} } }
+   local unit_of = { [model] = units[1] }
+   for i, m in ipairs(modules) do
+      if unit_of[m] then error(("fsdp: unit %d is listed twice (or is the model itself)"):format(i), 3) end
+      units[#units + 1] = { module = m, params = {}, index = i }
+      unit_of[m] = units[#units]
+   end
+   local entry_of, shared = {}, nil
+   local function walk(m, prefix, unit)
+      if unit_of[m] and unit_of[m] ~= unit then
+         unit = unit_of[m]
+         unit.name = unit.name or prefix:sub(1, -2)
+      end
+      for _, kp in ipairs(own_params(m)) do
+         local p = kp[2]
+         local e = entry_of[p]
+         if e == nil then
+            e = { name = prefix .. tostring(kp[1]), p = p, shape = p.shape, numel = p:numel(), unit = unit }
+            entry_of[p] = e
+            unit.params[#unit.params + 1] = e
+         elseif e.unit ~= unit and not shared then
+            shared = ("fsdp: parameter '%s' is shared by units %s and %s; put the modules sharing it in one unit")
+               :format(e.name, label(e.unit), label(unit))
+         end
+      end
+      for _, c in ipairs(m:named_children()) do walk(c[2], prefix .. c[1] .. ".", unit) end
+   end
+   walk(model, "", units[1])
+   if shared then error(shared, 3) end
+   for _, u in ipairs(units) do
+      if u.name == nil then error(("fsdp: unit %d is not a submodule of the model"):format(u.index), 3) end
+   end
+   return units
+end
+
+-- Empty 1-D tensors of each dtype: what a parameter holds while its unit is sharded.
+local empties = {}
+local function empty_handle(dtype)
+   local e = empties[dtype]
+   if e == nil then
+      e = Tensor.empty({ 0 }, { dtype = dtype })
+      empties[dtype] = e
+   end
+   local v = e:as_strided({ 0 }, { 1 }, 0)
+   local h = v.h
+   v.h = nil -- the handle (and its finaliser) moves to the caller
+   return h
+end
+
+-- p takes over handle h; p's previous handle is freed now.
+local function set_handle(p, h)
+   local old = p.h
+   p.h = h
+   if old ~= nil then C.dt_tensor_free(ffi.gc(old, nil)) end
+end
+
+local function contiguous_strides(shape)
+   local strides, st = {}, 1
+   for i = #shape, 1, -1 do strides[i] = st; st = st * shape[i] end
+   return strides
+end
+
+-- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
+-- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
+-- parameters (and the empty placeholders) are.
+function M.new(spec, rank, size, param_dtype)
+   local u = setmetatable(spec, Unit)
+   local offset = 0
+   for _, e in ipairs(u.params) do
+      e.offset = offset
+      offset = offset + e.numel
+   end
+   u.numel, u.param_dtype = offset, param_dtype
+   if u.numel < size then
+      error(("fsdp: unit %s has %d parameter elements, fewer than the %d ranks of the fsdp axis; every rank needs "
+         .. "at least one element (use fewer ranks on the fsdp axis, or fewer and larger units)")
+         :format(label(u), u.numel, size), 3)
+   end
+   u.shard_numel = math.ceil(u.numel / size)
+   u.padded = u.shard_numel * size
+   local lo = rank * u.shard_numel
+   local hi = lo + u.shard_numel
+   u.shard = Tensor.zeros({ u.shard_numel }, { dtype = "f32" })
+   u.grad = Tensor.zeros({ u.shard_numel }, { dtype = "f32" }) -- reduced gradients of the shard, reused every step
+   u.views = {}
+   for _, e in ipairs(u.params) do
+      local a, b = math.max(lo, e.offset), math.min(hi, e.offset + e.numel)
+      if a < b then
+         local n = b - a
+         local c = e.p:contiguous()
+         local src = c:as_strided({ n }, { 1 }, c.h.offset + (a - e.offset))
+         local v = u.shard:as_strided({ n }, { 1 }, a - lo)
+         v:copy_(src)
+         v.requires_grad = true
+         u.views[#u.views + 1] = { t = v, name = e.name, shape = e.shape, start = a - e.offset, numel = n,
+            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, a - lo) }
+      end
+   end
+   for _, e in ipairs(u.params) do
+      set_handle(e.p, empty_handle(param_dtype))
+      e.p.requires_grad = true
+   end
+   return u
+end
+
+-- Point every parameter at its slice of `full` (the gathered padded buffer, param_dtype).
+function Unit:bind(full)
+   for _, e in ipairs(self.params) do
+      local v = full:as_strided(e.shape, contiguous_strides(e.shape), e.offset)
+      set_handle(e.p, v.h)
+      v.h = nil
+   end
+   self.bound = true
+end
+
+-- Leave every parameter empty (the gathered buffer can then be freed).
+function Unit:unbind()
+   if not self.bound then return end
+   for _, e in ipairs(self.params) do set_handle(e.p, empty_handle(self.param_dtype)) end
+   self.bound = false
+end
+
+-- Add each parameter's .grad into its slice of acc (padded f32) and drop it.
+function Unit:take_grads(acc)
+   for _, e in ipairs(self.params) do
+      local g = e.p.grad
+      if g ~= nil then
+         local dst = acc:as_strided(e.shape, contiguous_strides(e.shape), e.offset)
+         check(C.dt_op_axpby(1, g.h, 1, dst.h))
+         e.p.grad = nil
+         g:free()
+         dst:free()
+      end
+   end
+end
+
+-- The full parameters as { name = f32 tensor } from a gathered padded f32 buffer (copies).
+function Unit:split(full)
+   local out = {}
+   for _, e in ipairs(self.params) do
+      out[e.name] = full:as_strided(e.shape, contiguous_strides(e.shape), e.offset):clone()
+   end
+   return out
+end
+
+return M

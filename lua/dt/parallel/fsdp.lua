@@ -1,0 +1,339 @@
+-- dt/parallel/fsdp.lua: fully sharded data parallelism (FSDP; HSDP on a 2-D mesh) from module hooks and collectives.
+--
+--    local model = fsdp.wrap(nn.GPT(cfg), { mesh = dt.mesh { shape = { 2, 2 }, names = { "replicate", "fsdp" } },
+--                                          param_dtype = "bf16" })      -- or fsdp.wrap(model) over every rank
+--    local opt = optim.AdamW(optim.decay_groups(model.fsdp:named_parameters(), 0.1), { lr = 3e-4 })
+--    train.Trainer { model = model, optimizer = opt, ... }:run()        -- the trainer finds model.strategy
+--
+-- Units (opts.units, default: each of model.blocks, plus the model itself as the root unit holding every
+-- parameter no other unit holds): a unit's parameters are laid end to end in one flat buffer, padded to a
+-- multiple of N (the fsdp axis size); each rank keeps its 1/N as an f32 shard (master weights). The
+-- optimizer steps only the shard: model.fsdp:parameters() are per-parameter views of the shards (named and
+-- with the parameter's rank in named_parameters(), for optim.decay_groups), so AdamW state is 1/N as well.
+-- The module's own parameter tensors are empty outside their unit's forward and backward.
+--
+-- Per unit, from its module hooks: pre_forward all_gathers the shards (in param_dtype) and points the
+-- parameters at the gathered buffer, after starting the next unit's all_gather (prefetch, async);
+-- post_forward frees the gathered buffer (reshard_after_forward; never for the root, whose backward comes
+-- next); pre_backward gathers again (and prefetches the unit whose backward comes next); post_backward adds
+-- the parameters' gradients into an f32 flat accumulator, frees the gathered buffer and, on the last
+-- micro-batch, starts an async reduce_scatter(avg) of the accumulator in reduce_dtype. Gradient accumulation
+-- keeps the unsharded accumulator across micro-batches (no collective until the last). On a 2-D mesh
+-- (HSDP) the reduced shard gradients are then all_reduce(avg)'d over the replicate axes. Every rank issues
+-- the same collectives in the same order (units are visited in model order, leftovers in unit order).
+-- A hand-written loop calls model.fsdp:prepare() before a step's first backward and model.fsdp:finish()
+-- before opt:step(); the Trainer does both through the strategy hooks. The design keeps the shard, its
+-- gradient and the optimizer state in one place per unit, so CPU offload (ZeRO-3) can move them later.
+-- Checkpoints (dt.parallel.fsdp_checkpoint): each rank saves its shards, loadable onto any world size or mesh.
+local dt = require "dt"
+local dist = require "dt.dist"
+local autograd = require "dt.autograd"
+local Tensor = require "dt.tensor"
+local meshmod = require "dt.mesh"
+local flat = require "dt.parallel.flat"
+local sharded = require "dt.train.sharded"
+
+local M = {}
+local FSDP = {}
+FSDP.__index = FSDP
+
+local defaults = { mesh = false, axis = "fsdp", replicate = false, shard_size = false, units = false,
+   reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true }
+local float_dtypes = { f32 = true, bf16 = true, f16 = true }
+
+local function check_opts(opts)
+   for k in pairs(opts) do
+      if defaults[k] == nil then
+         local valid = {}
+         for name in pairs(defaults) do valid[#valid + 1] = name end
+         table.sort(valid)
+         error(("fsdp.wrap: unknown option '%s' (valid: %s)"):format(tostring(k), table.concat(valid, ", ")), 3)
+      end
+   end
+   local o = {}
+   for k, v in pairs(defaults) do if opts[k] == nil then o[k] = v else o[k] = opts[k] end end
+   for _, k in ipairs { "param_dtype", "reduce_dtype" } do
+      if not float_dtypes[o[k]] then
+         error(("fsdp.wrap: %s must be f32, bf16 or f16, got %s"):format(k, tostring(o[k])), 3)
+      end
+   end
+   return o
+end
+
+-- The shard communicator, the replicate communicator (or nil), the mesh (or nil) and the replicate axes.
+local function communicators(o, world)
+   local mesh = o.mesh
+   if o.shard_size then
+      if mesh then error("fsdp.wrap: give either mesh or shard_size", 3) end
+      local s = o.shard_size
+      if type(s) ~= "number" or s < 1 or s % 1 ~= 0 or world.size % s ~= 0 then
+         error(("fsdp.wrap: shard_size %s does not divide the world size %d"):format(tostring(s), world.size), 3)
+      end
+      mesh = { shape = { world.size / s, s }, names = { "replicate", o.axis } }
+   end
+   if not mesh then return world.comm, nil, nil end
+   if getmetatable(mesh) ~= meshmod.Mesh then
+      local ok, m = pcall(dist.mesh, world, mesh)
+      if not ok then error("fsdp.wrap: " .. tostring(m):gsub("^[^:]*:%d+: ", ""), 3) end
+      mesh = m
+   end
+   if not mesh.index[o.axis] then
+      error(("fsdp.wrap: the mesh has no axis '%s' (axes: %s); name the shard axis with opts.axis"):format(o.axis,
+         table.concat(mesh.names, ", ")), 3)
+   end
+   local rep = o.replicate
+   if not rep then
+      rep = {}
+      for _, name in ipairs(mesh.names) do if name ~= o.axis then rep[#rep + 1] = name end end
+   end
+   rep = type(rep) == "table" and rep or { rep }
+   local shard = mesh:comm(o.axis)
+   return shard, #rep > 0 and mesh:size(rep) > 1 and mesh:comm(rep) or nil, mesh, rep
+end
+
+-- Wrap `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec) and axis ("fsdp"), the
+-- other mesh axes (or opts.replicate) replicating; or shard_size S (a { world / S, S } mesh named
+-- replicate, fsdp); default: shard over the whole world. units (list of submodules), reshard_after_forward (true),
+-- param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each non-root unit's forward
+-- in backward), async_save (true: the Trainer's checkpoints are written on a background thread).
+-- Every rank must build the model with the same weights. fsdp.wrap(model, mesh) is short for { mesh = mesh }.
+function M.wrap(model, opts)
+   if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
+   local o = check_opts(opts or {})
+   local world = dist.init()
+   local comm, rep, mesh, rep_axes = communicators(o, world)
+   local modules = o.units
+   if not modules then
+      modules = {}
+      for _, b in ipairs(model.blocks or {}) do modules[#modules + 1] = b end
+   end
+   local self = setmetatable({ model = model, world = world, comm = comm, rep = rep, mesh = mesh, rep_axes = rep_axes,
+      reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype, reduce_dtype = o.reduce_dtype,
+      async_save = o.async_save, sync = true, units = {}, launched = {},
+      stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0 } }, FSDP)
+   self.order = {} -- parameter name -> position in model:named_parameters()
+   for i, np in ipairs(model:named_parameters()) do self.order[np[1]] = i end
+   for _, spec in ipairs(flat.partition(model, modules)) do
+      if #spec.params > 0 then self.units[#self.units + 1] = flat.new(spec, comm.rank, comm.size, o.param_dtype) end
+   end
+   -- Forward visits the root first, then the other units in order; backward the root, then the others reversed.
+   self.fwd_next, self.bwd_next = {}, {}
+   local others = {}
+   for _, u in ipairs(self.units) do if not u.root then others[#others + 1] = u end end
+   for i, u in ipairs(others) do
+      self.fwd_next[u] = others[i + 1]
+      self.bwd_next[u] = others[i - 1]
+   end
+   local root = self.units[1] and self.units[1].root and self.units[1]
+   if root then self.fwd_next[root], self.bwd_next[root] = others[1], others[#others] end
+   for _, u in ipairs(self.units) do
+      if o.checkpoint and not u.root then u.module.checkpoint = true end
+      self:install_hooks(u)
+   end
+   model.strategy = self
+   model.fsdp = self
+   return model
+end
+
+function FSDP:install_hooks(u)
+   local m = u.module
+   m:register_hook("pre_forward", function()
+      self:unshard(u)
+      local nxt = self.fwd_next[u]
+      if nxt then self:start_gather(nxt) end
+   end)
+   m:register_hook("post_forward", function()
+      if not autograd.is_enabled() or (self.reshard_after_forward and not u.root) then self:reshard(u) end
+   end)
+   m:register_hook("pre_backward", function()
+      self:unshard(u)
+      local nxt = self.bwd_next[u]
+      if nxt then self:start_gather(nxt) end
+   end)
+   m:register_hook("post_backward", function()
+      u.acc = u.acc or Tensor.zeros({ u.padded }, { dtype = "f32" })
+      u:take_grads(u.acc)
+      self:reshard(u)
+      if self.sync then self:reduce(u) end
+   end)
+end
+
+-- Gathering -----------------------------------------------------------------------------------------
+
+-- Start an async all_gather of u's shards into a fresh buffer (nothing when u is gathered or gathering).
+function FSDP:start_gather(u)
+   if u.full then return end
+   local send = u.shard
+   if self.param_dtype ~= "f32" then send = u.shard:to(self.param_dtype) end
+   u.full = Tensor.empty({ u.padded }, { dtype = self.param_dtype })
+   u.gather = self.comm:all_gather(send, u.full, { async = true })
+   u.gather_send = send
+   u.prefetch = true
+   local st = self.stats
+   st.gathers, st.gathered = st.gathers + 1, st.gathered + 1
+   if st.gathered > st.max_gathered then st.max_gathered = st.gathered end
+end
+
+-- Wait for u's all_gather to land (free its staging copy).
+local function land(u)
+   if u.gather then
+      u.gather:wait()
+      u.gather = nil
+      if u.gather_send ~= u.shard then u.gather_send:free() end
+      u.gather_send = nil
+   end
+end
+
+-- Make u's parameters usable: gathered and bound (waiting for a prefetch, or gathering now).
+function FSDP:unshard(u)
+   if u.bound then return end
+   if u.full and u.prefetch then self.stats.prefetched = self.stats.prefetched + 1 end
+   self:start_gather(u)
+   land(u)
+   u.prefetch = false
+   u:bind(u.full)
+end
+
+-- Free u's gathered buffer; its parameters become empty.
+function FSDP:reshard(u)
+   if not u.full then return end
+   land(u) -- the buffer may still be the target of a prefetch
+   u:unbind()
+   u.full:free()
+   u.full, u.prefetch = nil, false
+   self.stats.gathered = self.stats.gathered - 1
+end
+
+-- Gradients ------------------------------------------------------------------------------------------
+
+-- Start the async reduce_scatter(avg) of u's accumulated gradient.
+function FSDP:reduce(u)
+   local acc = u.acc or Tensor.zeros({ u.padded }, { dtype = "f32" })
+   u.acc = nil
+   local send = acc
+   if self.reduce_dtype ~= "f32" then
+      send = acc:to(self.reduce_dtype)
+      acc:free()
+   end
+   local out = Tensor.empty({ u.shard_numel }, { dtype = self.reduce_dtype })
+   u.rs = { work = self.comm:reduce_scatter(send, out, "avg", { async = true }), send = send, out = out }
+   self.launched[#self.launched + 1] = u
+   self.stats.reduce_scatters = self.stats.reduce_scatters + 1
+end
+
+-- Start a step: no reduced gradient yet in any shard.
+function FSDP:prepare()
+   for _, u in ipairs(self.units) do u.fresh = true end
+end
+
+-- Reduce what backward has not (units unused in this backward, in unit order), wait for every reduction,
+-- all_reduce over the replicate axes (HSDP), and hand the shard gradients to the optimizer's views.
+function FSDP:finish()
+   for _, u in ipairs(self.units) do
+      self:reshard(u) -- prefetches nobody consumed
+      if not u.rs then self:reduce(u) end
+   end
+   for _, u in ipairs(self.launched) do
+      u.rs.work:wait()
+      u.rs.send:free()
+      local g = u.rs.out
+      if g.dtype ~= "f32" then
+         g = u.rs.out:to("f32")
+         u.rs.out:free()
+      end
+      u.rs.grad = g
+      if self.rep then u.rs.ar = self.rep:all_reduce(g, "avg", { async = true }) end
+   end
+   for _, u in ipairs(self.launched) do
+      if u.rs.ar then u.rs.ar:wait() end
+      if u.fresh then u.grad:copy_(u.rs.grad) else u.grad:add_(u.rs.grad) end
+      u.rs.grad:free()
+      u.rs, u.fresh = nil, false
+      for _, v in ipairs(u.views) do v.t.grad = v.grad end
+   end
+   self.launched = {}
+end
+
+-- Run fn() without reducing gradients (accumulation micro-batches), like DDP's no_sync.
+function FSDP:no_sync(fn, ...)
+   local prev = self.sync
+   self.sync = false
+   local ok, err = pcall(fn, ...)
+   self.sync = prev
+   if not ok then error(err, 0) end
+end
+
+-- Parameters and state --------------------------------------------------------------------------------
+
+-- { {name, shard view, rank of the full parameter}, ... } in the model's parameter order (parameters with
+-- no element on this rank are left out): what the optimizer steps (optim.decay_groups-ready).
+function FSDP:named_parameters()
+   local out = {}
+   for _, u in ipairs(self.units) do
+      for _, v in ipairs(u.views) do out[#out + 1] = { v.name, v.t, v.ndim } end
+   end
+   table.sort(out, function(a, b) return self.order[a[1]] < self.order[b[1]] end)
+   return out
+end
+
+function FSDP:parameters()
+   local out = {}
+   for i, np in ipairs(self:named_parameters()) do out[i] = np[2] end
+   return out
+end
+
+-- Every full parameter as { name = f32 tensor } on every rank (collective: all_gathers the shards).
+function FSDP:full_state_dict()
+   local out = {}
+   for _, u in ipairs(self.units) do
+      local full = self.comm:all_gather(u.shard)
+      for name, t in pairs(u:split(full)) do out[name] = t end
+      full:free()
+   end
+   return out
+end
+
+-- Bytes this rank holds for model state: shards, shard gradients and optimizer state tensors.
+function FSDP:state_bytes(optimizer)
+   local n = 0
+   for _, u in ipairs(self.units) do
+      n = n + 8 * u.shard_numel
+      for _, v in ipairs(u.views) do
+         for _, t in pairs(optimizer and optimizer.state[v.t] or {}) do
+            if Tensor.is_tensor(t) then n = n + t:numel() * t:dtype_info().size end
+         end
+      end
+   end
+   return n
+end
+
+-- Trainer strategy hooks --------------------------------------------------------------------------------
+
+function FSDP:micro_batch(_, i, n)
+   if i == 1 then self:prepare() end
+   self.sync = i == n
+end
+
+function FSDP:before_optimizer() self:finish() end
+
+-- Shards are disjoint over the fsdp axis and identical over the replicate axes.
+function FSDP:reduce_grad_sumsq(_, s)
+   local t = dt.full({ 1 }, s, { dtype = "f64" })
+   self.comm:all_reduce(t, "sum")
+   return t:item()
+end
+
+-- Report the loss averaged over every data-parallel rank; land finished async checkpoint writes.
+function FSDP:end_step(_, result)
+   local t = dt.full({ 1 }, result.loss, { dtype = "f64" })
+   self.comm:all_reduce(t, "avg")
+   if self.rep then self.rep:all_reduce(t, "avg") end
+   result.loss = t:item()
+   local n = self.comm.size * (self.rep and self.rep.size or 1)
+   result.samples_per_second = result.samples_per_second * n
+   result.tokens_per_second = result.tokens_per_second * n
+   sharded.poll()
+end
+
+require("dt.parallel.fsdp_checkpoint")(FSDP)
+return M

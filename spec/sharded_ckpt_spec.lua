@@ -1,0 +1,213 @@
+-- spec/sharded_ckpt_spec.lua: sharded FSDP checkpoints: resuming on fewer ranks, consolidate, inspect, damage, SIGKILL.
+local cjson = require "cjson"
+local dt = require "dt"
+local train = require "dt.train"
+local fs = require "dt.train.fs"
+local sharded = require "dt.train.sharded"
+local testing = require "dt.testing"
+local helpers = require "spec.dist_helpers"
+local tmpdir = require("spec.train_helpers").tmpdir
+
+local FIXTURE = "spec/fixtures/fsdp_ckpt.lua "
+
+-- Run the fixture; returns the result and its losses by step.
+local function run(args)
+   local r = helpers.dtrun(FIXTURE .. args)
+   helpers.remove_run(r.run_dir)
+   local losses = {}
+   for step, v in r.out:gmatch("loss (%d+) (%S+)") do losses[tonumber(step)] = tonumber(v) end
+   r.losses = losses
+   return r
+end
+
+local function sh(cmd) assert(os.execute(cmd) == 0, cmd) end
+
+-- Every model tensor, whole, through the sharded loader (what consolidation reads).
+local function load_model(dir)
+   local _, index = sharded.open_index(dir)
+   local wants = {}
+   for name, t in pairs(index.tensors) do
+      if name:match("^model%.") then
+         local n = 1
+         for _, d in ipairs(t.shape) do n = n * d end
+         wants[#wants + 1] = { name = name, shape = t.shape, start = 0, numel = n }
+      end
+   end
+   return sharded.load(dir, wants)
+end
+
+local function edit_index(dir, fn)
+   local path = fs.join(dir, "index.json")
+   local index = cjson.decode(fs.read(path))
+   fn(index)
+   fs.write(path, cjson.encode(index))
+end
+
+describe("sharded checkpoints (FSDP, GPT)", function()
+   local root, run_dir, step10, uninterrupted
+   setup(function()
+      root = tmpdir()
+      run_dir = fs.join(root, "run")
+      uninterrupted = run("--nproc 4 steps=20")
+      assert.equal(0, uninterrupted.code, uninterrupted.out)
+      local r = run(("--nproc 4 steps=10 save_every=10 run_dir=%s dump=%s/full10.safetensors"):format(run_dir, root))
+      assert.equal(0, r.code, r.out)
+      step10 = fs.join(run_dir, "checkpoints", "step-10")
+   end)
+   teardown(function() fs.remove_tree(root) end)
+
+   it("writes one shard per rank and an index, then points `latest` at it", function()
+      assert.equal("step-10\n", fs.read(fs.join(run_dir, "checkpoints", "latest")))
+      local index = cjson.decode(fs.read(fs.join(step10, "index.json")))
+      assert.equal("dtrun-sharded-checkpoint", index.format)
+      assert.equal(10, index.step)
+      assert.equal(4, index.world)
+      for r = 0, 3 do
+         local file = ("shard-%05d.safetensors"):format(r)
+         assert.equal(index.files[file].crc32, fs.crc32(fs.join(step10, file)))
+      end
+      -- the step-10 parameters sit in the step-10 checkpoint: AdamW's m and v beside them
+      assert.same({ 256, 32 }, index.tensors["model.wte.weight"].shape)
+      assert.is_not_nil(index.tensors["optim.m.wte.weight"])
+      assert.is_not_nil(index.tensors["optim.v.blocks.2.mlp.fc.weight"])
+   end)
+
+   it("resumed on 2 ranks and on 1 rank continues the uninterrupted 4-rank loss trajectory", function()
+      for _, nproc in ipairs { "--nproc 2", "" } do
+         local r = run(("%s steps=20 resume=true run_dir=%s"):format(nproc, run_dir))
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("resumed from [^\n]*step%-10 at step 10"), r.out)
+         assert.is_nil(r.losses[10])
+         for step = 11, 20 do
+            local a, b = uninterrupted.losses[step], r.losses[step]
+            assert.is_true(math.abs(a - b) <= 1e-5,
+               ("%s step %d: %s vs %s"):format(nproc, step, tostring(b), tostring(a)))
+         end
+      end
+   end)
+
+   it("resumed on a 2x2 HSDP mesh continues it too, and HSDP saves one copy of each shard", function()
+      local r = run(("--nproc 4 mesh=2x2 steps=20 resume=true run_dir=%s"):format(run_dir))
+      assert.equal(0, r.code, r.out)
+      for step = 11, 20 do assert.is_true(math.abs(uninterrupted.losses[step] - r.losses[step]) <= 1e-5) end
+      local hsdp = fs.join(root, "hsdp")
+      r = run(("--nproc 4 mesh=2x2 steps=2 save_every=2 run_dir=%s"):format(hsdp))
+      assert.equal(0, r.code, r.out)
+      local files = {}
+      for _, e in ipairs(fs.list(fs.join(hsdp, "checkpoints", "step-2"))) do files[#files + 1] = e.name end
+      assert.same({ "index.json", "shard-00000.safetensors", "shard-00001.safetensors" }, files)
+   end)
+
+   it("saves the same bytes synchronously and on the background writer", function()
+      local sync_dir = fs.join(root, "sync")
+      local r = run(("--nproc 4 steps=10 save_every=10 async=false run_dir=%s"):format(sync_dir))
+      assert.equal(0, r.code, r.out)
+      for rank = 0, 3 do
+         local file = ("/checkpoints/step-10/shard-%05d.safetensors"):format(rank)
+         assert.equal(fs.read(run_dir .. file), fs.read(sync_dir .. file), file)
+      end
+   end)
+
+   it("consolidates into one file equal to the gathered parameters", function()
+      local out = fs.join(root, "consolidated.safetensors")
+      local r = helpers.dtrun(("ckpt consolidate %s %s"):format(run_dir, out))
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("consolidated 29 tensors %(42368 parameters%) of step 10"), r.out)
+      local got, want = train.safetensors.open(out), train.safetensors.open(fs.join(root, "full10.safetensors"))
+      assert.same(want.names, got.names)
+      for _, name in ipairs(want.names) do testing.assert_close(got:tensor(name), want:tensor(name), 0, 0, name) end
+   end)
+
+   it("inspect lists tensors, shapes and shards and verifies every checksum", function()
+      local r = helpers.dtrun("ckpt inspect " .. run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("dtrun%-sharded%-checkpoint, step 10, saved by 4 ranks"), r.out)
+      assert.truthy(r.out:find("shard%-00003%.safetensors%s+%d+ bytes%s+crc32 %x+%s+ok"), r.out)
+      assert.truthy(r.out:find("model%.wte%.weight%s+F32 %[256, 32%]%s+2 shard%(s%): "
+         .. "shard%-00000 %[0, %d+%), shard%-00001"), r.out)
+      assert.truthy(r.out:find("checksums: 4 file%(s%) ok"), r.out)
+   end)
+
+   describe("damage", function()
+      local dir
+      local function fresh()
+         dir = fs.join(root, "damaged")
+         fs.remove_tree(dir)
+         sh(("cp -r %s %s"):format(step10, dir))
+      end
+      before_each(fresh)
+
+      local function fails_naming(needle)
+         testing.expect_error(function() load_model(dir) end, needle)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.equal(1, r.code, r.out)
+         assert.truthy(r.out:find("FAILED: " .. needle, 1, true), r.out)
+      end
+
+      it("a missing shard file", function()
+         os.remove(fs.join(dir, "shard-00002.safetensors"))
+         fails_naming(fs.join(dir, "shard-00002.safetensors") .. ": missing (listed in index.json)")
+      end)
+
+      it("a truncated file", function()
+         sh(("truncate -s 1000 %s/shard-00001.safetensors"):format(dir))
+         fails_naming(fs.join(dir, "shard-00001.safetensors") .. ": 1000 bytes, index.json says")
+      end)
+
+      it("a flipped byte", function()
+         local path = fs.join(dir, "shard-00003.safetensors")
+         local bytes = fs.read(path)
+         local at = #bytes - 100
+         fs.write(path, bytes:sub(1, at - 1) .. string.char((bytes:byte(at) + 1) % 256) .. bytes:sub(at + 1))
+         fails_naming(path .. ": CRC32")
+      end)
+
+      it("an index whose slices disagree with the shards", function()
+         edit_index(dir, function(index) -- move the boundary between two slices of one tensor
+            local slices = index.tensors["model.wte.weight"].slices
+            slices[1].numel, slices[2].start, slices[2].numel = slices[1].numel + 8, slices[2].start + 8,
+               slices[2].numel - 8
+         end)
+         testing.expect_error(function() load_model(dir) end,
+            fs.join(dir, "shard-00000.safetensors")
+               .. ": holds 4240 elements of 'model.wte.weight' but index.json's slice says 4248")
+         fresh()
+         edit_index(dir, function(index) table.remove(index.tensors["model.wpe.weight"].slices) end)
+         testing.expect_error(function() load_model(dir) end,
+            fs.join(dir, "index.json") .. ": the slices of 'model.wpe.weight' hold")
+         fresh()
+         edit_index(dir, function(index)
+            index.files["shard-00001.safetensors"].tensors["model.wpe.weight"].shape = { 7 }
+         end)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.truthy(r.out:find("shard-00001.safetensors: tensor 'model.wpe.weight' is F32 [288] in the file "
+            .. "but F32 [7] in index.json", 1, true), r.out)
+      end)
+   end)
+
+   it("a SIGKILL in the middle of a save leaves the previous checkpoint intact and loadable", function()
+      local dir = fs.join(root, "killed")
+      local r = run(("--nproc 2 --grace 1 steps=20 save_every=5 kill_at=10 run_dir=%s"):format(dir))
+      assert.are_not.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("SIGKILL"), r.out)
+      local ckpts = fs.join(dir, "checkpoints")
+      assert.equal("step-5\n", fs.read(fs.join(ckpts, "latest")))
+      assert.is_nil(fs.stat(fs.join(ckpts, "step-10")))
+      local partial = false
+      for _, e in ipairs(fs.list(ckpts)) do partial = partial or e.name:match("^step%-10%.tmp%-") ~= nil end
+      assert.is_true(partial, "the interrupted save left no temp dir: was it interrupted?")
+      assert.equal(5, load_model(ckpts).step)
+      local resumed = run(("--nproc 2 steps=8 resume=true run_dir=%s"):format(dir))
+      assert.equal(0, resumed.code, resumed.out)
+      assert.truthy(resumed.out:find("resumed from [^\n]*step%-5 at step 5"), resumed.out)
+      for step = 6, 8 do assert.is_true(math.abs(resumed.losses[step] - uninterrupted.losses[step]) <= 1e-5) end
+   end)
+
+   it("refuses what is not a sharded checkpoint", function()
+      local plain = fs.join(root, "plain")
+      train.checkpoint.save(plain, { step = 1, model = { w = dt.ones({ 2 }) } })
+      testing.expect_error(function() load_model(plain) end,
+         "not a dtrun-sharded-checkpoint index (it is a dtrun-checkpoint index)")
+      testing.expect_error(function() load_model(fs.join(root, "nothing")) end, "no checkpoint in")
+   end)
+end)
