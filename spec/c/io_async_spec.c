@@ -5,23 +5,9 @@
 #include <string.h>
 
 #include "dt_io.h"
+#include "spec.h"
 
-static int passed, failed;
 static char root[256];
-
-static void expect(bool ok, const char *what) {
-  if (ok) passed++;
-  else {
-    failed++;
-    printf("FAIL: %s\n", what);
-  }
-}
-
-static void expect_error(dt_status s, dt_status code, const char *needle, const char *what) {
-  bool ok = s == code && strstr(dt_last_error(), needle) != NULL;
-  if (!ok) printf("  status %d, message: %s\n", (int)s, dt_last_error());
-  expect(ok, what);
-}
 
 static dt_tensor *tensor_1d(int64_t n, int dtype) {
   dt_tensor *t = NULL;
@@ -102,17 +88,14 @@ static void spec_errors(void) {
   const dt_tensor *list[1] = {t};
   dt_io_job *job = NULL;
   expect(dt_io_write_async(path, "h", 1, list, 1, &job) == DT_OK, "a doomed write still starts");
-  expect_error(dt_io_job_wait(job, NULL, NULL), DT_ERR_IO, "missing-dir/x.bin",
-               "the failure surfaces in wait and names the file");
-  expect_error(dt_io_job_wait(job, NULL, NULL), DT_ERR_IO, "cannot create", "and again on a second wait");
+  expect_status(dt_io_job_wait(job, NULL, NULL), DT_ERR_IO, NEEDLES("missing-dir/x.bin"), "the failure surfaces in wait and names the file");
+  expect_status(dt_io_job_wait(job, NULL, NULL), DT_ERR_IO, NEEDLES("cannot create"), "and again on a second wait");
   dt_io_job_free(job);
   dt_tensor_release_storage(t);
   t->shape[0] = 16;
   snprintf(path, sizeof path, "%s/r.bin", root);
-  expect_error(dt_io_write_async(path, NULL, 0, list, 1, &job), DT_ERR_STATE, "storage was released",
-               "a released tensor is refused at once");
-  expect_error(dt_io_write_async(path, NULL, 0, NULL, 2, &job), DT_ERR_ARG, "bad tensor list",
-               "a NULL list with a count is refused");
+  expect_status(dt_io_write_async(path, NULL, 0, list, 1, &job), DT_ERR_STATE, NEEDLES("storage was released"), "a released tensor is refused at once");
+  expect_status(dt_io_write_async(path, NULL, 0, NULL, 2, &job), DT_ERR_ARG, NEEDLES("bad tensor list"), "a NULL list with a count is refused");
   dt_tensor_free(t);
 }
 
@@ -124,6 +107,5 @@ int main(void) {
   spec_concurrent_jobs();
   spec_errors();
   dt_io_remove_tree(root);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return spec_finish();
 }
