@@ -1,0 +1,96 @@
+/* attention.cuh: launchers of the attention kernels for head dims up to 32, 64, 128 (host code, end of attention.cu). */
+
+/* Calls f(T(), std::integral_constant<int, HD>()) for f32/bf16/f16 storage and the smallest HD >= d. */
+template <typename F>
+static cudaError_t attn_dispatch(int dtype, int64_t d, F f) {
+  return dtk::with_float_type(dtype, [&](auto tag) -> cudaError_t {
+    typedef decltype(tag) T;
+    if constexpr (std::is_same<T, double>::value) {
+      return cudaErrorInvalidValue;
+    } else {
+      if (d <= 32) return f(tag, std::integral_constant<int, 32>());
+      if (d <= 64) return f(tag, std::integral_constant<int, 64>());
+      if (d <= DT_K_ATTN_MAX_D) return f(tag, std::integral_constant<int, DT_K_ATTN_MAX_D>());
+      return cudaErrorInvalidValue;
+    }
+  });
+}
+
+static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype) {
+  dtk::attn_params p = {};
+  p.ldtype = ldtype;
+  p.t = a->t;
+  p.tk = a->tk;
+  p.d = a->d;
+  p.hq = a->hq;
+  p.hkv = a->hkv;
+  p.scale = (float)a->scale;
+  p.causal = a->causal;
+  return p;
+}
+
+/* Launches a tile kernel with `floats` of dynamic shared memory, raising the kernel's limit past 48 KiB if needed. */
+template <typename K>
+static cudaError_t attn_launch(K kernel, dim3 grid, size_t floats, cudaStream_t s, const dtk::attn_params &p) {
+  size_t smem = floats * sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  DT_LAUNCH(kernel, grid, dtk::ATT_THREADS, smem, s, p);
+  return cudaGetLastError();
+}
+
+cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,
+                               int ldtype, void *lse, const dt_k_attn_dims *a) {
+  if (a->b * a->hq * a->t == 0) return cudaSuccess;
+  dtk::attn_params p = attn_params_of(a, ldtype);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = out;
+  p.lse_out = lse;
+  dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
+  return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
+    typedef decltype(tag) T;
+    constexpr int HD = decltype(hd)::value;
+    size_t floats = (size_t)(dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
+    return attn_launch(dtk::attn_fwd<T, HD>, grid, floats, s, p);
+  });
+}
+
+cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, const void *out,
+                               const void *dout, int ldtype, const void *lse, void *dq, void *dk, void *dv,
+                               float *delta, const dt_k_attn_dims *a) {
+  dtk::attn_params p = attn_params_of(a, ldtype);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.dout = dout;
+  p.lse = lse;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.delta = delta;
+  int64_t rows = a->b * a->hq * a->t;
+  return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
+    typedef decltype(tag) T;
+    constexpr int HD = decltype(hd)::value;
+    cudaError_t e = cudaSuccess;
+    if (rows > 0) {
+      DT_LAUNCH(dtk::attn_delta<T>, (unsigned)((rows + 3) / 4), 4 * dtk::WARP, 0, s, static_cast<const T *>(out),
+                static_cast<const T *>(dout), delta, rows, a->d);
+      size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
+      dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
+      e = attn_launch(dtk::attn_bwd_dq<T, HD>, grid, floats, s, p);
+    }
+    if (e == cudaSuccess && a->b * a->hkv * a->tk > 0) {
+      size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + 2 * dtk::ATT_BC * (dtk::ATT_BR + 1) +
+                      2 * dtk::ATT_BR;
+      dim3 grid((unsigned)((a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC), (unsigned)(a->b * a->hkv));
+      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, grid, floats, s, p);
+    }
+    return e;
+  });
+}

@@ -1,0 +1,165 @@
+/* common.cuh: shared by the kernel families: nvcc/emulation switch, storage types, dtype loads, warp/block reductions. */
+#ifndef DT_KERNELS_COMMON_CUH
+#define DT_KERNELS_COMMON_CUH
+#include <stdint.h>
+
+#include <type_traits>
+
+extern "C" {
+#include "dt_base.h"
+#include "dt_ops.h"
+}
+#include "dt_kernels.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+/* kernel<<<grid, block, smem, stream>>>(args...) in both builds; `kernel` may be a function pointer. */
+#define DT_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+/* A block's static shared array: DT_SHARED(float, tile, [32][33]). */
+#define DT_SHARED(T, name, dims) __shared__ T name dims
+/* The block's dynamic shared memory (the launch's smem bytes, 16-byte aligned) as T *name. */
+#define DT_DYN_SMEM(T, name)                 \
+  extern __shared__ float4 dt_dyn_smem_[]; \
+  T *name = reinterpret_cast<T *>(dt_dyn_smem_)
+/* Unroll the next loop fully (keeps per-thread arrays indexed by its counter in registers). */
+#define DT_UNROLL _Pragma("unroll")
+#else
+#include "simt.h"
+#define DT_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  dt_emu::launch_kernel(kernel, #kernel, grid, block, smem, stream, __VA_ARGS__)
+#define DT_SHARED(T, name, dims) T(&name) dims = *reinterpret_cast<T(*) dims>(dt_emu::shared_static(sizeof(T dims)))
+#define DT_DYN_SMEM(T, name) T *name = reinterpret_cast<T *>(dt_emu::shared_dynamic())
+#define DT_UNROLL
+#endif
+
+namespace dtk {
+
+enum { WARP = 32, FULL_MASK = -1 };
+
+/* A storage type: its compute type (f32, f64 for double) and conversions. */
+template <typename T>
+struct num;
+template <>
+struct num<float> {
+  typedef float acc;
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float a) { return a; }
+};
+template <>
+struct num<double> {
+  typedef double acc;
+  static __device__ __forceinline__ double load(double v) { return v; }
+  static __device__ __forceinline__ double store(double a) { return a; }
+};
+template <>
+struct num<__nv_bfloat16> {
+  typedef float acc;
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float a) { return __float2bfloat16(a); }
+};
+template <>
+struct num<__half> {
+  typedef float acc;
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float a) { return __float2half(a); }
+};
+
+/* Element i of a buffer of runtime `dtype`, in compute type C, and back (bool stores 0/1). */
+template <typename C>
+__device__ __forceinline__ C load_dyn(const void *p, int dtype, int64_t i) {
+  switch (dtype) {
+    case DT_DTYPE_F32: return (C)static_cast<const float *>(p)[i];
+    case DT_DTYPE_F64: return (C)static_cast<const double *>(p)[i];
+    case DT_DTYPE_BF16: return (C)__bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    case DT_DTYPE_F16: return (C)__half2float(static_cast<const __half *>(p)[i]);
+    case DT_DTYPE_I32: return (C)static_cast<const int32_t *>(p)[i];
+    case DT_DTYPE_I64: return (C)static_cast<const int64_t *>(p)[i];
+    case DT_DTYPE_U8: return (C)static_cast<const uint8_t *>(p)[i];
+    default: return (C)(static_cast<const uint8_t *>(p)[i] != 0); /* DT_DTYPE_BOOL */
+  }
+}
+template <typename C>
+__device__ __forceinline__ void store_dyn(void *p, int dtype, int64_t i, C v) {
+  switch (dtype) {
+    case DT_DTYPE_F32: static_cast<float *>(p)[i] = (float)v; break;
+    case DT_DTYPE_F64: static_cast<double *>(p)[i] = (double)v; break;
+    case DT_DTYPE_BF16: static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16((float)v); break;
+    case DT_DTYPE_F16: static_cast<__half *>(p)[i] = __float2half((float)v); break;
+    case DT_DTYPE_I32: static_cast<int32_t *>(p)[i] = (int32_t)v; break;
+    case DT_DTYPE_I64: static_cast<int64_t *>(p)[i] = (int64_t)v; break;
+    case DT_DTYPE_U8: static_cast<uint8_t *>(p)[i] = (uint8_t)v; break;
+    default: static_cast<uint8_t *>(p)[i] = v != (C)0; break; /* DT_DTYPE_BOOL */
+  }
+}
+
+/* An index value (i32 or i64 buffer) as int64. */
+__device__ __forceinline__ int64_t load_index(const void *p, int dtype, int64_t i) {
+  return dtype == DT_DTYPE_I32 ? (int64_t) static_cast<const int32_t *>(p)[i] : static_cast<const int64_t *>(p)[i];
+}
+
+struct sum_op {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
+};
+/* The larger value; a NaN never wins (like the CPU rows' max). */
+struct max_op {
+  template <typename A>
+  __device__ __forceinline__ A operator()(A a, A b) const { return b > a ? b : a; }
+};
+
+/* Butterfly over the warp: every lane ends with the same value, combined in a fixed pattern. */
+template <typename A, typename Op>
+__device__ __forceinline__ A warp_reduce(A v, Op op) {
+  for (int o = WARP / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync((unsigned)FULL_MASK, v, o));
+  return v;
+}
+
+/* Whole-block reduction (blockDim.x a multiple of 32, blockDim.y = z = 1); every thread gets the result.
+ * red: 32 elements of shared memory, free for reuse when this returns. */
+template <typename A, typename Op>
+__device__ __forceinline__ A block_reduce(A v, Op op, A identity, A *red) {
+  int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+  v = warp_reduce(v, op);
+  __syncthreads(); /* red may still be read by the previous reduction */
+  if (lane == 0) red[w] = v;
+  __syncthreads(); /* every warp's partial is written */
+  return warp_reduce(lane < nw ? red[lane] : identity, op);
+}
+
+/* Threads for a kernel that walks rows of `len` elements with one block per row: a multiple of 32, at most 256. */
+static inline unsigned row_threads(int64_t len) {
+  int64_t t = (len + WARP - 1) / WARP * WARP;
+  return (unsigned)(t < (int64_t)WARP ? (int64_t)WARP : t > 256 ? 256 : t);
+}
+
+/* Blocks of `threads` for a grid-stride loop over n elements (capped: the loop covers the rest). */
+static inline unsigned grid_for(int64_t n, unsigned threads) {
+  int64_t b = (n + threads - 1) / threads;
+  return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* Keeps the first argument error reported on the device (see dt_k_error). */
+__device__ __forceinline__ void report(dt_k_error *e, int code, int64_t value, int64_t where, int64_t limit) {
+  if (atomicCAS(&e->code, 0, code) == 0) {
+    e->value = value;
+    e->where = where;
+    e->limit = limit;
+  }
+}
+
+/* Calls f(T()) with T the storage type of a float dtype; other dtypes are invalid here. */
+template <typename F>
+static inline cudaError_t with_float_type(int dtype, F f) {
+  switch (dtype) {
+    case DT_DTYPE_F32: return f(float());
+    case DT_DTYPE_F64: return f(double());
+    case DT_DTYPE_BF16: return f(__nv_bfloat16());
+    case DT_DTYPE_F16: return f(__half());
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+} // namespace dtk
+#endif

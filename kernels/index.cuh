@@ -1,0 +1,40 @@
+/* index.cuh: launchers of index_select and index_add (host code; included at the end of index.cu). */
+
+template <typename E>
+static cudaError_t select_launch(cudaStream_t s, const void *x, int idtype, const void *idx, void *out, dt_k_error *err,
+                                 int64_t outer, int64_t size, int64_t inner, int64_t nidx) {
+  DT_LAUNCH(dtk::select_kernel<E>, dtk::grid_for(outer * nidx * inner, 256), 256, 0, s, static_cast<const E *>(x),
+            idx, idtype, static_cast<E *>(out), err, outer, size, inner, nidx);
+  return cudaGetLastError();
+}
+
+cudaError_t dt_k_index_select(cudaStream_t s, int dtype, const void *x, int idtype, const void *idx, void *out,
+                              dt_k_error *err, int64_t outer, int64_t size, int64_t inner, int64_t nidx) {
+  if (outer * nidx * inner == 0) return cudaSuccess;
+  switch (dt_dtype_size(dtype)) {
+    case 1: return select_launch<uint8_t>(s, x, idtype, idx, out, err, outer, size, inner, nidx);
+    case 2: return select_launch<uint16_t>(s, x, idtype, idx, out, err, outer, size, inner, nidx);
+    case 4: return select_launch<uint32_t>(s, x, idtype, idx, out, err, outer, size, inner, nidx);
+    default: return select_launch<uint64_t>(s, x, idtype, idx, out, err, outer, size, inner, nidx);
+  }
+}
+
+cudaError_t dt_k_index_add(cudaStream_t s, int dtype, int idtype, const void *idx, const void *src, void *out,
+                           dt_k_error *err, int64_t outer, int64_t size, int64_t inner, int64_t nidx) {
+  if (nidx == 0) return cudaSuccess;
+  DT_LAUNCH(dtk::check_indices, dtk::grid_for(nidx, 256), 256, 0, s, idx, idtype, err, (int)DT_KERR_INDEX_ADD, size,
+            nidx);
+  if (outer * size * inner == 0) return cudaGetLastError();
+  /* enough row ranges for ~256 blocks in all; each block reads every index once */
+  int64_t cols = (inner + dtk::ADD_WARPS * dtk::WARP - 1) / (dtk::ADD_WARPS * dtk::WARP);
+  int64_t ranges = 256 / (cols * outer) < 1 ? 1 : 256 / (cols * outer);
+  ranges = ranges > size ? size : ranges > 65535 ? 65535 : ranges;
+  int64_t rows_per_block = (size + ranges - 1) / ranges;
+  dim3 grid((unsigned)cols, (unsigned)((size + rows_per_block - 1) / rows_per_block), (unsigned)outer);
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::add_kernel<T>, grid, dtk::ADD_WARPS * dtk::WARP, 0, s, idx, idtype, static_cast<const T *>(src),
+              static_cast<T *>(out), size, inner, nidx, rows_per_block);
+    return cudaGetLastError();
+  });
+}

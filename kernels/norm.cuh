@@ -1,0 +1,42 @@
+/* norm.cuh: launchers of the LayerNorm/RMSNorm kernels (host code; included at the end of norm.cu). */
+
+/* Rows per block of the dw/db partial sums: a function of n only, so the summation order is too. */
+static int64_t norm_block_rows(int64_t n) {
+  int64_t b = (n + 255) / 256;
+  return b < 8 ? 8 : b;
+}
+
+cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype, const void *x, void *y, const void *w, const void *b, int sdtype,
+                          void *mean, void *rstd, int64_t n, int64_t c, double eps, bool center) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::norm_fwd<T>, (unsigned)n, dtk::row_threads(c), 0, s, static_cast<const T *>(x), static_cast<T *>(y),
+              static_cast<const T *>(w), static_cast<const T *>(b), sdtype, mean, rstd, c, eps, center);
+    return cudaGetLastError();
+  });
+}
+
+size_t dt_k_norm_bwd_scratch(int dtype, int64_t n, int64_t c) {
+  int64_t nb = (n + norm_block_rows(n) - 1) / norm_block_rows(n);
+  return (size_t)(2 * nb * c) * (dtype == DT_DTYPE_F64 ? sizeof(double) : sizeof(float));
+}
+
+cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype, const void *dy, const void *x, int sdtype, const void *mean,
+                          const void *rstd, void *dx, const void *w, void *dw, void *db, void *scratch, int64_t n,
+                          int64_t c, bool center) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  int64_t br = norm_block_rows(n), nb = (n + br - 1) / br;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    typedef typename dtk::num<T>::acc A;
+    A *pw = dw ? static_cast<A *>(scratch) : nullptr, *pb = db ? static_cast<A *>(scratch) + nb * c : nullptr;
+    DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::row_threads(c), 0, s, static_cast<const T *>(dy),
+              static_cast<const T *>(x), sdtype, mean, rstd, static_cast<T *>(dx), static_cast<const T *>(w), pw, pb, n,
+              c, br, center);
+    unsigned blocks = (unsigned)((c + 255) / 256);
+    if (dw) DT_LAUNCH(dtk::norm_bwd_cols<T>, blocks, 256, 0, s, pw, static_cast<T *>(dw), nb, c);
+    if (db) DT_LAUNCH(dtk::norm_bwd_cols<T>, blocks, 256, 0, s, pb, static_cast<T *>(db), nb, c);
+    return cudaGetLastError();
+  });
+}

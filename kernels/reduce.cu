@@ -1,0 +1,109 @@
+/* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking, in-order combine. */
+#include "common.cuh"
+
+namespace dtk {
+
+enum { RED_THREADS = 256, RED_CHUNK = 8192 };
+
+/* A running reduction: value and (argmax) the index of the element it came from. */
+template <typename A>
+struct racc {
+  A v;
+  int64_t i;
+};
+
+template <typename A>
+__device__ __forceinline__ racc<A> red_identity(int op) {
+  A inf = (A)INFINITY;
+  if (op == DT_REDUCE_MAX || op == DT_REDUCE_ARGMAX) return racc<A>{-inf, 0};
+  if (op == DT_REDUCE_MIN) return racc<A>{inf, 0};
+  return racc<A>{(A)0, 0};
+}
+
+/* Combining is order-independent except for sums (hence the fixed tree): NaN wins max/min; argmax keeps the first
+ * NaN, else the largest value, ties going to the lower index (the first, as in a sequential scan). */
+template <typename A>
+__device__ __forceinline__ racc<A> red_combine(int op, racc<A> a, racc<A> b) {
+  bool an = a.v != a.v, bn = b.v != b.v;
+  switch (op) {
+    case DT_REDUCE_MAX: return an ? a : bn ? b : b.v > a.v ? b : a;
+    case DT_REDUCE_MIN: return an ? a : bn ? b : b.v < a.v ? b : a;
+    case DT_REDUCE_ARGMAX:
+      if (an) return bn && b.i < a.i ? b : a;
+      return bn || b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
+    default: return racc<A>{a.v + b.v, 0};
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ racc<A> red_element(int op, A x, int64_t i) {
+  return racc<A>{op == DT_REDUCE_SUMSQ || op == DT_REDUCE_NORM2 ? x * x : x, i};
+}
+
+template <typename A>
+__device__ __forceinline__ void red_store(int op, racc<A> r, int64_t len, void *out, int out_dtype, int64_t at) {
+  if (op == DT_REDUCE_ARGMAX) store_dyn<int64_t>(out, out_dtype, at, r.i);
+  else if (op == DT_REDUCE_MEAN) store_dyn<A>(out, out_dtype, at, r.v / (A)len);
+  else if (op == DT_REDUCE_NORM2) store_dyn<A>(out, out_dtype, at, sqrt(r.v));
+  else store_dyn<A>(out, out_dtype, at, r.v);
+}
+
+template <typename A>
+__device__ __forceinline__ racc<A> shfl_xor(racc<A> r, int o) {
+  return racc<A>{__shfl_xor_sync((unsigned)FULL_MASK, r.v, o), __shfl_xor_sync((unsigned)FULL_MASK, r.i, o)};
+}
+
+/* Block b of row o reduces elements [c * RED_CHUNK, ...) of the row (c = b % chunks) into partial[o * chunks + c],
+ * or straight into out when the row is one chunk. */
+template <typename T>
+__global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void *out, int out_dtype,
+                                                        racc<typename num<T>::acc> *partial, int64_t len,
+                                                        int64_t chunks) {
+  typedef typename num<T>::acc A;
+  DT_SHARED(racc<A>, red, [WARP]);
+  int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks, start = c * RED_CHUNK;
+  int64_t end = start + RED_CHUNK < len ? start + RED_CHUNK : len;
+  const T *row = x + o * len;
+  racc<A> r = red_identity<A>(op);
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x)
+    r = red_combine(op, r, red_element(op, num<T>::load(row[i]), i));
+  for (int s = WARP / 2; s > 0; s >>= 1) r = red_combine(op, r, shfl_xor(r, s));
+  int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+  if (lane == 0) red[w] = r;
+  __syncthreads(); /* every warp's partial is in red */
+  if (w != 0) return;
+  r = lane < (int)(blockDim.x / WARP) ? red[lane] : red_identity<A>(op);
+  for (int s = WARP / 2; s > 0; s >>= 1) r = red_combine(op, r, shfl_xor(r, s));
+  if (lane != 0) return;
+  if (chunks == 1) red_store(op, r, len, out, out_dtype, o);
+  else partial[o * chunks + c] = r;
+}
+
+/* Row o's chunk partials, combined in chunk order. */
+template <typename A>
+__global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
+                           int64_t chunks) {
+  int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (o >= outer) return;
+  racc<A> r = partial[o * chunks];
+  for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, partial[o * chunks + c]);
+  red_store(op, r, len, out, out_dtype, o);
+}
+
+/* One thread per (outer, inner) column walks the reduced dim in order (reads coalesce across the inner dim). */
+template <typename T>
+__global__ void red_cols(int op, const T *x, void *out, int out_dtype, int64_t outer, int64_t len, int64_t inner) {
+  typedef typename num<T>::acc A;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < outer * inner; col += stride) {
+    int64_t o = col / inner, j = col % inner;
+    racc<A> r = red_identity<A>(op);
+    for (int64_t l = 0; l < len; l++)
+      r = red_combine(op, r, red_element(op, num<T>::load(x[(o * len + l) * inner + j]), l));
+    red_store(op, r, len, out, out_dtype, col);
+  }
+}
+
+} // namespace dtk
+
+#include "reduce.cuh"

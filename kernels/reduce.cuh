@@ -1,0 +1,33 @@
+/* reduce.cuh: launchers of the reduction kernels (host code; included at the end of reduce.cu). */
+
+static int64_t red_chunk_count(int64_t len) {
+  return len <= dtk::RED_CHUNK ? 1 : (len + dtk::RED_CHUNK - 1) / dtk::RED_CHUNK;
+}
+
+size_t dt_k_reduce_scratch(int64_t outer, int64_t len, int64_t inner) {
+  int64_t chunks = red_chunk_count(len);
+  return inner == 1 && chunks > 1 ? (size_t)(outer * chunks) * sizeof(dtk::racc<double>) : 0;
+}
+
+cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype, const void *x, int out_dtype, void *out, void *scratch,
+                        int64_t outer, int64_t len, int64_t inner) {
+  if (outer * inner == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    typedef typename dtk::num<T>::acc A;
+    const T *xt = static_cast<const T *>(x);
+    if (inner > 1 || len == 0) {
+      DT_LAUNCH(dtk::red_cols<T>, dtk::grid_for(outer * inner, 256), 256, 0, s, op, xt, out, out_dtype, outer, len,
+                inner);
+      return cudaGetLastError();
+    }
+    int64_t chunks = red_chunk_count(len);
+    dtk::racc<A> *partial = static_cast<dtk::racc<A> *>(scratch);
+    unsigned threads = dtk::row_threads(len < (int64_t)dtk::RED_THREADS ? len : (int64_t)dtk::RED_THREADS);
+    DT_LAUNCH(dtk::red_rows<T>, (unsigned)(outer * chunks), threads, 0, s, op, xt, out, out_dtype, partial, len,
+              chunks);
+    if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer, 256), 256, 0, s, op, partial, out, out_dtype,
+                              outer, len, chunks);
+    return cudaGetLastError();
+  });
+}

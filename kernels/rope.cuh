@@ -1,0 +1,13 @@
+/* rope.cuh: launcher of the rotary-embedding kernel (host code; included at the end of rope.cu). */
+
+cudaError_t dt_k_rope(cudaStream_t s, int dtype, const void *x, void *y, int64_t b, int64_t t, int64_t h, int64_t d,
+                      double theta, int64_t pos_offset, double sign) {
+  int64_t rows = b * t * h;
+  if (rows * d == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::rope_kernel<T>, dtk::grid_for(rows * (d / 2), 256), 256, 0, s, static_cast<const T *>(x),
+              static_cast<T *>(y), rows, t, h, d, theta, pos_offset, sign);
+    return cudaGetLastError();
+  });
+}

@@ -1,0 +1,47 @@
+/* softmax.cuh: launchers of the softmax and cross-entropy kernels (host code; included at the end of softmax.cu). */
+
+cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype, const void *x, void *y, int64_t n, int64_t v, bool log) {
+  if (n == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::softmax_fwd<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(x),
+              static_cast<T *>(y), v, log);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype, const void *y, const void *dy, void *dx, int64_t n, int64_t v,
+                             bool log) {
+  if (n == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::softmax_bwd<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(y),
+              static_cast<const T *>(dy), static_cast<T *>(dx), v, log);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t dt_k_ce_count(cudaStream_t s, int tdtype, const void *targets, int64_t *n_valid, dt_k_error *err, int64_t n,
+                          int64_t v, int64_t ignore) {
+  DT_LAUNCH(dtk::ce_count, 1, 1024, 0, s, targets, tdtype, n_valid, err, n, v, ignore);
+  return cudaGetLastError();
+}
+
+cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype, const void *logits, int tdtype, const void *targets,
+                         const void *dlosses, int gdtype, const int64_t *n_valid, int ldtype, void *losses,
+                         double *row_loss, void *dlogits, int64_t n, int64_t v, int64_t ignore, double grad_scale,
+                         bool mean) {
+  if (n == 0) return cudaSuccess;
+  return dtk::with_float_type(dtype, [&](auto tag) {
+    typedef decltype(tag) T;
+    DT_LAUNCH(dtk::ce_rows<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(logits), targets,
+              tdtype, dlosses, gdtype, n_valid, losses, ldtype, row_loss, static_cast<T *>(dlogits), v, ignore,
+              grad_scale, mean);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t dt_k_sum_f64(cudaStream_t s, const double *x, double *out, int64_t n) {
+  DT_LAUNCH(dtk::sum_f64, 1, 1024, 0, s, x, out, n);
+  return cudaGetLastError();
+}

@@ -1,0 +1,65 @@
+/* cuda_internal.h: shared by the CUDA host files: stream/event structs, device state, error mapping, argument checks. */
+#ifndef DT_CUDA_INTERNAL_H
+#define DT_CUDA_INTERNAL_H
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "dt_cuda.h"
+#include "dt_internal.h"
+#include "dt_kernels.h"
+
+struct dt_stream {
+  cudaStream_t s;
+  int device;
+  bool owned; /* false for the device's compute and comm streams */
+};
+
+struct dt_event {
+  cudaEvent_t e;
+  int device;
+};
+
+enum { DT_CUDA_MAX_DEVICES = 64 };
+
+/* Lazily initialised state of one device. */
+typedef struct dt_cuda_dev {
+  bool ready;
+  dt_stream streams[2];   /* DT_STREAM_COMPUTE, DT_STREAM_COMM */
+  cublasHandle_t blas;    /* created on the first matmul (blas.c) */
+  dt_k_error *err;        /* the device-side argument error word (device memory) */
+} dt_cuda_dev;
+
+/* The state of `device` (initialised on first use: streams, pool threshold, error word) and makes it current. */
+dt_status dt_cuda_dev_get(int device, dt_cuda_dev **out);
+/* cuBLAS is opened on first use (blas.c): its version (loads it), and dropping a device's handle before a reset. */
+dt_status dt_cuda_blas_version(int device, int *version);
+void dt_cuda_blas_release(dt_cuda_dev *d);
+/* Makes `device` the calling thread's current device. */
+dt_status dt_cuda_use(int device);
+
+/* Records "what: <error name>: <detail>" and returns the dt_status matching the CUDA error. */
+dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *what);
+#define DT_CUDA_TRY(what, call)                                          \
+  do {                                                                   \
+    cudaError_t dt_cuda_e_ = (call);                                     \
+    if (dt_cuda_e_ != cudaSuccess) return dt_cuda_fail(dt_cuda_e_, __FILE__, __LINE__, what); \
+  } while (0)
+
+/* Reads (and clears) the device's argument error word after a synchronisation; fails with its message if set. */
+dt_status dt_cuda_check_device_errors(int device);
+
+/* Drops the backend's records and counters of a device's allocations (after cudaDeviceReset freed them). */
+void dt_cuda_mem_forget(int device);
+
+/* A contiguous device tensor of scratch memory on s's device (accounted like dt_cuda_malloc), and its release. */
+dt_status dt_cuda_tensor_scratch(dt_stream *s, int ndim, const int64_t *shape, int dtype, dt_tensor **out);
+void dt_cuda_tensor_scratch_free(dt_stream *s, dt_tensor *t);
+
+/* Fails unless t is a live tensor on the stream's device; `op` and `name` go into the message. */
+dt_status dt_cuda_check_on(const dt_stream *s, const dt_tensor *t, const char *op, const char *name);
+/* dt_cuda_check_on plus: contiguous, of float `dtype` (-1: any float dtype). */
+dt_status dt_cuda_check_float(const dt_stream *s, const dt_tensor *t, int dtype, const char *op, const char *name);
+/* A floats-only check for a statistic: f32 or f64, contiguous, n elements. */
+dt_status dt_cuda_check_stat(const dt_stream *s, const dt_tensor *t, int64_t n, const char *op, const char *name);
+
+#endif

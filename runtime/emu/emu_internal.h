@@ -1,0 +1,76 @@
+/* emu_internal.h: what the emulation's parts share: the API lock, error recording, lazy stream queues, limits. */
+#ifndef DT_EMU_INTERNAL_H
+#define DT_EMU_INTERNAL_H
+#include <stdint.h>
+
+#include <mutex>
+
+#include "cuda_runtime_api.h"
+
+namespace dt_emu {
+
+/* The emulated device's limits (an sm_90 part). */
+enum {
+  MAX_THREADS = 1024,
+  MAX_BLOCK_Z = 64,
+  MAX_GRID_YZ = 65535,
+  SMEM_DEFAULT = 48 * 1024,
+  SMEM_OPTIN = 227 * 1024,
+  MAX_DEVICES = 16
+};
+
+/* Every entry point holds this lock, so streams, allocations and queued work change one call at a time. */
+std::recursive_mutex &api_lock();
+/* Devices of the emulation: DT_EMU_DEVICES (default 1). */
+int device_count();
+#define API_ENTER                                                       \
+  std::lock_guard<std::recursive_mutex> api_guard_(dt_emu::api_lock()); \
+  dt_emu::device_count()
+#define RETURN_IF_STICKY(device)                           \
+  do {                                                     \
+    cudaError_t sticky_ = dt_emu::sticky_error(device);    \
+    if (sticky_ != cudaSuccess) return sticky_;            \
+  } while (0)
+
+/* Records a non-sticky error as this thread's last error (with a detailed message) and returns it. */
+cudaError_t fail(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records a sticky error on `device`: every later call on it fails with `code` until cudaDeviceReset. */
+void fail_sticky(int device, cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The sticky error of the current device, or cudaSuccess. */
+cudaError_t sticky_error(int device);
+int current_device();
+
+/* A unit of queued stream work: run() executes it (skipped once the device has a sticky error when `skippable`),
+ * destroy() frees it. Queued work runs lazily: when something waits for it. */
+struct op {
+  void (*run)(op *self);
+  void (*destroy)(op *self);
+  bool skippable;
+  uint64_t seq;
+  op *next;
+};
+template <typename T>
+void destroy_plain(op *o) {
+  delete static_cast<T *>(o);
+}
+/* Queues `o` on stream (0 or cudaStreamLegacy: the device's legacy default stream); takes ownership. */
+cudaError_t enqueue(cudaStream_t stream, op *o);
+/* Runs a stream's queued work, or every stream's of a device. */
+void flush_stream(cudaStream_t stream);
+void flush_device(int device);
+/* The device a stream belongs to (the current device for the legacy stream). */
+int stream_device(cudaStream_t stream);
+
+/* Whether [p, p + n) lies inside one live allocation of device memory or pinned host memory. */
+bool device_range_ok(const void *p, size_t n);
+/* DT_EMU_DEVICE_MEMORY bytes per device (default 80 GiB). */
+int64_t device_memory_limit();
+/* Frees every allocation of a device (cudaDeviceReset). */
+void release_device_memory(int device);
+/* The largest dynamic shared memory a kernel opted into (SMEM_DEFAULT unless raised). */
+int max_dynamic_smem(const void *kernel);
+/* DT_EMU_SEED: 0 runs the threads of a block in index order, other values shuffle them (default 1). */
+uint64_t seed();
+
+} // namespace dt_emu
+#endif

@@ -1,0 +1,164 @@
+/* simt.h: the device side of the emulation: CUDA qualifiers, indices, barriers, warp collectives, atomics, launch. */
+#ifndef DT_EMU_SIMT_H
+#define DT_EMU_SIMT_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <new>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+/* Static shared memory must be declared with DT_SHARED (kernels/common.cuh) so each block gets its own. */
+#define __shared__ DT_EMU_declare_shared_memory_with_DT_SHARED
+
+namespace dt_emu {
+
+/* The built-in indices of the running fiber (a CUDA thread). */
+struct thread_view {
+  dim3 t, b, bd, gd; /* threadIdx, blockIdx, blockDim, gridDim */
+};
+extern thread_local const thread_view *cur;
+
+enum coll_kind { COLL_SYNCWARP, COLL_SHFL_IDX, COLL_SHFL_UP, COLL_SHFL_DOWN, COLL_SHFL_XOR, COLL_BALLOT, COLL_ANY,
+                 COLL_ALL };
+
+/* Blocks the calling fiber until every lane in `mask` arrives with the same collective; returns this lane's result
+ * (a shuffled value, or the ballot bits). */
+uint64_t warp_collective(int kind, unsigned mask, uint64_t value, int arg, int width);
+void syncthreads();
+/* Ends the kernel with a sticky fault (like a device-side trap), naming `what`. */
+[[noreturn]] void trap(const char *what);
+/* The block's k-th DT_SHARED array (k counts this thread's declarations); poisoned with 0xff bytes. */
+void *shared_static(size_t bytes);
+/* The block's dynamic shared memory (the launch's smem bytes), poisoned with 0xff bytes. */
+void *shared_dynamic();
+
+typedef void (*thread_fn)(void *closure);
+/* Checks the configuration (a failure becomes cudaGetLastError's result) and queues the grid on the stream;
+ * run(closure) executes one thread, destroy(closure) frees it once the grid has run. */
+void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            thread_fn run, void *closure, void (*destroy)(void *));
+
+template <typename... P>
+struct closure {
+  void (*kernel)(P...);
+  std::tuple<typename std::decay<P>::type...> args;
+};
+template <typename... P>
+static void run_closure(void *c) {
+  closure<P...> *cl = static_cast<closure<P...> *>(c);
+  std::apply(cl->kernel, cl->args);
+}
+template <typename... P>
+static void destroy_closure(void *c) {
+  delete static_cast<closure<P...> *>(c);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...): the arguments are converted to the parameter types and copied. */
+template <typename... P, typename G, typename B, typename... A>
+static inline void launch_kernel(void (*kernel)(P...), const char *name, G grid, B block, size_t smem,
+                                 cudaStream_t stream, A &&...args) {
+  closure<P...> *c =
+      new (std::nothrow) closure<P...>{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(args)...)};
+  launch(reinterpret_cast<const void *>(kernel), name, dim3(grid), dim3(block), smem, stream, run_closure<P...>, c,
+         destroy_closure<P...>);
+}
+
+template <typename T>
+static inline uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "warp shuffles move up to 8 bytes");
+  uint64_t u = 0;
+  memcpy(&u, &v, sizeof(T));
+  return u;
+}
+template <typename T>
+static inline T from_bits(uint64_t u) {
+  T v;
+  memcpy(&v, &u, sizeof(T));
+  return v;
+}
+
+/* Atomic read-modify-write of a 4- or 8-byte value through a compare-and-swap loop; returns the old value. */
+template <typename T, typename F>
+static inline T atomic_update(T *p, F f) {
+  T old, desired;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do {
+    desired = f(old);
+  } while (!__atomic_compare_exchange(p, &old, &desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+  return old;
+}
+
+} // namespace dt_emu
+
+#define threadIdx (dt_emu::cur->t)
+#define blockIdx (dt_emu::cur->b)
+#define blockDim (dt_emu::cur->bd)
+#define gridDim (dt_emu::cur->gd)
+#define warpSize 32
+
+static inline void __syncthreads() { dt_emu::syncthreads(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  dt_emu::warp_collective(dt_emu::COLL_SYNCWARP, mask, 0, 0, 32);
+}
+[[noreturn]] static inline void __trap() { dt_emu::trap("__trap()"); }
+
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+  return dt_emu::from_bits<T>(
+      dt_emu::warp_collective(dt_emu::COLL_SHFL_IDX, mask, dt_emu::to_bits(var), src_lane, width));
+}
+template <typename T>
+static inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  return dt_emu::from_bits<T>(
+      dt_emu::warp_collective(dt_emu::COLL_SHFL_UP, mask, dt_emu::to_bits(var), (int)delta, width));
+}
+template <typename T>
+static inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  return dt_emu::from_bits<T>(
+      dt_emu::warp_collective(dt_emu::COLL_SHFL_DOWN, mask, dt_emu::to_bits(var), (int)delta, width));
+}
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+  return dt_emu::from_bits<T>(
+      dt_emu::warp_collective(dt_emu::COLL_SHFL_XOR, mask, dt_emu::to_bits(var), lane_mask, width));
+}
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return (unsigned)dt_emu::warp_collective(dt_emu::COLL_BALLOT, mask, pred != 0, 0, 32);
+}
+static inline int __any_sync(unsigned mask, int pred) {
+  return (int)dt_emu::warp_collective(dt_emu::COLL_ANY, mask, pred != 0, 0, 32);
+}
+static inline int __all_sync(unsigned mask, int pred) {
+  return (int)dt_emu::warp_collective(dt_emu::COLL_ALL, mask, pred != 0, 0, 32);
+}
+
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+
+/* Integer atomics map to the compiler's; float atomics use a compare-and-swap loop like the hardware fallback. */
+template <typename T>
+static inline T atomicAdd(T *p, T v) {
+  if constexpr (std::is_integral<T>::value) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+  else return dt_emu::atomic_update(p, [v](T old) { return old + v; });
+}
+template <typename T>
+static inline T atomicMax(T *p, T v) {
+  return dt_emu::atomic_update(p, [v](T old) { return old < v ? v : old; });
+}
+template <typename T>
+static inline T atomicCAS(T *p, T compare, T v) {
+  __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare;
+}
+#endif

@@ -1,0 +1,236 @@
+/* cuda_nn_spec.c: the CUDA backend's fused NN kernels and AdamW against the CPU backend (f32, bf16; f16/f64 spot checks). */
+#include "cuda_spec_util.h"
+#include "dt_nn.h"
+#include "dt_optim.h"
+#include "dt_random.h"
+
+static dt_stream *S;
+
+/* Host tensors and their device copies, freed together. */
+static dt_tensor *hmade[64], *dmade[64];
+static int nh, nd;
+static dt_tensor *H(dt_tensor *t) { return hmade[nh++] = t; }
+static dt_tensor *D(dt_tensor *t) { return dmade[nd++] = t; }
+static dt_tensor *up(const dt_tensor *h) { return D(dev_from_host(S, h)); }
+static dt_tensor *dzeros(int ndim, const int64_t *shape, int dtype) { return up(H(host_zeros(ndim, shape, dtype))); }
+static void release(void) {
+  while (nh > 0) dt_tensor_free(hmade[--nh]);
+  while (nd > 0) dev_free(S, dmade[--nd]);
+}
+
+static void test_softmax(int dtype) {
+  dt_tensor *hx = H(host_sample(2, SHAPE(5, 300), dtype, 1, 4)), *dx = up(hx);
+  for (int lg = 0; lg < 2; lg++) {
+    dt_tensor *hy = H(host_zeros(2, SHAPE(5, 300), dtype)), *dy = dzeros(2, SHAPE(5, 300), dtype);
+    die_on(dt_nn_softmax_fwd(hx, hy, lg), "cpu softmax");
+    expect_ok(dt_cuda_nn_softmax_fwd(S, dx, dy, lg), lg ? "log_softmax runs" : "softmax runs");
+    expect_close(S, dy, hy, 1, lg ? "log_softmax matches the CPU" : "softmax matches the CPU");
+    dt_tensor *hg = H(host_sample(2, SHAPE(5, 300), dtype, 2, 1)), *dg = up(hg);
+    dt_tensor *hdx = H(host_zeros(2, SHAPE(5, 300), dtype)), *ddx = dzeros(2, SHAPE(5, 300), dtype);
+    die_on(dt_nn_softmax_bwd(hy, hg, hdx, lg), "cpu softmax bwd");
+    dt_tensor *dyc = up(hy); /* the backward from the CPU's y, so only the backward is compared */
+    expect_ok(dt_cuda_nn_softmax_bwd(S, dyc, dg, ddx, lg), "softmax backward runs");
+    expect_close(S, ddx, hdx, 2, lg ? "log_softmax backward matches the CPU" : "softmax backward matches the CPU");
+  }
+  release();
+}
+
+static void test_cross_entropy(int dtype) {
+  int64_t n = 7, v = 50;
+  dt_tensor *hl = H(host_sample(2, SHAPE(n, v), dtype, 3, 5)), *ht = H(host_sample(1, SHAPE(n), DT_DTYPE_I64, 4, 50));
+  dt_tensor_set(ht, 2, -100); /* ignored */
+  dt_tensor *dl = up(hl), *dtg = up(ht);
+  for (int mean = 0; mean < 2; mean++) {
+    dt_tensor *hloss = H(host_zeros(1, SHAPE(n), DT_DTYPE_F32)), *hd = H(host_zeros(2, SHAPE(n, v), dtype));
+    dt_tensor *dloss = dzeros(1, SHAPE(n), DT_DTYPE_F32), *dd = dzeros(2, SHAPE(n, v), dtype);
+    int64_t cv = 0, gv = 0;
+    double cs = 0, gs = 0;
+    die_on(dt_nn_cross_entropy_fwd(hl, ht, -100, 0.5, mean, hloss, hd, &cv, &cs), "cpu ce");
+    expect_ok(dt_cuda_nn_cross_entropy_fwd(S, dl, dtg, -100, 0.5, mean, dloss, dd, &gv, &gs),
+              "fused cross-entropy runs");
+    expect(gv == cv && gv == 6, "the valid-target count matches (ignore_index skipped)");
+    expect(fabs(gs - cs) <= 1e-5 * (1 + fabs(cs)), "the loss sum matches the CPU");
+    expect_close(S, dloss, hloss, 1, "per-row losses match the CPU");
+    expect_close(S, dd, hd, 1, mean ? "dlogits (mean) match the CPU" : "dlogits (sum) match the CPU");
+  }
+  dt_tensor *hgl = H(host_sample(1, SHAPE(n), DT_DTYPE_F32, 5, 1)), *dgl = up(hgl);
+  dt_tensor *hd = H(host_zeros(2, SHAPE(n, v), dtype)), *dd = dzeros(2, SHAPE(n, v), dtype);
+  die_on(dt_nn_cross_entropy_bwd(hl, ht, hgl, -100, hd), "cpu ce bwd");
+  expect_ok(dt_cuda_nn_cross_entropy_bwd(S, dl, dtg, dgl, -100, dd), "cross-entropy backward runs");
+  expect_close(S, dd, hd, 1, "cross-entropy backward (per-row dlosses) matches the CPU");
+  dt_tensor_set(ht, 4, 50);
+  die_on(dt_cuda_memcpy(S, dtg->data, ht->data, (size_t)n * sizeof(int64_t)), "upload");
+  int64_t gv = 0;
+  expect_error(dt_cuda_nn_cross_entropy_fwd(S, dl, dtg, -100, 1, true, NULL, dd, &gv, NULL),
+               "cross_entropy: target 50 at row 4 is out of range for 50 classes",
+               "a bad target is reported when the host waits for the count");
+  release();
+}
+
+static void test_norms(int dtype) {
+  int64_t n = 37, c = 70;
+  dt_tensor *hx = H(host_sample(2, SHAPE(n, c), dtype, 6, 2)), *hw = H(host_sample(1, SHAPE(c), dtype, 7, 1));
+  dt_tensor *hb = H(host_sample(1, SHAPE(c), dtype, 8, 1)), *hg = H(host_sample(2, SHAPE(n, c), dtype, 9, 1));
+  dt_tensor *dx = up(hx), *dw = up(hw), *db = up(hb), *dg = up(hg);
+  for (int center = 0; center < 2; center++) {
+    const char *name = center ? "layer_norm" : "rms_norm";
+    char what[96];
+    dt_tensor *hy = H(host_zeros(2, SHAPE(n, c), dtype)), *hm = H(host_zeros(1, SHAPE(n), DT_DTYPE_F32));
+    dt_tensor *hr = H(host_zeros(1, SHAPE(n), DT_DTYPE_F32)), *dy = dzeros(2, SHAPE(n, c), dtype);
+    dt_tensor *dm = dzeros(1, SHAPE(n), DT_DTYPE_F32), *dr = dzeros(1, SHAPE(n), DT_DTYPE_F32);
+    if (center) {
+      die_on(dt_nn_layernorm_fwd(hx, hw, hb, 1e-5, hy, hm, hr), "cpu ln");
+      expect_ok(dt_cuda_nn_layernorm_fwd(S, dx, dw, db, 1e-5, dy, dm, dr), "layer_norm runs");
+      expect_close(S, dm, hm, 1, "layer_norm mean matches the CPU");
+    } else {
+      die_on(dt_nn_rmsnorm_fwd(hx, hw, 1e-5, hy, hr), "cpu rms");
+      expect_ok(dt_cuda_nn_rmsnorm_fwd(S, dx, dw, 1e-5, dy, dr), "rms_norm runs");
+    }
+    snprintf(what, sizeof what, "%s forward matches the CPU (%s)", name, dt_dtype_name(dtype));
+    expect_close(S, dy, hy, 1, what);
+    expect_close(S, dr, hr, 1, "rstd matches the CPU");
+    /* backward from the CPU's saved statistics; dw and db accumulate into nonzero buffers */
+    dt_tensor *hdx = H(host_zeros(2, SHAPE(n, c), dtype)), *hdw = H(host_sample(1, SHAPE(c), dtype, 10, 1));
+    dt_tensor *hdb = H(host_sample(1, SHAPE(c), dtype, 11, 1));
+    dt_tensor *ddx = dzeros(2, SHAPE(n, c), dtype), *ddw = up(hdw), *ddb = up(hdb), *dmc = up(hm), *drc = up(hr);
+    if (center) {
+      die_on(dt_nn_layernorm_bwd(hg, hx, hw, hm, hr, hdx, hdw, hdb), "cpu ln bwd");
+      expect_ok(dt_cuda_nn_layernorm_bwd(S, dg, dx, dw, dmc, drc, ddx, ddw, ddb), "layer_norm backward runs");
+      expect_close(S, ddb, hdb, 2, "layer_norm db matches the CPU");
+    } else {
+      die_on(dt_nn_rmsnorm_bwd(hg, hx, hw, hr, hdx, hdw), "cpu rms bwd");
+      expect_ok(dt_cuda_nn_rmsnorm_bwd(S, dg, dx, dw, drc, ddx, ddw), "rms_norm backward runs");
+    }
+    snprintf(what, sizeof what, "%s dx matches the CPU (%s)", name, dt_dtype_name(dtype));
+    expect_close(S, ddx, hdx, 2, what);
+    snprintf(what, sizeof what, "%s dw matches the CPU (%s)", name, dt_dtype_name(dtype));
+    expect_close(S, ddw, hdw, 2, what);
+  }
+  dt_tensor *bad = dzeros(1, SHAPE(c + 1), dtype), *dy = dzeros(2, SHAPE(n, c), dtype);
+  expect_error(dt_cuda_nn_rmsnorm_fwd(S, dx, bad, 1e-5, dy, NULL), "rms_norm: shape mismatch: w is (71)",
+               "a weight of the wrong size is refused like on the CPU");
+  release();
+}
+
+/* Runs GELU (exact, tanh), SwiGLU and dropout forward and backward on both backends. */
+static void test_act(int dtype) {
+  int64_t n = 1000;
+  dt_tensor *hx = H(host_sample(1, SHAPE(n), dtype, 12, 4)), *hu = H(host_sample(1, SHAPE(n), dtype, 13, 2));
+  dt_tensor *hg = H(host_sample(1, SHAPE(n), dtype, 14, 1)), *dx = up(hx), *du = up(hu), *dg = up(hg);
+  dt_tensor *h1 = H(host_zeros(1, SHAPE(n), dtype)), *h2 = H(host_zeros(1, SHAPE(n), dtype));
+  dt_tensor *d1 = dzeros(1, SHAPE(n), dtype), *d2 = dzeros(1, SHAPE(n), dtype);
+  for (int tanh_ = 0; tanh_ < 2; tanh_++) {
+    die_on(dt_nn_gelu_fwd(hx, h1, tanh_), "cpu gelu");
+    expect_ok(dt_cuda_nn_gelu_fwd(S, dx, d1, tanh_), "gelu runs");
+    expect_close(S, d1, h1, 1, tanh_ ? "tanh GELU matches the CPU" : "exact GELU matches the CPU");
+    die_on(dt_nn_gelu_bwd(hx, hg, h1, tanh_), "cpu gelu bwd");
+    expect_ok(dt_cuda_nn_gelu_bwd(S, dx, dg, d1, tanh_), "gelu backward runs");
+    expect_close(S, d1, h1, 1, tanh_ ? "tanh GELU backward matches the CPU" : "exact GELU backward matches the CPU");
+  }
+  die_on(dt_nn_swiglu_fwd(hx, hu, h1), "cpu swiglu");
+  expect_ok(dt_cuda_nn_swiglu_fwd(S, dx, du, d1), "swiglu runs");
+  expect_close(S, d1, h1, 1, "SwiGLU matches the CPU");
+  die_on(dt_nn_swiglu_bwd(hx, hu, hg, h1, h2), "cpu swiglu bwd");
+  expect_ok(dt_cuda_nn_swiglu_bwd(S, dx, du, dg, d1, d2), "swiglu backward runs");
+  expect_close(S, d1, h1, 1, "SwiGLU dgate matches the CPU");
+  expect_close(S, d2, h2, 1, "SwiGLU dup matches the CPU");
+  die_on(dt_nn_dropout_fwd(hx, 0.3, 1234, 7, h1), "cpu dropout");
+  expect_ok(dt_cuda_nn_dropout_fwd(S, dx, 0.3, 1234, 7, d1), "dropout runs");
+  dt_tensor *got = H(host_from_dev(S, d1));
+  expect(bitwise_equal(got, h1), "dropout drops the CPU's elements and scales identically (same Philox stream)");
+  die_on(dt_nn_dropout_bwd(hg, 0.3, 1234, 7, h1), "cpu dropout bwd");
+  expect_ok(dt_cuda_nn_dropout_bwd(S, dg, 0.3, 1234, 7, d1), "dropout backward runs");
+  got = H(host_from_dev(S, d1));
+  expect(bitwise_equal(got, h1), "dropout backward regenerates the same mask");
+  expect_error(dt_cuda_nn_dropout_fwd(S, dx, 1.0, 1, 0, d1), "dropout: p must be in [0, 1), got 1", "p = 1 is refused");
+  release();
+}
+
+static void test_rope(int dtype) {
+  dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, 3, 8), dtype, 15, 1)), *dx = up(hx);
+  dt_tensor *hy = H(host_zeros(4, SHAPE(2, 5, 3, 8), dtype)), *dy = dzeros(4, SHAPE(2, 5, 3, 8), dtype);
+  die_on(dt_nn_rope_fwd(hx, 10000, 3, hy), "cpu rope");
+  expect_ok(dt_cuda_nn_rope_fwd(S, dx, 10000, 3, dy), "rope runs");
+  expect_close(S, dy, hy, 1, "rope matches the CPU");
+  die_on(dt_nn_rope_bwd(hx, 10000, 3, hy), "cpu rope bwd");
+  expect_ok(dt_cuda_nn_rope_bwd(S, dx, 10000, 3, dy), "rope backward runs");
+  expect_close(S, dy, hy, 1, "rope backward matches the CPU");
+  dt_tensor *odd = dzeros(4, SHAPE(1, 2, 1, 5), dtype);
+  expect_error(dt_cuda_nn_rope_fwd(S, odd, 10000, 0, odd), "head dim D must be even, got 5",
+               "an odd head dim is refused");
+  release();
+}
+
+/* Three parameters of mixed dtype pairs in one call against per-tensor CPU steps. */
+static void test_adamw(void) {
+  const int pd[3] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_BF16}, gd[3] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_BF16};
+  const int64_t sizes[3] = {5000, 37, 4100};
+  dt_tensor *hp[3], *hg[3], *hm[3], *hv[3], *dp[3], *dgr[3], *dm[3], *dv[3];
+  for (int i = 0; i < 3; i++) {
+    hp[i] = H(host_sample(1, SHAPE(sizes[i]), pd[i], 20 + i, 1));
+    hg[i] = H(host_sample(1, SHAPE(sizes[i]), gd[i], 30 + i, 1));
+    hm[i] = H(host_sample(1, SHAPE(sizes[i]), DT_DTYPE_F32, 40 + i, 0.1));
+    hv[i] = H(host_sample(1, SHAPE(sizes[i]), DT_DTYPE_F32, 50 + i, 0.1));
+    for (int64_t k = 0; k < sizes[i]; k++) dt_tensor_set(hv[i], k, fabs(at(hv[i], k)));
+    dp[i] = up(hp[i]);
+    dgr[i] = up(hg[i]);
+    dm[i] = up(hm[i]);
+    dv[i] = up(hv[i]);
+  }
+  for (int step = 1; step <= 2; step++) {
+    for (int i = 0; i < 3; i++)
+      die_on(dt_optim_adamw_step(hp[i], hg[i], hm[i], hv[i], 1e-2, 0.9, 0.95, 1e-8, 0.1, step), "cpu adamw");
+    expect_ok(dt_cuda_optim_adamw(S, 3, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
+              "multi-tensor adamw runs");
+  }
+  for (int i = 0; i < 3; i++) {
+    expect_close(S, dp[i], hp[i], 1, "adamw params match the CPU steps");
+    expect_close(S, dm[i], hm[i], 1, "adamw m matches");
+    expect_close(S, dv[i], hv[i], 1, "adamw v matches");
+  }
+  expect_error(dt_cuda_optim_adamw(S, 1, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 0),
+               "adamw: step is 1-based, got 0", "step 0 is refused");
+  release();
+}
+
+/* A kernel's result is independent of the order in which the emulator runs threads and blocks (no races). */
+static void test_determinism(void) {
+  dt_tensor *hx = H(host_sample(2, SHAPE(300, 40), DT_DTYPE_F32, 60, 2)),
+            *hg = H(host_sample(2, SHAPE(300, 40), DT_DTYPE_F32, 61, 1));
+  dt_tensor *hw = H(host_sample(1, SHAPE(40), DT_DTYPE_F32, 62, 1)), *dx = up(hx), *dg = up(hg), *dw = up(hw);
+  dt_tensor *dm = dzeros(1, SHAPE(300), DT_DTYPE_F32), *dr = dzeros(1, SHAPE(300), DT_DTYPE_F32);
+  dt_tensor *dy = dzeros(2, SHAPE(300, 40), DT_DTYPE_F32), *first = NULL;
+  for (int seed = 0; seed < 3; seed++) {
+    char s[8];
+    snprintf(s, sizeof s, "%d", seed);
+    setenv("DT_EMU_SEED", s, 1);
+    dt_tensor *ddw = dzeros(1, SHAPE(40), DT_DTYPE_F32), *ddb = dzeros(1, SHAPE(40), DT_DTYPE_F32);
+    die_on(dt_cuda_nn_layernorm_fwd(S, dx, dw, NULL, 1e-5, dy, dm, dr), "ln");
+    die_on(dt_cuda_nn_layernorm_bwd(S, dg, dx, dw, dm, dr, dy, ddw, ddb), "ln bwd");
+    dt_tensor *got = H(host_from_dev(S, ddw));
+    if (!first) first = got;
+    else expect(bitwise_equal(got, first), "layer_norm dw is bitwise identical under another thread order");
+  }
+  unsetenv("DT_EMU_SEED");
+  release();
+}
+
+int main(void) {
+  S = spec_stream();
+  test_softmax(DT_DTYPE_F32);
+  test_softmax(DT_DTYPE_BF16);
+  test_softmax(DT_DTYPE_F64);
+  test_cross_entropy(DT_DTYPE_F32);
+  test_cross_entropy(DT_DTYPE_BF16);
+  test_norms(DT_DTYPE_F32);
+  test_norms(DT_DTYPE_BF16);
+  test_norms(DT_DTYPE_F16);
+  test_act(DT_DTYPE_F32);
+  test_act(DT_DTYPE_BF16);
+  test_rope(DT_DTYPE_F32);
+  test_rope(DT_DTYPE_BF16);
+  test_adamw();
+  test_determinism();
+  die_on(dt_cuda_device_synchronize(0), "final synchronize");
+  return spec_finish();
+}

@@ -1,0 +1,292 @@
+/* cuda_ops_spec.c: the CUDA backend's generic ops (elementwise, copy, reduce, matmul, index) against the CPU backend. */
+#include "cuda_spec_util.h"
+#include "dt_ops.h"
+
+static dt_stream *S;
+
+/* A view of t with its last two dims swapped (same storage). */
+static dt_tensor *transposed(const dt_tensor *t) {
+  int64_t shape[DT_MAX_DIMS], st[DT_MAX_DIMS];
+  int n = t->ndim;
+  for (int d = 0; d < n; d++) {
+    shape[d] = t->shape[d];
+    st[d] = t->strides[d];
+  }
+  shape[n - 2] = t->shape[n - 1];
+  shape[n - 1] = t->shape[n - 2];
+  st[n - 2] = t->strides[n - 1];
+  st[n - 1] = t->strides[n - 2];
+  dt_tensor *v = NULL;
+  die_on(dt_tensor_view(t, n, shape, st, t->offset, &v), "transposed view");
+  return v;
+}
+
+static void test_unary(int dtype) {
+  static const int ops[] = {DT_UNARY_NEG, DT_UNARY_EXP, DT_UNARY_LOG, DT_UNARY_SQRT, DT_UNARY_RSQRT,
+                            DT_UNARY_TANH, DT_UNARY_SIGMOID, DT_UNARY_RELU, DT_UNARY_ABS, DT_UNARY_SIN,
+                            DT_UNARY_COS, DT_UNARY_SQUARE, DT_UNARY_RECIPROCAL, DT_UNARY_SIGN};
+  dt_tensor *hx = host_sample(2, SHAPE(3, 17), dtype, 1, 2.0), *hp = host_sample(2, SHAPE(3, 17), dtype, 2, 2.0);
+  for (int64_t i = 0; i < dt_tensor_numel(hp); i++) dt_tensor_set(hp, i, fabs(at(hp, i)) + 0.25);
+  dt_tensor *dx = dev_from_host(S, hx), *dp = dev_from_host(S, hp), *dout = dev_empty(S, 2, SHAPE(3, 17), dtype);
+  dt_tensor *ref = host_zeros(2, SHAPE(3, 17), dtype);
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    int op = ops[k];
+    bool positive = op == DT_UNARY_LOG || op == DT_UNARY_SQRT || op == DT_UNARY_RSQRT;
+    char what[96];
+    snprintf(what, sizeof what, "unary op %d matches the CPU (%s)", op, dt_dtype_name(dtype));
+    die_on(dt_op_unary(op, positive ? hp : hx, ref), "cpu unary");
+    expect_ok(dt_cuda_op_unary(S, op, positive ? dp : dx, dout), what);
+    expect_close(S, dout, ref, 1, what);
+  }
+  dev_free(S, dx);
+  dev_free(S, dp);
+  dev_free(S, dout);
+  dt_tensor_free(hx);
+  dt_tensor_free(hp);
+  dt_tensor_free(ref);
+}
+
+/* (3, 1, 4) op (5, 4) -> (3, 5, 4) for every binary op; comparisons into bool. */
+static void test_binary(int dtype) {
+  dt_tensor *ha = host_sample(3, SHAPE(3, 1, 4), dtype, 3, 2.0), *hb = host_sample(2, SHAPE(5, 4), dtype, 4, 2.0);
+  dt_tensor_set(hb, 0, at(ha, 0)); /* an equal pair for the comparisons */
+  for (int64_t i = 0; i < dt_tensor_numel(ha); i++) dt_tensor_set(ha, i, fabs(at(ha, i)) + 0.5); /* pow base > 0 */
+  dt_tensor *da = dev_from_host(S, ha), *db = dev_from_host(S, hb);
+  for (int op = 0; op < DT_BINARY_COUNT; op++) {
+    int od = op >= DT_BINARY_EQ ? DT_DTYPE_BOOL : dtype;
+    dt_tensor *ref = host_zeros(3, SHAPE(3, 5, 4), od), *dout = dev_empty(S, 3, SHAPE(3, 5, 4), od);
+    char what[96];
+    snprintf(what, sizeof what, "binary op %d broadcasts like the CPU (%s)", op, dt_dtype_name(dtype));
+    die_on(dt_op_binary(op, ha, hb, ref), "cpu binary");
+    expect_ok(dt_cuda_op_binary(S, op, da, db, dout), what);
+    expect_close(S, dout, ref, 1, what);
+    dt_tensor_free(ref);
+    dev_free(S, dout);
+  }
+  dt_tensor *ref = host_zeros(3, SHAPE(3, 1, 4), dtype), *dout = dev_empty(S, 3, SHAPE(3, 1, 4), dtype);
+  static const int sops[] = {DT_BINARY_SUB, DT_BINARY_MUL, DT_BINARY_POW, DT_BINARY_MAX};
+  for (int k = 0; k < 4; k++) {
+    die_on(dt_op_binary_scalar(sops[k], ha, 1.5, ref), "cpu scalar");
+    expect_ok(dt_cuda_op_binary_scalar(S, sops[k], da, 1.5, dout), "binary with a scalar runs");
+    expect_close(S, dout, ref, 1, "binary with a scalar matches the CPU");
+  }
+  dt_tensor *bad = dev_empty(S, 2, SHAPE(3, 4), dtype);
+  expect_error(dt_cuda_op_binary(S, DT_BINARY_ADD, da, bad, dout), "does not broadcast",
+               "a shape mismatch names the shapes");
+  expect_error(dt_cuda_op_binary(S, DT_BINARY_ADD, ha, db, dout), "is on cpu:0 but the stream runs on cuda:0",
+               "a host tensor is refused with its device");
+  dev_free(S, bad);
+  dev_free(S, da);
+  dev_free(S, db);
+  dev_free(S, dout);
+  dt_tensor_free(ha);
+  dt_tensor_free(hb);
+  dt_tensor_free(ref);
+}
+
+static void test_ternary_copy_fill(void) {
+  dt_tensor *hc = host_sample(2, SHAPE(4, 6), DT_DTYPE_BOOL, 5, 2.0),
+            *ha = host_sample(2, SHAPE(4, 6), DT_DTYPE_F32, 6, 1);
+  dt_tensor *hb = host_sample(1, SHAPE(6), DT_DTYPE_F32, 7, 1), *hw = host_sample(2, SHAPE(4, 1), DT_DTYPE_F32, 8, 1);
+  dt_tensor *dc = dev_from_host(S, hc), *da = dev_from_host(S, ha), *db = dev_from_host(S, hb),
+            *dw = dev_from_host(S, hw);
+  dt_tensor *ref = host_zeros(2, SHAPE(4, 6), DT_DTYPE_F32), *dout = dev_empty(S, 2, SHAPE(4, 6), DT_DTYPE_F32);
+  const dt_tensor *hin[3][3] = {{hc, ha, hb}, {ha, hb, hw}, {ha, hb, hw}},
+                  *din[3][3] = {{dc, da, db}, {da, db, dw}, {da, db, dw}};
+  for (int op = 0; op < DT_TERNARY_COUNT; op++) {
+    die_on(dt_op_ternary(op, hin[op][0], hin[op][1], hin[op][2], ref), "cpu ternary");
+    expect_ok(dt_cuda_op_ternary(S, op, din[op][0], din[op][1], din[op][2], dout), "ternary runs");
+    expect_close(S, dout, ref, 1, "where / lerp / addcmul match the CPU");
+  }
+  die_on(dt_op_axpby(0.5, ha, -2.0, ref), "cpu axpby");
+  die_on(dt_cuda_memcpy(S, dout->data, ha->data, 24 * sizeof(float)), "upload");
+  expect_ok(dt_cuda_op_axpby(S, 0.5, da, -2.0, dout), "axpby runs");
+  dt_tensor *hr = host_sample(2, SHAPE(4, 6), DT_DTYPE_F32, 6, 1);
+  die_on(dt_op_axpby(0.5, ha, -2.0, hr), "cpu axpby");
+  expect_close(S, dout, hr, 1, "axpby matches the CPU");
+  /* a strided (transposed) source converted to bf16 */
+  dt_tensor *ht = transposed(ha), *dt = transposed(da), *href = host_zeros(2, SHAPE(6, 4), DT_DTYPE_BF16);
+  dt_tensor *dbf = dev_empty(S, 2, SHAPE(6, 4), DT_DTYPE_BF16);
+  die_on(dt_tensor_copy(href, ht), "cpu copy");
+  expect_ok(dt_cuda_copy(S, dbf, dt), "copy from a transposed view with conversion runs");
+  dt_tensor *got = host_from_dev(S, dbf);
+  expect(bitwise_equal(got, href), "copy rounds to bf16 exactly like the CPU");
+  expect_ok(dt_cuda_fill(S, dbf, 1.25), "fill runs");
+  dt_tensor *filled = host_from_dev(S, dbf);
+  expect(at(filled, 0) == 1.25 && at(filled, 23) == 1.25, "fill writes the value everywhere");
+  dt_tensor *hi = host_sample(1, SHAPE(5), DT_DTYPE_I64, 9, 5), *di = dev_from_host(S, hi);
+  dt_tensor *dlt = dev_empty(S, 1, SHAPE(5), DT_DTYPE_BOOL), *rlt = host_zeros(1, SHAPE(5), DT_DTYPE_BOOL);
+  die_on(dt_op_binary_scalar(DT_BINARY_LT, hi, 2.5, rlt), "cpu lt");
+  expect_ok(dt_cuda_op_binary_scalar(S, DT_BINARY_LT, di, 2.5, dlt), "integer < fractional scalar runs");
+  expect_close(S, dlt, rlt, 1, "integer < 2.5 compares exactly (f64 compute)");
+  expect_error(dt_cuda_op_unary(S, DT_UNARY_EXP, di, dout), "exp is not supported for integer inputs",
+               "float-only ops refuse integers");
+  dt_tensor *frees_h[] = {hc, ha, hb, hw, ref, hr, ht, href, got, filled, hi, rlt};
+  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
+  dt_tensor *frees_d[] = {dc, da, db, dw, dout, dbf, di, dlt};
+  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+  dt_tensor_free(dt);
+}
+
+static void reduce_case(int op, const dt_tensor *hx, const dt_tensor *dx, int dim, bool keepdim) {
+  int64_t shape[DT_MAX_DIMS];
+  int nd = 0;
+  for (int d = 0; d < hx->ndim; d++) {
+    if (dim < 0 || d == dim) {
+      if (keepdim) shape[nd++] = 1;
+    } else {
+      shape[nd++] = hx->shape[d];
+    }
+  }
+  int od = op == DT_REDUCE_ARGMAX ? DT_DTYPE_I64 : dt_dtype_is_float(hx->dtype) ? hx->dtype : DT_DTYPE_F32;
+  dt_tensor *ref = host_zeros(nd, shape, od), *dout = dev_empty(S, nd, shape, od);
+  char what[128];
+  snprintf(what, sizeof what, "reduce op %d over dim %d%s of %s matches the CPU", op, dim, keepdim ? " (keepdim)" : "",
+           dt_dtype_name(hx->dtype));
+  die_on(dt_op_reduce(op, hx, dim, keepdim, ref), "cpu reduce");
+  expect_ok(dt_cuda_op_reduce(S, op, dx, dim, keepdim, dout), what);
+  expect_close(S, dout, ref, 2, what);
+  dt_tensor_free(ref);
+  dev_free(S, dout);
+}
+
+static void test_reduce(int dtype) {
+  dt_tensor *hx = host_sample(3, SHAPE(4, 7, 5), dtype, 10, 3.0), *dx = dev_from_host(S, hx);
+  for (int op = 0; op < DT_REDUCE_COUNT; op++)
+    for (int dim = -1; dim < 3; dim++) reduce_case(op, hx, dx, dim, dim == 1);
+  /* a strided x (transposed) goes through a contiguous copy */
+  dt_tensor *ht = transposed(hx), *dt = transposed(dx);
+  reduce_case(DT_REDUCE_SUM, ht, dt, 2, false);
+  /* long rows are split into chunks combined in order */
+  dt_tensor *hl = host_sample(2, SHAPE(2, 20000), dtype, 11, 1.0), *dl = dev_from_host(S, hl);
+  dt_tensor_set(hl, 12345, 7.0);
+  die_on(dt_cuda_memcpy(S, dl->data, hl->data, (size_t)40000 * dt_dtype_size(dtype)), "upload");
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) reduce_case(op, hl, dl, 1, false);
+  dt_tensor *out = dev_empty(S, 1, SHAPE(4), dtype);
+  expect_error(dt_cuda_op_reduce(S, DT_REDUCE_SUM, dx, 1, false, out), "out has shape (4) ",
+               "a wrong out shape names the expected one");
+  dev_free(S, out);
+  dt_tensor_free(ht);
+  dt_tensor_free(dt);
+  dt_tensor_free(hx);
+  dt_tensor_free(hl);
+  dev_free(S, dx);
+  dev_free(S, dl);
+}
+
+static void test_reduce_int(void) {
+  dt_tensor *hx = host_sample(2, SHAPE(3, 9), DT_DTYPE_I32, 12, 100), *dx = dev_from_host(S, hx);
+  reduce_case(DT_REDUCE_SUM, hx, dx, 1, false);
+  reduce_case(DT_REDUCE_ARGMAX, hx, dx, 0, false);
+  dt_tensor_free(hx);
+  dev_free(S, dx);
+}
+
+static void matmul_case(int dtype, int an, const int64_t *as, int bn, const int64_t *bs, int on, const int64_t *os,
+                        bool ta, bool tb, double alpha, double beta, bool strided_a, const char *what) {
+  dt_tensor *ha = host_sample(an, as, dtype, 20, 1), *hb = host_sample(bn, bs, dtype, 21, 1);
+  dt_tensor *ref = host_sample(on, os, dtype, 22, 1), *da = dev_from_host(S, ha), *db = dev_from_host(S, hb);
+  dt_tensor *dout = dev_from_host(S, ref);
+  dt_tensor *hav = strided_a ? transposed(ha) : ha, *dav = strided_a ? transposed(da) : da;
+  die_on(dt_op_matmul(hav, hb, ref, ta, tb, alpha, beta), "cpu matmul");
+  expect_ok(dt_cuda_op_matmul(S, dav, db, dout, ta, tb, alpha, beta), what);
+  int64_t k = ta ? hav->shape[hav->ndim - 2] : hav->shape[hav->ndim - 1];
+  expect_close(S, dout, ref, 1 + (double)k / 8, what);
+  if (strided_a) {
+    dt_tensor_free(hav);
+    dt_tensor_free(dav);
+  }
+  dt_tensor_free(ha);
+  dt_tensor_free(hb);
+  dt_tensor_free(ref);
+  dev_free(S, da);
+  dev_free(S, db);
+  dev_free(S, dout);
+}
+
+static void test_matmul(void) {
+  static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16, DT_DTYPE_F64};
+  for (int i = 0; i < 4; i++) {
+    int dt = dtypes[i];
+    matmul_case(dt, 2, SHAPE(5, 7), 2, SHAPE(7, 3), 2, SHAPE(5, 3), false, false, 1, 0, false, "plain matmul");
+    matmul_case(dt, 2, SHAPE(7, 5), 2, SHAPE(3, 7), 2, SHAPE(5, 3), true, true, 0.5, 2, false,
+                "transposed operands with alpha and beta");
+    matmul_case(dt, 4, SHAPE(2, 1, 4, 6), 3, SHAPE(3, 6, 5), 4, SHAPE(2, 3, 4, 5), false, false, 1, 0, false,
+                "broadcast batch dims");
+  }
+  matmul_case(DT_DTYPE_F32, 3, SHAPE(2, 6, 4), 2, SHAPE(6, 3), 3, SHAPE(2, 4, 3), false, false, 1, 1, true,
+              "a transposed view is read column-major");
+  matmul_case(DT_DTYPE_F32, 3, SHAPE(3, 4, 6), 3, SHAPE(3, 6, 2), 3, SHAPE(3, 4, 2), true, false, 1, 0, true,
+              "a transposed view with trans_a flips back");
+  dt_tensor *a = dev_empty(S, 2, SHAPE(4, 5), DT_DTYPE_F32), *b = dev_empty(S, 2, SHAPE(6, 3), DT_DTYPE_F32);
+  dt_tensor *o = dev_empty(S, 2, SHAPE(4, 3), DT_DTYPE_F32);
+  expect_error(dt_cuda_op_matmul(S, a, b, o, false, false, 1, 0), "inner dims differ", "a K mismatch is refused");
+  dt_tensor *z = dev_empty(S, 2, SHAPE(4, 0), DT_DTYPE_F32), *zb = dev_empty(S, 2, SHAPE(0, 3), DT_DTYPE_F32);
+  expect_ok(dt_cuda_op_matmul(S, z, zb, o, false, false, 1, 0), "K = 0 runs");
+  dt_tensor *ho = host_from_dev(S, o);
+  expect(at(ho, 0) == 0 && at(ho, 11) == 0, "K = 0 with beta 0 gives zeros");
+  dt_tensor_free(ho);
+  dev_free(S, a);
+  dev_free(S, b);
+  dev_free(S, o);
+  dev_free(S, z);
+  dev_free(S, zb);
+}
+
+static void test_index(int dtype) {
+  dt_tensor *hw = host_sample(2, SHAPE(11, 37), dtype, 30, 1), *hi = host_sample(1, SHAPE(9), DT_DTYPE_I64, 31, 11);
+  dt_tensor_set(hi, 3, 4);
+  dt_tensor_set(hi, 7, 4); /* a repeated row: its gradient sums in index order */
+  dt_tensor *dw = dev_from_host(S, hw), *di = dev_from_host(S, hi);
+  dt_tensor *ref = host_zeros(2, SHAPE(9, 37), dtype), *dout = dev_empty(S, 2, SHAPE(9, 37), dtype);
+  die_on(dt_op_index_select(hw, 0, hi, ref), "cpu index_select");
+  expect_ok(dt_cuda_op_index_select(S, dw, 0, di, dout), "embedding forward runs");
+  dt_tensor *got = host_from_dev(S, dout);
+  expect(bitwise_equal(got, ref), "index_select copies exactly the CPU's rows");
+  dt_tensor *hg = host_sample(2, SHAPE(9, 37), dtype, 32, 1), *dg = dev_from_host(S, hg);
+  dt_tensor *gref = host_sample(2, SHAPE(11, 37), dtype, 33, 1), *dgw = dev_from_host(S, gref);
+  die_on(dt_op_index_add(gref, 0, hi, hg), "cpu index_add");
+  expect_ok(dt_cuda_op_index_add(S, dgw, 0, di, dg), "embedding backward runs");
+  dt_tensor *gw = host_from_dev(S, dgw);
+  expect(bitwise_equal(gw, gref), "index_add sums repeated rows in the CPU's order, bit for bit");
+  /* a middle dim, i32 indices */
+  dt_tensor *h3 = host_sample(3, SHAPE(2, 5, 3), dtype, 34, 1), *hi32 = host_sample(1, SHAPE(4), DT_DTYPE_I32, 35, 5);
+  dt_tensor *d3 = dev_from_host(S, h3), *di32 = dev_from_host(S, hi32);
+  dt_tensor *r3 = host_zeros(3, SHAPE(2, 4, 3), dtype), *o3 = dev_empty(S, 3, SHAPE(2, 4, 3), dtype);
+  die_on(dt_op_index_select(h3, 1, hi32, r3), "cpu index_select dim 1");
+  expect_ok(dt_cuda_op_index_select(S, d3, 1, di32, o3), "index_select over dim 1 runs");
+  dt_tensor *g3 = host_from_dev(S, o3);
+  expect(bitwise_equal(g3, r3), "index_select over a middle dim matches the CPU");
+  die_on(dt_op_index_add(h3, 1, hi32, r3), "cpu index_add dim 1");
+  expect_ok(dt_cuda_op_index_add(S, d3, 1, di32, o3), "index_add over dim 1 runs");
+  expect_close(S, d3, h3, 1, "index_add over a middle dim matches the CPU");
+  /* a bad index is found on the device and reported at the next synchronisation */
+  dt_tensor_set(hi, 5, 11);
+  die_on(dt_cuda_memcpy(S, di->data, hi->data, 9 * sizeof(int64_t)), "upload");
+  expect_ok(dt_cuda_op_index_select(S, dw, 0, di, dout), "a bad index does not fail the launch");
+  expect_error(dt_cuda_stream_synchronize(S),
+               "index_select: index 11 at position 5 out of range for a dimension of size 11",
+               "the synchronisation reports the bad index");
+  expect_ok(dt_cuda_stream_synchronize(S), "the report clears the error");
+  dt_tensor *frees_h[] = {hw, hi, ref, got, hg, gref, gw, h3, hi32, r3, g3};
+  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
+  dt_tensor *frees_d[] = {dw, di, dout, dg, dgw, d3, di32, o3};
+  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+}
+
+int main(void) {
+  S = spec_stream();
+  test_unary(DT_DTYPE_F32);
+  test_unary(DT_DTYPE_BF16);
+  test_binary(DT_DTYPE_F32);
+  test_binary(DT_DTYPE_BF16);
+  test_ternary_copy_fill();
+  test_reduce(DT_DTYPE_F32);
+  test_reduce(DT_DTYPE_BF16);
+  test_reduce_int();
+  test_matmul();
+  test_index(DT_DTYPE_F32);
+  test_index(DT_DTYPE_BF16);
+  die_on(dt_cuda_device_synchronize(0), "final synchronize");
+  return spec_finish();
+}
