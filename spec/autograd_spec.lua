@@ -1,4 +1,5 @@
--- spec/autograd_spec.lua: the tape engine: shared inputs, diamonds, no_grad, checkpointing, grad hooks, broadcasting and view gradients.
+-- spec/autograd_spec.lua: the tape engine: shared inputs, diamonds, no_grad, checkpointing, grad hooks, broadcasting
+-- and view gradients.
 local dt = require "dt"
 local testing = require "dt.testing"
 

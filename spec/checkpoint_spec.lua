@@ -1,4 +1,5 @@
--- spec/checkpoint_spec.lua: safetensors files (format, dtypes, views, foreign files, corruption) and checkpoint save/load.
+-- spec/checkpoint_spec.lua: safetensors files (format, dtypes, views, foreign files, corruption) and checkpoint
+-- save/load.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local dt = require "dt"
@@ -91,7 +92,8 @@ describe("safetensors", function()
       local into = dt.zeros({ 3, 5 }, { dtype = "f64" })
       r:copy_into("t_bf16", into) -- converted on the way
       assert.equal(0, testing.max_abs_diff(into, tensors[3][2]))
-      assert.matches("tensor 't_f32' has shape %[3,5%], expected %[5,3%]", errmsg(r.copy_into, r, "t_f32", dt.zeros({ 5, 3 })))
+      assert.matches("tensor 't_f32' has shape %[3,5%], expected %[5,3%]",
+         errmsg(r.copy_into, r, "t_f32", dt.zeros({ 5, 3 })))
       assert.matches("no tensor 'nope'", errmsg(r.tensor, r, "nope"))
       r:close()
       assert.matches("duplicate tensor name 'a'",
@@ -125,7 +127,8 @@ describe("safetensors", function()
       assert.matches("tensor 'a': data_offsets span 4 bytes but F32 %[2%] needs 8", open_err())
       header_file('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', "xxxx")
       assert.matches("truncated: tensor 'a' ends at byte 8 of the data but the file holds 4 data bytes", open_err())
-      header_file('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', "xxx")
+      header_file('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+         .. '"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', "xxx")
       assert.matches("tensor 'b' starts at byte 1, expected 2", open_err())
       header_file('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}', "xxxx")
       assert.matches("2 unexpected bytes after the last tensor", open_err())
@@ -258,15 +261,16 @@ describe("checkpoint", function()
       it("truncated file", function()
          local s = raw(model_file)
          put(model_file, s:sub(1, #s - 10))
-         assert.matches(("model%%.safetensors: %d bytes, index%%.json says %d %%(truncated or modified%%)"):format(#s - 10,
-            #s), load_err())
+         assert.matches(("model%%.safetensors: %d bytes, index%%.json says %d %%(truncated or modified%%)")
+            :format(#s - 10, #s), load_err())
       end)
 
       it("flipped byte", function()
          local s = raw(model_file)
          local i = #s - 5
          put(model_file, s:sub(1, i - 1) .. string.char((s:byte(i) + 1) % 256) .. s:sub(i + 1))
-         assert.matches("model%.safetensors: CRC32 %x+ does not match index%.json %(%x+%): the file is corrupt", load_err())
+         assert.matches("model%.safetensors: CRC32 %x+ does not match index%.json %(%x+%): the file is corrupt",
+            load_err())
       end)
 
       local function edit_index(fn)

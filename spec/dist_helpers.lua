@@ -1,4 +1,5 @@
--- spec/dist_helpers.lua: helpers shared by the distributed specs: run dtrun as a subprocess, find stray processes and shm segments.
+-- spec/dist_helpers.lua: helpers shared by the distributed specs: run dtrun as a subprocess, find stray processes and
+-- shm segments.
 local ffi = require "ffi"
 local dt = require "dt"
 
@@ -45,8 +46,8 @@ function M.dtrun_parallel(cmds)
    assert(os.execute("mkdir -p " .. dir) == 0)
    local script = { "cd " .. M.root }
    for i, c in ipairs(cmds) do
-      script[#script + 1] = ("(%s %s %s > %s/out%d 2>&1; echo $? > %s/code%d) &"):format(c.env or "", M.exe, c.args, dir,
-         i, dir, i)
+      script[#script + 1] = ("(%s %s %s > %s/out%d 2>&1; echo $? > %s/code%d) &")
+         :format(c.env or "", M.exe, c.args, dir, i, dir, i)
    end
    script[#script + 1] = "wait"
    local t0 = dt.time()

@@ -1,4 +1,5 @@
--- spec/dist_spec.lua: collectives through the launcher (2 and 4 ranks, every op and dtype, async), failure modes, argument errors.
+-- spec/dist_spec.lua: collectives through the launcher (2 and 4 ranks, every op and dtype, async), failure modes,
+-- argument errors.
 local dt = require "dt"
 local dist = require "dt.dist"
 local H = require "spec.dist_helpers"
@@ -47,8 +48,9 @@ describe("collective failures", function()
          for rank = 0, last do
             local line = r.out:match(("%%[%d%%] rank %d caught: ([^\n]*)"):format(rank, rank))
             assert.is_not_nil(line, r.out)
-            assert.matches("collective mismatch at call #1: " .. others .. " called all_reduce #1 %(sum, f32, count 8%); rank "
-               .. last .. " called broadcast #1 %(f32, count 8, root 0%)", line)
+            assert.matches("collective mismatch at call #1: " .. others
+               .. " called all_reduce #1 %(sum, f32, count 8%); rank " .. last
+               .. " called broadcast #1 %(f32, count 8, root 0%)", line)
          end
          assert.equal(3, r.code)
          -- the agent's summary names a root-cause rank and shows its error
@@ -62,8 +64,8 @@ describe("collective failures", function()
       assert.equal(4, r.code, r.out)
       assert.is_true(r.seconds < 10, "took " .. r.seconds .. " s")
       for rank = 0, 2 do
-         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce[^\n]*waiting for rank 3 %%(pid %%d+"):format(rank, rank),
-            r.out)
+         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce[^\n]*waiting for rank 3 %%(pid %%d+")
+            :format(rank, rank), r.out)
       end
       assert.matches("timed out after 1%.0 s waiting for rank 3", r.out)
       assert.not_matches("rank 3 woke up", r.out)
@@ -119,8 +121,10 @@ describe("comm argument errors (one process)", function()
       local comm = world.comm
       local nc = dt.zeros({ 3, 4 }):transpose(1, 2)
       assert.matches("all_reduce needs a contiguous tensor", H.errmsg(comm.all_reduce, comm, nc))
-      assert.matches("unknown reduction 'prod' %(sum, avg, max, min%)", H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }), "prod"))
-      assert.matches("all_reduce: cannot reduce u8 tensors", H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }, { dtype = "u8" })))
+      assert.matches("unknown reduction 'prod' %(sum, avg, max, min%)",
+         H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }), "prod"))
+      assert.matches("all_reduce: cannot reduce u8 tensors",
+         H.errmsg(comm.all_reduce, comm, dt.zeros({ 2 }, { dtype = "u8" })))
       assert.matches("broadcast: root 3 is outside 0..0", H.errmsg(comm.broadcast, comm, dt.zeros({ 2 }), 3))
       assert.matches("reduce_scatter: in %(4%) f32 and out %(3%) f32: in must have world x out's elements",
          H.errmsg(comm.reduce_scatter, comm, dt.zeros({ 4 }), dt.zeros({ 3 })))

@@ -10,7 +10,8 @@ describe("install", function()
       os.remove(prefix)
       local script = prefix .. "-script.lua"
       local f = assert(io.open(script, "w"))
-      f:write('local dt = require "dt"; print(package.searchpath("dt", package.path)); print((dt.ones({ 2 }) * 3):sum():item())\n')
+      f:write('local dt = require "dt"; print(package.searchpath("dt", package.path)); '
+         .. 'print((dt.ones({ 2 }) * 3):sum():item())\n')
       f:close()
       local p = io.popen(("cmake --install %s --prefix %s > /dev/null && cd / && %s/bin/dtrun %s 2>&1; echo exit=$?")
          :format(build, prefix, prefix, script))

@@ -37,7 +37,8 @@ describe("launcher", function()
       assert.equal(0, code, out)
       assert.is_not_nil(run_dir, "first line must be `run dir: <path>`: " .. out)
       for r = 0, 1 do
-         assert.matches(("%%[%d%%] env RANK=%d LOCAL_RANK=%d WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%%d+ DT_NUM_THREADS=%%d"):format(r, r, r), out)
+         assert.matches(("%%[%d%%] env RANK=%d LOCAL_RANK=%d WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 "
+            .. "MASTER_ADDR=127.0.0.1 MASTER_PORT=%%d+ DT_NUM_THREADS=%%d"):format(r, r, r), out)
          assert.matches(("%%[%d%%] stderr line from rank %d"):format(r, r), out)
          local log = read(("%s/logs/rank%d.log"):format(run_dir, r))
          assert.matches("rank " .. r .. " done", log)
@@ -79,8 +80,8 @@ describe("launcher", function()
    end)
 
    it("stops every rank cleanly on Ctrl-C (SIGINT to the agent)", function()
-      local cmd = ("%s %s --nproc 2 --grace 2 sleep=30 > /dev/null 2>&1 & pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?")
-         :format(exe, worker)
+      local cmd = ("%s %s --nproc 2 --grace 2 sleep=30 > /dev/null 2>&1 & "
+         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker)
       local p = io.popen(cmd)
       local code = tonumber(p:read("*a"))
       p:close()

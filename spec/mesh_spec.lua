@@ -1,4 +1,5 @@
--- spec/mesh_spec.lua: device meshes: row-major layout, axis groups, spec validation, and axis communicators through the launcher.
+-- spec/mesh_spec.lua: device meshes: row-major layout, axis groups, spec validation, and axis communicators through the
+-- launcher.
 local dt = require "dt"
 local dist = require "dt.dist"
 local mesh = require "dt.mesh"
@@ -62,7 +63,8 @@ describe("mesh layout", function()
 
    it("rejects bad specs with the numbers and names involved", function()
       local w = fake_world(0, 4)
-      assert.matches("mesh: shape {2, 3} holds 6 ranks but the world has 4; the product of the axis sizes must equal the world size",
+      assert.matches("mesh: shape {2, 3} holds 6 ranks but the world has 4; "
+         .. "the product of the axis sizes must equal the world size",
          H.errmsg(mesh.new, w, { shape = { 2, 3 }, names = { "a", "b" } }))
       assert.matches("mesh: axis name 'tp' is used twice %(axes 1 and 2%)",
          H.errmsg(mesh.new, w, { shape = { 2, 2 }, names = { "tp", "tp" } }))

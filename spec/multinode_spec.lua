@@ -1,4 +1,5 @@
--- spec/multinode_spec.lua: two agents on one host form one job (--nnodes 2): shared run dir, collectives over all ranks, cross-node failure, SLURM variables.
+-- spec/multinode_spec.lua: two agents on one host form one job (--nnodes 2): shared run dir, collectives over all
+-- ranks, cross-node failure, SLURM variables.
 local launch = require "dt.launch"
 local H = require "spec.dist_helpers"
 
@@ -42,7 +43,8 @@ describe("multi-node on one host", function()
 
    it("stops node 0's ranks within seconds when a rank on node 1 fails", function()
       local tag = H.tag()
-      local res, seconds = two_nodes("spec/fixtures/dist_faults.lua", 2, ("--grace 1 mode=fail fail_rank=3 code=7 tag=%s"):format(tag))
+      local res, seconds = two_nodes("spec/fixtures/dist_faults.lua", 2,
+         ("--grace 1 mode=fail fail_rank=3 code=7 tag=%s"):format(tag))
       local n0, n1 = res[1], res[2]
       assert.is_true(seconds < 10, "took " .. seconds .. " s")
       assert.equal(7, n1.code, n1.out)
@@ -67,13 +69,15 @@ describe("multi-node on one host", function()
    end)
 
    it("restarts both nodes' groups together with --max-restarts", function()
-      local res = two_nodes("spec/fixtures/dist_faults.lua", 2, "--grace 1 --max-restarts 1 mode=fail fail_rank=3 fail_times=1")
+      local res = two_nodes("spec/fixtures/dist_faults.lua", 2,
+         "--grace 1 --max-restarts 1 mode=fail fail_rank=3 fail_times=1")
       local n0, n1 = res[1], res[2]
       assert.equal(0, n0.code, n0.out)
       assert.equal(0, n1.code, n1.out)
       assert.matches("job failed on another node: node 1: rank 3", n0.out)
       for rank = 0, 3 do
-         assert.matches(("%%[%d%%] rank %d passed the barrier %%(restart 1%%)"):format(rank, rank), rank < 2 and n0.out or n1.out)
+         assert.matches(("%%[%d%%] rank %d passed the barrier %%(restart 1%%)"):format(rank, rank),
+            rank < 2 and n0.out or n1.out)
       end
       H.remove_run(n0.run_dir)
    end)

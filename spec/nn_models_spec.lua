@@ -1,4 +1,5 @@
--- spec/nn_models_spec.lua: layers against f64 references, GPT/Llama shapes, parameter counts, gradients, training, generation.
+-- spec/nn_models_spec.lua: layers against f64 references, GPT/Llama shapes, parameter counts, gradients, training,
+-- generation.
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"

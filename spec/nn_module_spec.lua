@@ -1,4 +1,5 @@
--- spec/nn_module_spec.lua: the Module base: registration and naming, modes, state dicts, dtype moves, hooks, checkpointing.
+-- spec/nn_module_spec.lua: the Module base: registration and naming, modes, state dicts, dtype moves, hooks,
+-- checkpointing.
 local dt = require "dt"
 local nn = require "dt.nn"
 local testing = require "dt.testing"

@@ -1,4 +1,5 @@
--- spec/ops_elementwise_spec.lua: elementwise ops against f64 references (dtypes, broadcasting, views), gradchecks, errors.
+-- spec/ops_elementwise_spec.lua: elementwise ops against f64 references (dtypes, broadcasting, views), gradchecks,
+-- errors.
 local dt = require "dt"
 local testing = require "dt.testing"
 
@@ -136,7 +137,9 @@ describe("elementwise ops", function()
       end
       local big = dt.tensor({ 2 ^ 40 + 1 }, { dtype = "i64" })
       assert.equal(2 ^ 41 + 2, (big + big):item()) -- exact beyond f32
-      local ok, err = pcall(function() return dt.div(dt.ones({ 2 }, { dtype = "i32" }), dt.ones({ 2 }, { dtype = "i32" })) end)
+      local ok, err = pcall(function()
+         return dt.div(dt.ones({ 2 }, { dtype = "i32" }), dt.ones({ 2 }, { dtype = "i32" }))
+      end)
       assert.is_false(ok)
       assert.matches("div is not supported for integer inputs (i32); cast to a float dtype first", err, 1, true)
       ok, err = pcall(function() return dt.ones({ 2 }, { dtype = "i64" }) * 0.5 end)
@@ -211,7 +214,9 @@ describe("elementwise ops", function()
       ok, err = pcall(function() return dt.zeros({ 2 }) * dt.zeros({ 2 }, { dtype = "f64" }) end)
       assert.is_false(ok)
       assert.matches("dtype mismatch: f32 vs f64 (cast one with :to())", err, 1, true)
-      ok, err = pcall(function() return dt.where(dt.ones({ 2 }), dt.zeros({ 2 }), dt.zeros({ 2 }, { dtype = "bf16" })) end)
+      ok, err = pcall(function()
+         return dt.where(dt.ones({ 2 }), dt.zeros({ 2 }), dt.zeros({ 2 }, { dtype = "bf16" }))
+      end)
       assert.is_false(ok)
       assert.matches("dtype mismatch: f32 vs bf16", err, 1, true)
       ok, err = pcall(function() dt.zeros({ 2, 3 }):add_(dt.ones({ 3, 3 })) end)

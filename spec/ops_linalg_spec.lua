@@ -1,4 +1,5 @@
--- spec/ops_linalg_spec.lua: matmul and linear against naive f64 loops (dtypes, views, batching, 1-d), gradchecks, errors.
+-- spec/ops_linalg_spec.lua: matmul and linear against naive f64 loops (dtypes, views, batching, 1-d), gradchecks,
+-- errors.
 local dt = require "dt"
 local testing = require "dt.testing"
 
@@ -201,6 +202,7 @@ describe("linalg gradients (f64 gradcheck)", function()
          testing.gradcheck(dt.linear, { leaf(shape, 1), leaf({ 4, 5 }, 2), leaf({ 4 }, 3) })
          testing.gradcheck(dt.linear, { leaf(shape, 4), leaf({ 4, 5 }, 5) })
       end
-      testing.gradcheck(function(x, w) return dt.linear(x:transpose(1, 2), w) end, { leaf({ 5, 3 }, 6), leaf({ 2, 5 }, 7) })
+      testing.gradcheck(function(x, w) return dt.linear(x:transpose(1, 2), w) end,
+         { leaf({ 5, 3 }, 6), leaf({ 2, 5 }, 7) })
    end)
 end)

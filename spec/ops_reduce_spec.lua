@@ -1,4 +1,5 @@
--- spec/ops_reduce_spec.lua: reductions against f64 references (dims, keepdim, views, long rows, dtypes), gradchecks, errors.
+-- spec/ops_reduce_spec.lua: reductions against f64 references (dims, keepdim, views, long rows, dtypes), gradchecks,
+-- errors.
 local dt = require "dt"
 local testing = require "dt.testing"
 
@@ -69,7 +70,8 @@ describe("reductions", function()
                for name, fn in pairs(FNS) do
                   for _, keepdim in ipairs { false, true } do
                      local r = t[name](t, dim, keepdim)
-                     local what = ("%s %s view %d dim %s keepdim %s"):format(name, d, vi, tostring(dim), tostring(keepdim))
+                     local what = ("%s %s view %d dim %s keepdim %s"):format(name, d, vi, tostring(dim),
+                        tostring(keepdim))
                      if dim == nil and not keepdim then assert.same({}, r.shape, what) end
                      if dim ~= nil then assert.same(expected_shape(t.shape, dim, keepdim), r.shape, what) end
                      local tol = name == "argmax" and 0 or RTOL[d] * 4

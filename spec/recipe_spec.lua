@@ -1,4 +1,5 @@
--- spec/recipe_spec.lua: recipes/train.lua as a user runs it: a subprocess, its output, run dir, metrics, resume and errors.
+-- spec/recipe_spec.lua: recipes/train.lua as a user runs it: a subprocess, its output, run dir, metrics, resume and
+-- errors.
 local cjson = require "cjson"
 local fs = require "dt.train.fs"
 local helpers = require "spec.train_helpers"
@@ -79,6 +80,7 @@ describe("recipes/train.lua", function()
       assert.equal(1, status)
       assert.same({}, lines)
       assert.matches("config: unknown key 'stesp' %(did you mean 'steps'%?%)", err)
+      local _
       _, err, status = run("model.dim=big", dir)
       assert.equal(1, status)
       assert.matches("config: bad value for 'model.dim': 'big' is not a number", err)

@@ -1,4 +1,5 @@
--- spec/restart_spec.lua: --max-restarts resumes from the latest checkpoint on the same trajectory; SIGTERM checkpoints and stops.
+-- spec/restart_spec.lua: --max-restarts resumes from the latest checkpoint on the same trajectory; SIGTERM checkpoints
+-- and stops.
 local cjson = require "cjson"
 local helpers = require "spec.dist_helpers"
 

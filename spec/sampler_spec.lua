@@ -49,7 +49,9 @@ describe("DistributedSampler", function()
    end)
 
    it("rejects impossible settings", function()
-      assert.has_error(function() train.DistributedSampler { n = 2, world = { rank = 0, size = 4 }, drop_last = true } end,
+      assert.has_error(function()
+         train.DistributedSampler { n = 2, world = { rank = 0, size = 4 }, drop_last = true }
+      end,
          "DistributedSampler: 2 samples cannot give each of 4 ranks one with drop_last")
       assert.has_error(function() train.DistributedSampler { n = -1 } end,
          "DistributedSampler: n must be an integer >= 0, got -1")

@@ -1,4 +1,5 @@
--- spec/train_config_spec.lua: recipe config parsing (coercion, dotted keys, --config, errors with hints) and run directories.
+-- spec/train_config_spec.lua: recipe config parsing (coercion, dotted keys, --config, errors with hints) and run
+-- directories.
 local train = require "dt.train"
 local config = require "dt.train.config"
 local fs = require "dt.train.fs"
@@ -62,7 +63,8 @@ describe("train.config", function()
          errmsg(train.config, defaults, { "--config", file }))
       fs.write(file, "return 5")
       assert.matches("must return a table, got number", errmsg(train.config, defaults, { "--config", file }))
-      assert.matches("config: cannot load .*nope%.lua", errmsg(train.config, defaults, { "--config", dir .. "/nope.lua" }))
+      assert.matches("config: cannot load .*nope%.lua",
+         errmsg(train.config, defaults, { "--config", dir .. "/nope.lua" }))
       assert.equal("config: --config needs a file name", errmsg(train.config, defaults, { "--config" }))
       fs.remove_tree(dir)
    end)
@@ -88,7 +90,8 @@ describe("train.config", function()
    end)
 
    it("rejects bad values naming key, value and expected type", function()
-      assert.equal("config: bad value for 'steps': 'abc' is not a number", errmsg(train.config, defaults, { "steps=abc" }))
+      assert.equal("config: bad value for 'steps': 'abc' is not a number",
+         errmsg(train.config, defaults, { "steps=abc" }))
       assert.equal("config: bad value for 'fast': 'maybe' is not a boolean (true/false)",
          errmsg(train.config, defaults, { "fast=maybe" }))
       assert.equal("config: bad value for 'model.mesh_shape': '{1,' is not a Lua table literal",
@@ -99,7 +102,8 @@ describe("train.config", function()
          errmsg(train.config, defaults, { "model={dim='x'}" }))
       local file = os.tmpname()
       fs.write(file, "return { name = 3, fast = 'yes' }")
-      assert.equal("config: bad value for 'name': 3 is not a string", errmsg(train.config, defaults, { "--config", file }))
+      assert.equal("config: bad value for 'name': 3 is not a string",
+         errmsg(train.config, defaults, { "--config", file }))
       fs.write(file, "return { fast = 'yes' }")
       assert.is_true(train.config(defaults, { "--config", file }).fast) -- strings in files coerce like the command line
       os.remove(file)

@@ -1,4 +1,5 @@
--- spec/train_data_spec.lua: text and token-file batches (shapes, shift, determinism by position, splits) and JSONL reading.
+-- spec/train_data_spec.lua: text and token-file batches (shapes, shift, determinism by position, splits) and JSONL
+-- reading.
 local ffi = require "ffi"
 local train = require "dt.train"
 local data = require "dt.train.data"
@@ -135,7 +136,8 @@ describe("train.text", function()
          errmsg(train.text, { path = fs.join(dir, "short"), seq = 9, batch = 1 }))
       assert.matches("seq must be a positive integer, got 0", errmsg(train.text, { seq = 0, batch = 1 }))
       assert.matches("batch must be a positive integer, got 1.5", errmsg(train.text, { seq = 4, batch = 1.5 }))
-      assert.matches("val_fraction must be in %[0, 1%), got 1", errmsg(train.text, { seq = 4, batch = 1, val_fraction = 1 }))
+      assert.matches("val_fraction must be in %[0, 1%), got 1",
+         errmsg(train.text, { seq = 4, batch = 1, val_fraction = 1 }))
    end)
 end)
 
@@ -154,7 +156,9 @@ describe("train.tokens", function()
       local ids = {}
       for i = 1, 500 do ids[i] = (i * 7919) % 60000 end
       write_ids(fs.join(dir, "t.u16"), "uint16_t", ids)
-      local d = train.tokens { path = fs.join(dir, "t.u16"), dtype = "u16", seq = 10, batch = 3, seed = 1, vocab = 60000 }
+      local d = train.tokens {
+         path = fs.join(dir, "t.u16"), dtype = "u16", seq = 10, batch = 3, seed = 1, vocab = 60000,
+      }
       assert.equal(60000, d.vocab)
       local x, y = d:next()
       check_windows(x, y, { unpack(ids, 1, 450) }, 3, 10)
@@ -171,7 +175,8 @@ describe("train.tokens", function()
          errmsg(train.tokens, { path = fs.join(dir, "odd"), dtype = "u16", seq = 1, batch = 1 }))
       assert.matches("dtype must be u8, u16 or u32, got i8",
          errmsg(train.tokens, { path = fs.join(dir, "odd"), dtype = "i8", seq = 1, batch = 1 }))
-      assert.matches("cannot open .*/missing", errmsg(train.tokens, { path = fs.join(dir, "missing"), seq = 1, batch = 1 }))
+      assert.matches("cannot open .*/missing",
+         errmsg(train.tokens, { path = fs.join(dir, "missing"), seq = 1, batch = 1 }))
    end)
 end)
 
@@ -189,7 +194,11 @@ describe("train.jsonl", function()
    it("iterates objects of plain and gzip'd files, skipping blank lines", function()
       local path = fs.join(dir, "p.jsonl")
       fs.write(path, '{"prompt":"1+1","answer":2}\n\n  \n{"prompt":"x","tags":["a","b"]}\r\n{"n":3}')
-      local want = { { { prompt = "1+1", answer = 2 }, 1 }, { { prompt = "x", tags = { "a", "b" } }, 4 }, { { n = 3 }, 5 } }
+      local want = {
+         { { prompt = "1+1", answer = 2 }, 1 },
+         { { prompt = "x", tags = { "a", "b" } }, 4 },
+         { { n = 3 }, 5 },
+      }
       assert.same(want, collect(path))
       assert.equal(0, os.execute(("gzip -k %s"):format(path)))
       assert.same(want, collect(path .. ".gz"))

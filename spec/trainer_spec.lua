@@ -1,4 +1,5 @@
--- spec/trainer_spec.lua: the Trainer: step results, accumulation, clipping, callbacks, hooks, logs and exact resumption.
+-- spec/trainer_spec.lua: the Trainer: step results, accumulation, clipping, callbacks, hooks, logs and exact
+-- resumption.
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
@@ -98,7 +99,8 @@ describe("train.Trainer", function()
       t:run()
       assert.same({ "a1", "b1", "a2", "b2", "a3", "b3", "a4", "b4" }, order)
       assert.equal(3, #lines) -- steps 1, 2 and 4
-      assert.matches("^step 2/4  loss %d%.%d+  lr 1%.00e%-02  grad %d+%.%d+  %d+ tok/s  peak %d+%.%d MiB  eta %d+s$", lines[2])
+      assert.matches("^step 2/4  loss %d%.%d+  lr 1%.00e%-02  grad %d+%.%d+  %d+ tok/s  "
+         .. "peak %d+%.%d MiB  eta %d+s$", lines[2])
       local n = 0
       for line in io.lines(fs.join(dir, "metrics.jsonl")) do
          n = n + 1
@@ -123,7 +125,7 @@ describe("train.Trainer", function()
       local calls = {}
       local strategy = {}
       for _, name in ipairs { "begin_step", "micro_batch", "before_optimizer", "end_step" } do
-         strategy[name] = function(self, trainer, a, b)
+         strategy[name] = function(self, _, a, b)
             assert.equal(strategy, self)
             calls[#calls + 1] = name .. (type(a) == "number" and ("(" .. a .. (b and "," .. b or "") .. ")") or "")
          end

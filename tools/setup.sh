@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson)
+packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson lua-check)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,5 @@
--- dt/dist.lua: the process group: rank and world from the launcher, the rendezvous store, communicators and collectives.
+-- dt/dist.lua: the process group: rank and world from the launcher, the rendezvous store, communicators and
+-- collectives.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
@@ -127,15 +128,21 @@ local function issue(call, result, keep, opts)
 end
 
 function Comm:all_reduce(t, op, opts)
-   return issue(function(w) return C.dt_comm_all_reduce(self.h, need_contiguous(t, "all_reduce"), op_id(op), w) end, t, { t }, opts)
+   return issue(function(w)
+      return C.dt_comm_all_reduce(self.h, need_contiguous(t, "all_reduce"), op_id(op), w)
+   end, t, { t }, opts)
 end
 
 function Comm:reduce(t, root, op, opts)
-   return issue(function(w) return C.dt_comm_reduce(self.h, need_contiguous(t, "reduce"), op_id(op), root, w) end, t, { t }, opts)
+   return issue(function(w)
+      return C.dt_comm_reduce(self.h, need_contiguous(t, "reduce"), op_id(op), root, w)
+   end, t, { t }, opts)
 end
 
 function Comm:broadcast(t, root, opts)
-   return issue(function(w) return C.dt_comm_broadcast(self.h, need_contiguous(t, "broadcast"), root or 0, w) end, t, { t }, opts)
+   return issue(function(w)
+      return C.dt_comm_broadcast(self.h, need_contiguous(t, "broadcast"), root or 0, w)
+   end, t, { t }, opts)
 end
 
 -- out (size * n) := every rank's `t` (n) in rank order; out is allocated when nil.
@@ -203,7 +210,8 @@ function M.init(opts)
    local rank, size = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
    local store, server
    if os.getenv("MASTER_PORT") and os.getenv("DT_STORE_TOKEN") then
-      store = Store.connect(os.getenv("MASTER_ADDR") or "127.0.0.1", env_int("MASTER_PORT"), os.getenv("DT_STORE_TOKEN"))
+      store = Store.connect(os.getenv("MASTER_ADDR") or "127.0.0.1", env_int("MASTER_PORT"),
+         os.getenv("DT_STORE_TOKEN"))
    else
       server = M.serve("127.0.0.1", 0, "")
       store = Store.connect("127.0.0.1", server.port, "")

@@ -1,4 +1,5 @@
--- dt/ffi.lua: libdt's C namespace with the generated declarations, and `check` that turns a failed status into a Lua error.
+-- dt/ffi.lua: libdt's C namespace with the generated declarations, and `check` that turns a failed status into a Lua
+-- error.
 local ffi = require "ffi"
 
 ffi.cdef(require "dt.cdef")

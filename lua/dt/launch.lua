@@ -86,7 +86,9 @@ function M.parse(args, passthrough)
       i = i + 1
    end
    if opts.gpus then
-      if opts.nproc and opts.nproc ~= opts.gpus then fail("--gpus N means --nproc N --device cuda; give one of them") end
+      if opts.nproc and opts.nproc ~= opts.gpus then
+         fail("--gpus N means --nproc N --device cuda; give one of them")
+      end
       opts.nproc, opts.device = opts.gpus, "cuda"
    end
    return opts, rest
@@ -136,7 +138,8 @@ local function gather_exits(store, opts, code, wait_s)
       end
       local c = ok and (tonumber(v) or 1)
       if not ok then
-         io.stderr:write(("dtrun: node %d's agent did not report within %.0f s; stopping the store\n"):format(node, wait_s))
+         io.stderr:write(("dtrun: node %d's agent did not report within %.0f s; stopping the store\n")
+            :format(node, wait_s))
          c = 1
       elseif c ~= 0 and code == 0 then
          io.stderr:write(("dtrun: node %d failed (exit code %d); see its agent's output\n"):format(node, c))
@@ -170,8 +173,9 @@ function M.run(cmd, args, make_run_dir, passthrough)
    if opts.device == "cuda" then
       local have = C.dt_device_count(1)
       if have < opts.nproc then
-         io.stderr:write(("dtrun: %d GPU rank(s) requested but this machine has %d CUDA device(s)%s; use --nproc %d for CPU ranks\n")
-            :format(opts.nproc, have, have == 0 and " (none, or a CPU-only build)" or "", opts.nproc))
+         io.stderr:write(("dtrun: %d GPU rank(s) requested but this machine has %d CUDA device(s)%s; "
+            .. "use --nproc %d for CPU ranks\n"):format(opts.nproc, have,
+            have == 0 and " (none, or a CPU-only build)" or "", opts.nproc))
          return 2
       end
    end
@@ -180,7 +184,8 @@ function M.run(cmd, args, make_run_dir, passthrough)
    C.dt_launch_block_signals(true)
    local token = os.getenv("DT_JOB_TOKEN")
    if opts.nnodes > 1 and not token then
-      io.stderr:write("dtrun: multi-node jobs need a shared secret: set DT_JOB_TOKEN to the same value on every node\n")
+      io.stderr:write("dtrun: multi-node jobs need a shared secret: "
+         .. "set DT_JOB_TOKEN to the same value on every node\n")
       return 2
    end
    token = token or random_hex(16)
@@ -188,8 +193,8 @@ function M.run(cmd, args, make_run_dir, passthrough)
    local master = opts.master_addr or "127.0.0.1"
    local server
    if opts.node_rank == 0 then
-      local ok, srv = pcall(dist.serve, master, port, token)
-      if not ok then
+      local sok, srv = pcall(dist.serve, master, port, token)
+      if not sok then
          io.stderr:write(("dtrun: cannot start the rendezvous store on port %d: %s (pick another --master-port)\n")
             :format(port, tostring(srv):gsub("^.-: ", "")))
          return 2
@@ -221,7 +226,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    for _, a in ipairs(words) do argv_list[#argv_list + 1] = a end
    for _, a in ipairs(rest) do argv_list[#argv_list + 1] = a end
    local argv = ffi.new("const char*[?]", #argv_list + 1)
-   local keep = {}
+   local keep = {} -- luacheck: ignore 241 (anchors the argv strings for the C call)
    for i, a in ipairs(argv_list) do
       keep[i] = a
       argv[i - 1] = a

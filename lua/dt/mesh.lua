@@ -1,4 +1,5 @@
--- dt/mesh.lua: device meshes: named axes over the world's ranks (row-major) with a lazily created communicator per axis.
+-- dt/mesh.lua: device meshes: named axes over the world's ranks (row-major) with a lazily created communicator per
+-- axis.
 --
 --    local m = mesh.new(world, { shape = { 2, 2 }, names = { "fsdp", "tp" } })
 --    -- or the seeds' config form: mesh.new(world, { mesh_shape = { { 2, 2 }, { "fsdp", "tp" } } })
@@ -50,12 +51,14 @@ local function normalize(spec, world_size)
       if type(name) ~= "string" or not name:match("^[%w_]+$") then
          error(("mesh: axis %d name must be a word (letters, digits, _), got %s"):format(i, tostring(name)), 3)
       end
-      if seen[name] then error(("mesh: axis name '%s' is used twice (axes %d and %d)"):format(name, seen[name], i), 3) end
+      if seen[name] then
+         error(("mesh: axis name '%s' is used twice (axes %d and %d)"):format(name, seen[name], i), 3)
+      end
       seen[name] = i
    end
    if total ~= world_size then
-      error(("mesh: shape %s holds %d ranks but the world has %d; the product of the axis sizes must equal the world size")
-         :format(fmt_list(shape), total, world_size), 3)
+      error(("mesh: shape %s holds %d ranks but the world has %d; "
+         .. "the product of the axis sizes must equal the world size"):format(fmt_list(shape), total, world_size), 3)
    end
    return shape, names, seen
 end

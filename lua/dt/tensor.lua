@@ -43,8 +43,8 @@ local function cdim(t, d, ndim, level)
    ndim = ndim or t.h.ndim
    local r = d < 0 and ndim + d or d - 1
    if d == 0 or r < 0 or r >= ndim then
-      error(("dimension %s out of range for a %d-d tensor (use 1..%d or -1..-%d)"):format(tostring(d), ndim, ndim, ndim),
-         (level or 2) + 1)
+      error(("dimension %s out of range for a %d-d tensor (use 1..%d or -1..-%d)")
+         :format(tostring(d), ndim, ndim, ndim), (level or 2) + 1)
    end
    return r
 end
@@ -162,8 +162,12 @@ function Tensor:is_contiguous() return C.dt_tensor_is_contiguous(self.h) end
 function Tensor:dtype_info() return dtype.by_id[self.h.dtype] end
 function Tensor:options() return { dtype = self.dtype, device = self.h.device } end
 
-function Tensor:new_empty(shape, dt) return Tensor.empty(shape, { dtype = dt or self.dtype, device = self.h.device }) end
-function Tensor:new_full(shape, v, dt) return Tensor.full(shape, v, { dtype = dt or self.dtype, device = self.h.device }) end
+function Tensor:new_empty(shape, dt)
+   return Tensor.empty(shape, { dtype = dt or self.dtype, device = self.h.device })
+end
+function Tensor:new_full(shape, v, dt)
+   return Tensor.full(shape, v, { dtype = dt or self.dtype, device = self.h.device })
+end
 function Tensor:new_zeros(shape, dt) return self:new_full(shape, 0, dt) end
 function Tensor:zeros_like() return self:new_full(self.shape, 0) end
 
@@ -396,7 +400,8 @@ function Tensor:expand(s, ...)
       elseif sh0[j] == 1 then
          out_strides[i] = 0
       else
-         error(("shape mismatch: cannot expand (%s) to (%s)"):format(table.concat(sh0, ", "), table.concat(shape, ", ")), 2)
+         error(("shape mismatch: cannot expand (%s) to (%s)"):format(table.concat(sh0, ", "),
+            table.concat(shape, ", ")), 2)
       end
    end
    local out = self:as_strided(shape, out_strides, self.h.offset)

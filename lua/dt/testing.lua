@@ -36,7 +36,7 @@ function M.assert_close(a, b, atol, rtol, what)
    assert(#fa == #fb, ("%s: element counts differ: %d vs %d"):format(what or "assert_close", #fa, #fb))
    for i = 1, #fa do
       local d = math.abs(fa[i] - fb[i])
-      if not (d <= atol + rtol * math.abs(fb[i])) then
+      if not (d <= atol + rtol * math.abs(fb[i])) then -- luacheck: ignore 581 (a NaN d must fail)
          error(("%s: element %d differs: %.10g vs %.10g (|diff| %.3g > atol %.1g + rtol %.1g)"):format(
             what or "assert_close", i, fa[i], fb[i], d, atol, rtol), 2)
       end
@@ -99,7 +99,7 @@ function M.gradcheck(fn, inputs, opts)
             local lm = loss()
             x:set(i, v)
             local num, ana = (lp - lm) / (2 * eps), x.grad:get(i)
-            if not (math.abs(num - ana) <= atol + rtol * math.abs(num)) then
+            if not (math.abs(num - ana) <= atol + rtol * math.abs(num)) then -- luacheck: ignore 581 (NaN must fail)
                error(("gradcheck: input %d element %d: analytic %.8g vs numeric %.8g"):format(k, i, ana, num), 2)
             end
          end

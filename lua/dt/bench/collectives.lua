@@ -1,4 +1,5 @@
--- dt/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives per size, vs PyTorch/gloo all_reduce.
+-- dt/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives per size,
+-- vs PyTorch/gloo all_reduce.
 --
 -- The agent runs main() on every rank; rank 0 prints the table and leaves the headline numbers in
 -- <run dir>/bench_collectives.txt. Then after_launch() (in the agent, once the ranks are gone, so the

@@ -84,7 +84,9 @@ function M.report(name, fields)
    local parts = {}
    for _, kv in ipairs(fields) do
       local v = kv[2]
-      if type(v) == "number" then v = (math.abs(v) >= 100 or v == math.floor(v)) and ("%.0f"):format(v) or ("%.3g"):format(v) end
+      if type(v) == "number" then
+         v = (math.abs(v) >= 100 or v == math.floor(v)) and ("%.0f"):format(v) or ("%.3g"):format(v)
+      end
       parts[#parts + 1] = kv[1] .. "=" .. tostring(v)
    end
    print(("bench %s: %s"):format(name, table.concat(parts, " ")))

@@ -1,4 +1,5 @@
--- dt/bench/ddp.lua: `dtrun bench ddp`: tokens/s of recipes/ddp.lua on 1 rank and on N ranks of this machine, and the efficiency.
+-- dt/bench/ddp.lua: `dtrun bench ddp`: tokens/s of recipes/ddp.lua on 1 rank and on N ranks of this machine, and the
+-- efficiency.
 --
 -- Both runs use every core (1 rank x all threads, N ranks x cores/N threads), so on one machine the
 -- ideal is the same tokens/s: efficiency = tokens/s(N ranks) / tokens/s(1 rank). There is no peer

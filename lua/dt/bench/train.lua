@@ -37,7 +37,9 @@ function M.main(args)
    print(("ref-gpt training benchmark: batch %dx%d, %d steps after %d warm-up, %d threads"):format(REF.batch, REF.seq,
       o.steps, o.warmup, threads))
 
-   local model = nn.GPT { vocab = REF.vocab, seq = REF.seq, dim = REF.dim, layers = REF.layers, heads = REF.heads, seed = 0 }
+   local model = nn.GPT {
+      vocab = REF.vocab, seq = REF.seq, dim = REF.dim, layers = REF.layers, heads = REF.heads, seed = 0,
+   }
    local opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.1 })
    local x = dt.randint(0, REF.vocab, { REF.batch, REF.seq }, { dtype = "i64" })
    local y = dt.randint(0, REF.vocab, { REF.batch, REF.seq }, { dtype = "i64" })

@@ -1,4 +1,5 @@
--- dt/nn/module.lua: the Module base class: classes, parameter/child registration, hooks, state dicts, dtype moves, checkpointing.
+-- dt/nn/module.lua: the Module base class: classes, parameter/child registration, hooks, state dicts, dtype moves,
+-- checkpointing.
 --
 --    local Scale = nn.Module:extend("Scale")
 --    function Scale:init(n) self.w = dt.ones({ n }, { requires_grad = true }) end   -- registered as a parameter

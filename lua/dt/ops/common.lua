@@ -38,8 +38,8 @@ function M.broadcast_shape(sa, sb, level)
    for i = 1, n do
       local x, y = sa[#sa - n + i] or 1, sb[#sb - n + i] or 1
       if x ~= y and x ~= 1 and y ~= 1 then
-         error(("shape mismatch: %s and %s do not broadcast (dim %d: %d vs %d)"):format(M.shape_str(sa), M.shape_str(sb),
-            i - n - 1, x, y), (level or 2) + 1)
+         error(("shape mismatch: %s and %s do not broadcast (dim %d: %d vs %d)"):format(M.shape_str(sa),
+            M.shape_str(sb), i - n - 1, x, y), (level or 2) + 1)
       end
       out[i] = x == 1 and y or x
    end

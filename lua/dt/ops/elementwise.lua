@@ -151,7 +151,7 @@ return function(dt, Tensor)
    unary("sign", C.DT_UNARY_SIGN, nil)
 
    -- Ternary ops: numbers become 0-d tensors beside the tensor operands; one float dtype throughout.
-   local function ternary(name, op, a, b, c, out_like)
+   local function ternary(op, a, b, c, out_like)
       local ta = is_tensor(a) and a or scalar(a, out_like)
       local tb = is_tensor(b) and b or scalar(b, out_like)
       local tc = is_tensor(c) and c or scalar(c, out_like)
@@ -179,7 +179,7 @@ return function(dt, Tensor)
    function dt.where(cond, a, b)
       if not is_tensor(cond) then error("where: the condition must be a tensor, got " .. type(cond), 2) end
       local like = same_dtypes("where", a, b)
-      local out = ternary("where", C.DT_TERNARY_WHERE, cond, a, b, like)
+      local out = ternary(C.DT_TERNARY_WHERE, cond, a, b, like)
       return record(out, { a, b }, function(g)
          local zero = g:new_zeros({})
          return wants(a) and grad_for(a, dt.where(cond, g, zero)) or nil,
@@ -190,7 +190,7 @@ return function(dt, Tensor)
    -- out = a + w * (b - a) (w tensor or number).
    function dt.lerp(a, b, w)
       local like = same_dtypes("lerp", a, b, w)
-      local out = ternary("lerp", C.DT_TERNARY_LERP, a, b, w, like)
+      local out = ternary(C.DT_TERNARY_LERP, a, b, w, like)
       return record(out, { a, b, w }, function(g)
          return wants(a) and grad_for(a, g * (1 - w)) or nil, wants(b) and grad_for(b, g * w) or nil,
             wants(w) and grad_for(w, g * (b - a)) or nil
@@ -200,7 +200,7 @@ return function(dt, Tensor)
    -- out = a + b * c.
    function dt.addcmul(a, b, c)
       local like = same_dtypes("addcmul", a, b, c)
-      local out = ternary("addcmul", C.DT_TERNARY_ADDCMUL, a, b, c, like)
+      local out = ternary(C.DT_TERNARY_ADDCMUL, a, b, c, like)
       return record(out, { a, b, c }, function(g)
          return grad_for(a, g), wants(b) and grad_for(b, g * c) or nil, wants(c) and grad_for(c, g * b) or nil
       end, "addcmul")

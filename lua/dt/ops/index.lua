@@ -24,7 +24,9 @@ return function(dt, Tensor)
    -- Rows of weight (V, C) picked by idx (any shape) -> idx.shape .. (C).
    function dt.embedding(idx, weight)
       check_index("embedding", idx)
-      if weight.ndim ~= 2 then error(("embedding: weight must be (V, C), got %s"):format(shape_str(weight.shape)), 2) end
+      if weight.ndim ~= 2 then
+         error(("embedding: weight must be (V, C), got %s"):format(shape_str(weight.shape)), 2)
+      end
       local n, width, ws = idx:numel(), weight:size(2), weight.shape
       local out = empty({ n, width }, weight.dtype, weight)
       check(C.dt_op_index_select(weight.h, 0, idx.h, out.h))

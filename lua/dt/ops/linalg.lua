@@ -23,7 +23,8 @@ return function(dt, Tensor)
    function dt.matmul(a, b)
       common.check_dtypes(a, b, 2)
       if a.ndim == 0 or b.ndim == 0 then
-         error(("matmul: operands need at least 1 dim, got %s and %s"):format(shape_str(a.shape), shape_str(b.shape)), 2)
+         error(("matmul: operands need at least 1 dim, got %s and %s"):format(shape_str(a.shape),
+            shape_str(b.shape)), 2)
       end
       local a2 = a.ndim == 1 and a:as_strided({ 1, a:size(1) }, { 0, a:strides()[1] }) or a
       local b2 = b.ndim == 1 and b:as_strided({ b:size(1), 1 }, { b:strides()[1], 0 }) or b

@@ -1,4 +1,5 @@
--- dt/optim/init.lua: `require "dt.optim"`: AdamW and SGD (fused C steps), param groups, state dicts, grad-norm clipping.
+-- dt/optim/init.lua: `require "dt.optim"`: AdamW and SGD (fused C steps), param groups, state dicts, grad-norm
+-- clipping.
 --
 --    local opt = optim.AdamW(model:parameters(), { lr = 3e-4, weight_decay = 0.1 })
 --    opt.lr = sched(step); opt:step(); opt:zero_grad()

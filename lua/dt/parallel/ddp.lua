@@ -48,7 +48,8 @@ function M.wrap(model, opts)
    local params = model:parameters()
    for _, p in ipairs(params) do
       if p.dtype ~= "f32" then
-         error(("ddp.wrap: parameter of dtype %s; DDP reduces f32 gradients (use FSDP's mixed precision)"):format(p.dtype), 2)
+         error(("ddp.wrap: parameter of dtype %s; DDP reduces f32 gradients (use FSDP's mixed precision)")
+            :format(p.dtype), 2)
       end
       if not p:is_contiguous() then error("ddp.wrap: parameters must be contiguous", 2) end
    end

@@ -1,7 +1,9 @@
 -- dt/train/checkpoint.lua: single-process checkpoints: safetensors shards plus a CRC-checked index, saved atomically.
 --
---    checkpoint.save("runs/x/checkpoints", { model = m, optimizer = opt, step = 100, data = d, rng = gen, config = cfg })
---    local info = checkpoint.load("runs/x", { model = m, optimizer = opt, data = d, rng = gen })  -- info.step, info.config
+--    checkpoint.save("runs/x/checkpoints",
+--       { model = m, optimizer = opt, step = 100, data = d, rng = gen, config = cfg })
+--    local info = checkpoint.load("runs/x", { model = m, optimizer = opt, data = d, rng = gen })
+--    -- info.step, info.config
 --
 -- On disk: <dir>/step-N/{model.safetensors, optimizer.safetensors, index.json} and <dir>/latest ("step-N").
 -- A save writes into step-N.tmp-<pid>, fsyncs every file and the directory, renames it to step-N, then
@@ -23,7 +25,9 @@ local FORMAT, VERSION = "dtrun-checkpoint", 1
 local function encode(v, path, tensors)
    if Tensor.is_tensor(v) then
       local name = table.concat(path, ".")
-      if not tensors then error(("checkpoint: %s is a tensor, which only model and optimizer state may hold"):format(name), 0) end
+      if not tensors then
+         error(("checkpoint: %s is a tensor, which only model and optimizer state may hold"):format(name), 0)
+      end
       tensors[#tensors + 1] = { name, v }
       return { tensor = name }
    end
@@ -191,7 +195,9 @@ local function open_shard(dir, file, entry)
    local reader = safetensors.open(path)
    for name, want in pairs(entry.tensors) do
       local e = reader.entries[name]
-      if not e then error(("%s: tensor '%s' is listed in index.json but missing from the file"):format(path, name), 0) end
+      if not e then
+         error(("%s: tensor '%s' is listed in index.json but missing from the file"):format(path, name), 0)
+      end
       local st_dtype = safetensors.dtype_name[e.dtype.name]
       if st_dtype ~= want.dtype or dims(e.shape) ~= dims(want.shape) then
          error(("%s: tensor '%s' is %s [%s] in the file but %s [%s] in index.json"):format(path, name, st_dtype,
@@ -221,7 +227,9 @@ local function read_index(dir, format)
    if index.version ~= VERSION then
       error(("%s: format version %s, this build reads %d"):format(path, tostring(index.version), VERSION), 0)
    end
-   if type(index.step) ~= "number" or type(index.files) ~= "table" then error(("%s: missing step or files"):format(path), 0) end
+   if type(index.step) ~= "number" or type(index.files) ~= "table" then
+      error(("%s: missing step or files"):format(path), 0)
+   end
    return index
 end
 

@@ -1,4 +1,5 @@
--- dt/train/config.lua: recipe configuration: defaults, key=value / dotted / --config overrides, type checks, nearest-key hints.
+-- dt/train/config.lua: recipe configuration: defaults, key=value / dotted / --config overrides, type checks,
+-- nearest-key hints.
 --
 --    local cfg = config.parse({ steps = 100, lr = 3e-4, model = { dim = 128 } })   -- reads the global `arg`
 --    dtrun recipe.lua steps=10 model.dim=64 --config mine.lua 'model.mesh_shape={{2,2},{"fsdp","tp"}}'

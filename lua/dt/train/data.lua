@@ -83,7 +83,9 @@ local function check_opts(name, opts)
       end
    end
    local f = opts.val_fraction or 0.1
-   if type(f) ~= "number" or f < 0 or f >= 1 then error(("%s: val_fraction must be in [0, 1), got %s"):format(name, tostring(f)), 4) end
+   if type(f) ~= "number" or f < 0 or f >= 1 then
+      error(("%s: val_fraction must be in [0, 1), got %s"):format(name, tostring(f)), 4)
+   end
    return f
 end
 
@@ -136,7 +138,9 @@ end
 function M.tokens(opts)
    opts = opts or {}
    local kind = opts.dtype or "u16"
-   if not token_types[kind] then error(("train.tokens: dtype must be u8, u16 or u32, got %s"):format(tostring(kind)), 2) end
+   if not token_types[kind] then
+      error(("train.tokens: dtype must be u8, u16 or u32, got %s"):format(tostring(kind)), 2)
+   end
    if type(opts.path) ~= "string" then error("train.tokens: path is required", 2) end
    local out = ffi.new("dt_mmap*[1]")
    check(C.dt_io_mmap(opts.path, out), 2)

@@ -1,4 +1,5 @@
--- dt/train/trainer.lua: the training loop: accumulation, clipping, schedules, memory policy, callbacks, logs, checkpoints.
+-- dt/train/trainer.lua: the training loop: accumulation, clipping, schedules, memory policy, callbacks, logs,
+-- checkpoints.
 --
 --    local trainer = train.Trainer { model = m, optimizer = opt, data = d, config = cfg, run_dir = dir,
 --                                    schedule = optim.schedule{...} }
@@ -117,7 +118,7 @@ function Trainer:train_step()
       loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
       if n_micro == 1 then loss:backward() else loss:backward(loss:new_full(loss.shape, 1 / n_micro)) end
-      x, y, loss = nil, nil, nil
+      x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
       gc_s = gc_s + timed_gc()
    end
    self:hook("before_optimizer")
