@@ -5,7 +5,9 @@ local dt = require "dt"
 local exe = ffi.string(dt.C.dt_exe_path())
 local worker = "spec/fixtures/launch_worker.lua"
 
--- Run dtrun with args in a temp base dir; returns output lines, exit code, and the run dir.
+local made = {} -- run dirs to remove after each test
+
+-- Run dtrun with args from the repo root; returns output lines, exit code, and the run dir.
 local function dtrun(args)
    local p = io.popen(("cd %s && %s %s 2>&1; echo \"exit=$?\""):format(os.getenv("PWD") or ".", exe, args))
    local out = p:read("*a")
@@ -14,6 +16,7 @@ local function dtrun(args)
    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end
    local code = tonumber(table.remove(lines):match("exit=(%d+)"))
    local run_dir = lines[1] and lines[1]:match("^run dir: (.*)$")
+   if run_dir then made[#made + 1] = run_dir end
    return lines, code, run_dir, out
 end
 
@@ -32,6 +35,13 @@ local function stray_workers()
 end
 
 describe("launcher", function()
+   after_each(function()
+      for _, dir in ipairs(made) do
+         if dir:match("^runs/[%w%-_.]+$") then os.execute("rm -rf " .. dir) end
+      end
+      made = {}
+   end)
+
    it("starts N ranks with torchrun-compatible variables, prefixes output and tees logs", function()
       local lines, code, run_dir, out = dtrun(worker .. " --nproc 2")
       assert.equal(0, code, out)
@@ -80,11 +90,12 @@ describe("launcher", function()
    end)
 
    it("stops every rank cleanly on Ctrl-C (SIGINT to the agent)", function()
-      local cmd = ("%s %s --nproc 2 --grace 2 sleep=30 > /dev/null 2>&1 & "
-         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker)
-      local p = io.popen(cmd)
+      local p = io.popen(("%s %s --nproc 2 --grace 2 sleep=30 > /tmp/dt-ctrlc-spec.log 2>&1 & "
+         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker))
       local code = tonumber(p:read("*a"))
       p:close()
+      local first = io.open("/tmp/dt-ctrlc-spec.log"):read("*l")
+      made[#made + 1] = first and first:match("^run dir: (.*)$")
       assert.equal(130, code)
       assert.equal(0, stray_workers())
    end)

@@ -55,6 +55,23 @@ function M.free_port()
    return port
 end
 
+-- Run `dtrun recipe --nproc N args...` (recipe path relative to the repo root) and return the step records
+-- of its metrics.jsonl (rank 0's); the run dir is removed afterwards.
+function M.run_recipe(recipe, nproc, args, name)
+   local exe = require("ffi").string(require("dt").C.dt_exe_path())
+   local p = io.popen(("%s %s --nproc %d %s 2>&1"):format(exe, recipe, nproc, args))
+   local out = p:read("*a")
+   local ok = p:close()
+   local run_dir = out:match("^run dir: ([^\n]+)")
+   if not ok or not run_dir then
+      error(("bench %s: %s on %d rank(s) failed:\n%s"):format(name, recipe, nproc, out), 0)
+   end
+   local records = {}
+   for line in io.lines(run_dir .. "/metrics.jsonl") do records[#records + 1] = require("cjson").decode(line) end
+   os.execute("rm -rf '" .. run_dir .. "'")
+   return records
+end
+
 -- tools/bench beside this lua/ tree: the repo's, or <prefix>/share/dtrun/tools/bench when installed.
 local function bench_dir()
    local src = debug.getinfo(1, "S").source:sub(2)
