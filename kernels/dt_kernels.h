@@ -112,6 +112,21 @@ typedef struct dt_k_adamw_args {
 } dt_k_adamw_args;
 cudaError_t dt_k_adamw(cudaStream_t s, dt_k_adamw_args *a);
 
+/* Fills of n contiguous elements of `dtype` from each element's index i: arange a + i * b, or value offset + i of a
+ * Philox stream exactly as runtime/random.c draws it (uniform [a, b), normal(mean a, std b) by Box-Muller, integers
+ * lo + r % range), so a CPU and a GPU fill with one seed agree (normal: up to the device's libm rounding). */
+enum { DT_K_FILL_ARANGE, DT_K_FILL_UNIFORM, DT_K_FILL_NORMAL, DT_K_FILL_INT };
+typedef struct dt_k_fill_args {
+  int32_t kind, dtype;
+  int64_t n;
+  void *out;
+  double a, b;
+  uint64_t seed, offset;
+  int64_t lo;
+  uint64_t range;
+} dt_k_fill_args;
+cudaError_t dt_k_fill(cudaStream_t s, const dt_k_fill_args *a);
+
 /* Fused tiled attention (FlashAttention-2 style: shared-memory tiles, online softmax, no T x T matrix).
  * q (B, Hq, T, D), k, v (B, Hkv, Tk, D), out like q, lse (B, Hq, T) of ldtype; D <= DT_K_ATTN_MAX_D; dtype f32, bf16 or
  * f16. The backward recomputes probabilities from lse: one kernel owns each key tile (dk, dv), another each query tile

@@ -1,4 +1,4 @@
-/* base.c: errors, dtype tables, thread settings, ABI sizes, clock. */
+/* base.c: errors, dtype tables, device counts, thread settings, ABI sizes, clock. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 #include <omp.h>
 #endif
 
-#include "dt_internal.h"
+#include "dispatch.h"
 
 static _Thread_local char dt_error_buf[1024];
 
@@ -44,7 +44,17 @@ const char *dt_dtype_name(int dtype) {
 }
 bool dt_dtype_is_float(int dtype) { return dtype >= 0 && dtype < DT_DTYPE_COUNT && dtype_info[dtype].is_float; }
 
-int dt_device_count(int device_type) { return device_type == DT_DEVICE_CPU ? 1 : 0; }
+int dt_device_count(int device_type) {
+  if (device_type == DT_DEVICE_CPU) return 1;
+#if DT_HAVE_CUDA
+  if (device_type == DT_DEVICE_CUDA) return dt_cuda_device_count();
+#endif
+  return 0;
+}
+
+#if !DT_HAVE_CUDA
+int dt_cuda_build(void) { return DT_CUDA_BUILD_NONE; } /* the CUDA builds define it in runtime/cuda/device.c */
+#endif
 
 static int dt_threads = 0;
 

@@ -1,5 +1,5 @@
 /* random.c: counter-based random fills (Philox4x32-10): uniform, normal, integers; thread-count independent. */
-#include "dt_internal.h"
+#include "dispatch.h"
 #include "dt_philox.h"
 #include "dt_random.h"
 
@@ -96,23 +96,21 @@ static dt_status check_float(const dt_tensor *out, const char *op) {
   return DT_OK;
 }
 
-dt_status dt_random_uniform(dt_tensor *out, uint64_t seed, uint64_t offset, double lo, double hi) {
+dt_status dt_random_check_uniform(const dt_tensor *out, double lo, double hi) {
   DT_TRY(check_float(out, "dt_random_uniform"));
   DT_CHECK(lo < hi && isfinite(lo) && isfinite(hi), DT_ERR_ARG,
            "dt_random_uniform: need finite lo < hi, got [%g, %g)", lo, hi);
-  fill_spec f = {.stream = DT_PHILOX_UNIFORM, .per_block = 4, .a = lo, .b = hi};
-  return fill(out, seed, offset, &f);
+  return DT_OK;
 }
 
-dt_status dt_random_normal(dt_tensor *out, uint64_t seed, uint64_t offset, double mean, double std) {
+dt_status dt_random_check_normal(const dt_tensor *out, double mean, double std) {
   DT_TRY(check_float(out, "dt_random_normal"));
   DT_CHECK(std >= 0 && isfinite(std) && isfinite(mean), DT_ERR_ARG,
            "dt_random_normal: need a finite mean and std >= 0, got mean %g std %g", mean, std);
-  fill_spec f = {.stream = DT_PHILOX_NORMAL, .per_block = 4, .a = mean, .b = std};
-  return fill(out, seed, offset, &f);
+  return DT_OK;
 }
 
-dt_status dt_random_int(dt_tensor *out, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) {
+dt_status dt_random_check_int(const dt_tensor *out, int64_t lo, int64_t hi) {
   char b[DT_SHAPE_BUF];
   DT_CHECK(out->dtype != DT_DTYPE_BOOL, DT_ERR_ARG, "dt_random_int: out must not be bool, got %s",
            dt_shape_str(out, b, sizeof b));
@@ -122,6 +120,23 @@ dt_status dt_random_int(dt_tensor *out, uint64_t seed, uint64_t offset, int64_t 
   else if (out->dtype == DT_DTYPE_U8) min = 0, max = 255;
   DT_CHECK(lo >= min && hi - 1 <= max, DT_ERR_ARG, "dt_random_int: [%lld, %lld) does not fit %s",
            (long long)lo, (long long)hi, dt_dtype_name(out->dtype));
+  return DT_OK;
+}
+
+dt_status dt_cpu_random_uniform(dt_tensor *out, uint64_t seed, uint64_t offset, double lo, double hi) {
+  DT_TRY(dt_random_check_uniform(out, lo, hi));
+  fill_spec f = {.stream = DT_PHILOX_UNIFORM, .per_block = 4, .a = lo, .b = hi};
+  return fill(out, seed, offset, &f);
+}
+
+dt_status dt_cpu_random_normal(dt_tensor *out, uint64_t seed, uint64_t offset, double mean, double std) {
+  DT_TRY(dt_random_check_normal(out, mean, std));
+  fill_spec f = {.stream = DT_PHILOX_NORMAL, .per_block = 4, .a = mean, .b = std};
+  return fill(out, seed, offset, &f);
+}
+
+dt_status dt_cpu_random_int(dt_tensor *out, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) {
+  DT_TRY(dt_random_check_int(out, lo, hi));
   fill_spec f = {.stream = DT_PHILOX_INT, .per_block = 2, .lo = lo, .range = (uint64_t)hi - (uint64_t)lo};
   return fill(out, seed, offset, &f);
 }

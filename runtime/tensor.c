@@ -1,20 +1,22 @@
-/* tensor.c: storage refcounting, pool accounting, views, copy/fill, half-precision conversion. */
+/* tensor.c: storage refcounting on host and cuda memory, pool accounting, views, CPU copy/fill, half conversion. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dt_internal.h"
+#include "dispatch.h"
 
 struct dt_storage {
   void *data;
   int64_t nbytes;
   _Atomic int refcount;
-  int pool;
-  bool owned; /* false for dt_tensor_wrap */
+  int pool;         /* DT_POOL_HOST, or DT_POOL_DEVICE for cuda memory */
+  dt_device device; /* where data lives: cuda memory goes back to that device's compute stream */
+  bool owned;       /* false for dt_tensor_wrap */
 };
 
+/* The host pool's counters (the CUDA pools are counted by the backend: runtime/cuda/memory.c). */
 static _Atomic int64_t pool_live[DT_POOL_COUNT], pool_peak[DT_POOL_COUNT], pool_count[DT_POOL_COUNT];
 
 static void pool_account(int pool, int64_t delta) {
@@ -52,6 +54,14 @@ void dt_pool_free(int pool, void *p, size_t nbytes) {
 
 dt_status dt_pool_stats_get(int pool, dt_pool_stats *out) {
   DT_CHECK(pool >= 0 && pool < DT_POOL_COUNT, DT_ERR_ARG, "unknown memory pool %d", pool);
+  if (pool != DT_POOL_HOST) {
+#if DT_HAVE_CUDA
+    return dt_cuda_memory_stats(pool == DT_POOL_DEVICE ? -1 : 0, pool, out); /* device -1: all devices */
+#else
+    *out = (dt_pool_stats){0, 0, 0};
+    return DT_OK;
+#endif
+  }
   out->live_bytes = atomic_load(&pool_live[pool]);
   out->peak_bytes = atomic_load(&pool_peak[pool]);
   out->alloc_count = atomic_load(&pool_count[pool]);
@@ -59,7 +69,10 @@ dt_status dt_pool_stats_get(int pool, dt_pool_stats *out) {
 }
 
 void dt_pool_reset_peak(int pool) {
-  if (pool >= 0 && pool < DT_POOL_COUNT) atomic_store(&pool_peak[pool], atomic_load(&pool_live[pool]));
+  if (pool == DT_POOL_HOST) atomic_store(&pool_peak[pool], atomic_load(&pool_live[pool]));
+#if DT_HAVE_CUDA
+  else if (pool == DT_POOL_DEVICE || pool == DT_POOL_PINNED) dt_cuda_memory_reset_peak(-1, pool);
+#endif
 }
 
 const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
@@ -96,27 +109,64 @@ static dt_tensor *tensor_struct(int ndim, const int64_t *shape, int dtype) {
   return t;
 }
 
+/* nbytes of fresh memory on `device` from its pool. */
+static dt_status storage_alloc(dt_device device, size_t nbytes, void **data, int *pool) {
+  *data = NULL;
+  char b[32];
+  if (device.type == DT_DEVICE_CPU) {
+    *pool = DT_POOL_HOST;
+    *data = dt_pool_alloc(DT_POOL_HOST, nbytes);
+    DT_CHECK(*data, DT_ERR_OOM, "out of host memory allocating %zu bytes", nbytes);
+    return DT_OK;
+  }
+  dt_device_str(device, b, sizeof b);
+  DT_CHECK(device.type == DT_DEVICE_CUDA, DT_ERR_ARG, "unknown %s", b);
+#if DT_HAVE_CUDA
+  *pool = DT_POOL_DEVICE;
+  dt_stream *s;
+  DT_TRY(dt_compute_stream(device, &s));
+  /* at least one byte: an empty tensor still gets a live pointer (device ops refuse released storage) */
+  return dt_cuda_malloc(s, nbytes ? nbytes : 1, data);
+#else
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not available in this build (CPU only)", b);
+#endif
+}
+
+static void storage_free(dt_storage *s) {
+  if (!s->owned || !s->data) return;
+  if (s->pool == DT_POOL_HOST) {
+    dt_pool_free(s->pool, s->data, (size_t)s->nbytes);
+    return;
+  }
+#if DT_HAVE_CUDA
+  dt_stream *st;
+  /* stream-ordered: the bytes return to the pool once the compute stream's queued work (which may read them) ran */
+  if (dt_compute_stream(s->device, &st) == DT_OK) dt_cuda_free(st, s->data);
+#endif
+}
+
 dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out) {
   *out = NULL;
   int64_t numel;
   DT_TRY(check_shape(ndim, shape, &numel));
   DT_CHECK(dtype >= 0 && dtype < DT_DTYPE_COUNT, DT_ERR_ARG, "unknown dtype %d", dtype);
-  DT_CHECK(device.type == DT_DEVICE_CPU, DT_ERR_UNSUPPORTED,
-           "device type %d is not available in this build (CPU only)", device.type);
   size_t nbytes = (size_t)numel * dt_dtype_size(dtype);
+  void *data;
+  int pool = DT_POOL_HOST;
+  DT_TRY(storage_alloc(device, nbytes, &data, &pool));
   dt_storage *s = calloc(1, sizeof *s);
   dt_tensor *t = tensor_struct(ndim, shape, dtype);
-  void *data = dt_pool_alloc(DT_POOL_HOST, nbytes);
-  if (!s || !t || !data) {
+  if (!s || !t) {
     free(s);
     free(t);
-    dt_pool_free(DT_POOL_HOST, data, nbytes);
-    return DT_FAIL(DT_ERR_OOM, "out of host memory allocating %zu bytes", nbytes);
+    storage_free(&(dt_storage){.data = data, .nbytes = (int64_t)nbytes, .pool = pool, .device = device, .owned = true});
+    return DT_FAIL(DT_ERR_OOM, "out of host memory for a tensor");
   }
   s->data = data;
   s->nbytes = (int64_t)nbytes;
   s->refcount = 1;
-  s->pool = DT_POOL_HOST;
+  s->pool = pool;
+  s->device = device;
   s->owned = true;
   t->storage = s;
   t->data = data;
@@ -127,8 +177,22 @@ dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device d
 
 dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out) {
   DT_TRY(dt_tensor_empty(ndim, shape, dtype, device, out));
-  memset((*out)->data, 0, (size_t)(*out)->storage->nbytes);
-  return DT_OK;
+  dt_tensor *t = *out;
+  if (t->device.type == DT_DEVICE_CPU) {
+    memset(t->data, 0, (size_t)t->storage->nbytes);
+    return DT_OK;
+  }
+  dt_status st = DT_ERR_STATE;
+#if DT_HAVE_CUDA
+  dt_stream *s;
+  st = dt_compute_stream(t->device, &s);
+  if (st == DT_OK) st = dt_cuda_memset(s, t->data, 0, (size_t)t->storage->nbytes);
+#endif
+  if (st != DT_OK) {
+    dt_tensor_free(t);
+    *out = NULL;
+  }
+  return st;
 }
 
 dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, dt_tensor **out) {
@@ -155,7 +219,7 @@ dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, 
 }
 
 static void storage_release_bytes(dt_storage *s) {
-  if (s->owned) dt_pool_free(s->pool, s->data, (size_t)s->nbytes);
+  storage_free(s);
   s->data = NULL;
   s->nbytes = 0;
 }
@@ -246,7 +310,7 @@ dt_status dt_broadcast_strides(const dt_tensor *t, int ndim, const int64_t *shap
   return DT_OK;
 }
 
-dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
+dt_status dt_cpu_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
   int64_t bs[DT_MAX_DIMS];
   DT_TRY(dt_broadcast_strides(src, dst->ndim, dst->shape, bs));
   int64_t n = dt_tensor_numel(dst);
@@ -270,7 +334,7 @@ dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
   return DT_OK;
 }
 
-dt_status dt_tensor_fill(dt_tensor *dst, double value) {
+dt_status dt_cpu_tensor_fill(dt_tensor *dst, double value) {
   int64_t n = dt_tensor_numel(dst);
   char *dp = dt_tensor_ptr(dst);
   int dd = dst->dtype;
@@ -283,20 +347,6 @@ dt_status dt_tensor_fill(dt_tensor *dst, double value) {
   }
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; i++) dt_store(dp, dd, dt_strided_offset(dst->ndim, dst->shape, dst->strides, i), value);
-  return DT_OK;
-}
-
-dt_status dt_tensor_get(const dt_tensor *t, int64_t i, double *out) {
-  int64_t n = dt_tensor_numel(t);
-  DT_CHECK(i >= 0 && i < n, DT_ERR_ARG, "flat index %lld out of range for %lld elements", (long long)i, (long long)n);
-  *out = dt_load(dt_tensor_ptr(t), t->dtype, dt_strided_offset(t->ndim, t->shape, t->strides, i));
-  return DT_OK;
-}
-
-dt_status dt_tensor_set(dt_tensor *t, int64_t i, double v) {
-  int64_t n = dt_tensor_numel(t);
-  DT_CHECK(i >= 0 && i < n, DT_ERR_ARG, "flat index %lld out of range for %lld elements", (long long)i, (long long)n);
-  dt_store(dt_tensor_ptr(t), t->dtype, dt_strided_offset(t->ndim, t->shape, t->strides, i), v);
   return DT_OK;
 }
 

@@ -102,6 +102,19 @@ describe("tensor", function()
       assert.matches("min 1  max 1", s)
    end)
 
+   it("names a cuda device this build or machine lacks, with the count", function()
+      local n, build = dt.device_count("cuda"), dt.cuda_build()
+      local bad = ("cuda:%d"):format(n)
+      local msg = testing.errmsg(function() return dt.zeros({ 2 }, { device = bad }) end)
+      assert.truthy(msg:find(("device '%s' (%s) is not available"):format(bad, bad), 1, true), msg)
+      assert.truthy(msg:find(("%d cuda device"):format(n), 1, true), msg)
+      if build == "none" then assert.truthy(msg:find("no CUDA backend", 1, true), msg) end
+      assert.equal(1, dt.device_count("cpu"))
+      assert.truthy(({ none = true, cuda = true, emulated = true })[build])
+      msg = testing.errmsg(function() return dt.ones({ 2 }):to("cuda:99") end)
+      assert.truthy(msg:find("cuda:99", 1, true), msg)
+   end)
+
    it("matches the struct layout the C library uses", function()
       local ffi = require "ffi"
       for _, name in ipairs { "dt_tensor", "dt_device", "dt_pool_stats" } do

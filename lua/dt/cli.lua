@@ -61,11 +61,21 @@ end
 
 function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) end
 
+local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
+   emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
+
 function commands.info()
    local dt = require "dt"
+   local device = require "dt.device"
+   local build, n = device.cuda_build(), device.count("cuda")
    print(("dtrun %s  LuaJIT %s"):format(require("dt.version"), jit.version))
-   print(("build: CPU only   threads: %d"):format(dt.threads()))
-   print("devices: cpu")
+   print(("build: %s   threads: %d"):format(build_names[build], dt.threads()))
+   print(("devices: cpu%s"):format(n > 0 and "" or build == "none" and "" or "  (no CUDA device found)"))
+   for i = 0, n - 1 do
+      local d = dt.cuda_device_info(i)
+      print(("  cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs%s"):format(i, d.name, d.total_memory / 2 ^ 30, d.cc_major,
+         d.cc_minor, d.multiprocessors, d.emulated and "  (emulated)" or ""))
+   end
    return 0
 end
 

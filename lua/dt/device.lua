@@ -1,22 +1,67 @@
--- dt/device.lua: device strings ("cpu", "cuda:0") <-> dt_device structs.
+-- dt/device.lua: device strings ("cpu", "cuda:0") <-> dt_device structs, device counts and the CUDA build kind.
 local ffi = require "ffi"
+local C = require("dt.ffi").C
 
 local M = {}
 local dt_device = ffi.typeof("dt_device")
+local CPU, CUDA = 0, 1
 
--- Parse "cpu" / "cuda" / "cuda:N" into a dt_device value; raises with the accepted forms.
+local builds = { [0] = "none", [1] = "cuda", [2] = "emulated" }
+
+-- How libdt was built for CUDA: "none" (CPU only), "cuda" (the real backend) or "emulated" (kernels on the CPU).
+function M.cuda_build() return builds[tonumber(C.dt_cuda_build())] end
+
+-- Usable devices of a kind ("cpu" or "cuda"); fixed for the life of the process, so counted once.
+local counts = {}
+function M.count(kind)
+   local t = kind == "cuda" and CUDA or CPU
+   if counts[t] == nil then counts[t] = tonumber(C.dt_device_count(t)) end
+   return counts[t]
+end
+
+local function unavailable(s, idx, level)
+   local n, build = M.count("cuda"), M.cuda_build()
+   local why
+   if build == "none" then
+      why = "this build has no CUDA backend (built with DT_CUDA=OFF), 0 cuda devices"
+   elseif n == 0 then
+      why = "no CUDA device was found (0 cuda devices)"
+   else
+      why = ("there %s %d cuda device%s (cuda:0%s)"):format(n == 1 and "is" or "are", n, n == 1 and "" or "s",
+         n > 1 and ("..cuda:%d"):format(n - 1) or "")
+   end
+   error(("device '%s' (cuda:%d) is not available: %s"):format(s, idx, why), level + 1)
+end
+
+-- Parse "cpu" / "cuda" / "cuda:N" (or a dt_device) into a dt_device value; raises with the accepted forms, or naming
+-- the device and the count when this build or machine has no such device.
 function M.parse(s, level)
+   level = (level or 2) + 1
    if ffi.istype(dt_device, s) then return s end
    s = s or "cpu"
-   if s == "cpu" then return dt_device(0, 0) end
-   local idx = s == "cuda" and "0" or s:match("^cuda:(%d+)$")
-   if idx then return dt_device(1, tonumber(idx)) end
-   error(("unknown device '%s' (use 'cpu' or 'cuda:N')"):format(tostring(s)), (level or 2) + 1)
+   if s == "cpu" then return dt_device(CPU, 0) end
+   local idx = s == "cuda" and "0" or (type(s) == "string" and s:match("^cuda:(%d+)$"))
+   if idx then
+      idx = tonumber(idx)
+      if idx >= M.count("cuda") then unavailable(s, idx, level) end
+      return dt_device(CUDA, idx)
+   end
+   error(("unknown device '%s' (use 'cpu' or 'cuda:N')"):format(tostring(s)), level)
+end
+
+-- True for a value naming a device (a dt_device, "cpu", "cuda", "cuda:N"), as opposed to e.g. a dtype name.
+function M.is_spec(x)
+   if ffi.istype(dt_device, x) then return true end
+   return type(x) == "string" and (x == "cpu" or x == "cuda" or x:match("^cuda:%d+$") ~= nil)
 end
 
 function M.name(d)
-   if d.type == 0 then return "cpu" end
+   if d.type == CPU then return "cpu" end
    return ("cuda:%d"):format(d.index)
 end
+
+function M.is_cpu(d) return d.type == CPU end
+
+function M.same(a, b) return a.type == b.type and (a.type == CPU or a.index == b.index) end
 
 return M

@@ -3,6 +3,7 @@ local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
 local autograd = require "dt.autograd"
+local device = require "dt.device"
 
 local C, check = dtffi.C, dtffi.check
 local dt = {
@@ -41,6 +42,23 @@ end
 
 function dt.reset_peak_memory()
    for _, id in pairs(pool_ids) do C.dt_pool_reset_peak(id) end
+end
+
+-- Devices: counts ("cpu", "cuda"), the CUDA build kind ("none", "cuda", "emulated"), a cuda device's properties, and
+-- a host wait for a device's queued work (tests and timing; training code never needs it).
+function dt.device_count(kind) return device.count(kind or "cuda") end
+dt.cuda_build = device.cuda_build
+
+function dt.cuda_device_info(index)
+   local info = ffi.new("dt_cuda_device_info")
+   check(C.dt_cuda_device_info_get(index or 0, info))
+   return { name = ffi.string(info.name), total_memory = tonumber(info.total_memory), cc_major = info.cc_major,
+      cc_minor = info.cc_minor, multiprocessors = info.multiprocessors, emulated = info.emulated ~= 0 }
+end
+
+function dt.synchronize(dev)
+   dev = device.parse(dev or "cuda", 2)
+   if dev.type ~= 0 then check(C.dt_cuda_device_synchronize(dev.index)) end
 end
 
 function dt.threads(n)

@@ -61,8 +61,10 @@ local function account_allocation(nbytes)
    allocated_since_gc = allocated_since_gc + nbytes
    if allocated_since_gc > gc_budget then
       collectgarbage()
-      C.dt_pool_stats_get(0, pool_stats)
-      gc_budget = math.max(gc_min, tonumber(pool_stats.live_bytes))
+      C.dt_pool_stats_get(0, pool_stats) -- host
+      local live = tonumber(pool_stats.live_bytes)
+      C.dt_pool_stats_get(2, pool_stats) -- device (all cuda devices)
+      gc_budget = math.max(gc_min, live + tonumber(pool_stats.live_bytes))
       allocated_since_gc = 0
    end
 end
@@ -93,7 +95,7 @@ end
 function Tensor.zeros(shape, opts) return Tensor.full(shape, 0, opts) end
 function Tensor.ones(shape, opts) return Tensor.full(shape, 1, opts) end
 
--- Tensor from a (nested) Lua table or a number.
+-- Tensor from a (nested) Lua table or a number (built on the CPU, then moved to opts.device in one copy).
 function Tensor.from(data, opts)
    local shape, flat = {}, {}
    if type(data) == "number" then
@@ -119,10 +121,15 @@ function Tensor.from(data, opts)
       end
       walk(data, 1)
    end
-   local t = Tensor.empty(shape, opts)
+   opts = opts or {}
+   local dev = device.parse(opts.device, 3)
+   local t = Tensor.empty(shape, { dtype = opts.dtype, requires_grad = opts.requires_grad })
    local h = t.h
    for i = 1, #flat do check(C.dt_tensor_set(h, i - 1, flat[i])) end
-   return t
+   if device.is_cpu(dev) then return t end
+   local moved = Tensor.empty(shape, { dtype = opts.dtype, device = dev, requires_grad = opts.requires_grad })
+   check(C.dt_tensor_copy(moved.h, h))
+   return moved
 end
 
 -- Properties ----------------------------------------------------------------------------------
@@ -179,6 +186,17 @@ function Tensor:free()
    end
 end
 
+-- A host copy of t (t itself on the CPU), not recorded: for reading values.
+local function host(t)
+   if device.is_cpu(t.h.device) then return t end
+   local out = handle_out()
+   check(C.dt_tensor_empty(t.h.ndim, t.h.shape, t.h.dtype, device.parse("cpu"), out), 3)
+   local c = wrap(out[0])
+   check(C.dt_tensor_copy(c.h, t.h), 3)
+   return c
+end
+Tensor.host = host
+
 function Tensor:item()
    if self:numel() ~= 1 then error(("item() needs a one-element tensor, got %d elements"):format(self:numel()), 2) end
    local v = ffi.new("double[1]")
@@ -195,10 +213,10 @@ end
 function Tensor:set(i, value) check(C.dt_tensor_set(self.h, i - 1, value)) end
 
 function Tensor:totable()
-   local n, shape = self:numel(), self.shape
+   local n, shape, h = self:numel(), self.shape, host(self).h
    local v, flat = ffi.new("double[1]"), {}
    for i = 0, n - 1 do
-      check(C.dt_tensor_get(self.h, i, v))
+      check(C.dt_tensor_get(h, i, v))
       flat[i + 1] = v[0]
    end
    if #shape == 0 then return flat[1] end
@@ -218,10 +236,14 @@ function Tensor:totable()
    return build(1)
 end
 
--- In-place, not recorded: fill and copy (with broadcasting and dtype conversion).
+-- In-place, not recorded: fill and copy (with broadcasting and dtype conversion; src may be on another device).
 function Tensor:fill_(v) check(C.dt_tensor_fill(self.h, v)); return self end
 function Tensor:copy_(src)
-   check(C.dt_op_axpby(1, src.h, 0, self.h))
+   if device.same(self.h.device, src.h.device) then
+      check(C.dt_op_axpby(1, src.h, 0, self.h)) -- the elementwise kernels: fast strided copies and casts
+   else
+      check(C.dt_tensor_copy(self.h, src.h))
+   end
    return self
 end
 
@@ -409,12 +431,19 @@ function Tensor:expand(s, ...)
    return autograd.record(out, { self }, function(g) return g:sum_to(in_shape) end, "expand")
 end
 
--- Cast (differentiable between float dtypes) and device moves.
+-- Cast (differentiable between float dtypes) or move to a device ("cpu", "cuda", "cuda:N"; differentiable: the
+-- gradient moves back). A tensor already there (or of that dtype) is returned as is.
 function Tensor:to(target)
-   local ok_dev, dev = pcall(device.parse, target)
-   if ok_dev and type(target) == "string" and (target == "cpu" or target:match("^cuda")) then
-      if device.name(dev) == self.device then return self end
-      error("device " .. target .. " is not available in this build (CPU only)", 2)
+   if device.is_spec(target) then
+      local dev = device.parse(target, 2)
+      if device.same(dev, self.h.device) then return self end
+      local out = Tensor.empty(self.shape, { dtype = self.dtype, device = dev })
+      check(C.dt_tensor_copy(out.h, self.h))
+      local back = device.name(self.h.device)
+      if self:dtype_info().is_float then
+         autograd.record(out, { self }, function(g) return g:to(back) end, "to")
+      end
+      return out
    end
    local info = dtype.get(target, 2)
    if info.id == self.h.dtype then return self end
@@ -450,6 +479,7 @@ function mt.__tostring(t)
    if t.h == nil then return "dt.Tensor(freed)" end
    local head = ("dt.Tensor(%s) %s %s"):format(table.concat(t.shape, ", "), t.dtype, t.device)
    local n = t:numel()
+   t = host(t) -- one copy instead of a device round trip per element
    if n <= 64 then
       local vals = {}
       for i = 1, n do vals[i] = fmt(t:get(i)) end

@@ -2,7 +2,7 @@
 #include "dt_ops.h"
 #include "ops_cpu.h"
 
-static dt_status check_cat(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out) {
+dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out) {
   char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
   DT_CHECK(n >= 1, DT_ERR_ARG, "cat: needs at least one tensor, got %d", n);
   DT_CHECK(dim >= 0 && dim < out->ndim, DT_ERR_ARG, "cat: dim %d out of range for out %s", dim,
@@ -21,8 +21,8 @@ static dt_status check_cat(int n, const dt_tensor *const *xs, int dim, const dt_
   return DT_OK;
 }
 
-dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {
-  DT_TRY(check_cat(n, xs, dim, out));
+dt_status dt_cpu_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {
+  DT_TRY(dt_op_cat_check(n, xs, dim, out));
   int64_t outer = 1, inner = 1, at = 0;
   for (int d = 0; d < dim; d++) outer *= out->shape[d];
   for (int d = dim + 1; d < out->ndim; d++) inner *= out->shape[d];
@@ -50,7 +50,7 @@ dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) 
   return DT_OK;
 }
 
-dt_status dt_op_arange(dt_tensor *out, double start, double step) {
+dt_status dt_cpu_op_arange(dt_tensor *out, double start, double step) {
   int64_t n = dt_tensor_numel(out);
   char *p = dt_tensor_ptr(out);
   bool contig = dt_tensor_is_contiguous(out);

@@ -47,13 +47,6 @@ typedef struct {
   int64_t st[EW_MAX_ARGS][DT_MAX_DIMS];
 } ew_plan;
 
-static const char *const unary_names[DT_UNARY_COUNT] = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "abs", "sin", "cos", "square", "reciprocal",
-    "sign"};
-static const char *const binary_names[DT_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-static const char *const ternary_names[DT_TERNARY_COUNT] = {"where", "lerp", "addcmul"};
-
 /* f64 if any input is f64, else f32 if any is a float dtype, else i64. */
 static int ctype_of(int n, const dt_tensor *const *xs) {
   int ct = DT_CT_I64;
@@ -153,23 +146,24 @@ static void ew_run(const ew_plan *p) {
   }
 }
 
-dt_status dt_op_unary(int op, const dt_tensor *x, dt_tensor *out) {
+dt_status dt_cpu_op_unary(int op, const dt_tensor *x, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_UNARY_COUNT, DT_ERR_ARG, "unknown unary op %d", op);
   ew_plan p = {.kind = EW_UNARY, .op = op, .ctype = ctype_of(1, &x)};
   bool int_ok = op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS || op == DT_UNARY_SQUARE ||
                 op == DT_UNARY_SIGN;
-  if (p.ctype == DT_CT_I64 && !int_ok) return int_unsupported(unary_names[op], x);
-  DT_TRY(ew_plan_init(&p, unary_names[op], 1, &x, out));
+  if (p.ctype == DT_CT_I64 && !int_ok) return int_unsupported(dt_unary_name(op), x);
+  DT_TRY(ew_plan_init(&p, dt_unary_name(op), 1, &x, out));
   ew_run(&p);
   return DT_OK;
 }
 
-dt_status dt_op_binary(int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
+dt_status dt_cpu_op_binary(int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   const dt_tensor *in[2] = {a, b};
   ew_plan p = {.kind = EW_BINARY, .op = op, .ctype = ctype_of(2, in)};
-  if (p.ctype == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], a);
-  DT_TRY(ew_plan_init(&p, binary_names[op], 2, in, out));
+  if (p.ctype == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW))
+    return int_unsupported(dt_binary_name(op), a);
+  DT_TRY(ew_plan_init(&p, dt_binary_name(op), 2, in, out));
   ew_run(&p);
   return DT_OK;
 }
@@ -192,33 +186,33 @@ static dt_tensor scalar_tensor(int ct, double s, double *storage) {
 /* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
 static bool int_scalar(double s) { return s == floor(s) && fabs(s) < 9.0e18; }
 
-dt_status dt_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *out) {
+dt_status dt_cpu_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   int ct = ctype_of(1, &x);
   if (ct == DT_CT_I64 && !int_scalar(s)) ct = DT_CT_F64;
-  if (ct == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], x);
+  if (ct == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(dt_binary_name(op), x);
   double storage;
   dt_tensor st = scalar_tensor(ct, s, &storage);
   const dt_tensor *in[2] = {x, &st};
   ew_plan p = {.kind = EW_BINARY, .op = op, .ctype = ct};
-  DT_TRY(ew_plan_init(&p, binary_names[op], 2, in, out));
+  DT_TRY(ew_plan_init(&p, dt_binary_name(op), 2, in, out));
   ew_run(&p);
   return DT_OK;
 }
 
-dt_status dt_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out) {
+dt_status dt_cpu_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_TERNARY_COUNT, DT_ERR_ARG, "unknown ternary op %d", op);
   const dt_tensor *in[3] = {a, b, c};
   /* where's condition only selects; its dtype does not decide the compute type */
   int ct = op == DT_TERNARY_WHERE ? ctype_of(2, in + 1) : ctype_of(3, in);
-  if (ct == DT_CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(ternary_names[op], b);
+  if (ct == DT_CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(dt_ternary_name(op), b);
   ew_plan p = {.kind = EW_TERNARY, .op = op, .ctype = ct};
-  DT_TRY(ew_plan_init(&p, ternary_names[op], 3, in, out));
+  DT_TRY(ew_plan_init(&p, dt_ternary_name(op), 3, in, out));
   ew_run(&p);
   return DT_OK;
 }
 
-dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
+dt_status dt_cpu_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
   const dt_tensor *in[2] = {x, out};
   int ct = ctype_of(2, in);
   if (ct == DT_CT_I64 && !(int_scalar(alpha) && int_scalar(beta))) ct = DT_CT_F64;
@@ -232,6 +226,6 @@ dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *
 dt_status dt_cpu_copy(dt_tensor *dst, const dt_tensor *src) {
   bool same = dst->dtype == src->dtype && dst->ndim == src->ndim;
   for (int d = 0; same && d < dst->ndim; d++) same = dst->shape[d] == src->shape[d];
-  if (same && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src)) return dt_tensor_copy(dst, src);
-  return dt_op_axpby(1.0, src, 0.0, dst);
+  if (same && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src)) return dt_cpu_tensor_copy(dst, src);
+  return dt_cpu_op_axpby(1.0, src, 0.0, dst);
 }

@@ -58,7 +58,7 @@ static dt_status check_index_shapes(const char *what, const dt_tensor *big, cons
   return DT_OK;
 }
 
-dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
+dt_status dt_cpu_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   int64_t n = dt_tensor_numel(idx), *iv;
   DT_TRY(check_index_shapes("index_select", x, out, dim, n));
   DT_TRY(load_indices("index_select", idx, dim, x->shape[dim], &iv));
@@ -84,7 +84,7 @@ dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, 
   return DT_OK;
 }
 
-dt_status dt_op_index_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
+dt_status dt_cpu_op_index_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
   int64_t n = dt_tensor_numel(idx), *iv;
   DT_TRY(check_index_shapes("index_add", out, src, dim, n));
   DT_TRY(load_indices("index_add", idx, dim, out->shape[dim], &iv));
@@ -157,7 +157,7 @@ static dt_status check_lines(const char *what, line_walk *w, bool b_exact) {
   return DT_OK;
 }
 
-dt_status dt_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
+dt_status dt_cpu_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   line_walk w = {.idx = idx, .a = x, .b = out, .dim = dim};
   int64_t *iv;
   DT_TRY(check_lines("gather", &w, true));
@@ -179,7 +179,7 @@ dt_status dt_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_ten
   return DT_OK;
 }
 
-dt_status dt_op_scatter_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
+dt_status dt_cpu_op_scatter_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
   line_walk w = {.idx = idx, .a = out, .b = src, .dim = dim};
   int64_t *iv;
   DT_TRY(check_lines("scatter_add", &w, false));

@@ -145,7 +145,7 @@ static bool fold_batch(int nb, const int64_t *bshape, int64_t M, int64_t K, int6
   return true;
 }
 
-dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
+dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
                        double alpha, double beta) {
   int64_t M = 0, N = 0, K = 0;
   DT_TRY(check_matmul(a, b, out, trans_a, trans_b, &M, &N, &K));
@@ -153,7 +153,7 @@ dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, b
   int64_t nbatch = 1;
   for (int d = 0; d < nb; d++) nbatch *= out->shape[d];
   if (M == 0 || N == 0 || nbatch == 0) return DT_OK;
-  if (K == 0) return beta == 0 ? dt_tensor_fill(out, 0.0) : dt_op_binary_scalar(DT_BINARY_MUL, out, beta, out);
+  if (K == 0) return beta == 0 ? dt_cpu_tensor_fill(out, 0.0) : dt_cpu_op_binary_scalar(DT_BINARY_MUL, out, beta, out);
   int cdt = a->dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
   dt_tensor *ta = NULL, *tb = NULL, *tc = NULL;
   mm_arg ma, mb, mc;

@@ -41,25 +41,25 @@ static dt_status act_run(const char *op, const act_args *a, const dt_tensor *con
   return in[0]->dtype == DT_DTYPE_F64 ? act_map_f64(a, in, out, n) : act_map_f32(a, in, out, n);
 }
 
-dt_status dt_nn_gelu_fwd(const dt_tensor *x, dt_tensor *y, bool approx_tanh) {
+dt_status dt_cpu_nn_gelu_fwd(const dt_tensor *x, dt_tensor *y, bool approx_tanh) {
   act_args a = {.op = approx_tanh ? ACT_GELU_TANH : ACT_GELU};
   return act_run("gelu", &a, (const dt_tensor *[3]){x, NULL, NULL}, (const char *[3]){"x", NULL, NULL},
                  (dt_tensor *[2]){y, NULL}, (const char *[2]){"y", NULL});
 }
 
-dt_status dt_nn_gelu_bwd(const dt_tensor *x, const dt_tensor *dy, dt_tensor *dx, bool approx_tanh) {
+dt_status dt_cpu_nn_gelu_bwd(const dt_tensor *x, const dt_tensor *dy, dt_tensor *dx, bool approx_tanh) {
   act_args a = {.op = approx_tanh ? ACT_GELU_TANH_BWD : ACT_GELU_BWD};
   return act_run("gelu backward", &a, (const dt_tensor *[3]){x, dy, NULL}, (const char *[3]){"x", "dy", NULL},
                  (dt_tensor *[2]){dx, NULL}, (const char *[2]){"dx", NULL});
 }
 
-dt_status dt_nn_swiglu_fwd(const dt_tensor *gate, const dt_tensor *up, dt_tensor *y) {
+dt_status dt_cpu_nn_swiglu_fwd(const dt_tensor *gate, const dt_tensor *up, dt_tensor *y) {
   act_args a = {.op = ACT_SWIGLU};
   return act_run("swiglu", &a, (const dt_tensor *[3]){gate, up, NULL}, (const char *[3]){"gate", "up", NULL},
                  (dt_tensor *[2]){y, NULL}, (const char *[2]){"y", NULL});
 }
 
-dt_status dt_nn_swiglu_bwd(const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy, dt_tensor *dgate,
+dt_status dt_cpu_nn_swiglu_bwd(const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy, dt_tensor *dgate,
                            dt_tensor *dup) {
   act_args a = {.op = ACT_SWIGLU_BWD};
   return act_run("swiglu backward", &a, (const dt_tensor *[3]){gate, up, dy}, (const char *[3]){"gate", "up", "dy"},
@@ -76,10 +76,10 @@ static dt_status dropout(const char *op, const dt_tensor *x, double p, uint64_t 
                  (dt_tensor *[2]){y, NULL}, (const char *[2]){ny, NULL});
 }
 
-dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y) {
+dt_status dt_cpu_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y) {
   return dropout("dropout", x, p, seed, offset, y, "x", "y");
 }
 
-dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx) {
+dt_status dt_cpu_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx) {
   return dropout("dropout backward", dy, p, seed, offset, dx, "dy", "dx");
 }

@@ -54,7 +54,7 @@ static dt_status check_like(const char *op, const dt_tensor *ref, const char *nr
   return dt_nn_check_same_shape(ref, t, op, nref, name);
 }
 
-dt_status dt_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale, bool causal,
+dt_status dt_cpu_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale, bool causal,
                               dt_tensor *out, dt_tensor *lse) {
   const char *op = "attention";
   attn_dims a;
@@ -65,7 +65,7 @@ dt_status dt_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_t
   return q->dtype == DT_DTYPE_F64 ? attn_fwd_f64(&a, q, k, v, out, lse) : attn_fwd_f32(&a, q, k, v, out, lse);
 }
 
-dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, const dt_tensor *out,
+dt_status dt_cpu_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, const dt_tensor *out,
                               const dt_tensor *dout, const dt_tensor *lse, double scale, bool causal, dt_tensor *dq,
                               dt_tensor *dk, dt_tensor *dv) {
   const char *op = "attention backward";
@@ -78,9 +78,9 @@ dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_t
   DT_TRY(check_like(op, k, "k", dv, "dv"));
   DT_TRY(dt_nn_check_vector(lse, a.b * a.hq * a.t, op, "lse", "B * Hq * T"));
   if (dt_tensor_numel(q) == 0 || dt_tensor_numel(k) == 0) {
-    DT_TRY(dt_tensor_fill(dq, 0));
-    DT_TRY(dt_tensor_fill(dk, 0));
-    return dt_tensor_fill(dv, 0);
+    DT_TRY(dt_cpu_tensor_fill(dq, 0));
+    DT_TRY(dt_cpu_tensor_fill(dk, 0));
+    return dt_cpu_tensor_fill(dv, 0);
   }
   const dt_tensor *in[6] = {q, k, v, out, dout, lse};
   dt_tensor *grads[3] = {dq, dk, dv};

@@ -7,7 +7,7 @@
 #include <omp.h>
 #endif
 
-#include "dt_internal.h"
+#include "dispatch.h"
 
 /* Parallelise a loop when it touches more elements than this; lane-wise reductions use DT_NN_LANES
  * independent accumulators (vectorisable, and a fixed order for any thread count). */

@@ -35,12 +35,12 @@ static dt_status norm_fwd(const char *op, bool center, const dt_tensor *x, const
                                   : norm_fwd_f32(x, w, b, eps, center, y, mean, rstd, n, c);
 }
 
-dt_status dt_nn_layernorm_fwd(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, double eps, dt_tensor *y,
+dt_status dt_cpu_nn_layernorm_fwd(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, double eps, dt_tensor *y,
                               dt_tensor *mean, dt_tensor *rstd) {
   return norm_fwd("layer_norm", true, x, w, b, eps, y, mean, rstd);
 }
 
-dt_status dt_nn_rmsnorm_fwd(const dt_tensor *x, const dt_tensor *w, double eps, dt_tensor *y, dt_tensor *rstd) {
+dt_status dt_cpu_nn_rmsnorm_fwd(const dt_tensor *x, const dt_tensor *w, double eps, dt_tensor *y, dt_tensor *rstd) {
   return norm_fwd("rms_norm", false, x, w, NULL, eps, y, NULL, rstd);
 }
 
@@ -61,12 +61,12 @@ static dt_status norm_bwd(const char *op, bool center, const dt_tensor *dy, cons
                                   : norm_bwd_f32(dy, x, w, mean, rstd, dx, dw, db, center, n, c);
 }
 
-dt_status dt_nn_layernorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *mean,
+dt_status dt_cpu_nn_layernorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *mean,
                               const dt_tensor *rstd, dt_tensor *dx, dt_tensor *dw, dt_tensor *db) {
   return norm_bwd("layer_norm backward", true, dy, x, w, mean, rstd, dx, dw, db);
 }
 
-dt_status dt_nn_rmsnorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *rstd,
+dt_status dt_cpu_nn_rmsnorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *rstd,
                             dt_tensor *dx, dt_tensor *dw) {
   return norm_bwd("rms_norm backward", false, dy, x, w, NULL, rstd, dx, dw, NULL);
 }

@@ -21,10 +21,10 @@ static dt_status rope(const char *op, const dt_tensor *x, double theta, int64_t 
                                   : rope_f32(x, y, theta, pos_offset, sign, x->shape[1], x->shape[2], d);
 }
 
-dt_status dt_nn_rope_fwd(const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y) {
+dt_status dt_cpu_nn_rope_fwd(const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y) {
   return rope("rope", x, theta, pos_offset, 1.0, y, "x", "y");
 }
 
-dt_status dt_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx) {
+dt_status dt_cpu_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx) {
   return rope("rope backward", dy, theta, pos_offset, -1.0, dx, "dy", "dx");
 }

@@ -16,14 +16,14 @@ static dt_status check_softmax(const dt_tensor *a, const dt_tensor *b, const cha
   return dt_nn_check_same_shape(a, b, op, na, nb);
 }
 
-dt_status dt_nn_softmax_fwd(const dt_tensor *x, dt_tensor *y, bool logsm) {
+dt_status dt_cpu_nn_softmax_fwd(const dt_tensor *x, dt_tensor *y, bool logsm) {
   const char *op = logsm ? "log_softmax" : "softmax";
   int64_t n, v;
   DT_TRY(check_softmax(x, y, op, "x", "y", &n, &v));
   return x->dtype == DT_DTYPE_F64 ? softmax_fwd_f64(x, y, logsm, n, v) : softmax_fwd_f32(x, y, logsm, n, v);
 }
 
-dt_status dt_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *dx, bool logsm) {
+dt_status dt_cpu_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *dx, bool logsm) {
   const char *op = logsm ? "log_softmax backward" : "softmax backward";
   int64_t n, v;
   DT_TRY(check_softmax(y, dy, op, "y", "dy", &n, &v));
@@ -62,7 +62,7 @@ static dt_status check_ce(const dt_tensor *logits, const dt_tensor *targets, int
   return DT_OK;
 }
 
-dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
+dt_status dt_cpu_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
                                   double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits,
                                   int64_t *n_valid, double *loss_sum) {
   const char *op = "cross_entropy";
@@ -76,7 +76,7 @@ dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targ
              : ce_rows_f32(logits, targets, ignore_index, scale, NULL, losses, dlogits, loss_sum, n, v);
 }
 
-dt_status dt_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,
+dt_status dt_cpu_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,
                                   int64_t ignore_index, dt_tensor *dlogits) {
   const char *op = "cross_entropy backward";
   int64_t n, v, valid;

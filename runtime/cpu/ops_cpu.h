@@ -1,7 +1,7 @@
 /* ops_cpu.h: internal helpers of the generic CPU ops: compute types, strided dtype conversion, fast copies, dim merging. */
 #ifndef DT_OPS_CPU_H
 #define DT_OPS_CPU_H
-#include "dt_internal.h"
+#include "dispatch.h"
 
 /* Elements below which a kernel stays on one thread (OpenMP start-up costs more than it saves). */
 enum { DT_OPS_PAR_MIN = 32768 };

@@ -1,6 +1,6 @@
 /* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype
  * path; the streaming probe that gives their memory roofline. */
-#include "dt_internal.h"
+#include "dispatch.h"
 #include "dt_optim.h"
 
 enum { OPTIM_PAR_MIN = 32768 }; /* elements below which one thread is faster */
@@ -78,7 +78,7 @@ static dt_status check_state(const char *op, const char *what, const dt_tensor *
   return DT_OK;
 }
 
-dt_status dt_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr,
+dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr,
                               double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   DT_TRY(check_param_grad("adamw", param, grad));
   DT_TRY(check_state("adamw", "m", param, m));
@@ -124,7 +124,7 @@ dt_status dt_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor
   return DT_OK;
 }
 
-dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,
+dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,
                             double dampening, double weight_decay, bool nesterov, bool first_step) {
   DT_TRY(check_param_grad("sgd", param, grad));
   DT_CHECK(momentum >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
@@ -179,7 +179,7 @@ static dt_status check_stream_arg(const char *what, const dt_tensor *t, int64_t 
   return DT_OK;
 }
 
-dt_status dt_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x) {
+dt_status dt_cpu_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x) {
   DT_CHECK(x, DT_ERR_ARG, "stream: x is NULL");
   int64_t n = dt_tensor_numel(x);
   DT_TRY(check_stream_arg("x", x, n));

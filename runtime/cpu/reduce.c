@@ -9,8 +9,6 @@
  * accumulators side by side and walk the reduced dim in order. */
 enum { RED_CHUNK = 2048, RED_COLS = 256 };
 
-static const char *const reduce_names[DT_REDUCE_COUNT] = {"sum", "mean", "max", "min", "argmax", "norm", "sumsq"};
-
 typedef struct {
   double v;
   int64_t i;
@@ -126,7 +124,7 @@ static dt_status reduce_rows(int op, const rgeom *g, const dt_tensor *x, dt_tens
   racc *part = NULL;
   if (nchunk > 1) {
     part = malloc((size_t)items * sizeof *part);
-    DT_CHECK(part, DT_ERR_OOM, "%s: out of memory for %lld partial results", reduce_names[op], (long long)items);
+    DT_CHECK(part, DT_ERR_OOM, "%s: out of memory for %lld partial results", dt_reduce_name(op), (long long)items);
   }
   const char *xp = dt_tensor_ptr(x);
   int64_t es = (int64_t)dt_dtype_size(x->dtype);
@@ -209,7 +207,7 @@ static int expected_shape(const dt_tensor *x, int dim, bool keepdim, int64_t *sh
 
 static dt_status check_reduce(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_REDUCE_COUNT, DT_ERR_ARG, "unknown reduce op %d", op);
-  const char *name = reduce_names[op];
+  const char *name = dt_reduce_name(op);
   char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
   DT_CHECK(dim >= -1 && dim < x->ndim, DT_ERR_ARG, "%s: dim %d out of range for x %s (use 0..%d, or -1 for all)", name,
            dim, dt_shape_str(x, b1, sizeof b1), x->ndim - 1);
@@ -228,7 +226,7 @@ static dt_status check_reduce(int op, const dt_tensor *x, int dim, bool keepdim,
   return DT_OK;
 }
 
-dt_status dt_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out) {
+dt_status dt_cpu_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out) {
   DT_TRY(check_reduce(op, x, dim, keepdim, out));
   if (dt_tensor_numel(out) == 0) return DT_OK;
   rgeom g;

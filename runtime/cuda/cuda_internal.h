@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dt_cuda.h"
-#include "dt_internal.h"
+#include "dispatch.h"
 #include "dt_kernels.h"
 
 struct dt_stream {

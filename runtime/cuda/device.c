@@ -20,6 +20,8 @@ dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *wh
   return st;
 }
 
+int dt_cuda_build(void) { return DT_CUDA_EMULATED ? DT_CUDA_BUILD_EMULATED : DT_CUDA_BUILD_REAL; }
+
 int dt_cuda_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

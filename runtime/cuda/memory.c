@@ -15,13 +15,19 @@ typedef struct mem_rec {
 } mem_rec;
 
 static mem_rec *table[BUCKETS];
-static dt_pool_stats device_stats[DT_CUDA_MAX_DEVICES], pinned_stats;
+static dt_pool_stats device_stats[DT_CUDA_MAX_DEVICES], device_total, pinned_stats; /* device_total: all devices */
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t bucket(const void *p) { return (size_t)(((uintptr_t)p >> 6) * 0x9E3779B97F4A7C15ull >> 40) % BUCKETS; }
 
 static dt_pool_stats *stats_of(int pool, int device) {
-  return pool == DT_POOL_PINNED ? &pinned_stats : &device_stats[device];
+  return pool == DT_POOL_PINNED ? &pinned_stats : device < 0 ? &device_total : &device_stats[device];
+}
+
+static void count(dt_pool_stats *st, int64_t size) {
+  st->live_bytes += size;
+  if (size > 0) st->alloc_count++;
+  if (st->live_bytes > st->peak_bytes) st->peak_bytes = st->live_bytes;
 }
 
 /* Records p and counts it (mem_lock held). */
@@ -30,10 +36,8 @@ static dt_status remember(void *p, int64_t size, int device, int pool) {
   DT_CHECK(r, DT_ERR_OOM, "out of host memory for an allocation record");
   *r = (mem_rec){(uintptr_t)p, size, device, pool, table[bucket(p)]};
   table[bucket(p)] = r;
-  dt_pool_stats *st = stats_of(pool, device);
-  st->live_bytes += size;
-  st->alloc_count++;
-  if (st->live_bytes > st->peak_bytes) st->peak_bytes = st->live_bytes;
+  count(stats_of(pool, device), size);
+  if (pool == DT_POOL_DEVICE) count(&device_total, size);
   return DT_OK;
 }
 
@@ -46,6 +50,7 @@ static bool forget(const void *p, int pool, mem_rec *out) {
     *r = dead->next;
     free(dead);
     stats_of(pool, out->device)->live_bytes -= out->size;
+    if (pool == DT_POOL_DEVICE) device_total.live_bytes -= out->size;
     return true;
   }
   return false;
@@ -63,6 +68,7 @@ void dt_cuda_mem_forget(int device) {
         r = &(*r)->next;
       }
     }
+  device_total.live_bytes -= device_stats[device].live_bytes;
   device_stats[device].live_bytes = 0;
   pthread_mutex_unlock(&mem_lock);
 }
@@ -133,7 +139,7 @@ dt_status dt_cuda_host_free(void *p) {
 static dt_status check_pool(int device, int pool) {
   DT_CHECK(pool == DT_POOL_DEVICE || pool == DT_POOL_PINNED, DT_ERR_ARG,
            "CUDA memory stats: pool %d is neither DT_POOL_DEVICE nor DT_POOL_PINNED", pool);
-  DT_CHECK(pool == DT_POOL_PINNED || (device >= 0 && device < DT_CUDA_MAX_DEVICES), DT_ERR_ARG,
+  DT_CHECK(pool == DT_POOL_PINNED || (device >= -1 && device < DT_CUDA_MAX_DEVICES), DT_ERR_ARG,
            "CUDA memory stats: no device %d", device);
   return DT_OK;
 }
@@ -151,6 +157,8 @@ dt_status dt_cuda_memory_reset_peak(int device, int pool) {
   pthread_mutex_lock(&mem_lock);
   dt_pool_stats *st = stats_of(pool, device);
   st->peak_bytes = st->live_bytes;
+  if (pool == DT_POOL_DEVICE && device < 0) /* all devices: each one's window restarts too */
+    for (int d = 0; d < DT_CUDA_MAX_DEVICES; d++) device_stats[d].peak_bytes = device_stats[d].live_bytes;
   pthread_mutex_unlock(&mem_lock);
   return DT_OK;
 }

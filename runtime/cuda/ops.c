@@ -1,14 +1,6 @@
-/* ops.c: generic ops on device tensors (dt_ops.h semantics): elementwise, copy, fill, reductions, index_select/add. */
+/* ops.c: generic ops on device tensors (dt_ops.h semantics): elementwise, copy, fill, reductions, cat, index ops. */
 #include "cuda_internal.h"
 #include "dt_ops.h"
-
-static const char *const unary_names[DT_UNARY_COUNT] = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "abs", "sin", "cos", "square", "reciprocal",
-    "sign"};
-static const char *const binary_names[DT_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-static const char *const ternary_names[DT_TERNARY_COUNT] = {"where", "lerp", "addcmul"};
-static const char *const reduce_names[DT_REDUCE_COUNT] = {"sum", "mean", "max", "min", "argmax", "norm", "sumsq"};
 
 enum { CT_F32 = 0, CT_F64 = 1, CT_I64 = 2 };
 
@@ -78,24 +70,25 @@ dt_status dt_cuda_op_unary(dt_stream *s, int op, const dt_tensor *x, dt_tensor *
   dt_k_ew_plan p = {.kind = DT_K_EW_UNARY, .op = op, .ctype = ctype_of(1, &x)};
   bool int_ok = op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS || op == DT_UNARY_SQUARE ||
                 op == DT_UNARY_SIGN;
-  if (p.ctype == CT_I64 && !int_ok) return int_unsupported(unary_names[op], x);
-  return ew_run(s, &p, unary_names[op], 1, &x, out);
+  if (p.ctype == CT_I64 && !int_ok) return int_unsupported(dt_unary_name(op), x);
+  return ew_run(s, &p, dt_unary_name(op), 1, &x, out);
 }
 
 dt_status dt_cuda_op_binary(dt_stream *s, int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   const dt_tensor *in[2] = {a, b};
   dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op, .ctype = ctype_of(2, in)};
-  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], a);
-  return ew_run(s, &p, binary_names[op], 2, in, out);
+  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW))
+    return int_unsupported(dt_binary_name(op), a);
+  return ew_run(s, &p, dt_binary_name(op), 2, in, out);
 }
 
 dt_status dt_cuda_op_binary_scalar(dt_stream *s, int op, const dt_tensor *x, double value, dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op, .ctype = ctype_of(1, &x), .alpha = value};
   if (p.ctype == CT_I64 && !int_scalar(value)) p.ctype = CT_F64;
-  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(binary_names[op], x);
-  return ew_run(s, &p, binary_names[op], 1, &x, out);
+  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(dt_binary_name(op), x);
+  return ew_run(s, &p, dt_binary_name(op), 1, &x, out);
 }
 
 dt_status dt_cuda_op_ternary(dt_stream *s, int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c,
@@ -105,8 +98,8 @@ dt_status dt_cuda_op_ternary(dt_stream *s, int op, const dt_tensor *a, const dt_
   /* where's condition only selects; its dtype does not decide the compute type */
   dt_k_ew_plan p = {.kind = DT_K_EW_TERNARY, .op = op,
                     .ctype = op == DT_TERNARY_WHERE ? ctype_of(2, in + 1) : ctype_of(3, in)};
-  if (p.ctype == CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(ternary_names[op], b);
-  return ew_run(s, &p, ternary_names[op], 3, in, out);
+  if (p.ctype == CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(dt_ternary_name(op), b);
+  return ew_run(s, &p, dt_ternary_name(op), 3, in, out);
 }
 
 dt_status dt_cuda_op_axpby(dt_stream *s, double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
@@ -140,7 +133,7 @@ static int reduced_shape(const dt_tensor *x, int dim, bool keepdim, int64_t *sha
 
 static dt_status check_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out) {
   DT_CHECK(op >= 0 && op < DT_REDUCE_COUNT, DT_ERR_ARG, "unknown reduce op %d", op);
-  const char *name = reduce_names[op];
+  const char *name = dt_reduce_name(op);
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", name);
   DT_TRY(dt_cuda_check_on(s, x, name, "x"));
   DT_TRY(dt_cuda_check_on(s, out, name, "out"));
@@ -153,10 +146,8 @@ static dt_status check_reduce(dt_stream *s, int op, const dt_tensor *x, int dim,
   for (int d = 0; same && d < want.ndim; d++) same = want.shape[d] == out->shape[d];
   DT_CHECK(same, DT_ERR_ARG, "%s: out has shape %s, expected %s", name, dt_shape_str(out, b1, sizeof b1),
            dt_shape_str(&want, b2, sizeof b2));
-  DT_CHECK(op == DT_REDUCE_ARGMAX ? out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32
-                                  : dt_dtype_is_float(out->dtype),
-           DT_ERR_ARG, "%s: out must be %s, got %s", name, op == DT_REDUCE_ARGMAX ? "i64 or i32" : "a float dtype",
-           dt_dtype_name(out->dtype));
+  DT_CHECK(op != DT_REDUCE_ARGMAX || out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32, DT_ERR_ARG,
+           "%s: out must be i64 or i32, got %s", name, dt_dtype_name(out->dtype));
   bool extremum = op == DT_REDUCE_MAX || op == DT_REDUCE_MIN || op == DT_REDUCE_ARGMAX;
   int64_t len = dim < 0 ? dt_tensor_numel(x) : x->shape[dim];
   DT_CHECK(!extremum || len > 0 || dt_tensor_numel(out) == 0, DT_ERR_ARG,
@@ -164,7 +155,8 @@ static dt_status check_reduce(dt_stream *s, int op, const dt_tensor *x, int dim,
   return DT_OK;
 }
 
-/* A contiguous float x (integers become f64) reduced into a contiguous out (else through scratch copies). */
+/* A contiguous float x (integers become f64) reduced into a contiguous float out, else through scratch copies (an
+ * integer out, e.g. the i64 sum of integers, gets the f64 result: exact below 2^53). */
 dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out) {
   DT_TRY(check_reduce(s, op, x, dim, keepdim, out));
   if (dt_tensor_numel(out) == 0) return DT_OK;
@@ -181,8 +173,9 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
     st = dt_cuda_tensor_scratch(s, x->ndim, x->shape, dt_dtype_is_float(x->dtype) ? x->dtype : DT_DTYPE_F64, &xc);
     if (st == DT_OK) st = dt_cuda_copy(s, xc, x);
   }
-  if (st == DT_OK && !dt_tensor_is_contiguous(out))
-    st = dt_cuda_tensor_scratch(s, out->ndim, out->shape, out->dtype, &oc);
+  bool int_out = op != DT_REDUCE_ARGMAX && !dt_dtype_is_float(out->dtype);
+  if (st == DT_OK && (int_out || !dt_tensor_is_contiguous(out)))
+    st = dt_cuda_tensor_scratch(s, out->ndim, out->shape, int_out ? DT_DTYPE_F64 : out->dtype, &oc);
   size_t nscratch = dt_k_reduce_scratch(outer, len, inner);
   if (st == DT_OK && nscratch) st = dt_cuda_malloc(s, nscratch, &scratch);
   if (st == DT_OK) {
@@ -190,7 +183,7 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
     dt_tensor *os = oc ? oc : out;
     cudaError_t e = dt_k_reduce(s->s, op, xs->dtype, dt_tensor_ptr(xs), os->dtype, dt_tensor_ptr(os), scratch, outer,
                                 len, inner);
-    st = e == cudaSuccess ? DT_OK : dt_cuda_fail(e, __FILE__, __LINE__, reduce_names[op]);
+    st = e == cudaSuccess ? DT_OK : dt_cuda_fail(e, __FILE__, __LINE__, dt_reduce_name(op));
   }
   if (st == DT_OK && oc) st = dt_cuda_copy(s, out, oc);
   dt_cuda_free(s, scratch);
@@ -256,5 +249,21 @@ dt_status dt_cuda_op_index_add(dt_stream *s, dt_tensor *out, int dim, const dt_t
   DT_CUDA_TRY("index_add", dt_k_index_add(s->s, out->dtype, idx->dtype, dt_tensor_ptr(idx), dt_tensor_ptr(src),
                                           dt_tensor_ptr(out), d->err, outer, out->shape[dim], inner,
                                           dt_tensor_numel(idx)));
+  return DT_OK;
+}
+
+dt_status dt_cuda_op_cat(dt_stream *s, int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {
+  DT_CHECK(s, DT_ERR_ARG, "cat: NULL stream");
+  DT_TRY(dt_op_cat_check(n, xs, dim, out));
+  DT_TRY(dt_cuda_check_on(s, out, "cat", "out"));
+  int64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    DT_TRY(dt_cuda_check_on(s, xs[i], "cat", "input"));
+    dt_tensor slice = *out; /* the part of out along dim that xs[i] fills */
+    slice.shape[dim] = xs[i]->shape[dim];
+    slice.offset = out->offset + at * out->strides[dim];
+    if (dt_tensor_numel(&slice) > 0) DT_TRY(dt_cuda_copy(s, &slice, xs[i]));
+    at += xs[i]->shape[dim];
+  }
   return DT_OK;
 }

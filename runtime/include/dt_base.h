@@ -44,8 +44,14 @@ typedef struct dt_device {
   int32_t index; /* cuda:N; 0 for cpu */
 } dt_device;
 
-/* Number of devices of a type this build and machine can use (cpu: 1; cuda: 0 in CPU-only builds). */
+/* Number of devices of a type this build and machine can use (cpu: 1; cuda: 0 in CPU-only builds and without a GPU;
+ * the emulation build has DT_EMU_DEVICES, default 1). */
 int dt_device_count(int device_type);
+
+/* How libdt was built for CUDA: none (DT_CUDA=OFF), the real backend (nvcc kernels on the CUDA runtime; devices only
+ * where a GPU and driver are present), or its CPU emulation (DT_CUDA=EMULATE: the same kernels on fibers). */
+typedef enum { DT_CUDA_BUILD_NONE = 0, DT_CUDA_BUILD_REAL = 1, DT_CUDA_BUILD_EMULATED = 2 } dt_cuda_build_kind;
+int dt_cuda_build(void);
 
 /* Threads used by CPU kernels (OpenMP and OpenBLAS). Default: DT_NUM_THREADS,
  * else OMP_NUM_THREADS, else online cores / DT_LOCAL_WORLD_SIZE. */

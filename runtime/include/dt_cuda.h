@@ -3,7 +3,10 @@
  * device (device.type DT_DEVICE_CUDA, same index); every op is queued on the stream and returns before it runs.
  * Argument errors found on the device (an index or target out of range) are reported by the next
  * dt_cuda_stream_synchronize / dt_cuda_event_synchronize / dt_cuda_device_synchronize.
- * Builds without CUDA (DT_CUDA=OFF) do not have these functions; dt_device_count(DT_DEVICE_CUDA) says 0 there. */
+ * Builds without CUDA (DT_CUDA=OFF) do not have these functions; dt_device_count(DT_DEVICE_CUDA) says 0 there and
+ * dt_cuda_build() (dt_base.h) tells the three builds apart.
+ * The generic entry points (dt_tensor.h, dt_ops.h, dt_nn.h, dt_optim.h, dt_random.h) call these on the compute stream
+ * of their tensors' device (runtime/dispatch.c), so most code never names a stream. */
 #ifndef DT_CUDA_H
 #define DT_CUDA_H
 #include "dt_tensor.h"
@@ -53,8 +56,9 @@ dt_status dt_cuda_free(dt_stream *s, void *p);
 /* Pinned (page-locked) host memory, for fast and truly asynchronous copies (offload). */
 dt_status dt_cuda_host_alloc(size_t nbytes, void **out);
 dt_status dt_cuda_host_free(void *p);
-/* The backend's accounting: DT_POOL_DEVICE per device (live bytes as allocated and freed through this API),
- * DT_POOL_PINNED for the process (device ignored). */
+/* The backend's accounting: DT_POOL_DEVICE per device (live bytes as allocated and freed through this API; device -1:
+ * all devices together, which dt_pool_stats_get(DT_POOL_DEVICE) reports), DT_POOL_PINNED for the process (device
+ * ignored). Resetting the peak of device -1 resets every device's. */
 dt_status dt_cuda_memory_stats(int device, int pool, dt_pool_stats *out);
 dt_status dt_cuda_memory_reset_peak(int device, int pool);
 /* The driver's view of the device's stream-ordered pool (frees count once they have run on their stream). */
@@ -87,6 +91,15 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
 /* dt_op_matmul through cuBLAS (strided batched; f32, f64, bf16/f16 with f32 compute); a, b, out share a dtype. */
 dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a,
                             bool trans_b, double alpha, double beta);
+/* dt_op_cat: device copies of each input into its slice of out. */
+dt_status dt_cuda_op_cat(dt_stream *s, int n, const dt_tensor *const *xs, int dim, dt_tensor *out);
+/* dt_op_arange. */
+dt_status dt_cuda_op_arange(dt_stream *s, dt_tensor *out, double start, double step);
+/* dt_random.h's fills, drawing the same Philox streams as the CPU: the same seed and offset give the same values on
+ * both (normal: up to the last bit of the device's log/sin/cos). */
+dt_status dt_cuda_random_uniform(dt_stream *s, dt_tensor *out, uint64_t seed, uint64_t offset, double lo, double hi);
+dt_status dt_cuda_random_normal(dt_stream *s, dt_tensor *out, uint64_t seed, uint64_t offset, double mean, double std);
+dt_status dt_cuda_random_int(dt_stream *s, dt_tensor *out, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi);
 /* dt_op_index_select and dt_op_index_add (embedding forward and its deterministic backward). */
 dt_status dt_cuda_op_index_select(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);
 dt_status dt_cuda_op_index_add(dt_stream *s, dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);

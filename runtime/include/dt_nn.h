@@ -1,7 +1,9 @@
 /* dt_nn.h: fused neural-network kernels, forward/backward pairs. */
 /* Rows are the last dimension; all leading dims are flattened into N rows. Every tensor must be contiguous.
  * Float tensors (f32, f64, bf16, f16) may mix dtypes; math runs in f64 when the main input is f64, else in f32.
- * Saved per-row statistics (mean, rstd, lse) may be any float dtype: f32, or f64 for gradchecks. */
+ * Saved per-row statistics (mean, rstd, lse) may be any float dtype: f32, or f64 for gradchecks.
+ * On a cuda device (every tensor of a call on the same one) the dt_cuda_nn_* kernels run: one float dtype per call
+ * for the main tensors, statistics f32 or f64, no f64 attention. */
 #ifndef DT_NN_H
 #define DT_NN_H
 #include "dt_tensor.h"

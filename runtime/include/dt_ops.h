@@ -4,7 +4,10 @@
  * Elementwise operands may mix dtypes: the widest decides (f64 > f32 > integers, which compute
  * exactly in i64) and the result is converted to out's dtype. Integer inputs support neg, abs,
  * relu, square, sign, add, sub, mul, max, min, comparisons, where and addcmul (others:
- * DT_ERR_UNSUPPORTED). Every result is independent of the thread count. */
+ * DT_ERR_UNSUPPORTED). Every result is independent of the thread count.
+ * Devices: an op's tensors are all on the CPU or all on one cuda device, where the op is queued on that device's compute
+ * stream (dt_cuda.h's counterpart, with its dtype limits); anything else fails naming the op and the devices. gather and
+ * scatter_add have no CUDA implementation yet (DT_ERR_UNSUPPORTED on cuda tensors). */
 #ifndef DT_OPS_H
 #define DT_OPS_H
 #include "dt_tensor.h"

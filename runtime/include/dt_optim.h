@@ -1,4 +1,6 @@
 /* dt_optim.h: fused optimizer steps over flat or strided parameter tensors. */
+/* AdamW also runs on cuda tensors (contiguous, all on one device: dt_cuda_optim_adamw on its compute stream); SGD and
+ * the streaming probe are CPU-only for now (DT_ERR_UNSUPPORTED on cuda tensors). */
 #ifndef DT_OPTIM_H
 #define DT_OPTIM_H
 #include "dt_tensor.h"

@@ -1,5 +1,6 @@
 /* dt_random.h: counter-based random numbers (Philox4x32-10), independent of thread and rank counts. */
-/* Value i of a stream depends only on (seed, offset + i). */
+/* Value i of a stream depends only on (seed, offset + i). The fills also run on cuda tensors (the same streams:
+ * dt_cuda_random_*), so a CPU and a GPU tensor drawn with one seed and offset hold the same values. */
 #ifndef DT_RANDOM_H
 #define DT_RANDOM_H
 #include "dt_tensor.h"

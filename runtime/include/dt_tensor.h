@@ -5,7 +5,8 @@
 
 enum { DT_MAX_DIMS = 8 };
 
-/* Memory pools; every byte a tensor holds is counted in exactly one. */
+/* Memory pools; every byte a tensor holds is counted in exactly one. DT_POOL_DEVICE and DT_POOL_PINNED are the CUDA
+ * backend's own accounting (dt_cuda_memory_stats; all devices together), zero in CPU-only builds. */
 typedef enum { DT_POOL_HOST = 0, DT_POOL_PINNED = 1, DT_POOL_DEVICE = 2, DT_POOL_COUNT = 3 } dt_pool;
 
 typedef struct dt_pool_stats {
@@ -33,7 +34,9 @@ typedef struct dt_tensor {
   dt_device device;
 } dt_tensor;
 
-/* New contiguous tensor, uninitialised (dt_tensor_zeros: filled with zeros). */
+/* New contiguous tensor, uninitialised (dt_tensor_zeros: filled with zeros), on `device`: host memory for cpu,
+ * stream-ordered device memory (dt_cuda_malloc on the device's compute stream) for cuda:N. A device that this build or
+ * machine lacks is an error naming it. */
 dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out);
 dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out);
 /* A tensor over memory the caller owns (e.g. an mmap'd file); never freed by dt. */
@@ -54,11 +57,14 @@ void *dt_tensor_ptr(const dt_tensor *t);
 int64_t dt_storage_nbytes(const dt_storage *s);
 int dt_storage_refcount(const dt_storage *s);
 
-/* dst := src, with broadcasting of src and dtype conversion; any strides. */
+/* dst := src, with broadcasting of src and dtype conversion; any strides; any devices (host <-> cuda:N and between
+ * cuda devices: one dt_cuda_memcpy when both are contiguous with one dtype and shape, else staged through contiguous
+ * temporaries). A copy into host memory has landed when the call returns; one from host memory has read its source. */
 dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src);
-/* Every element := value (converted to dst's dtype). */
+/* Every element := value (converted to dst's dtype). On a cuda device it is queued on the compute stream. */
 dt_status dt_tensor_fill(dt_tensor *dst, double value);
-/* Read/write one element at a flat index of the view (row-major), as double. For tests and printing. */
+/* Read/write one element at a flat index of the view (row-major), as double. For tests and printing: on a cuda device
+ * each is a small synchronous copy (get waits for the compute stream and reports device-side errors). */
 dt_status dt_tensor_get(const dt_tensor *t, int64_t flat_index, double *out);
 dt_status dt_tensor_set(dt_tensor *t, int64_t flat_index, double value);
 

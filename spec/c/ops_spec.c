@@ -6,7 +6,6 @@
 #include "dt_ops.h"
 #include "spec.h"
 
-
 static const dt_device cpu = {DT_DEVICE_CPU, 0};
 
 static dt_tensor *make(int ndim, const int64_t *shape, int dtype) {
@@ -326,7 +325,35 @@ static void test_index(void) {
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
 }
 
+/* Devices: counts, and refusals that need no GPU (a missing cuda device; in a CPU-only build, any). */
+static void test_devices(void) {
+  int n = dt_device_count(DT_DEVICE_CUDA), build = dt_cuda_build();
+  expect(dt_device_count(DT_DEVICE_CPU) == 1 && n >= 0, "device counts");
+  expect(build == DT_CUDA_BUILD_NONE || build == DT_CUDA_BUILD_REAL || build == DT_CUDA_BUILD_EMULATED, "build kind");
+  dt_tensor *t = NULL;
+  char name[32];
+  snprintf(name, sizeof name, "cuda:%d", n);
+  expect_error(dt_tensor_empty(1, (const int64_t[]){4}, DT_DTYPE_F32, (dt_device){DT_DEVICE_CUDA, n}, &t), name,
+               "a cuda device beyond the count is refused by name");
+  expect(t == NULL, "no tensor on failure");
+  if (build != DT_CUDA_BUILD_NONE) return;
+  expect_error(dt_tensor_zeros(1, (const int64_t[]){4}, DT_DTYPE_F32, (dt_device){DT_DEVICE_CUDA, 0}, &t),
+               "cuda:0 is not available in this build (CPU only)", "CPU-only builds name the missing backend");
+  /* host memory labelled cuda:0: the dispatcher refuses it before any backend reads it */
+  dt_tensor *a = make(1, (const int64_t[]){3}, DT_DTYPE_F32), *b = make(1, (const int64_t[]){3}, DT_DTYPE_F32);
+  b->device = (dt_device){DT_DEVICE_CUDA, 0};
+  expect_error(dt_op_binary(DT_BINARY_ADD, a, b, a), "add: tensors on cpu and cuda:0; move one with :to()",
+               "mixed devices name the op and both devices");
+  expect_error(dt_op_unary(DT_UNARY_EXP, b, b), "exp: cuda:0 is not available in this build (CPU only)",
+               "an op on cuda tensors in a CPU-only build");
+  expect_error(dt_tensor_copy(a, b), "not available in this build", "a copy from cuda in a CPU-only build");
+  b->device = cpu;
+  dt_tensor_free(a);
+  dt_tensor_free(b);
+}
+
 int main(void) {
+  test_devices();
   test_elementwise();
   test_elementwise_dtypes();
   test_reduce();

@@ -22,6 +22,7 @@
 local dt = require "dt"
 local Tensor = require "dt.tensor"
 local autograd = require "dt.autograd"
+local device = require "dt.device"
 
 local Module = { __name = "Module" }
 local hook_kinds = { pre_forward = true, post_forward = true, pre_backward = true, post_backward = true }
@@ -332,17 +333,18 @@ function Module:requires_grad_(flag)
    return self
 end
 
--- Cast every float parameter to `target` (a dtype or device name). New parameter tensors keep their
--- requires_grad flag and grad hooks; gradients are dropped. Shared parameters stay shared.
+-- Cast every float parameter to `target` (a dtype name), or move every parameter to a device ("cpu", "cuda:N").
+-- New parameter tensors keep their requires_grad flag and grad hooks; gradients are dropped. Shared parameters stay
+-- shared.
 function Module:to(target)
-   local moved = {}
+   local moved, to_device = {}, device.is_spec(target)
    autograd.no_grad(function()
       for _, m in ipairs(self:modules()) do
          for _, np in ipairs(own(m, "param")) do
             local p = np[2]
             local q = moved[p]
             if q == nil then
-               q = p:dtype_info().is_float and p:to(target) or p
+               q = (to_device or p:dtype_info().is_float) and p:to(target) or p
                if q ~= p then
                   q.requires_grad, q.grad_hooks = p.requires_grad, p.grad_hooks
                end

@@ -145,7 +145,7 @@ end
 function LanguageModel:generate(idx, n, opts)
    opts = opts or {}
    local temperature, top_k, gen = opts.temperature or 1, opts.top_k, opts.generator
-   local rows, V = idx:totable(), self.vocab
+   local rows, V, dev = idx:totable(), self.vocab, self.wte.weight.device
    local was_training = self.training
    self:eval()
    dt.no_grad(function()
@@ -154,7 +154,7 @@ function LanguageModel:generate(idx, n, opts)
          for b, row in ipairs(rows) do
             ctx[b] = { unpack(row, math.max(1, #row - self.seq + 1), #row) }
          end
-         local last = self(dt.tensor(ctx, { dtype = "i64" })):select(2, -1):to("f64") -- (B, V)
+         local last = self(dt.tensor(ctx, { dtype = "i64", device = dev })):select(2, -1):to("f64"):to("cpu") -- (B, V)
          local u = dt.rand({ #rows }, { dtype = "f64", generator = gen })
          for b, row in ipairs(rows) do
             local logits = {}
@@ -183,7 +183,7 @@ end
 function GPT:add_positions(emb) self.wpe = layers.Embedding(self.seq, self.dim, emb) end
 
 function GPT:embed(idx)
-   local pos = dt.arange(0, idx:size(2), 1, { dtype = "i64" })
+   local pos = dt.arange(0, idx:size(2), 1, { dtype = "i64", device = idx.device })
    return self.drop(self.wte(idx) + self.wpe(pos))
 end
 
