@@ -16,8 +16,12 @@ static cudaError_t attn_dispatch(int dtype, int64_t d, F f) {
   });
 }
 
-static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype) {
+static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, const void *q, const void *k,
+                                        const void *v) {
   dtk::attn_params p = {};
+  p.q = q;
+  p.k = k;
+  p.v = v;
   p.ldtype = ldtype;
   p.t = a->t;
   p.tk = a->tk;
@@ -31,23 +35,21 @@ static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype) {
 
 /* Launches a tile kernel with `floats` of dynamic shared memory, raising the kernel's limit past 48 KiB if needed. */
 template <typename K>
-static cudaError_t attn_launch(K kernel, dim3 grid, size_t floats, cudaStream_t s, const dtk::attn_params &p) {
+static cudaError_t attn_launch(K kernel, const char *name, dim3 grid, size_t floats, cudaStream_t s,
+                               const dtk::attn_params &p) {
   size_t smem = floats * sizeof(float);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
   }
-  DT_LAUNCH(kernel, grid, dtk::ATT_THREADS, smem, s, p);
+  DT_LAUNCH_NAMED(kernel, name, grid, dtk::ATT_THREADS, smem, s, p);
   return cudaGetLastError();
 }
 
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,
                                int ldtype, void *lse, const dt_k_attn_dims *a) {
   if (a->b * a->hq * a->t == 0) return cudaSuccess;
-  dtk::attn_params p = attn_params_of(a, ldtype);
-  p.q = q;
-  p.k = k;
-  p.v = v;
+  dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.o = out;
   p.lse_out = lse;
   dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
@@ -55,17 +57,14 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const v
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
     size_t floats = (size_t)(dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-    return attn_launch(dtk::attn_fwd<T, HD>, grid, floats, s, p);
+    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", grid, floats, s, p);
   });
 }
 
 cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, const void *out,
                                const void *dout, int ldtype, const void *lse, void *dq, void *dk, void *dv,
                                float *delta, const dt_k_attn_dims *a) {
-  dtk::attn_params p = attn_params_of(a, ldtype);
-  p.q = q;
-  p.k = k;
-  p.v = v;
+  dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.out = out;
   p.dout = dout;
   p.lse = lse;
@@ -83,13 +82,13 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const v
                 static_cast<const T *>(dout), delta, rows, a->d);
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
       dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
-      e = attn_launch(dtk::attn_bwd_dq<T, HD>, grid, floats, s, p);
+      e = attn_launch(dtk::attn_bwd_dq<T, HD>, "attn_bwd_dq", grid, floats, s, p);
     }
     if (e == cudaSuccess && a->b * a->hkv * a->tk > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + 2 * dtk::ATT_BC * (dtk::ATT_BR + 1) +
                       2 * dtk::ATT_BR;
       dim3 grid((unsigned)((a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC), (unsigned)(a->b * a->hkv));
-      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, grid, floats, s, p);
+      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, "attn_bwd_dkv", grid, floats, s, p);
     }
     return e;
   });

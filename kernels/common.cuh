@@ -15,8 +15,13 @@ extern "C" {
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-/* kernel<<<grid, block, smem, stream>>>(args...) in both builds; `kernel` may be a function pointer. */
-#define DT_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+/* kernel<<<grid, block, smem, stream>>>(args...) in both builds, noting the configuration (dt_k_last_launch) first;
+ * `kernel` may be a function pointer, whose name DT_LAUNCH_NAMED gives. */
+#define DT_LAUNCH_NAMED(kernel, name, grid, block, smem, stream, ...) \
+  do {                                                               \
+    dt_k_note_dims(name, dim3(grid), dim3(block), (size_t)(smem));   \
+    kernel<<<grid, block, smem, stream>>>(__VA_ARGS__);              \
+  } while (0)
 /* A block's static shared array: DT_SHARED(float, tile, [32][33]). */
 #define DT_SHARED(T, name, dims) __shared__ T name dims
 /* The block's dynamic shared memory (the launch's smem bytes, 16-byte aligned) as T *name. */
@@ -27,12 +32,22 @@ extern "C" {
 #define DT_UNROLL _Pragma("unroll")
 #else
 #include "simt.h"
-#define DT_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  dt_emu::launch_kernel(kernel, #kernel, grid, block, smem, stream, __VA_ARGS__)
+#define DT_LAUNCH_NAMED(kernel, name, grid, block, smem, stream, ...)               \
+  do {                                                                             \
+    dt_k_note_dims(name, dim3(grid), dim3(block), (size_t)(smem));                 \
+    dt_emu::launch_kernel(kernel, name, grid, block, smem, stream, __VA_ARGS__);   \
+  } while (0)
 #define DT_SHARED(T, name, dims) T(&name) dims = *reinterpret_cast<T(*) dims>(dt_emu::shared_static(sizeof(T dims)))
 #define DT_DYN_SMEM(T, name) T *name = reinterpret_cast<T *>(dt_emu::shared_dynamic())
 #define DT_UNROLL
 #endif
+
+#define DT_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  DT_LAUNCH_NAMED(kernel, #kernel, grid, block, smem, stream, __VA_ARGS__)
+
+static inline void dt_k_note_dims(const char *kernel, dim3 g, dim3 b, size_t smem) {
+  dt_k_note_launch(kernel, g.x, g.y, g.z, b.x, b.y, b.z, smem);
+}
 
 namespace dtk {
 
@@ -159,6 +174,16 @@ static inline cudaError_t with_float_type(int dtype, F f) {
     case DT_DTYPE_F16: return f(__half());
     default: return cudaErrorInvalidValue;
   }
+}
+
+/* Calls f(P(), G()) with the storage types of an optimizer's (param, grad) dtype pair: the same float dtype, or f32
+ * grads for bf16/f16 params; other pairs are invalid here. */
+template <typename F>
+static inline cudaError_t with_param_grad_types(int pdtype, int gdtype, F f) {
+  if (gdtype == pdtype) return with_float_type(pdtype, [&](auto p) { return f(p, p); });
+  if (gdtype == DT_DTYPE_F32 && pdtype == DT_DTYPE_BF16) return f(__nv_bfloat16(), float());
+  if (gdtype == DT_DTYPE_F32 && pdtype == DT_DTYPE_F16) return f(__half(), float());
+  return cudaErrorInvalidValue;
 }
 
 } // namespace dtk

@@ -19,7 +19,20 @@ typedef struct dt_k_error {
   int32_t pad;
   int64_t value, where, limit; /* the bad value, its position, the size it must stay below */
 } dt_k_error;
-enum { DT_KERR_NONE = 0, DT_KERR_TARGET = 1, DT_KERR_INDEX_SELECT = 2, DT_KERR_INDEX_ADD = 3 };
+enum { DT_KERR_NONE = 0, DT_KERR_TARGET = 1, DT_KERR_INDEX_SELECT = 2, DT_KERR_INDEX_ADD = 3, DT_KERR_GATHER = 4,
+       DT_KERR_SCATTER_ADD = 5 };
+
+/* The calling thread's latest kernel launch through DT_LAUNCH (kernel NULL: none since dt_k_launch_reset), so that a
+ * launch error can name the kernel and its configuration. */
+typedef struct dt_k_launch {
+  const char *kernel;
+  unsigned grid[3], block[3];
+  size_t smem;
+} dt_k_launch;
+const dt_k_launch *dt_k_last_launch(void);
+void dt_k_launch_reset(void);
+void dt_k_note_launch(const char *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                      size_t smem);
 
 /* Elementwise over broadcast, dim-merged operands; element i of operand a is at ptr[a] + offset(i) with strides st[a]
  * (0 on broadcast dims). Compute type: ctype 0 f32, 1 f64, 2 i64. Ops are dt_ops.h's; a binary op with nin == 1 takes
@@ -97,6 +110,23 @@ cudaError_t dt_k_index_select(cudaStream_t s, int dtype, const void *x, int idty
 cudaError_t dt_k_index_add(cudaStream_t s, int dtype, int idtype, const void *idx, const void *src, void *out,
                            dt_k_error *err, int64_t outer, int64_t size, int64_t inner, int64_t nidx);
 
+/* gather / scatter_add along dim: idx (shape[], any strides) walks `walk` (gather's out, scatter_add's src) at the same
+ * coordinates and `data` (gather's x, scatter_add's out) with coordinate dim replaced by the index value (< size).
+ * gather: walk = data[idx] (copied by element size, one thread per element). scatter_add: data[idx] += walk in the
+ * dtype's compute precision (double, as the CPU), one thread per line along dim walking it in order: lines never share
+ * an output element, so the sums are deterministic without atomics. Bad indices are reported through err (gather
+ * writes zero, scatter_add skips the element). */
+typedef struct dt_k_scatter_args {
+  int32_t ndim, dim, dtype, idtype;
+  int64_t size;
+  int64_t shape[DT_K_MAX_DIMS];
+  int64_t st_idx[DT_K_MAX_DIMS], st_data[DT_K_MAX_DIMS], st_walk[DT_K_MAX_DIMS];
+  const void *idx;
+  void *data, *walk;
+} dt_k_scatter_args;
+cudaError_t dt_k_gather(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err);
+cudaError_t dt_k_scatter_add(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err);
+
 /* One fused AdamW launch over up to DT_K_ADAMW_TENSORS contiguous tensors of one (param, grad) dtype pair; m, v are
  * f32 (f64 for f64 params). The constants are dt_optim.h's, precomputed in double like the CPU step. */
 enum { DT_K_ADAMW_TENSORS = 24 };
@@ -111,6 +141,18 @@ typedef struct dt_k_adamw_args {
   int64_t first_block[DT_K_ADAMW_TENSORS + 1]; /* filled by the launcher */
 } dt_k_adamw_args;
 cudaError_t dt_k_adamw(cudaStream_t s, dt_k_adamw_args *a);
+
+/* SGD over n contiguous elements (dt_optim_sgd_step's arithmetic): param P, grad G, momentum buffer (NULL without
+ * momentum) of P's compute type. first: the buffer starts as the (decayed) gradient. */
+typedef struct dt_k_sgd_args {
+  int32_t pdtype, gdtype;
+  int64_t n;
+  void *param, *buf;
+  const void *grad;
+  double lr, momentum, omdamp, wd;
+  bool nesterov, first;
+} dt_k_sgd_args;
+cudaError_t dt_k_sgd(cudaStream_t s, const dt_k_sgd_args *a);
 
 /* Fills of n contiguous elements of `dtype` from each element's index i: arange a + i * b, or value offset + i of a
  * Philox stream exactly as runtime/random.c draws it (uniform [a, b), normal(mean a, std b) by Box-Muller, integers

@@ -1,4 +1,4 @@
-/* index.cuh: launchers of index_select and index_add (host code; included at the end of index.cu). */
+/* index.cuh: launchers of index_select, index_add, gather and scatter_add (host code; at the end of index.cu). */
 
 template <typename E>
 static cudaError_t select_launch(cudaStream_t s, const void *x, int idtype, const void *idx, void *out, dt_k_error *err,
@@ -37,4 +37,35 @@ cudaError_t dt_k_index_add(cudaStream_t s, int dtype, int idtype, const void *id
               static_cast<T *>(out), size, inner, nidx, rows_per_block);
     return cudaGetLastError();
   });
+}
+
+static int64_t scatter_numel(const dt_k_scatter_args *a) {
+  int64_t n = 1;
+  for (int d = 0; d < a->ndim; d++) n *= a->shape[d];
+  return n;
+}
+
+template <typename E>
+static cudaError_t gather_launch(const dt_k_scatter_args *a, dt_k_error *err, cudaStream_t s, int64_t total) {
+  DT_LAUNCH(dtk::gather_kernel<E>, dtk::grid_for(total, 256), 256, 0, s, *a, err, total);
+  return cudaGetLastError();
+}
+
+cudaError_t dt_k_gather(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err) {
+  int64_t total = scatter_numel(a);
+  if (total == 0) return cudaSuccess;
+  switch (dt_dtype_size(a->dtype)) {
+    case 1: return gather_launch<uint8_t>(a, err, s, total);
+    case 2: return gather_launch<uint16_t>(a, err, s, total);
+    case 4: return gather_launch<uint32_t>(a, err, s, total);
+    default: return gather_launch<uint64_t>(a, err, s, total);
+  }
+}
+
+cudaError_t dt_k_scatter_add(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err) {
+  int64_t total = scatter_numel(a);
+  if (total == 0) return cudaSuccess;
+  int64_t lines = total / a->shape[a->dim];
+  DT_LAUNCH(dtk::scatter_add_kernel, dtk::grid_for(lines, 128), 128, 0, s, *a, err, lines);
+  return cudaGetLastError();
 }

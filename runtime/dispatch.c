@@ -123,12 +123,13 @@ dt_status dt_op_index_add(dt_tensor *out, int dim, const dt_tensor *idx, const d
 }
 
 dt_status dt_op_gather(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
-  DT_DISPATCH("gather", DT_TENSORS(x, idx, out), dt_cpu_op_gather(x, dim, idx, out), DT_NO_CUDA("gather"));
+  DT_DISPATCH("gather", DT_TENSORS(x, idx, out), dt_cpu_op_gather(x, dim, idx, out),
+              dt_cuda_op_gather(DT_STREAM, x, dim, idx, out));
 }
 
 dt_status dt_op_scatter_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
   DT_DISPATCH("scatter_add", DT_TENSORS(out, idx, src), dt_cpu_op_scatter_add(out, dim, idx, src),
-              DT_NO_CUDA("scatter_add"));
+              dt_cuda_op_scatter_add(DT_STREAM, out, dim, idx, src));
 }
 
 dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {
@@ -142,7 +143,10 @@ dt_status dt_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) 
   free(all);
   DT_TRY(st);
   if (!w.stream) return dt_cpu_op_cat(n, xs, dim, out);
-  return DT_CUDA_BRANCH(dt_cuda_op_cat(w.stream, n, xs, dim, out));
+  DT_CUDA_OP_BEGIN(w, "cat", n, xs);
+  st = DT_CUDA_BRANCH(dt_cuda_op_cat(w.stream, n, xs, dim, out));
+  DT_CUDA_OP_END();
+  return st;
 }
 
 dt_status dt_op_arange(dt_tensor *out, double start, double step) {
@@ -271,9 +275,11 @@ dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *
                             double dampening, double weight_decay, bool nesterov, bool first_step) {
   DT_DISPATCH("sgd", DT_TENSORS(param, grad, buf),
               dt_cpu_optim_sgd_step(param, grad, buf, lr, momentum, dampening, weight_decay, nesterov, first_step),
-              DT_NO_CUDA("sgd"));
+              dt_cuda_optim_sgd(DT_STREAM, param, grad, buf, lr, momentum, dampening, weight_decay, nesterov,
+                                first_step));
 }
 
+/* optim_stream is the CPU memory-roofline probe of `dtrun bench adamw` (host tensors only): no CUDA version. */
 dt_status dt_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x) {
   DT_DISPATCH("optim_stream", DT_TENSORS(a, b, c, x), dt_cpu_optim_stream(a, b, c, x), DT_NO_CUDA("optim_stream"));
 }

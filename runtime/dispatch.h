@@ -26,8 +26,21 @@
 static inline dt_status dt_compute_stream(dt_device d, dt_stream **s) {
   return dt_cuda_stream_get(d.index, DT_STREAM_COMPUTE, s);
 }
+/* An op about to be queued on `device` with these tensors (NULLs skipped): kept in the device's ring of recent ops
+ * (named when a fault surfaces) and as the thread's current op (named by launch and allocation errors) until
+ * dt_cuda_op_end (runtime/cuda/oplog.c). `op` must be a static string. */
+void dt_cuda_op_begin(int device, const char *op, int n, const dt_tensor *const *ts);
+void dt_cuda_op_end(void);
+/* dt_cuda_malloc whose out-of-memory error names what the bytes are for (a `kind` of desc's shape and dtype, e.g. a
+ * "scratch tensor"; desc NULL: device memory), the op in progress (not for kind "tensor": a tensor's storage is
+ * allocated before the op that fills it) and the device's free and total memory. */
+dt_status dt_cuda_malloc_for(dt_stream *s, size_t nbytes, const dt_tensor *desc, const char *kind, void **out);
+#define DT_CUDA_OP_BEGIN(where, op, ...) dt_cuda_op_begin((where).device.index, op, __VA_ARGS__)
+#define DT_CUDA_OP_END() dt_cuda_op_end()
 #else
 typedef struct dt_stream dt_stream;
+#define DT_CUDA_OP_BEGIN(where, op, ...) ((void)0)
+#define DT_CUDA_OP_END() ((void)0)
 #endif
 
 /* Where an op runs: the device, and for a cuda device its compute stream (NULL on the CPU). */
@@ -50,9 +63,10 @@ const char *dt_device_str(dt_device d, char *buf, size_t n);
   (int)(sizeof((const dt_tensor *const[]){__VA_ARGS__}) / sizeof(const dt_tensor *)), \
       (const dt_tensor *const[]) { __VA_ARGS__ }
 
-/* The body of a public entry point: resolve the device of `tensors`, then return `cpu_call` or `cuda_call`. Inside
- * cuda_call, DT_STREAM is the device's compute stream; DT_NO_CUDA(name) stands for a missing CUDA implementation. In a
- * build without the CUDA backend cuda_call is not compiled (dt_dispatch has already refused cuda tensors). */
+/* The body of a public entry point: resolve the device of `tensors`, then return `cpu_call` or `cuda_call` (the latter
+ * between DT_CUDA_OP_BEGIN and _END, so that errors can name the op). Inside cuda_call, DT_STREAM is the device's
+ * compute stream; DT_NO_CUDA(name) stands for a missing CUDA implementation. In a build without the CUDA backend
+ * cuda_call is not compiled (dt_dispatch has already refused cuda tensors). */
 #if DT_HAVE_CUDA
 #define DT_CUDA_BRANCH(call) call
 #else
@@ -65,7 +79,10 @@ const char *dt_device_str(dt_device d, char *buf, size_t n);
     dt_where dt_where_;                                       \
     DT_TRY(dt_dispatch(name, tensors, &dt_where_));           \
     if (dt_where_.stream == NULL) return cpu_call;            \
-    return DT_CUDA_BRANCH(cuda_call);                         \
+    DT_CUDA_OP_BEGIN(dt_where_, name, tensors);               \
+    dt_status dt_cuda_st_ = DT_CUDA_BRANCH(cuda_call);        \
+    DT_CUDA_OP_END();                                         \
+    return dt_cuda_st_;                                       \
   } while (0)
 
 /* Names of the dt_ops.h op codes, for messages ("?" when out of range). */
@@ -73,6 +90,42 @@ const char *dt_unary_name(int op);
 const char *dt_binary_name(int op);
 const char *dt_ternary_name(int op);
 const char *dt_reduce_name(int op);
+
+/* Elementwise compute types (the CPU's dt_ctype and the kernels' ctype) and op kinds, shared by both backends
+ * (checks.c). */
+enum { DT_EW_CT_F32 = 0, DT_EW_CT_F64 = 1, DT_EW_CT_I64 = 2 };
+enum { DT_EW_UNARY, DT_EW_BINARY, DT_EW_SCALAR, DT_EW_TERNARY, DT_EW_AXPBY, DT_EW_FILL };
+/* The compute type of elementwise op `op` (dt_ops.h code of `kind`) over in[0..n): f64 if an input is f64, else f32 if
+ * one is a float dtype, else i64 (where's condition does not count); integers with a fractional scalar (SCALAR, FILL:
+ * alpha; AXPBY: alpha and beta) compute in f64. Fails for an unknown op or one undefined on integers. */
+dt_status dt_ew_ctype(int kind, int op, int n, const dt_tensor *const *in, double alpha, double beta, int *ctype);
+
+/* Shape checks shared by both backends (checks.c). reduce: dim in -1..ndim-1, out of the reduced shape (argmax: i32
+ * or i64). matmul: M, N, K of out = op(a) @ op(b) with broadcast batch dims, one float dtype, sizes in int range.
+ * attention: q (B, Hq, T, D), k and v (B, Hkv, Tk, D) with Hkv dividing Hq, a finite scale. */
+dt_status dt_op_reduce_check(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out);
+dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta, bool tb,
+                             int64_t *M, int64_t *N, int64_t *K);
+/* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on a mismatch. */
+bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst);
+dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                double scale);
+/* cross-entropy's targets: n contiguous i32/i64 values, one per row of logits. */
+dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n);
+
+/* One matrix operand as BLAS reads it: element 0, transpose flag, leading dim, batch strides. */
+typedef struct dt_mm_arg {
+  const char *p;
+  bool trans;
+  int64_t ld;
+  int64_t bst[DT_MAX_DIMS];
+} dt_mm_arg;
+/* How BLAS can read a (rows, cols) matrix with strides (s0, s1): row-major with leading dim s0, or column-major
+ * (flip: the transpose flag flips). False: neither. */
+bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld);
+/* An input operand x (trans: op(x) is x^T) with batch dims broadcast to (nb, bshape) as BLAS reads it in place; false
+ * when its strides need a contiguous copy first. */
+bool dt_mm_arg_of(const dt_tensor *x, bool trans, int nb, const int64_t *bshape, dt_mm_arg *m);
 
 /* The CPU backend: dt_ops.h, dt_nn.h, dt_optim.h and dt_random.h semantics for host tensors (no device checks). */
 dt_status dt_cpu_tensor_copy(dt_tensor *dst, const dt_tensor *src);
@@ -127,10 +180,21 @@ dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tens
                                 double dampening, double weight_decay, bool nesterov, bool first_step);
 dt_status dt_cpu_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x);
 
+/* The optimizers' hyperparameter checks (checks.c), used by the CUDA backend; cpu/optim.c still repeats them. */
+dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                             bool has_buf);
 /* Argument checks of the random fills, shared by both backends. */
 dt_status dt_random_check_uniform(const dt_tensor *out, double lo, double hi);
 dt_status dt_random_check_normal(const dt_tensor *out, double mean, double std);
 dt_status dt_random_check_int(const dt_tensor *out, int64_t lo, int64_t hi);
+/* Index ops' argument checks (cpu/index.c), shared by both backends. index_select/index_add: `big` has the shape of
+ * `small` except along dim, where `small` has numel(idx) entries; same dtype. gather/scatter_add: idx has a's rank,
+ * idx.shape[d] <= a.shape[d] for d != dim and <= b.shape[d] (== when b_exact) for every d; a and b share a dtype. */
+dt_status dt_index_check_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, const dt_tensor *idx,
+                                int dim);
+dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_tensor *a, const dt_tensor *b, int dim,
+                               bool b_exact);
 /* cat's argument check (cpu/cat.c), shared by both backends. */
 dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out);
 dt_status dt_cpu_random_uniform(dt_tensor *out, uint64_t seed, uint64_t offset, double lo, double hi);

@@ -83,6 +83,12 @@ static inline int64_t dt_strided_offset(int ndim, const int64_t *shape, const in
 /* Strides that read `t` broadcast to (ndim, shape): 0 on broadcast dims. Fails naming both shapes. */
 dt_status dt_broadcast_strides(const dt_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
 
+/* The operands of an elementwise op walked together: the nin inputs' strides broadcast to out's shape, then out's own
+ * (row nin of st); size-1 dims dropped and neighbouring dims merged where every operand walks them contiguously, so
+ * the innermost dim is as long as possible (*ndim >= 1). Fails naming `op` and both shapes. */
+dt_status dt_broadcast_plan(const char *op, int nin, const dt_tensor *const *in, const dt_tensor *out, int *ndim,
+                            int64_t *shape, int64_t (*st)[DT_MAX_DIMS]);
+
 /* Allocate/free accounted bytes in a pool (CPU pools only here; CUDA pools later). */
 void *dt_pool_alloc(int pool, size_t nbytes);
 void dt_pool_free(int pool, void *p, size_t nbytes);

@@ -109,14 +109,16 @@ static dt_tensor *tensor_struct(int ndim, const int64_t *shape, int dtype) {
   return t;
 }
 
-/* nbytes of fresh memory on `device` from its pool. */
-static dt_status storage_alloc(dt_device device, size_t nbytes, void **data, int *pool) {
+/* nbytes of fresh memory on `device` from its pool for a tensor shaped like desc (named by an out-of-memory error). */
+static dt_status storage_alloc(dt_device device, size_t nbytes, const dt_tensor *desc, void **data, int *pool) {
   *data = NULL;
   char b[32];
   if (device.type == DT_DEVICE_CPU) {
     *pool = DT_POOL_HOST;
     *data = dt_pool_alloc(DT_POOL_HOST, nbytes);
-    DT_CHECK(*data, DT_ERR_OOM, "out of host memory allocating %zu bytes", nbytes);
+    char sb[DT_SHAPE_BUF];
+    DT_CHECK(*data, DT_ERR_OOM, "out of host memory allocating %zu bytes for a %s tensor", nbytes,
+             dt_shape_str(desc, sb, sizeof sb));
     return DT_OK;
   }
   dt_device_str(device, b, sizeof b);
@@ -126,7 +128,7 @@ static dt_status storage_alloc(dt_device device, size_t nbytes, void **data, int
   dt_stream *s;
   DT_TRY(dt_compute_stream(device, &s));
   /* at least one byte: an empty tensor still gets a live pointer (device ops refuse released storage) */
-  return dt_cuda_malloc(s, nbytes ? nbytes : 1, data);
+  return dt_cuda_malloc_for(s, nbytes ? nbytes : 1, desc, "tensor", data);
 #else
   return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not available in this build (CPU only)", b);
 #endif
@@ -153,7 +155,9 @@ dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device d
   size_t nbytes = (size_t)numel * dt_dtype_size(dtype);
   void *data;
   int pool = DT_POOL_HOST;
-  DT_TRY(storage_alloc(device, nbytes, &data, &pool));
+  dt_tensor desc = {.ndim = ndim, .dtype = dtype};
+  if (ndim > 0) memcpy(desc.shape, shape, sizeof *shape * (size_t)ndim);
+  DT_TRY(storage_alloc(device, nbytes, &desc, &data, &pool));
   dt_storage *s = calloc(1, sizeof *s);
   dt_tensor *t = tensor_struct(ndim, shape, dtype);
   if (!s || !t) {
@@ -307,6 +311,37 @@ dt_status dt_broadcast_strides(const dt_tensor *t, int ndim, const int64_t *shap
                      dt_shape_str(t, b, sizeof b), d, (long long)s, (long long)shape[d]);
     }
   }
+  return DT_OK;
+}
+
+dt_status dt_broadcast_plan(const char *op, int nin, const dt_tensor *const *in, const dt_tensor *out, int *ndim,
+                            int64_t *shape, int64_t (*st)[DT_MAX_DIMS]) {
+  int nd = out->ndim, nargs = nin + 1;
+  int64_t full[DT_MAX_DIMS + 1][DT_MAX_DIMS];
+  for (int k = 0; k < nin; k++) {
+    if (dt_broadcast_strides(in[k], nd, out->shape, full[k]) != DT_OK) {
+      char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+      return DT_FAIL(DT_ERR_ARG, "%s: shape mismatch: input %s does not broadcast to the output %s", op,
+                     dt_shape_str(in[k], b1, sizeof b1), dt_shape_str(out, b2, sizeof b2));
+    }
+  }
+  for (int d = 0; d < nd; d++) full[nin][d] = out->strides[d];
+  int m = 0;
+  for (int d = 0; d < nd; d++) {
+    int64_t size = out->shape[d];
+    if (size == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; k < nargs && merge; k++) merge = st[k][m - 1] == full[k][d] * size;
+    if (merge) shape[m - 1] *= size;
+    else shape[m++] = size;
+    for (int k = 0; k < nargs; k++) st[k][m - 1] = full[k][d];
+  }
+  if (m == 0) {
+    shape[0] = 1;
+    for (int k = 0; k < nargs; k++) st[k][0] = 0;
+    m = 1;
+  }
+  *ndim = m;
   return DT_OK;
 }
 

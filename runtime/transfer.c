@@ -18,7 +18,17 @@ static dt_status copy_local(dt_tensor *dst, const dt_tensor *src) {
 }
 
 /* The contiguous bytes of src into the contiguous dst (one dtype and element count) on another device. Queued on the
- * cuda side's compute stream (host memory: the call returns once the source is read / the data has landed). */
+ * cuda side's compute stream; the call returns once a host source is read / the data has landed in a host target.
+ * dt_cuda_memcpy already waits for ordinary host memory; pinned memory it only queues, so those cases wait here (the
+ * asynchronous form for pinned buffers is dt_cuda_memcpy itself, ordered with events: see parallel/offload.lua). A
+ * copy to the host also synchronizes so that errors the device found in the work producing the data (an index out
+ * of range) are reported here rather than lost when the result is only read on the host. */
+static dt_status host_side_wait(dt_stream *s, const void *host, bool to_host) {
+  int pool = DT_POOL_HOST;
+  if (!to_host) DT_TRY(dt_cuda_pointer_pool(host, &pool));
+  return to_host || pool == DT_POOL_PINNED ? dt_cuda_stream_synchronize(s) : DT_OK;
+}
+
 static dt_status memcpy_across(dt_tensor *dst, const dt_tensor *src) {
   size_t nbytes = (size_t)dt_tensor_numel(src) * dt_dtype_size(src->dtype);
   if (nbytes == 0) return DT_OK;
@@ -27,7 +37,11 @@ static dt_status memcpy_across(dt_tensor *dst, const dt_tensor *src) {
   dt_stream *ss = NULL, *ds = NULL;
   if (src->device.type == DT_DEVICE_CUDA) DT_TRY(dt_compute_stream(src->device, &ss));
   if (dst->device.type == DT_DEVICE_CUDA) DT_TRY(dt_compute_stream(dst->device, &ds));
-  if (!ss || !ds) return dt_cuda_memcpy(ss ? ss : ds, dp, sp, nbytes);
+  if (!ss || !ds) {
+    dt_stream *s = ss ? ss : ds;
+    DT_TRY(dt_cuda_memcpy(s, dp, sp, nbytes));
+    return host_side_wait(s, ss ? dp : sp, ss != NULL);
+  }
   /* two devices: the copy runs on dst's stream after src's queued work (which writes src), and src's later work (which
    * may overwrite or free src) waits for the copy; events order the streams without a host wait */
   dt_event *src_done = NULL, *copied = NULL;

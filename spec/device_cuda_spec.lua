@@ -91,6 +91,11 @@ end
 local all = { true, true, true, true, true }
 
 describe("cuda tensors", function()
+   -- this file compares cuda with the CPU: its plain tensors are CPU ones whatever DT_DEVICE says
+   local default = dt.default_device()
+   setup(function() dt.set_default_device("cpu") end)
+   teardown(function() dt.set_default_device(default) end)
+
    describe("creation, moves and printing", function()
       cuda_it("creates tensors on the device and reads them back", function()
          local z = dt.zeros({ 2, 3 }, { device = "cuda" })
@@ -329,14 +334,47 @@ describe("cuda tensors", function()
          end
       end)
 
-      cuda_it("cat on the device; ops without a CUDA implementation say so", function()
+      cuda_it("SGD steps (plain, momentum, nesterov with weight decay; f32, bf16 params) like the CPU", function()
+         local cases = { { dtype = "f32" }, { dtype = "f32", momentum = 0.9, dampening = 0.1 },
+            { dtype = "bf16", momentum = 0.9, nesterov = true, weight_decay = 0.01 } }
+         for _, c in ipairs(cases) do
+            local what = ("sgd %s momentum %s"):format(c.dtype, tostring(c.momentum))
+            local pc = { rand({ 3, 7 }, 1, c.dtype), rand({ 7 }, 2, c.dtype) }
+            local pg = { pc[1]:to("cuda"), pc[2]:to("cuda") }
+            local opts = { lr = 0.1, momentum = c.momentum, dampening = c.dampening, nesterov = c.nesterov,
+               weight_decay = c.weight_decay }
+            local oc, og = optim.SGD(pc, opts), optim.SGD(pg, opts)
+            for step = 1, 3 do
+               for i = 1, 2 do
+                  local g = rand(pc[i].shape, 10 * step + i, c.dtype)
+                  pc[i].grad, pg[i].grad = g, g:to("cuda")
+               end
+               oc:step()
+               og:step()
+            end
+            for i = 1, 2 do expect_close(pg[i], pc[i], 1, what .. ": param " .. i) end
+            assert.equal("cuda:0", pg[1].device)
+         end
+      end)
+
+      cuda_it("gather and scatter_add with their gradients; cat", function()
+         local idx = dt.tensor({ { 0, 2, 2 }, { 1, 0, 1 } }, { dtype = "i64" })
+         for _, dtype in ipairs { "f32", "bf16" } do
+            same_on_cuda("gather " .. dtype, function(x, i) return x:gather(2, i) end,
+               { rand({ 2, 3 }, 1, dtype), idx }, { grad = { true } })
+            same_on_cuda("scatter_add " .. dtype, function(x, i, src) return x:scatter_add(2, i, src) end,
+               { rand({ 2, 4 }, 2, dtype), idx, rand({ 2, 3 }, 3, dtype) }, { grad = { true, false, true } })
+         end
+         local idx32 = dt.tensor({ { 2, 0, 1 }, { 3, 3, 0 } }, { dtype = "i32" })
+         local function gather_t(x, i) return x:transpose(1, 2):gather(1, i) end
+         same_on_cuda("gather over dim 1 of a transposed view", gather_t, { rand({ 3, 4 }, 4), idx32 },
+            { grad = { true } })
          same_on_cuda("cat", function(a, b) return dt.cat({ a, b }, 2) end, { rand({ 2, 3 }, 1), rand({ 2, 4 }, 2) },
             { grad = all })
-         local x, idx = rand({ 2, 3 }, 1):to("cuda"), dt.tensor({ { 0 }, { 2 } }, { dtype = "i64", device = "cuda" })
-         expect_error(function() return x:gather(2, idx) end, "gather is not implemented for cuda:0 tensors")
-         local p = rand({ 3 }, 1):to("cuda")
-         p.grad = p:zeros_like()
-         expect_error(function() optim.SGD({ p }, { lr = 0.1 }):step() end, "sgd is not implemented for cuda:0 tensors")
+         local x = rand({ 2, 3 }, 1):to("cuda")
+         expect_error(function() return x:gather(2, dt.tensor({ { 0 }, { 3 } }, { dtype = "i64", device = "cuda" }))
+            :sum():item() end, "gather: index 3 at position 1 out of range for a dimension of size 3")
+         assert.equal(0, dt.zeros({ 1 }, { device = "cuda" }):item(), "the device is usable afterwards")
       end)
    end)
 
@@ -373,6 +411,12 @@ describe("cuda tensors", function()
          dt.reset_peak_memory()
          local after = dt.memory_stats()
          assert.equal(after.device.live, after.device.peak)
+      end)
+
+      cuda_it("names the shape, the sizes and the device when device memory runs out, then goes on", function()
+         expect_error(function() return dt.zeros({ 1024, 1024, 1024, 1024 }, { device = "cuda" }) end,
+            "cuda:0: out of device memory allocating 4.0 TiB for a (1024, 1024, 1024, 1024) f32 tensor; ")
+         assert.equal(2, dt.ones({ 2 }, { device = "cuda" }):sum():item(), "the device is usable afterwards")
       end)
 
       cuda_it("reports device errors found at a synchronising read", function()

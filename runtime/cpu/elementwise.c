@@ -47,55 +47,16 @@ typedef struct {
   int64_t st[EW_MAX_ARGS][DT_MAX_DIMS];
 } ew_plan;
 
-/* f64 if any input is f64, else f32 if any is a float dtype, else i64. */
-static int ctype_of(int n, const dt_tensor *const *xs) {
-  int ct = DT_CT_I64;
-  for (int k = 0; k < n; k++) {
-    if (xs[k]->dtype == DT_DTYPE_F64) return DT_CT_F64;
-    if (dt_dtype_is_float(xs[k]->dtype)) ct = DT_CT_F32;
-  }
-  return ct;
-}
-
-static dt_status int_unsupported(const char *name, const dt_tensor *x) {
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not supported for integer inputs (%s); cast to a float dtype first", name,
-                 dt_dtype_name(x->dtype));
-}
-
-/* Broadcast every input to out's shape, then merge neighbouring dims that all operands walk
- * contiguously, so that the innermost dim is as long as possible. */
+/* Broadcasts the inputs to out's shape (the shared plan), keeping their pointers and dtypes. */
 static dt_status ew_plan_init(ew_plan *p, const char *name, int nin, const dt_tensor *const *in, dt_tensor *out) {
-  int nd = out->ndim, nargs = nin + 1;
-  int64_t st[EW_MAX_ARGS][DT_MAX_DIMS];
+  DT_TRY(dt_broadcast_plan(name, nin, in, out, &p->ndim, p->shape, p->st));
   for (int k = 0; k < nin; k++) {
-    if (dt_broadcast_strides(in[k], nd, out->shape, st[k]) != DT_OK) {
-      char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-      return DT_FAIL(DT_ERR_ARG, "%s: shape mismatch: input %s does not broadcast to the output %s", name,
-                     dt_shape_str(in[k], b1, sizeof b1), dt_shape_str(out, b2, sizeof b2));
-    }
     p->ptr[k] = dt_tensor_ptr(in[k]);
     p->dtype[k] = in[k]->dtype;
   }
-  for (int d = 0; d < nd; d++) st[nin][d] = out->strides[d];
   p->ptr[nin] = dt_tensor_ptr(out);
   p->dtype[nin] = out->dtype;
   p->nin = nin;
-  int m = 0;
-  for (int d = 0; d < nd; d++) {
-    int64_t size = out->shape[d];
-    if (size == 1) continue;
-    bool merge = m > 0;
-    for (int k = 0; k < nargs && merge; k++) merge = p->st[k][m - 1] == st[k][d] * size;
-    if (merge) p->shape[m - 1] *= size;
-    else p->shape[m++] = size;
-    for (int k = 0; k < nargs; k++) p->st[k][m - 1] = st[k][d];
-  }
-  if (m == 0) {
-    p->shape[0] = 1;
-    for (int k = 0; k < nargs; k++) p->st[k][0] = 0;
-    m = 1;
-  }
-  p->ndim = m;
   return DT_OK;
 }
 
@@ -147,22 +108,17 @@ static void ew_run(const ew_plan *p) {
 }
 
 dt_status dt_cpu_op_unary(int op, const dt_tensor *x, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_UNARY_COUNT, DT_ERR_ARG, "unknown unary op %d", op);
-  ew_plan p = {.kind = EW_UNARY, .op = op, .ctype = ctype_of(1, &x)};
-  bool int_ok = op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS || op == DT_UNARY_SQUARE ||
-                op == DT_UNARY_SIGN;
-  if (p.ctype == DT_CT_I64 && !int_ok) return int_unsupported(dt_unary_name(op), x);
+  ew_plan p = {.kind = EW_UNARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_UNARY, op, 1, &x, 0, 0, &p.ctype));
   DT_TRY(ew_plan_init(&p, dt_unary_name(op), 1, &x, out));
   ew_run(&p);
   return DT_OK;
 }
 
 dt_status dt_cpu_op_binary(int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   const dt_tensor *in[2] = {a, b};
-  ew_plan p = {.kind = EW_BINARY, .op = op, .ctype = ctype_of(2, in)};
-  if (p.ctype == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW))
-    return int_unsupported(dt_binary_name(op), a);
+  ew_plan p = {.kind = EW_BINARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_BINARY, op, 2, in, 0, 0, &p.ctype));
   DT_TRY(ew_plan_init(&p, dt_binary_name(op), 2, in, out));
   ew_run(&p);
   return DT_OK;
@@ -183,14 +139,9 @@ static dt_tensor scalar_tensor(int ct, double s, double *storage) {
   return t;
 }
 
-/* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
-static bool int_scalar(double s) { return s == floor(s) && fabs(s) < 9.0e18; }
-
 dt_status dt_cpu_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
-  int ct = ctype_of(1, &x);
-  if (ct == DT_CT_I64 && !int_scalar(s)) ct = DT_CT_F64;
-  if (ct == DT_CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(dt_binary_name(op), x);
+  int ct;
+  DT_TRY(dt_ew_ctype(DT_EW_SCALAR, op, 1, &x, s, 0, &ct));
   double storage;
   dt_tensor st = scalar_tensor(ct, s, &storage);
   const dt_tensor *in[2] = {x, &st};
@@ -201,12 +152,9 @@ dt_status dt_cpu_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tenso
 }
 
 dt_status dt_cpu_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_TERNARY_COUNT, DT_ERR_ARG, "unknown ternary op %d", op);
   const dt_tensor *in[3] = {a, b, c};
-  /* where's condition only selects; its dtype does not decide the compute type */
-  int ct = op == DT_TERNARY_WHERE ? ctype_of(2, in + 1) : ctype_of(3, in);
-  if (ct == DT_CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(dt_ternary_name(op), b);
-  ew_plan p = {.kind = EW_TERNARY, .op = op, .ctype = ct};
+  ew_plan p = {.kind = EW_TERNARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_TERNARY, op, 3, in, 0, 0, &p.ctype));
   DT_TRY(ew_plan_init(&p, dt_ternary_name(op), 3, in, out));
   ew_run(&p);
   return DT_OK;
@@ -214,9 +162,8 @@ dt_status dt_cpu_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, cons
 
 dt_status dt_cpu_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
   const dt_tensor *in[2] = {x, out};
-  int ct = ctype_of(2, in);
-  if (ct == DT_CT_I64 && !(int_scalar(alpha) && int_scalar(beta))) ct = DT_CT_F64;
-  ew_plan p = {.kind = EW_AXPBY, .ctype = ct, .alpha = alpha, .beta = beta};
+  ew_plan p = {.kind = EW_AXPBY, .alpha = alpha, .beta = beta};
+  DT_TRY(dt_ew_ctype(DT_EW_AXPBY, 0, 2, in, alpha, beta, &p.ctype));
   /* beta == 0 must not read out (it may be uninitialised), so out is then not an input */
   DT_TRY(ew_plan_init(&p, "axpby", beta == 0 ? 1 : 2, in, out));
   ew_run(&p);

@@ -11,8 +11,6 @@ enum { INDEX_COLS = 64 };
 /* idx (i32/i64, any strides) in row-major order as int64, every value checked against [0, size). */
 static dt_status load_indices(const char *what, const dt_tensor *idx, int dim, int64_t size, int64_t **out) {
   *out = NULL;
-  DT_CHECK(idx->dtype == DT_DTYPE_I32 || idx->dtype == DT_DTYPE_I64, DT_ERR_ARG,
-           "%s: indices must be i32 or i64, got %s", what, dt_dtype_name(idx->dtype));
   int64_t n = dt_tensor_numel(idx);
   int64_t *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
   DT_CHECK(v, DT_ERR_OOM, "%s: out of memory for %lld indices", what, (long long)n);
@@ -46,8 +44,16 @@ static int64_t offset_of(const dt_tensor *t, int64_t flat) {
   return dt_strided_offset(t->ndim, t->shape, t->strides, flat);
 }
 
-/* `big` has the shape of `small` except along dim, where `small` has n entries; same dtype. */
-static dt_status check_index_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, int dim, int64_t n) {
+static dt_status check_index_dtype(const char *what, const dt_tensor *idx) {
+  DT_CHECK(idx->dtype == DT_DTYPE_I32 || idx->dtype == DT_DTYPE_I64, DT_ERR_ARG,
+           "%s: indices must be i32 or i64, got %s", what, dt_dtype_name(idx->dtype));
+  return DT_OK;
+}
+
+dt_status dt_index_check_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, const dt_tensor *idx,
+                                int dim) {
+  DT_TRY(check_index_dtype(what, idx));
+  int64_t n = dt_tensor_numel(idx);
   char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
   DT_CHECK(big->ndim >= 1 && dim >= 0 && dim < big->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
            dt_shape_str(big, b1, sizeof b1));
@@ -60,7 +66,7 @@ static dt_status check_index_shapes(const char *what, const dt_tensor *big, cons
 
 dt_status dt_cpu_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   int64_t n = dt_tensor_numel(idx), *iv;
-  DT_TRY(check_index_shapes("index_select", x, out, dim, n));
+  DT_TRY(dt_index_check_shapes("index_select", x, out, idx, dim));
   DT_TRY(load_indices("index_select", idx, dim, x->shape[dim], &iv));
   int64_t size = x->shape[dim], inner = prod(x->shape, dim + 1, x->ndim), rows = prod(x->shape, 0, dim) * n;
   size_t es = dt_dtype_size(x->dtype);
@@ -86,7 +92,7 @@ dt_status dt_cpu_op_index_select(const dt_tensor *x, int dim, const dt_tensor *i
 
 dt_status dt_cpu_op_index_add(dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
   int64_t n = dt_tensor_numel(idx), *iv;
-  DT_TRY(check_index_shapes("index_add", out, src, dim, n));
+  DT_TRY(dt_index_check_shapes("index_add", out, src, idx, dim));
   DT_TRY(load_indices("index_add", idx, dim, out->shape[dim], &iv));
   int64_t size = out->shape[dim], inner = prod(out->shape, dim + 1, out->ndim), outer = prod(out->shape, 0, dim);
   int64_t ncol = (inner + INDEX_COLS - 1) / INDEX_COLS, items = outer * ncol;
@@ -135,10 +141,9 @@ static void line_start(const line_walk *w, int64_t line, int64_t *ia, int64_t *i
   }
 }
 
-/* idx has a's rank; idx.shape[d] <= a.shape[d] for d != dim and <= b.shape[d] for every d. */
-static dt_status check_lines(const char *what, line_walk *w, bool b_exact) {
-  const dt_tensor *idx = w->idx, *a = w->a, *b = w->b;
-  int dim = w->dim;
+dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_tensor *a, const dt_tensor *b, int dim,
+                               bool b_exact) {
+  DT_TRY(check_index_dtype(what, idx));
   char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
   DT_CHECK(dim >= 0 && dim < a->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
            dt_shape_str(a, b1, sizeof b1));
@@ -149,10 +154,16 @@ static dt_status check_lines(const char *what, line_walk *w, bool b_exact) {
   DT_CHECK(ok, DT_ERR_ARG,
            "%s: index %s does not fit x/out %s and %s (same rank and dtype; index sizes within theirs outside dim %d)",
            what, dt_shape_str(idx, b1, sizeof b1), dt_shape_str(a, b2, sizeof b2), dt_shape_str(b, b3, sizeof b3), dim);
+  return DT_OK;
+}
+
+/* The checks, then idx's row-major strides. */
+static dt_status check_lines(const char *what, line_walk *w, bool b_exact) {
+  DT_TRY(dt_index_check_lines(what, w->idx, w->a, w->b, w->dim, b_exact));
   int64_t s = 1;
-  for (int d = idx->ndim - 1; d >= 0; d--) {
+  for (int d = w->idx->ndim - 1; d >= 0; d--) {
     w->istride[d] = s;
-    s *= idx->shape[d];
+    s *= w->idx->shape[d];
   }
   return DT_OK;
 }

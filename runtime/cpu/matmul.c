@@ -11,43 +11,6 @@
  * at least MM_TILE_MIN rows/columns, splitting M first (fewer re-packs of b). */
 enum { MM_TILES = 8, MM_TILE_MIN = 128 };
 
-/* One matrix operand as BLAS reads it: element 0, transpose flag, leading dim, batch strides. */
-typedef struct {
-  const char *p;
-  bool trans;
-  int64_t ld;
-  int64_t bst[DT_MAX_DIMS];
-} mm_arg;
-
-/* How BLAS can read a (rows, cols) matrix with strides (s0, s1): row-major with leading dim s0, or
- * column-major (the transposed matrix row-major, so the transpose flag flips). False: neither. */
-static bool blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
-  if (rows > INT_MAX || cols > INT_MAX) return false;
-  if ((cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX))) {
-    *flip = false;
-    *ld = rows <= 1 ? (cols > 1 ? cols : 1) : s0;
-    return true;
-  }
-  if ((rows <= 1 || s0 == 1) && (cols <= 1 || (s1 >= rows && s1 <= INT_MAX))) {
-    *flip = true;
-    *ld = cols <= 1 ? (rows > 1 ? rows : 1) : s1;
-    return true;
-  }
-  return false;
-}
-
-/* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on mismatch. */
-static bool batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst) {
-  int xb = x->ndim - 2, lead = nb - xb;
-  if (lead < 0) return false;
-  for (int d = 0; d < nb; d++) {
-    int64_t s = d < lead ? 1 : x->shape[d - lead];
-    if (s != bshape[d] && s != 1) return false;
-    bst[d] = (d < lead || s == 1) ? 0 : x->strides[d - lead];
-  }
-  return true;
-}
-
 /* A contiguous copy of x in dtype cdt (into *tmp, which the caller frees). */
 static dt_status contiguous_copy(const dt_tensor *x, int cdt, dt_tensor **tmp) {
   DT_TRY(dt_tensor_empty(x->ndim, x->shape, cdt, x->device, tmp));
@@ -55,24 +18,16 @@ static dt_status contiguous_copy(const dt_tensor *x, int cdt, dt_tensor **tmp) {
 }
 
 /* An input operand: used in place when BLAS can read it, else copied (and converted) first. */
-static dt_status mm_input(const dt_tensor *x, bool trans, int cdt, int nb, const int64_t *bshape, mm_arg *m,
+static dt_status mm_input(const dt_tensor *x, bool trans, int cdt, int nb, const int64_t *bshape, dt_mm_arg *m,
                           dt_tensor **tmp) {
-  int n = x->ndim;
-  bool flip = false;
-  if (x->dtype != cdt || !blas_view(x->shape[n - 2], x->shape[n - 1], x->strides[n - 2], x->strides[n - 1], &flip,
-                                    &m->ld)) {
-    DT_TRY(contiguous_copy(x, cdt, tmp));
-    x = *tmp;
-    blas_view(x->shape[n - 2], x->shape[n - 1], x->strides[n - 2], x->strides[n - 1], &flip, &m->ld);
-  }
-  m->p = dt_tensor_ptr(x);
-  m->trans = trans != flip;
-  batch_strides(x, nb, bshape, m->bst);
+  if (x->dtype == cdt && dt_mm_arg_of(x, trans, nb, bshape, m)) return DT_OK;
+  DT_TRY(contiguous_copy(x, cdt, tmp));
+  dt_mm_arg_of(*tmp, trans, nb, bshape, m);
   return DT_OK;
 }
 
 /* Rows [m0, m0 + m) and columns [n0, n0 + n) of one output matrix; ia, ib, ic locate the batch. */
-static void gemm_tile(int cdt, const mm_arg *a, const mm_arg *b, const mm_arg *c, int64_t ia, int64_t ib,
+static void gemm_tile(int cdt, const dt_mm_arg *a, const dt_mm_arg *b, const dt_mm_arg *c, int64_t ia, int64_t ib,
                       int64_t ic, int64_t m0, int64_t m, int64_t n0, int64_t n, int64_t K, double alpha,
                       double beta) {
   CBLAS_TRANSPOSE ta = a->trans ? CblasTrans : CblasNoTrans, tb = b->trans ? CblasTrans : CblasNoTrans;
@@ -97,36 +52,10 @@ static void blas_on_calling_thread(void) {
 
 static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-static dt_status check_matmul(const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta, bool tb,
-                              int64_t *M, int64_t *N, int64_t *K) {
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
-  DT_CHECK(a->ndim >= 2 && b->ndim >= 2 && out->ndim >= 2, DT_ERR_ARG,
-           "matmul: a, b and out need at least 2 dims, got a %s, b %s, out %s", dt_shape_str(a, b1, sizeof b1),
-           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
-  DT_CHECK(a->dtype == b->dtype && a->dtype == out->dtype && dt_dtype_is_float(a->dtype), DT_ERR_ARG,
-           "matmul: a, b and out must share one float dtype, got %s, %s, %s", dt_dtype_name(a->dtype),
-           dt_dtype_name(b->dtype), dt_dtype_name(out->dtype));
-  int an = a->ndim, bn = b->ndim, on = out->ndim;
-  *M = a->shape[an - (ta ? 1 : 2)];
-  *K = a->shape[an - (ta ? 2 : 1)];
-  *N = b->shape[bn - (tb ? 2 : 1)];
-  int64_t kb = b->shape[bn - (tb ? 1 : 2)];
-  DT_CHECK(*K == kb, DT_ERR_ARG, "matmul: inner dims differ: a %s%s gives K=%lld, b %s%s gives K=%lld",
-           dt_shape_str(a, b1, sizeof b1), ta ? " (transposed)" : "", (long long)*K, dt_shape_str(b, b2, sizeof b2),
-           tb ? " (transposed)" : "", (long long)kb);
-  DT_CHECK(out->shape[on - 2] == *M && out->shape[on - 1] == *N, DT_ERR_ARG,
-           "matmul: out %s must end in (%lld, %lld)", dt_shape_str(out, b1, sizeof b1), (long long)*M, (long long)*N);
-  int64_t st[DT_MAX_DIMS];
-  DT_CHECK(batch_strides(a, on - 2, out->shape, st) && batch_strides(b, on - 2, out->shape, st), DT_ERR_ARG,
-           "matmul: batch dims of a %s and b %s do not broadcast to out %s", dt_shape_str(a, b1, sizeof b1),
-           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
-  return DT_OK;
-}
-
 /* When b is shared by every batch and a's and out's batches are stacked rows, fold the batch into M:
  * one large gemm instead of many small ones (x (B, T, K) @ w (K, N), the linear-layer case). */
-static bool fold_batch(int nb, const int64_t *bshape, int64_t M, int64_t K, int64_t N, mm_arg *a, const mm_arg *b,
-                       mm_arg *c) {
+static bool fold_batch(int nb, const int64_t *bshape, int64_t M, int64_t K, int64_t N, dt_mm_arg *a, const dt_mm_arg *b,
+                       dt_mm_arg *c) {
   if (a->trans) return false;
   int64_t shape[DT_MAX_DIMS + 1], sa[DT_MAX_DIMS + 1], sc[DT_MAX_DIMS + 1], na, nc, lda, ldc;
   for (int d = 0; d < nb; d++) {
@@ -148,7 +77,7 @@ static bool fold_batch(int nb, const int64_t *bshape, int64_t M, int64_t K, int6
 dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
                        double alpha, double beta) {
   int64_t M = 0, N = 0, K = 0;
-  DT_TRY(check_matmul(a, b, out, trans_a, trans_b, &M, &N, &K));
+  DT_TRY(dt_op_matmul_check(a, b, out, trans_a, trans_b, &M, &N, &K));
   int nb = out->ndim - 2;
   int64_t nbatch = 1;
   for (int d = 0; d < nb; d++) nbatch *= out->shape[d];
@@ -156,12 +85,12 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
   if (K == 0) return beta == 0 ? dt_cpu_tensor_fill(out, 0.0) : dt_cpu_op_binary_scalar(DT_BINARY_MUL, out, beta, out);
   int cdt = a->dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
   dt_tensor *ta = NULL, *tb = NULL, *tc = NULL;
-  mm_arg ma, mb, mc;
+  dt_mm_arg ma, mb, mc;
   dt_status s = mm_input(a, trans_a, cdt, nb, out->shape, &ma, &ta);
   if (s == DT_OK) s = mm_input(b, trans_b, cdt, nb, out->shape, &mb, &tb);
   /* out must be row-major in the compute dtype; otherwise compute into a contiguous copy */
   bool flip = false;
-  if (s == DT_OK && (out->dtype != cdt || !blas_view(M, N, out->strides[nb], out->strides[nb + 1], &flip, &mc.ld) ||
+  if (s == DT_OK && (out->dtype != cdt || !dt_blas_view(M, N, out->strides[nb], out->strides[nb + 1], &flip, &mc.ld) ||
                      flip)) {
     s = dt_tensor_empty(out->ndim, out->shape, cdt, out->device, &tc);
     if (s == DT_OK && beta != 0) s = dt_cpu_copy(tc, out);
@@ -171,7 +100,7 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
     const dt_tensor *c = tc ? tc : out;
     mc.p = dt_tensor_ptr(c);
     mc.trans = false;
-    batch_strides(c, nb, out->shape, mc.bst);
+    dt_matmul_batch_strides(c, nb, out->shape, mc.bst);
     int64_t m_eff = M;
     if (nbatch > 1 && fold_batch(nb, out->shape, M, K, N, &ma, &mb, &mc)) {
       m_eff = M * nbatch;

@@ -28,20 +28,8 @@ static dt_status check_attention(const char *op, const dt_tensor *q, const dt_te
   DT_TRY(dt_nn_check_float(q, op, "q"));
   DT_TRY(dt_nn_check_float(k, op, "k"));
   DT_TRY(dt_nn_check_float(v, op, "v"));
-  char bq[DT_SHAPE_BUF], bk[DT_SHAPE_BUF], bv[DT_SHAPE_BUF];
-  DT_CHECK(q->ndim == 4 && k->ndim == 4 && v->ndim == 4, DT_ERR_ARG,
-           "%s: q, k, v must be (B, H, T, D), got q %s, k %s, v %s", op, dt_shape_str(q, bq, sizeof bq),
-           dt_shape_str(k, bk, sizeof bk), dt_shape_str(v, bv, sizeof bv));
-  DT_TRY(dt_nn_check_same_shape(k, v, op, "k", "v"));
-  DT_CHECK(q->shape[0] == k->shape[0] && q->shape[3] == k->shape[3], DT_ERR_ARG,
-           "%s: shape mismatch: q %s and k %s must agree on B (dim 1) and D (dim 4)", op,
-           dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
+  DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
   int64_t hq = q->shape[1], hkv = k->shape[1];
-  DT_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0, DT_ERR_ARG,
-           "%s: Hq %% Hkv != 0: %lld query heads cannot be grouped over %lld kv heads (q %s, k %s)", op,
-           (long long)hq, (long long)hkv, dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
-  DT_CHECK(q->shape[3] > 0, DT_ERR_ARG, "%s: head dim D must be > 0, got q %s", op, dt_shape_str(q, bq, sizeof bq));
-  DT_CHECK(isfinite(scale), DT_ERR_ARG, "%s: scale must be finite, got %g", op, scale);
   *a = (attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
                    .scale = scale, .causal = causal};
   return DT_OK;

@@ -35,15 +35,7 @@ dt_status dt_cpu_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tens
 static dt_status check_ce(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore, const dt_tensor *dlogits,
                           const char *op, int64_t *n, int64_t *v, int64_t *n_valid) {
   DT_TRY(dt_nn_rows_cols(logits, op, "logits", n, v));
-  char b[DT_SHAPE_BUF], bl[DT_SHAPE_BUF];
-  DT_CHECK(targets && (targets->dtype == DT_DTYPE_I32 || targets->dtype == DT_DTYPE_I64), DT_ERR_ARG,
-           "%s: targets must be i32 or i64, got %s", op, targets ? dt_shape_str(targets, b, sizeof b) : "NULL");
-  DT_CHECK(dt_tensor_is_contiguous(targets), DT_ERR_ARG, "%s: targets %s must be contiguous", op,
-           dt_shape_str(targets, b, sizeof b));
-  DT_CHECK(dt_tensor_numel(targets) == *n, DT_ERR_ARG,
-           "%s: shape mismatch: targets %s has %lld elements but logits %s has %lld rows", op,
-           dt_shape_str(targets, b, sizeof b), (long long)dt_tensor_numel(targets),
-           dt_shape_str(logits, bl, sizeof bl), (long long)*n);
+  DT_TRY(dt_nn_targets_check(op, targets, logits, *n));
   if (dlogits) {
     DT_TRY(dt_nn_check_float(dlogits, op, "dlogits"));
     DT_TRY(dt_nn_check_same_shape(logits, dlogits, op, "logits", "dlogits"));
@@ -66,7 +58,7 @@ dt_status dt_cpu_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *
                                   double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits,
                                   int64_t *n_valid, double *loss_sum) {
   const char *op = "cross_entropy";
-  int64_t n, v, valid;
+  int64_t n, v, valid = 0;
   DT_TRY(check_ce(logits, targets, ignore_index, dlogits, op, &n, &v, &valid));
   if (losses) DT_TRY(dt_nn_check_vector(losses, n, op, "losses", "one per row of logits"));
   if (n_valid) *n_valid = valid;

@@ -194,40 +194,8 @@ static void reduce_cols(int op, const rgeom *g, const dt_tensor *x, dt_tensor *o
   }
 }
 
-/* The shape out must have; returns its rank. */
-static int expected_shape(const dt_tensor *x, int dim, bool keepdim, int64_t *shape) {
-  int nd = 0;
-  for (int d = 0; d < x->ndim; d++) {
-    bool reduced = dim < 0 || d == dim;
-    if (!reduced) shape[nd++] = x->shape[d];
-    else if (keepdim) shape[nd++] = 1;
-  }
-  return nd;
-}
-
-static dt_status check_reduce(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_REDUCE_COUNT, DT_ERR_ARG, "unknown reduce op %d", op);
-  const char *name = dt_reduce_name(op);
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-  DT_CHECK(dim >= -1 && dim < x->ndim, DT_ERR_ARG, "%s: dim %d out of range for x %s (use 0..%d, or -1 for all)", name,
-           dim, dt_shape_str(x, b1, sizeof b1), x->ndim - 1);
-  dt_tensor want = {.dtype = out->dtype};
-  want.ndim = expected_shape(x, dim, keepdim, want.shape);
-  bool same = want.ndim == out->ndim;
-  for (int d = 0; same && d < want.ndim; d++) same = want.shape[d] == out->shape[d];
-  DT_CHECK(same, DT_ERR_ARG, "%s: out has shape %s, expected %s", name, dt_shape_str(out, b1, sizeof b1),
-           dt_shape_str(&want, b2, sizeof b2));
-  DT_CHECK(op != DT_REDUCE_ARGMAX || out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32, DT_ERR_ARG,
-           "argmax: out must be i64 or i32, got %s", dt_dtype_name(out->dtype));
-  bool extremum = op == DT_REDUCE_MAX || op == DT_REDUCE_MIN || op == DT_REDUCE_ARGMAX;
-  int64_t len = dim < 0 ? dt_tensor_numel(x) : x->shape[dim];
-  DT_CHECK(!extremum || len > 0 || dt_tensor_numel(out) == 0, DT_ERR_ARG,
-           "%s: cannot reduce an empty dimension of x %s", name, dt_shape_str(x, b1, sizeof b1));
-  return DT_OK;
-}
-
 dt_status dt_cpu_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out) {
-  DT_TRY(check_reduce(op, x, dim, keepdim, out));
+  DT_TRY(dt_op_reduce_check(op, x, dim, keepdim, out));
   if (dt_tensor_numel(out) == 0) return DT_OK;
   rgeom g;
   dt_tensor *tmp = NULL;

@@ -80,90 +80,28 @@ void dt_cuda_blas_release(dt_cuda_dev *d) {
   pthread_mutex_unlock(&handle_lock);
 }
 
-/* One matrix operand as BLAS reads it: element 0, transpose flag, leading dim, batch strides. */
-typedef struct {
-  const char *p;
-  bool trans;
-  int64_t ld;
-  int64_t bst[DT_MAX_DIMS];
-} mm_arg;
-
-/* How BLAS can read a (rows, cols) matrix with strides (s0, s1): row-major with leading dim s0, or column-major
- * (flip: the transpose flag flips). False: neither. */
-static bool blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
-  if (rows > INT_MAX || cols > INT_MAX) return false;
-  bool row_major = (cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX));
-  bool col_major = (rows <= 1 || s0 == 1) && (cols <= 1 || (s1 >= rows && s1 <= INT_MAX));
-  if (!row_major && !col_major) return false;
-  *flip = !row_major;
-  *ld = row_major ? (rows <= 1 ? (cols > 1 ? cols : 1) : s0) : (cols <= 1 ? (rows > 1 ? rows : 1) : s1);
-  return true;
-}
-
-/* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on mismatch. */
-static bool batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst) {
-  dt_tensor batch = {.ndim = x->ndim - 2};
-  for (int d = 0; d < batch.ndim; d++) {
-    batch.shape[d] = x->shape[d];
-    batch.strides[d] = x->strides[d];
-  }
-  bool ok = dt_broadcast_strides(&batch, nb, bshape, bst) == DT_OK;
-  dt_clear_error();
-  return ok;
-}
-
 static dt_status check_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta,
                               bool tb, int64_t *M, int64_t *N, int64_t *K) {
   DT_CHECK(s, DT_ERR_ARG, "matmul: NULL stream");
   DT_TRY(dt_cuda_check_on(s, a, "matmul", "a"));
   DT_TRY(dt_cuda_check_on(s, b, "matmul", "b"));
   DT_TRY(dt_cuda_check_on(s, out, "matmul", "out"));
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
-  DT_CHECK(a->ndim >= 2 && b->ndim >= 2 && out->ndim >= 2, DT_ERR_ARG,
-           "matmul: a, b and out need at least 2 dims, got a %s, b %s, out %s", dt_shape_str(a, b1, sizeof b1),
-           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
-  DT_CHECK(a->dtype == b->dtype && a->dtype == out->dtype && dt_dtype_is_float(a->dtype), DT_ERR_ARG,
-           "matmul: a, b and out must share one float dtype, got %s, %s, %s", dt_dtype_name(a->dtype),
-           dt_dtype_name(b->dtype), dt_dtype_name(out->dtype));
-  int an = a->ndim, bn = b->ndim, on = out->ndim;
-  *M = a->shape[an - (ta ? 1 : 2)];
-  *K = a->shape[an - (ta ? 2 : 1)];
-  *N = b->shape[bn - (tb ? 2 : 1)];
-  int64_t kb = b->shape[bn - (tb ? 1 : 2)];
-  DT_CHECK(*K == kb, DT_ERR_ARG, "matmul: inner dims differ: a %s%s gives K=%lld, b %s%s gives K=%lld",
-           dt_shape_str(a, b1, sizeof b1), ta ? " (transposed)" : "", (long long)*K, dt_shape_str(b, b2, sizeof b2),
-           tb ? " (transposed)" : "", (long long)kb);
-  DT_CHECK(out->shape[on - 2] == *M && out->shape[on - 1] == *N, DT_ERR_ARG,
-           "matmul: out %s must end in (%lld, %lld)", dt_shape_str(out, b1, sizeof b1), (long long)*M, (long long)*N);
-  int64_t st[DT_MAX_DIMS];
-  DT_CHECK(batch_strides(a, on - 2, out->shape, st) && batch_strides(b, on - 2, out->shape, st), DT_ERR_ARG,
-           "matmul: batch dims of a %s and b %s do not broadcast to out %s", dt_shape_str(a, b1, sizeof b1),
-           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
-  DT_CHECK(*M <= INT_MAX && *N <= INT_MAX && *K <= INT_MAX, DT_ERR_UNSUPPORTED,
-           "matmul: M, N, K = %lld, %lld, %lld exceed cuBLAS's int range", (long long)*M, (long long)*N, (long long)*K);
-  return DT_OK;
+  return dt_op_matmul_check(a, b, out, ta, tb, M, N, K);
 }
 
 /* An input operand: used in place when BLAS can read it, else copied contiguous into *tmp first. */
-static dt_status mm_input(dt_stream *s, const dt_tensor *x, bool trans, int nb, const int64_t *bshape, mm_arg *m,
+static dt_status mm_input(dt_stream *s, const dt_tensor *x, bool trans, int nb, const int64_t *bshape, dt_mm_arg *m,
                           dt_tensor **tmp) {
-  int n = x->ndim;
-  bool flip = false;
-  if (!blas_view(x->shape[n - 2], x->shape[n - 1], x->strides[n - 2], x->strides[n - 1], &flip, &m->ld)) {
-    DT_TRY(dt_cuda_tensor_scratch(s, n, x->shape, x->dtype, tmp));
-    DT_TRY(dt_cuda_copy(s, *tmp, x));
-    x = *tmp;
-    blas_view(x->shape[n - 2], x->shape[n - 1], x->strides[n - 2], x->strides[n - 1], &flip, &m->ld);
-  }
-  m->p = dt_tensor_ptr(x);
-  m->trans = trans != flip;
-  batch_strides(x, nb, bshape, m->bst);
+  if (dt_mm_arg_of(x, trans, nb, bshape, m)) return DT_OK;
+  DT_TRY(dt_cuda_tensor_scratch(s, x->ndim, x->shape, x->dtype, tmp));
+  DT_TRY(dt_cuda_copy(s, *tmp, x));
+  dt_mm_arg_of(*tmp, trans, nb, bshape, m);
   return DT_OK;
 }
 
 /* Row-major C (M, N) = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B goes first. Batch dims [0, p) are looped
  * over, dims [p, nb) must collapse to one stride per operand (strided batch). */
-static dt_status mm_gemm(dt_stream *s, cublasHandle_t h, int dtype, const mm_arg *a, const mm_arg *b, const mm_arg *c,
+static dt_status mm_gemm(dt_stream *s, cublasHandle_t h, int dtype, const dt_mm_arg *a, const dt_mm_arg *b, const dt_mm_arg *c,
                          int nb, const int64_t *bshape, int64_t M, int64_t N, int64_t K, double alpha, double beta) {
   int p = 0;
   int64_t count = 1, sa = 0, sb = 0, sc = 0;
@@ -212,12 +150,12 @@ dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b
   cublasHandle_t h = NULL;
   DT_TRY(blas_get(s->device, &h));
   dt_tensor *ta = NULL, *tb = NULL, *tc = NULL;
-  mm_arg ma, mb, mc;
+  dt_mm_arg ma, mb, mc;
   dt_status st = mm_input(s, a, trans_a, nb, out->shape, &ma, &ta);
   if (st == DT_OK) st = mm_input(s, b, trans_b, nb, out->shape, &mb, &tb);
   /* out must be row-major; otherwise compute into a contiguous copy */
   bool flip = false;
-  if (st == DT_OK && (!blas_view(M, N, out->strides[nb], out->strides[nb + 1], &flip, &mc.ld) || flip)) {
+  if (st == DT_OK && (!dt_blas_view(M, N, out->strides[nb], out->strides[nb + 1], &flip, &mc.ld) || flip)) {
     st = dt_cuda_tensor_scratch(s, out->ndim, out->shape, out->dtype, &tc);
     if (st == DT_OK && beta != 0) st = dt_cuda_copy(s, tc, out);
     mc.ld = N;
@@ -226,7 +164,7 @@ dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b
     const dt_tensor *c = tc ? tc : out;
     mc.p = dt_tensor_ptr(c);
     mc.trans = false;
-    batch_strides(c, nb, out->shape, mc.bst);
+    dt_matmul_batch_strides(c, nb, out->shape, mc.bst);
     st = mm_gemm(s, h, a->dtype, &ma, &mb, &mc, nb, out->shape, M, N, K, alpha, beta);
   }
   if (st == DT_OK && tc) st = dt_cuda_copy(s, out, tc);

@@ -45,6 +45,20 @@ dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *wh
     if (dt_cuda_e_ != cudaSuccess) return dt_cuda_fail(dt_cuda_e_, __FILE__, __LINE__, what); \
   } while (0)
 
+/* A failed kernel entry point (dt_k_*) of `op`: a launch error names the kernel, its grid/block and the op's tensors
+ * (the current op); a sticky fault surfacing there names the ops queued before it. */
+dt_status dt_cuda_kernel_fail(cudaError_t e, const char *file, int line, const char *op);
+#define DT_CUDA_KERNEL(op, call)                                                         \
+  do {                                                                                   \
+    cudaError_t dt_cuda_e_ = (call);                                                     \
+    if (dt_cuda_e_ != cudaSuccess) return dt_cuda_kernel_fail(dt_cuda_e_, __FILE__, __LINE__, op); \
+  } while (0)
+
+/* The calling thread's op in progress ("matmul (2, 3) f32, ..." and its device; false outside dispatched ops), and
+ * the last ops queued on a device, oldest first (oplog.c). */
+bool dt_cuda_op_current(char *buf, size_t size, int *device);
+void dt_cuda_op_recent(int device, char *buf, size_t size);
+
 /* Reads (and clears) the device's argument error word after a synchronisation; fails with its message if set. */
 dt_status dt_cuda_check_device_errors(int device);
 

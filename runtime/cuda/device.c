@@ -9,15 +9,55 @@
 static dt_cuda_dev devs[DT_CUDA_MAX_DEVICES];
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static _Thread_local int tl_device; /* the device dt_cuda_use made current on this thread */
+
+static dt_status status_of(cudaError_t e) {
+  return e == cudaErrorMemoryAllocation ? DT_ERR_OOM
+         : e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidDevice
+             ? DT_ERR_ARG
+         : e == cudaErrorNoDevice || e == cudaErrorNotSupported ? DT_ERR_UNSUPPORTED
+                                                                 : DT_ERR_STATE;
+}
+
+/* Clears the runtime's last error (a failed call sets it too) so the next launch check is clean; true when it stays
+ * set: a sticky fault (a kernel crashed on the device), which every later call on the device reports again. */
+static bool clear_last_error(void) {
+  cudaGetLastError();
+  return cudaGetLastError() != cudaSuccess;
+}
+
+/* The tail of a sticky fault's message: which ops ran before it and how to go on. */
+static dt_status fail_sticky(dt_status code, const char *file, int line, const char *head) {
+  char recent[1536];
+  dt_cuda_op_recent(tl_device, recent, sizeof recent);
+  return dt_fail_at(code, file, line,
+                    "%s; cuda:%d has faulted (a kernel failed on the device; the fault surfaces at the next call that "
+                    "waits for it): %s reset the device (dt_cuda_device_reset) or restart the process",
+                    head, tl_device, recent);
+}
+
 dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *what) {
-  dt_status code = e == cudaErrorMemoryAllocation ? DT_ERR_OOM
-                   : e == cudaErrorInvalidValue || e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidDevice
-                       ? DT_ERR_ARG
-                   : e == cudaErrorNoDevice || e == cudaErrorNotSupported ? DT_ERR_UNSUPPORTED
-                                                                           : DT_ERR_STATE;
-  dt_status st = dt_fail_at(code, file, line, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
-  cudaGetLastError(); /* a failed call also sets the runtime's last error: clear it so the next launch check is clean */
-  return st;
+  char head[1024];
+  snprintf(head, sizeof head, "%s: %s: %s", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  if (clear_last_error()) return fail_sticky(status_of(e), file, line, head);
+  return dt_fail_at(status_of(e), file, line, "%s", head);
+}
+
+dt_status dt_cuda_kernel_fail(cudaError_t e, const char *file, int line, const char *op) {
+  char head[1024], cur[448], ctx[512] = "", k[256] = "";
+  snprintf(head, sizeof head, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+  if (clear_last_error()) {
+    char what[1280];
+    snprintf(what, sizeof what, "%s on cuda:%d: %s", op, tl_device, head);
+    return fail_sticky(status_of(e), file, line, what);
+  }
+  int device = tl_device;
+  if (dt_cuda_op_current(cur, sizeof cur, &device)) snprintf(ctx, sizeof ctx, "; the op: %s", cur);
+  const dt_k_launch *l = dt_k_last_launch();
+  if (l->kernel)
+    snprintf(k, sizeof k, "kernel %s (grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic shared memory) ",
+             l->kernel, l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1], l->block[2], l->smem);
+  return dt_fail_at(status_of(e), file, line, "%s on cuda:%d: %sfailed to launch: %s%s", op, device, k, head, ctx);
 }
 
 int dt_cuda_build(void) { return DT_CUDA_EMULATED ? DT_CUDA_BUILD_EMULATED : DT_CUDA_BUILD_REAL; }
@@ -36,6 +76,7 @@ dt_status dt_cuda_use(int device) {
   DT_CHECK(device >= 0 && device < n && device < DT_CUDA_MAX_DEVICES, DT_ERR_ARG, "cuda:%d does not exist (%d device%s)",
            device, n, n == 1 ? "" : "s");
   DT_CUDA_TRY("cudaSetDevice", cudaSetDevice(device));
+  tl_device = device;
   return DT_OK;
 }
 
@@ -67,6 +108,14 @@ dt_status dt_cuda_dev_get(int device, dt_cuda_dev **out) {
   return st;
 }
 
+dt_status dt_cuda_versions_get(dt_cuda_versions *out) {
+  memset(out, 0, sizeof *out);
+  DT_CUDA_TRY("cudaRuntimeGetVersion", cudaRuntimeGetVersion(&out->runtime));
+  if (cudaDriverGetVersion(&out->driver) != cudaSuccess) out->driver = 0;
+  DT_CHECK(ncclGetVersion(&out->nccl) == ncclSuccess, DT_ERR_STATE, "ncclGetVersion failed");
+  return DT_OK;
+}
+
 dt_status dt_cuda_device_info_get(int device, dt_cuda_device_info *out) {
   DT_TRY(dt_cuda_use(device));
   struct cudaDeviceProp prop;
@@ -83,6 +132,11 @@ dt_status dt_cuda_device_info_get(int device, dt_cuda_device_info *out) {
               cudaDeviceGetAttribute(&out->max_shared_per_block, cudaDevAttrMaxSharedMemoryPerBlock, device));
   DT_CUDA_TRY("cudaDeviceGetAttribute",
               cudaDeviceGetAttribute(&out->max_shared_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  DT_CUDA_TRY("cudaDeviceGetAttribute", cudaDeviceGetAttribute(&out->clock_khz, cudaDevAttrClockRate, device));
+  DT_CUDA_TRY("cudaDeviceGetAttribute",
+              cudaDeviceGetAttribute(&out->memory_clock_khz, cudaDevAttrMemoryClockRate, device));
+  DT_CUDA_TRY("cudaDeviceGetAttribute",
+              cudaDeviceGetAttribute(&out->memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
   DT_CUDA_TRY("cudaRuntimeGetVersion", cudaRuntimeGetVersion(&out->runtime_version));
   DT_CUDA_TRY("cudaDriverGetVersion", cudaDriverGetVersion(&out->driver_version));
   DT_TRY(dt_cuda_blas_version(device, &out->cublas_version));
@@ -104,11 +158,14 @@ dt_status dt_cuda_check_device_errors(int device) {
                    "cross_entropy: target %lld at row %lld is out of range for %lld classes (found on cuda:%d, "
                    "reported at synchronize)",
                    (long long)e.value, (long long)e.where, (long long)e.limit, device);
+  static const char *const index_ops[] = {[DT_KERR_INDEX_SELECT] = "index_select", [DT_KERR_INDEX_ADD] = "index_add",
+                                          [DT_KERR_GATHER] = "gather", [DT_KERR_SCATTER_ADD] = "scatter_add"};
+  bool known = e.code > DT_KERR_TARGET && e.code <= DT_KERR_SCATTER_ADD;
   return DT_FAIL(DT_ERR_ARG,
                  "%s: index %lld at position %lld out of range for a dimension of size %lld (valid 0..%lld; found on "
                  "cuda:%d, reported at synchronize)",
-                 e.code == DT_KERR_INDEX_SELECT ? "index_select" : "index_add", (long long)e.value, (long long)e.where,
-                 (long long)e.limit, (long long)e.limit - 1, device);
+                 known ? index_ops[e.code] : "an index op", (long long)e.value, (long long)e.where, (long long)e.limit,
+                 (long long)e.limit - 1, device);
 }
 
 dt_status dt_cuda_device_synchronize(int device) {

@@ -15,7 +15,7 @@ static dt_status fill_run(dt_stream *s, const char *op, dt_tensor *out, dt_k_fil
   dt_status st = dt_cuda_use(s->device);
   if (st == DT_OK) {
     cudaError_t e = dt_k_fill(s->s, a);
-    st = e == cudaSuccess ? DT_OK : dt_cuda_fail(e, __FILE__, __LINE__, op);
+    st = e == cudaSuccess ? DT_OK : dt_cuda_kernel_fail(e, __FILE__, __LINE__, op);
   }
   if (st == DT_OK && tmp) st = dt_cuda_copy(s, out, tmp);
   dt_cuda_tensor_scratch_free(s, tmp);

@@ -73,7 +73,47 @@ void dt_cuda_mem_forget(int device) {
   pthread_mutex_unlock(&mem_lock);
 }
 
-dt_status dt_cuda_malloc(dt_stream *s, size_t nbytes, void **out) {
+/* "1.5 GiB", "12.0 MiB", "3.0 KiB" or "17 bytes" into buf. */
+static const char *bytes_str(double n, char *buf, size_t size) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (n < 1024) {
+    snprintf(buf, size, "%.0f bytes", n);
+    return buf;
+  }
+  int u = 0;
+  for (n /= 1024; n >= 1024 && u < 3; u++) n /= 1024;
+  snprintf(buf, size, "%.1f %s", n, units[u]);
+  return buf;
+}
+
+/* The out-of-memory error of an allocation of nbytes for a `kind` shaped like desc (NULL: plain device memory) on s's
+ * device, after cudaMallocAsync failed with e. */
+static dt_status oom(dt_stream *s, cudaError_t e, size_t nbytes, const dt_tensor *desc, const char *kind) {
+  char detail[512], op[448], head[512], what[DT_SHAPE_BUF + 32], b[5][32];
+  what[0] = 0;
+  if (desc) snprintf(what, sizeof what, " for a %s %s", dt_shape_str(desc, head, sizeof head), kind);
+  dt_status code = dt_cuda_fail(e, __FILE__, __LINE__, "cudaMallocAsync");
+  snprintf(detail, sizeof detail, "%s", dt_last_error());
+  if (code != DT_ERR_OOM) return DT_FAIL(code, "cuda:%d: allocating %zu bytes%s: %s", s->device, nbytes, what, detail);
+  int device = s->device;
+  bool user_tensor = desc && strcmp(kind, "tensor") == 0; /* allocated before its op runs: no op to name */
+  if (!user_tensor && dt_cuda_op_current(op, sizeof op, &device))
+    snprintf(head, sizeof head, "%s on cuda:%d", op, s->device);
+  else snprintf(head, sizeof head, "cuda:%d", s->device);
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
+  pthread_mutex_lock(&mem_lock);
+  dt_pool_stats st = device_stats[s->device];
+  pthread_mutex_unlock(&mem_lock);
+  return DT_FAIL(DT_ERR_OOM,
+                 "%s: out of device memory allocating %s%s; %s free of %s (this process: %s live, peak %s); free "
+                 "tensors that are no longer needed (t:free()) or use smaller batches",
+                 head, bytes_str((double)nbytes, b[0], sizeof b[0]), what, bytes_str((double)free_b, b[1], sizeof b[1]),
+                 bytes_str((double)total_b, b[2], sizeof b[2]), bytes_str((double)st.live_bytes, b[3], sizeof b[3]),
+                 bytes_str((double)st.peak_bytes, b[4], sizeof b[4]));
+}
+
+dt_status dt_cuda_malloc_for(dt_stream *s, size_t nbytes, const dt_tensor *desc, const char *kind, void **out) {
   *out = NULL;
   DT_CHECK(s, DT_ERR_ARG, "dt_cuda_malloc: NULL stream");
   DT_TRY(dt_cuda_use(s->device));
@@ -81,12 +121,7 @@ dt_status dt_cuda_malloc(dt_stream *s, size_t nbytes, void **out) {
   cudaError_t e = cudaMallocAsync(out, nbytes, s->s);
   if (e != cudaSuccess) {
     *out = NULL;
-    dt_pool_stats st = device_stats[s->device];
-    dt_status code = dt_cuda_fail(e, __FILE__, __LINE__, "cudaMallocAsync");
-    char why[512];
-    snprintf(why, sizeof why, "%s", dt_last_error());
-    return DT_FAIL(code, "cuda:%d: cannot allocate %zu bytes of device memory (%lld live, peak %lld): %s", s->device,
-                   nbytes, (long long)st.live_bytes, (long long)st.peak_bytes, why);
+    return oom(s, e, nbytes, desc, kind);
   }
   pthread_mutex_lock(&mem_lock);
   dt_status st = remember(*out, (int64_t)nbytes, s->device, DT_POOL_DEVICE);
@@ -96,6 +131,10 @@ dt_status dt_cuda_malloc(dt_stream *s, size_t nbytes, void **out) {
     *out = NULL;
   }
   return st;
+}
+
+dt_status dt_cuda_malloc(dt_stream *s, size_t nbytes, void **out) {
+  return dt_cuda_malloc_for(s, nbytes, NULL, NULL, out);
 }
 
 dt_status dt_cuda_free(dt_stream *s, void *p) {
@@ -215,7 +254,9 @@ dt_status dt_cuda_tensor_scratch(dt_stream *s, int ndim, const int64_t *shape, i
   int64_t n = 1;
   for (int d = 0; d < ndim; d++) n *= shape[d];
   void *p;
-  DT_TRY(dt_cuda_malloc(s, (size_t)n * dt_dtype_size(dtype), &p));
+  dt_tensor desc = {.ndim = ndim, .dtype = dtype};
+  memcpy(desc.shape, shape, sizeof *shape * (size_t)ndim);
+  DT_TRY(dt_cuda_malloc_for(s, (size_t)n * dt_dtype_size(dtype), &desc, "scratch tensor", &p));
   dt_status st = dt_tensor_wrap(p, ndim, shape, dtype, out);
   if (st != DT_OK) {
     dt_cuda_free(s, p);

@@ -27,7 +27,7 @@ static dt_status check_weight(dt_stream *s, const dt_tensor *t, const dt_tensor 
 }
 
 static dt_status launched(cudaError_t e, const char *op) {
-  return e == cudaSuccess ? DT_OK : dt_cuda_fail(e, __FILE__, __LINE__, op);
+  return e == cudaSuccess ? DT_OK : dt_cuda_kernel_fail(e, __FILE__, __LINE__, op);
 }
 
 dt_status dt_cuda_nn_softmax_fwd(dt_stream *s, const dt_tensor *x, dt_tensor *y, bool log) {
@@ -52,16 +52,7 @@ static dt_status check_ce(dt_stream *s, const char *op, const dt_tensor *logits,
                           const dt_tensor *dlogits, int64_t *n, int64_t *v) {
   DT_TRY(check_rows(s, op, logits, "logits", n, v, 1, (const dt_tensor *[]){dlogits}, (const char *[]){"dlogits"}));
   DT_TRY(dt_cuda_check_on(s, targets, op, "targets"));
-  char b[DT_SHAPE_BUF], bl[DT_SHAPE_BUF];
-  DT_CHECK(targets->dtype == DT_DTYPE_I32 || targets->dtype == DT_DTYPE_I64, DT_ERR_ARG,
-           "%s: targets must be i32 or i64, got %s", op, dt_shape_str(targets, b, sizeof b));
-  DT_CHECK(dt_tensor_is_contiguous(targets), DT_ERR_ARG, "%s: targets %s must be contiguous", op,
-           dt_shape_str(targets, b, sizeof b));
-  DT_CHECK(dt_tensor_numel(targets) == *n, DT_ERR_ARG,
-           "%s: shape mismatch: targets %s has %lld elements but logits %s has %lld rows", op,
-           dt_shape_str(targets, b, sizeof b), (long long)dt_tensor_numel(targets),
-           dt_shape_str(logits, bl, sizeof bl), (long long)*n);
-  return DT_OK;
+  return dt_nn_targets_check(op, targets, logits, *n);
 }
 
 /* Per-row losses (f64 scratch) and the valid-target count live on the device; the host values, when asked for,
@@ -277,24 +268,13 @@ static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *
   DT_TRY(dt_cuda_check_float(s, q, -1, op, "q"));
   DT_TRY(dt_cuda_check_float(s, k, q->dtype, op, "k"));
   DT_TRY(dt_cuda_check_float(s, v, q->dtype, op, "v"));
-  char bq[DT_SHAPE_BUF], bk[DT_SHAPE_BUF], bv[DT_SHAPE_BUF];
-  DT_CHECK(q->ndim == 4 && k->ndim == 4 && v->ndim == 4, DT_ERR_ARG,
-           "%s: q, k, v must be (B, H, T, D), got q %s, k %s, v %s", op, dt_shape_str(q, bq, sizeof bq),
-           dt_shape_str(k, bk, sizeof bk), dt_shape_str(v, bv, sizeof bv));
-  DT_TRY(dt_nn_check_same_shape(k, v, op, "k", "v"));
-  DT_CHECK(q->shape[0] == k->shape[0] && q->shape[3] == k->shape[3], DT_ERR_ARG,
-           "%s: shape mismatch: q %s and k %s must agree on B (dim 1) and D (dim 4)", op,
-           dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
-  int64_t hq = q->shape[1], hkv = k->shape[1];
-  DT_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0, DT_ERR_ARG,
-           "%s: Hq %% Hkv != 0: %lld query heads cannot be grouped over %lld kv heads (q %s, k %s)", op,
-           (long long)hq, (long long)hkv, dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
-  DT_CHECK(q->shape[3] > 0 && q->shape[3] <= DT_K_ATTN_MAX_D, DT_ERR_ARG,
-           "%s: head dim D must be in 1..%d on cuda, got q %s", op, (int)DT_K_ATTN_MAX_D,
-           dt_shape_str(q, bq, sizeof bq));
+  DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
+  char bq[DT_SHAPE_BUF];
+  DT_CHECK(q->shape[3] <= DT_K_ATTN_MAX_D, DT_ERR_ARG, "%s: head dim D must be in 1..%d on cuda, got q %s", op,
+           (int)DT_K_ATTN_MAX_D, dt_shape_str(q, bq, sizeof bq));
   DT_CHECK(q->dtype != DT_DTYPE_F64, DT_ERR_UNSUPPORTED, "%s: f64 attention runs on the CPU only, got q %s", op,
            dt_shape_str(q, bq, sizeof bq));
-  DT_CHECK(isfinite(scale), DT_ERR_ARG, "%s: scale must be finite, got %g", op, scale);
+  int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (dt_k_attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
                         .scale = scale, .causal = causal};
   return DT_OK;

@@ -2,110 +2,57 @@
 #include "cuda_internal.h"
 #include "dt_ops.h"
 
-enum { CT_F32 = 0, CT_F64 = 1, CT_I64 = 2 };
-
-/* f64 if any input is f64, else f32 if any is a float dtype, else i64 (as on the CPU). */
-static int ctype_of(int n, const dt_tensor *const *xs) {
-  int ct = CT_I64;
-  for (int k = 0; k < n; k++) {
-    if (xs[k]->dtype == DT_DTYPE_F64) return CT_F64;
-    if (dt_dtype_is_float(xs[k]->dtype)) ct = CT_F32;
-  }
-  return ct;
-}
-
-static dt_status int_unsupported(const char *name, const dt_tensor *x) {
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not supported for integer inputs (%s); cast to a float dtype first", name,
-                 dt_dtype_name(x->dtype));
-}
-
-/* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
-static bool int_scalar(double v) { return v == floor(v) && fabs(v) < 9.0e18; }
-
-/* Broadcasts the inputs to out's shape and merges neighbouring dims every operand walks contiguously, then launches. */
+/* Broadcasts the inputs to out's shape (the shared plan), then launches. */
 static dt_status ew_run(dt_stream *s, dt_k_ew_plan *p, const char *name, int nin, const dt_tensor *const *in,
                         dt_tensor *out) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", name);
-  int nd = out->ndim, nargs = nin + 1;
-  int64_t st[DT_K_EW_MAX_ARGS][DT_MAX_DIMS];
   for (int k = 0; k < nin; k++) {
     DT_TRY(dt_cuda_check_on(s, in[k], name, "input"));
-    if (dt_broadcast_strides(in[k], nd, out->shape, st[k]) != DT_OK) {
-      char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-      return DT_FAIL(DT_ERR_ARG, "%s: shape mismatch: input %s does not broadcast to the output %s", name,
-                     dt_shape_str(in[k], b1, sizeof b1), dt_shape_str(out, b2, sizeof b2));
-    }
     p->ptr[k] = dt_tensor_ptr(in[k]);
     p->dtype[k] = in[k]->dtype;
   }
   DT_TRY(dt_cuda_check_on(s, out, name, "out"));
-  for (int d = 0; d < nd; d++) st[nin][d] = out->strides[d];
+  DT_TRY(dt_broadcast_plan(name, nin, in, out, &p->ndim, p->shape, p->st));
   p->ptr[nin] = dt_tensor_ptr(out);
   p->dtype[nin] = out->dtype;
   p->nin = nin;
-  int m = 0;
-  for (int d = 0; d < nd; d++) {
-    int64_t size = out->shape[d];
-    if (size == 1) continue;
-    bool merge = m > 0;
-    for (int k = 0; k < nargs && merge; k++) merge = p->st[k][m - 1] == st[k][d] * size;
-    if (merge) p->shape[m - 1] *= size;
-    else p->shape[m++] = size;
-    for (int k = 0; k < nargs; k++) p->st[k][m - 1] = st[k][d];
-  }
-  if (m == 0) {
-    p->shape[0] = 1;
-    for (int k = 0; k < nargs; k++) p->st[k][0] = 0;
-    m = 1;
-  }
-  p->ndim = m;
   p->numel = dt_tensor_numel(out);
   DT_TRY(dt_cuda_use(s->device));
-  DT_CUDA_TRY(name, dt_k_elementwise(s->s, p));
+  DT_CUDA_KERNEL(name, dt_k_elementwise(s->s, p));
   return DT_OK;
 }
 
 dt_status dt_cuda_op_unary(dt_stream *s, int op, const dt_tensor *x, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_UNARY_COUNT, DT_ERR_ARG, "unknown unary op %d", op);
-  dt_k_ew_plan p = {.kind = DT_K_EW_UNARY, .op = op, .ctype = ctype_of(1, &x)};
-  bool int_ok = op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS || op == DT_UNARY_SQUARE ||
-                op == DT_UNARY_SIGN;
-  if (p.ctype == CT_I64 && !int_ok) return int_unsupported(dt_unary_name(op), x);
+  dt_k_ew_plan p = {.kind = DT_K_EW_UNARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_UNARY, op, 1, &x, 0, 0, &p.ctype));
   return ew_run(s, &p, dt_unary_name(op), 1, &x, out);
 }
 
 dt_status dt_cuda_op_binary(dt_stream *s, int op, const dt_tensor *a, const dt_tensor *b, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
   const dt_tensor *in[2] = {a, b};
-  dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op, .ctype = ctype_of(2, in)};
-  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW))
-    return int_unsupported(dt_binary_name(op), a);
+  dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_BINARY, op, 2, in, 0, 0, &p.ctype));
   return ew_run(s, &p, dt_binary_name(op), 2, in, out);
 }
 
 dt_status dt_cuda_op_binary_scalar(dt_stream *s, int op, const dt_tensor *x, double value, dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_BINARY_COUNT, DT_ERR_ARG, "unknown binary op %d", op);
-  dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op, .ctype = ctype_of(1, &x), .alpha = value};
-  if (p.ctype == CT_I64 && !int_scalar(value)) p.ctype = CT_F64;
-  if (p.ctype == CT_I64 && (op == DT_BINARY_DIV || op == DT_BINARY_POW)) return int_unsupported(dt_binary_name(op), x);
+  dt_k_ew_plan p = {.kind = DT_K_EW_BINARY, .op = op, .alpha = value};
+  DT_TRY(dt_ew_ctype(DT_EW_SCALAR, op, 1, &x, value, 0, &p.ctype));
   return ew_run(s, &p, dt_binary_name(op), 1, &x, out);
 }
 
 dt_status dt_cuda_op_ternary(dt_stream *s, int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c,
                              dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_TERNARY_COUNT, DT_ERR_ARG, "unknown ternary op %d", op);
   const dt_tensor *in[3] = {a, b, c};
-  /* where's condition only selects; its dtype does not decide the compute type */
-  dt_k_ew_plan p = {.kind = DT_K_EW_TERNARY, .op = op,
-                    .ctype = op == DT_TERNARY_WHERE ? ctype_of(2, in + 1) : ctype_of(3, in)};
-  if (p.ctype == CT_I64 && op == DT_TERNARY_LERP) return int_unsupported(dt_ternary_name(op), b);
+  dt_k_ew_plan p = {.kind = DT_K_EW_TERNARY, .op = op};
+  DT_TRY(dt_ew_ctype(DT_EW_TERNARY, op, 3, in, 0, 0, &p.ctype));
   return ew_run(s, &p, dt_ternary_name(op), 3, in, out);
 }
 
 dt_status dt_cuda_op_axpby(dt_stream *s, double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
   const dt_tensor *in[2] = {x, out};
-  dt_k_ew_plan p = {.kind = DT_K_EW_AXPBY, .ctype = ctype_of(2, in), .alpha = alpha, .beta = beta};
-  if (p.ctype == CT_I64 && !(int_scalar(alpha) && int_scalar(beta))) p.ctype = CT_F64;
+  dt_k_ew_plan p = {.kind = DT_K_EW_AXPBY, .alpha = alpha, .beta = beta};
+  DT_TRY(dt_ew_ctype(DT_EW_AXPBY, 0, 2, in, alpha, beta, &p.ctype));
   /* beta == 0 must not read out (it may be uninitialised), so out is then not an input */
   return ew_run(s, &p, "axpby", beta == 0 ? 1 : 2, in, out);
 }
@@ -115,44 +62,17 @@ dt_status dt_cuda_copy(dt_stream *s, dt_tensor *dst, const dt_tensor *src) {
 }
 
 dt_status dt_cuda_fill(dt_stream *s, dt_tensor *dst, double value) {
-  dt_k_ew_plan p = {.kind = DT_K_EW_FILL, .ctype = ctype_of(1, (const dt_tensor *const *)&dst), .alpha = value};
-  if (p.ctype == CT_I64 && !int_scalar(value)) p.ctype = CT_F64;
+  dt_k_ew_plan p = {.kind = DT_K_EW_FILL, .alpha = value};
+  DT_TRY(dt_ew_ctype(DT_EW_FILL, 0, 1, (const dt_tensor *const *)&dst, value, 0, &p.ctype));
   return ew_run(s, &p, "fill", 0, NULL, dst);
 }
 
-/* The shape out must have; returns its rank. */
-static int reduced_shape(const dt_tensor *x, int dim, bool keepdim, int64_t *shape) {
-  int nd = 0;
-  for (int d = 0; d < x->ndim; d++) {
-    bool reduced = dim < 0 || d == dim;
-    if (!reduced) shape[nd++] = x->shape[d];
-    else if (keepdim) shape[nd++] = 1;
-  }
-  return nd;
-}
-
 static dt_status check_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out) {
-  DT_CHECK(op >= 0 && op < DT_REDUCE_COUNT, DT_ERR_ARG, "unknown reduce op %d", op);
   const char *name = dt_reduce_name(op);
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", name);
   DT_TRY(dt_cuda_check_on(s, x, name, "x"));
   DT_TRY(dt_cuda_check_on(s, out, name, "out"));
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-  DT_CHECK(dim >= -1 && dim < x->ndim, DT_ERR_ARG, "%s: dim %d out of range for x %s (use 0..%d, or -1 for all)", name,
-           dim, dt_shape_str(x, b1, sizeof b1), x->ndim - 1);
-  dt_tensor want = {.dtype = out->dtype};
-  want.ndim = reduced_shape(x, dim, keepdim, want.shape);
-  bool same = want.ndim == out->ndim;
-  for (int d = 0; same && d < want.ndim; d++) same = want.shape[d] == out->shape[d];
-  DT_CHECK(same, DT_ERR_ARG, "%s: out has shape %s, expected %s", name, dt_shape_str(out, b1, sizeof b1),
-           dt_shape_str(&want, b2, sizeof b2));
-  DT_CHECK(op != DT_REDUCE_ARGMAX || out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32, DT_ERR_ARG,
-           "%s: out must be i64 or i32, got %s", name, dt_dtype_name(out->dtype));
-  bool extremum = op == DT_REDUCE_MAX || op == DT_REDUCE_MIN || op == DT_REDUCE_ARGMAX;
-  int64_t len = dim < 0 ? dt_tensor_numel(x) : x->shape[dim];
-  DT_CHECK(!extremum || len > 0 || dt_tensor_numel(out) == 0, DT_ERR_ARG,
-           "%s: cannot reduce an empty dimension of x %s", name, dt_shape_str(x, b1, sizeof b1));
-  return DT_OK;
+  return dt_op_reduce_check(op, x, dim, keepdim, out);
 }
 
 /* A contiguous float x (integers become f64) reduced into a contiguous float out, else through scratch copies (an
@@ -183,7 +103,7 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
     dt_tensor *os = oc ? oc : out;
     cudaError_t e = dt_k_reduce(s->s, op, xs->dtype, dt_tensor_ptr(xs), os->dtype, dt_tensor_ptr(os), scratch, outer,
                                 len, inner);
-    st = e == cudaSuccess ? DT_OK : dt_cuda_fail(e, __FILE__, __LINE__, dt_reduce_name(op));
+    st = e == cudaSuccess ? DT_OK : dt_cuda_kernel_fail(e, __FILE__, __LINE__, dt_reduce_name(op));
   }
   if (st == DT_OK && oc) st = dt_cuda_copy(s, out, oc);
   dt_cuda_free(s, scratch);
@@ -192,23 +112,15 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
   return st;
 }
 
-/* `big` has the shape of `small` except along dim, where `small` has n entries; same dtype; both contiguous. */
+/* dt_index_check_shapes plus: on s's device, contiguous, few enough leading rows for the grid. */
 static dt_status check_index(dt_stream *s, const char *what, const dt_tensor *big, const dt_tensor *small,
                              const dt_tensor *idx, int dim) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", what);
   DT_TRY(dt_cuda_check_on(s, big, what, "x"));
   DT_TRY(dt_cuda_check_on(s, small, what, "out"));
   DT_TRY(dt_cuda_check_on(s, idx, what, "idx"));
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-  DT_CHECK(idx->dtype == DT_DTYPE_I32 || idx->dtype == DT_DTYPE_I64, DT_ERR_ARG,
-           "%s: indices must be i32 or i64, got %s", what, dt_dtype_name(idx->dtype));
-  DT_CHECK(big->ndim >= 1 && dim >= 0 && dim < big->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
-           dt_shape_str(big, b1, sizeof b1));
-  int64_t n = dt_tensor_numel(idx);
-  bool ok = small->ndim == big->ndim && big->dtype == small->dtype;
-  for (int d = 0; ok && d < big->ndim; d++) ok = small->shape[d] == (d == dim ? n : big->shape[d]);
-  DT_CHECK(ok, DT_ERR_ARG, "%s: %s and %s must match in dtype and in every dim but %d (which must be %lld)", what,
-           dt_shape_str(big, b1, sizeof b1), dt_shape_str(small, b2, sizeof b2), dim, (long long)n);
+  DT_TRY(dt_index_check_shapes(what, big, small, idx, dim));
+  char b1[DT_SHAPE_BUF];
   DT_CHECK(dt_tensor_is_contiguous(big) && dt_tensor_is_contiguous(small) && dt_tensor_is_contiguous(idx), DT_ERR_ARG,
            "%s: x %s, out and idx must be contiguous on cuda", what, dt_shape_str(big, b1, sizeof b1));
   int64_t outer = 1;
@@ -232,7 +144,7 @@ dt_status dt_cuda_op_index_select(dt_stream *s, const dt_tensor *x, int dim, con
   DT_TRY(dt_cuda_dev_get(s->device, &d));
   int64_t outer, inner;
   index_geometry(x, dim, &outer, &inner);
-  DT_CUDA_TRY("index_select", dt_k_index_select(s->s, x->dtype, dt_tensor_ptr(x), idx->dtype, dt_tensor_ptr(idx),
+  DT_CUDA_KERNEL("index_select", dt_k_index_select(s->s, x->dtype, dt_tensor_ptr(x), idx->dtype, dt_tensor_ptr(idx),
                                                 dt_tensor_ptr(out), d->err, outer, x->shape[dim], inner,
                                                 dt_tensor_numel(idx)));
   return DT_OK;
@@ -246,7 +158,7 @@ dt_status dt_cuda_op_index_add(dt_stream *s, dt_tensor *out, int dim, const dt_t
   DT_TRY(dt_cuda_dev_get(s->device, &d));
   int64_t outer, inner;
   index_geometry(out, dim, &outer, &inner);
-  DT_CUDA_TRY("index_add", dt_k_index_add(s->s, out->dtype, idx->dtype, dt_tensor_ptr(idx), dt_tensor_ptr(src),
+  DT_CUDA_KERNEL("index_add", dt_k_index_add(s->s, out->dtype, idx->dtype, dt_tensor_ptr(idx), dt_tensor_ptr(src),
                                           dt_tensor_ptr(out), d->err, outer, out->shape[dim], inner,
                                           dt_tensor_numel(idx)));
   return DT_OK;
@@ -266,4 +178,36 @@ dt_status dt_cuda_op_cat(dt_stream *s, int n, const dt_tensor *const *xs, int di
     at += xs[i]->shape[dim];
   }
   return DT_OK;
+}
+
+/* gather (data x, walk out, exact shapes) or scatter_add (data out, walk src) after the shared checks: `kernel`. */
+static dt_status scatter_run(dt_stream *s, const char *what, const dt_tensor *idx, const dt_tensor *data,
+                             const dt_tensor *walk, int dim, bool exact,
+                             cudaError_t (*kernel)(cudaStream_t, const dt_k_scatter_args *, dt_k_error *)) {
+  DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", what);
+  DT_TRY(dt_cuda_check_on(s, data, what, exact ? "x" : "out"));
+  DT_TRY(dt_cuda_check_on(s, walk, what, exact ? "out" : "src"));
+  DT_TRY(dt_cuda_check_on(s, idx, what, "idx"));
+  DT_TRY(dt_index_check_lines(what, idx, data, walk, dim, exact));
+  dt_k_scatter_args a = {.ndim = idx->ndim, .dim = dim, .dtype = data->dtype, .idtype = idx->dtype,
+                         .size = data->shape[dim], .idx = dt_tensor_ptr(idx), .data = dt_tensor_ptr(data),
+                         .walk = dt_tensor_ptr(walk)};
+  for (int d = 0; d < idx->ndim; d++) {
+    a.shape[d] = idx->shape[d];
+    a.st_idx[d] = idx->strides[d];
+    a.st_data[d] = data->strides[d];
+    a.st_walk[d] = walk->strides[d];
+  }
+  dt_cuda_dev *d;
+  DT_TRY(dt_cuda_dev_get(s->device, &d));
+  DT_CUDA_KERNEL(what, kernel(s->s, &a, d->err));
+  return DT_OK;
+}
+
+dt_status dt_cuda_op_gather(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
+  return scatter_run(s, "gather", idx, x, out, dim, true, dt_k_gather);
+}
+
+dt_status dt_cuda_op_scatter_add(dt_stream *s, dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
+  return scatter_run(s, "scatter_add", idx, out, src, dim, false, dt_k_scatter_add);
 }

@@ -1,22 +1,21 @@
-/* optim.c: the fused multi-tensor AdamW step on device tensors (dt_optim_adamw_step semantics). */
+/* optim.c: the fused multi-tensor AdamW step and the SGD step on device tensors (dt_optim.h semantics). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cpu/nn_common.h"
 #include "cuda_internal.h"
 
-static dt_status check_adamw(dt_stream *s, int i, const dt_tensor *p, const dt_tensor *g, const dt_tensor *m,
-                             const dt_tensor *v) {
-  char op[64];
-  snprintf(op, sizeof op, "adamw (param %d)", i);
+/* A contiguous optimizer state tensor (m, v, momentum buffer) of param's shape, f32 (f64 for f64 params). */
+static dt_status check_state(dt_stream *s, const char *op, const dt_tensor *p, const dt_tensor *t, const char *name) {
+  DT_TRY(dt_cuda_check_float(s, t, p->dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32, op, name));
+  return dt_nn_check_same_shape(p, t, op, "param", name);
+}
+
+/* Contiguous float param and grad of one shape, of a dtype pair the kernels take. */
+static dt_status check_param_grad(dt_stream *s, const char *op, const dt_tensor *p, const dt_tensor *g) {
   DT_TRY(dt_cuda_check_float(s, p, -1, op, "param"));
   DT_TRY(dt_cuda_check_float(s, g, -1, op, "grad"));
-  int sd = p->dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
-  DT_TRY(dt_cuda_check_float(s, m, sd, op, "m"));
-  DT_TRY(dt_cuda_check_float(s, v, sd, op, "v"));
   DT_TRY(dt_nn_check_same_shape(p, g, op, "param", "grad"));
-  DT_TRY(dt_nn_check_same_shape(p, m, op, "param", "m"));
-  DT_TRY(dt_nn_check_same_shape(p, v, op, "param", "v"));
   bool pair_ok = g->dtype == p->dtype || (g->dtype == DT_DTYPE_F32 && p->dtype != DT_DTYPE_F64);
   char b[DT_SHAPE_BUF];
   DT_CHECK(pair_ok, DT_ERR_UNSUPPORTED, "%s: a %s param takes %s or f32 grads on cuda, got grad %s", op,
@@ -24,16 +23,21 @@ static dt_status check_adamw(dt_stream *s, int i, const dt_tensor *p, const dt_t
   return DT_OK;
 }
 
+static dt_status check_adamw(dt_stream *s, int i, const dt_tensor *p, const dt_tensor *g, const dt_tensor *m,
+                             const dt_tensor *v) {
+  char op[64];
+  snprintf(op, sizeof op, "adamw (param %d)", i);
+  DT_TRY(check_param_grad(s, op, p, g));
+  DT_TRY(check_state(s, op, p, m, "m"));
+  return check_state(s, op, p, v, "v");
+}
+
 dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
                               dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
                               double eps, double weight_decay, int64_t step) {
   DT_CHECK(s, DT_ERR_ARG, "adamw: NULL stream");
   DT_CHECK(n >= 0, DT_ERR_ARG, "adamw: %d tensors", n);
-  DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
-  DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,
-           "adamw: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
-  DT_CHECK(eps >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
-           "adamw: lr, eps and weight_decay must be >= 0, got lr=%g eps=%g weight_decay=%g", lr, eps, weight_decay);
+  DT_TRY(dt_optim_adamw_check(lr, beta1, beta2, eps, weight_decay, step));
   for (int i = 0; i < n; i++) DT_TRY(check_adamw(s, i, params[i], grads[i], m[i], v[i]));
   DT_TRY(dt_cuda_use(s->device));
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
@@ -60,11 +64,27 @@ dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, con
       }
       if (a.count > 0 && (a.count == DT_K_ADAMW_TENSORS || i == n)) {
         cudaError_t e = dt_k_adamw(s->s, &a);
-        if (e != cudaSuccess) st = dt_cuda_fail(e, __FILE__, __LINE__, "adamw");
+        if (e != cudaSuccess) st = dt_cuda_kernel_fail(e, __FILE__, __LINE__, "adamw");
         a.count = 0;
       }
     }
   }
   free(done);
   return st;
+}
+
+dt_status dt_cuda_optim_sgd(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr,
+                            double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) {
+  DT_CHECK(s, DT_ERR_ARG, "sgd: NULL stream");
+  DT_TRY(dt_optim_sgd_check(lr, momentum, dampening, weight_decay, nesterov, buf != NULL));
+  DT_TRY(check_param_grad(s, "sgd", param, grad));
+  bool has_buf = momentum != 0;
+  if (has_buf) DT_TRY(check_state(s, "sgd", param, buf, "momentum buffer"));
+  DT_TRY(dt_cuda_use(s->device));
+  dt_k_sgd_args a = {.pdtype = param->dtype, .gdtype = grad->dtype, .n = dt_tensor_numel(param),
+                     .param = dt_tensor_ptr(param), .buf = has_buf ? dt_tensor_ptr(buf) : NULL,
+                     .grad = dt_tensor_ptr(grad), .lr = lr, .momentum = momentum, .omdamp = 1.0 - dampening,
+                     .wd = weight_decay, .nesterov = nesterov, .first = first_step};
+  DT_CUDA_KERNEL("sgd", dt_k_sgd(s->s, &a));
+  return DT_OK;
 }

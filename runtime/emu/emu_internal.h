@@ -16,7 +16,9 @@ enum {
   MAX_GRID_YZ = 65535,
   SMEM_DEFAULT = 48 * 1024,
   SMEM_OPTIN = 227 * 1024,
-  MAX_DEVICES = 16
+  MAX_DEVICES = 16,
+  EMU_CLOCK_KHZ = 1000000, /* nominal clocks for the attributes the runtime reports (nothing runs at them) */
+  EMU_BUS_BITS = 64
 };
 
 /* Every entry point holds this lock, so streams, allocations and queued work change one call at a time. */

@@ -228,6 +228,15 @@ cudaError_t cudaFree(void *ptr) {
   return sticky_error(current_device());
 }
 
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+  API_ENTER;
+  int d = current_device();
+  RETURN_IF_STICKY(d);
+  *total = (size_t)device_memory_limit();
+  *free = (size_t)(device_memory_limit() - mem[d].total);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
   API_ENTER;
   int d = stream_device(stream);

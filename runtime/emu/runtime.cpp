@@ -273,6 +273,9 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxThreadsPerBlock: *value = MAX_THREADS; break;
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = SMEM_DEFAULT; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = SMEM_OPTIN; break;
+    case cudaDevAttrClockRate: *value = EMU_CLOCK_KHZ; break;
+    case cudaDevAttrMemoryClockRate: *value = EMU_CLOCK_KHZ; break;
+    case cudaDevAttrGlobalMemoryBusWidth: *value = EMU_BUS_BITS; break;
     default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
   }
   return cudaSuccess;

@@ -2,7 +2,11 @@
 /* The ops are device-memory counterparts of dt_ops.h, dt_nn.h and dt_optim.h. Their tensors live on the stream's
  * device (device.type DT_DEVICE_CUDA, same index); every op is queued on the stream and returns before it runs.
  * Argument errors found on the device (an index or target out of range) are reported by the next
- * dt_cuda_stream_synchronize / dt_cuda_event_synchronize / dt_cuda_device_synchronize.
+ * dt_cuda_stream_synchronize / dt_cuda_event_synchronize / dt_cuda_device_synchronize, naming the op.
+ * GPU failures name the device, the op and its shapes: running out of device memory (the bytes asked for and what
+ * for, the device's free and total memory; the process goes on), a failed kernel launch (the kernel, its grid and
+ * block), and a kernel that crashed on the device (a sticky fault, seen by the next call that waits for it: the last
+ * ops queued on the device through the generic API; dt_cuda_device_reset to go on).
  * Builds without CUDA (DT_CUDA=OFF) do not have these functions; dt_device_count(DT_DEVICE_CUDA) says 0 there and
  * dt_cuda_build() (dt_base.h) tells the three builds apart.
  * The generic entry points (dt_tensor.h, dt_ops.h, dt_nn.h, dt_optim.h, dt_random.h) call these on the compute stream
@@ -19,9 +23,18 @@ typedef struct dt_cuda_device_info {
   int64_t total_memory;
   int32_t cc_major, cc_minor, multiprocessors, max_threads_per_block;
   int32_t max_shared_per_block, max_shared_per_block_optin; /* bytes: without / with cudaFuncSetAttribute opt-in */
+  int32_t clock_khz, memory_clock_khz, memory_bus_bits; /* peak SM and memory clocks, memory bus width */
   int32_t runtime_version, driver_version, cublas_version, nccl_version;
   int32_t emulated; /* 1 in the CPU emulation build (DT_CUDA=EMULATE) */
 } dt_cuda_device_info;
+
+/* The libraries this build runs on, readable without a device: CUDA runtime, driver (0: no driver installed), NCCL,
+ * each encoded as the library does (runtime 12040 = 12.4, NCCL 22105 = 2.21.5). cuBLAS needs a device: see
+ * dt_cuda_device_info. */
+typedef struct dt_cuda_versions {
+  int32_t runtime, driver, nccl;
+} dt_cuda_versions;
+dt_status dt_cuda_versions_get(dt_cuda_versions *out);
 
 /* Usable devices: 0 when there is no GPU (or no driver). */
 int dt_cuda_device_count(void);
@@ -103,6 +116,9 @@ dt_status dt_cuda_random_int(dt_stream *s, dt_tensor *out, uint64_t seed, uint64
 /* dt_op_index_select and dt_op_index_add (embedding forward and its deterministic backward). */
 dt_status dt_cuda_op_index_select(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);
 dt_status dt_cuda_op_index_add(dt_stream *s, dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);
+/* dt_op_gather and dt_op_scatter_add (any dtype, any strides; scatter_add sums each line in order: deterministic). */
+dt_status dt_cuda_op_gather(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);
+dt_status dt_cuda_op_scatter_add(dt_stream *s, dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src);
 
 /* NN kernels: dt_nn.h's semantics. The float tensors of one call share a dtype (f32, bf16, f16; f64 except attention),
  * saved statistics (mean, rstd, lse, losses) may be f32 or f64. */
@@ -147,5 +163,8 @@ dt_status dt_cuda_nn_dropout_bwd(dt_stream *s, const dt_tensor *dy, double p, ui
 dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
                               dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
                               double eps, double weight_decay, int64_t step);
+/* dt_optim_sgd_step on contiguous tensors (param/grad dtype pairs as AdamW's; buf f32, f64 for f64 params). */
+dt_status dt_cuda_optim_sgd(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr,
+                            double momentum, double dampening, double weight_decay, bool nesterov, bool first_step);
 
 #endif

@@ -59,7 +59,8 @@ int dt_storage_refcount(const dt_storage *s);
 
 /* dst := src, with broadcasting of src and dtype conversion; any strides; any devices (host <-> cuda:N and between
  * cuda devices: one dt_cuda_memcpy when both are contiguous with one dtype and shape, else staged through contiguous
- * temporaries). A copy into host memory has landed when the call returns; one from host memory has read its source. */
+ * temporaries). A copy into host memory (pinned included) has landed when the call returns; one from host memory has
+ * read its source. */
 dt_status dt_tensor_copy(dt_tensor *dst, const dt_tensor *src);
 /* Every element := value (converted to dst's dtype). On a cuda device it is queued on the compute stream. */
 dt_status dt_tensor_fill(dt_tensor *dst, double value);

@@ -5,6 +5,7 @@
 #include "cuda_spec_util.h"
 #include "dt_nn.h"
 #include "dt_ops.h"
+#include "dt_optim.h"
 #include "dt_random.h"
 
 static const dt_device GPU = {DT_DEVICE_CUDA, 0};
@@ -123,11 +124,14 @@ static void test_dispatch(void) {
   expect_error(dt_nn_rmsnorm_fwd(ga, b, 1e-5, gout, glse), "rms_norm: tensors on cuda:0 and cpu",
                "a weight on the wrong device is refused");
   dt_tensor *idx = host_zeros(2, SHAPE(3, 1), DT_DTYPE_I64), *gidx = to_gpu(idx), *g1 = gpu_empty(2, SHAPE(3, 1), 0);
-  expect_status(dt_op_gather(ga, 1, gidx, g1), DT_ERR_UNSUPPORTED,
-                NEEDLES("gather is not implemented for cuda:0 tensors"), "no silent CPU fallback");
+  expect_ok(dt_op_gather(ga, 1, gidx, g1), "gather on cuda through dt_op_gather");
+  double v;
+  die_on(dt_tensor_get(g1, 2, &v), "read");
+  expect(v == at(a, 2 * 5), "gather picks column 0");
+  expect_status(dt_optim_stream(ga, ga, ga, ga), DT_ERR_UNSUPPORTED,
+                NEEDLES("optim_stream is not implemented for cuda:0 tensors"), "no silent CPU fallback");
   dt_tensor *cat_in[2] = {ga, ga}, *gcat = gpu_empty(2, SHAPE(6, 5), DT_DTYPE_F32);
   expect_ok(dt_op_cat(2, (const dt_tensor *const *)cat_in, 0, gcat), "cat on cuda");
-  double v;
   die_on(dt_tensor_get(gcat, 5 * 5 + 2, &v), "read");
   expect(v == at(a, 2 * 5 + 2), "cat places the second copy after the first");
   dt_tensor *ar = gpu_empty(1, SHAPE(5), DT_DTYPE_I64);

@@ -1,10 +1,12 @@
-/* cuda_emu_spec.c: the SIMT layer and runtime: collectives, seeded thread order, limits, sticky faults, lazy streams. */
+/* cuda_emu_spec.c: the SIMT layer and runtime: collectives, seeded thread order, limits, sticky faults (naming the ops
+ * queued before them), lazy streams. */
 #include "cuda_spec_util.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda_emu_kernels.h"
+#include "dt_ops.h"
 
 static dt_stream *S;
 static bool emulated;
@@ -136,6 +138,34 @@ static void test_faults(void) {
   expect_sticky("static shared memory plus 10000 dynamic exceed the limit", "shared memory past 48 KiB is refused");
 }
 
+/* A fault surfacing at a synchronisation names the ops queued on the device before it (through the generic API). */
+static void test_fault_names_recent_ops(void) {
+  const dt_device gpu = {DT_DEVICE_CUDA, 0};
+  dt_tensor *a = NULL, *b = NULL, *sum = NULL;
+  die_on(dt_tensor_zeros(2, SHAPE(3, 5), DT_DTYPE_F32, gpu, &a), "a");
+  die_on(dt_tensor_zeros(1, SHAPE(5), DT_DTYPE_BF16, gpu, &b), "b");
+  die_on(dt_tensor_empty(1, SHAPE(3), DT_DTYPE_F32, gpu, &sum), "sum");
+  expect_ok(dt_op_binary(DT_BINARY_MUL, a, b, a), "mul queues");
+  expect_ok(dt_op_reduce(DT_REDUCE_SUM, a, 1, false, sum), "sum queues");
+  int *d = dmalloc(256 * sizeof(int));
+  expect(spec_k_trap(0, d) == cudaSuccess, "a trapping kernel launches after them");
+  expect_status(dt_cuda_device_synchronize(0), DT_ERR_STATE,
+                NEEDLES("cudaDeviceSynchronize: cudaErrorLaunchFailure: ", "__trap() called", "cuda:0 has faulted",
+                        "the last ops queued on cuda:0, oldest first:", ". mul (3, 5) f32, (5) bf16, (3, 5) f32; ",
+                        ". sum (3, 5) f32, (3) f32;", "reset the device (dt_cuda_device_reset)"),
+                "the synchronisation names the fault and the ops queued before it");
+  double v;
+  expect_error(dt_tensor_get(a, 0, &v), ". mul (3, 5) f32", "so does a later read");
+  dt_tensor_free(a);
+  dt_tensor_free(b);
+  dt_tensor_free(sum);
+  expect_ok(dt_cuda_device_reset(0), "the device resets");
+  die_on(dt_cuda_stream_get(0, DT_STREAM_COMPUTE, &S), "stream after reset");
+  die_on(dt_tensor_zeros(1, SHAPE(4), DT_DTYPE_F32, gpu, &a), "a tensor after the reset");
+  expect_ok(dt_tensor_get(a, 3, &v), "the device works again");
+  dt_tensor_free(a);
+}
+
 /* Queued work runs when something waits for it: reading a result without waiting, or ordering two streams without an
  * event, gives stale data here instead of sometimes working. */
 static void test_lazy_streams(void) {
@@ -209,6 +239,7 @@ int main(void) {
   test_lazy_streams();
   if (emulated) {
     test_faults();
+    test_fault_names_recent_ops();
     test_asan_catches_oob();
   }
   return spec_finish();

@@ -193,6 +193,41 @@ static void test_adamw(void) {
   release();
 }
 
+/* SGD (plain, momentum with dampening, Nesterov with weight decay; f32 and bf16 params with f32 grads) against the
+ * CPU step over three steps, the first one starting the momentum buffer. */
+static void test_sgd(void) {
+  static const struct {
+    int pd;
+    double momentum, dampening, wd;
+    bool nesterov;
+  } cases[] = {{DT_DTYPE_F32, 0, 0, 0, false}, {DT_DTYPE_F32, 0.9, 0.1, 0, false}, {DT_DTYPE_BF16, 0.9, 0, 0.01, true},
+               {DT_DTYPE_F64, 0.5, 0, 0.1, false}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    int pd = cases[c].pd, sd = pd == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
+    dt_tensor *hp = H(host_sample(1, SHAPE(3000), pd, 70 + (unsigned)c, 1));
+    dt_tensor *hg = H(host_sample(1, SHAPE(3000), sd, 80 + (unsigned)c, 1));
+    dt_tensor *hb = H(host_zeros(1, SHAPE(3000), sd)), *dp = up(hp), *dgr = up(hg), *db = up(hb);
+    bool mom = cases[c].momentum != 0;
+    for (int step = 1; step <= 3; step++) {
+      die_on(dt_optim_sgd_step(hp, hg, mom ? hb : NULL, 0.1, cases[c].momentum, cases[c].dampening, cases[c].wd,
+                               cases[c].nesterov, step == 1),
+             "cpu sgd");
+      expect_ok(dt_cuda_optim_sgd(S, dp, dgr, mom ? db : NULL, 0.1, cases[c].momentum, cases[c].dampening,
+                                  cases[c].wd, cases[c].nesterov, step == 1),
+                "sgd runs");
+    }
+    expect_close(S, dp, hp, 1, "sgd params match the CPU steps");
+    if (mom) expect_close(S, db, hb, 1, "the momentum buffer matches");
+    release();
+  }
+  dt_tensor *hp = H(host_sample(1, SHAPE(8), DT_DTYPE_F32, 90, 1)), *dp = up(hp);
+  expect_error(dt_cuda_optim_sgd(S, dp, dp, NULL, 0.1, 0.9, 0, 0, false, true),
+               "sgd: momentum 0.9 needs a momentum buffer", "momentum without a buffer is refused");
+  expect_error(dt_cuda_optim_sgd(S, dp, dp, dp, 0.1, 0.9, 0.5, 0, true, true),
+               "sgd: nesterov needs momentum > 0 and dampening 0", "nesterov with dampening is refused");
+  release();
+}
+
 /* A kernel's result is independent of the order in which the emulator runs threads and blocks (no races). */
 static void test_determinism(void) {
   dt_tensor *hx = H(host_sample(2, SHAPE(300, 40), DT_DTYPE_F32, 60, 2)),
@@ -230,6 +265,7 @@ int main(void) {
   test_rope(DT_DTYPE_F32);
   test_rope(DT_DTYPE_BF16);
   test_adamw();
+  test_sgd();
   test_determinism();
   die_on(dt_cuda_device_synchronize(0), "final synchronize");
   return spec_finish();

@@ -1,4 +1,4 @@
-/* cuda_ops_spec.c: the CUDA backend's generic ops (elementwise, copy, reduce, matmul, index) against the CPU backend. */
+/* cuda_ops_spec.c: the CUDA backend's generic ops (elementwise, copy, reduce, matmul, index, gather/scatter) vs the CPU. */
 #include "cuda_spec_util.h"
 #include "dt_ops.h"
 
@@ -274,6 +274,58 @@ static void test_index(int dtype) {
   for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
 }
 
+/* Index values in [0, range) of a host i32/i64 tensor, with repeats. */
+static dt_tensor *host_indices(int ndim, const int64_t *shape, int dtype, unsigned seed, int64_t range) {
+  return host_sample(ndim, shape, dtype, seed, (double)range);
+}
+
+static void test_gather_scatter(int dtype) {
+  dt_tensor *hx = host_sample(2, SHAPE(4, 6), dtype, 40, 1), *hi = host_indices(2, SHAPE(4, 3), DT_DTYPE_I64, 41, 6);
+  dt_tensor_set(hi, 1, at(hi, 0)); /* a repeated column in row 0: scatter_add sums it in order */
+  dt_tensor *dx = dev_from_host(S, hx), *di = dev_from_host(S, hi);
+  dt_tensor *ref = host_zeros(2, SHAPE(4, 3), dtype), *dout = dev_empty(S, 2, SHAPE(4, 3), dtype);
+  die_on(dt_op_gather(hx, 1, hi, ref), "cpu gather");
+  expect_ok(dt_cuda_op_gather(S, dx, 1, di, dout), "gather along the last dim runs");
+  dt_tensor *got = host_from_dev(S, dout);
+  expect(bitwise_equal(got, ref), "gather copies exactly the CPU's elements");
+  /* a transposed (strided) x, i32 indices along dim 0 */
+  dt_tensor *hxt = transposed(hx), *dxt = transposed(dx);
+  dt_tensor *hi32 = host_indices(2, SHAPE(2, 4), DT_DTYPE_I32, 42, 6), *di32 = dev_from_host(S, hi32);
+  dt_tensor *ref2 = host_zeros(2, SHAPE(2, 4), dtype), *dout2 = dev_empty(S, 2, SHAPE(2, 4), dtype);
+  die_on(dt_op_gather(hxt, 0, hi32, ref2), "cpu gather of a view");
+  expect_ok(dt_cuda_op_gather(S, dxt, 0, di32, dout2), "gather from a transposed view runs");
+  dt_tensor *got2 = host_from_dev(S, dout2);
+  expect(bitwise_equal(got2, ref2), "gather honours x's strides");
+  /* scatter_add with a src larger than idx (its extra columns are not added) */
+  dt_tensor *ho = host_sample(2, SHAPE(4, 6), dtype, 43, 1), *hs = host_sample(2, SHAPE(4, 5), dtype, 44, 1);
+  dt_tensor *dob = dev_from_host(S, ho), *ds = dev_from_host(S, hs);
+  die_on(dt_op_scatter_add(ho, 1, hi, hs), "cpu scatter_add");
+  expect_ok(dt_cuda_op_scatter_add(S, dob, 1, di, ds), "scatter_add runs");
+  dt_tensor *gs = host_from_dev(S, dob);
+  expect(bitwise_equal(gs, ho), "scatter_add sums repeated indices in the CPU's order, bit for bit");
+  /* into a transposed out along dim 0 */
+  die_on(dt_op_scatter_add(hxt, 0, hi32, ref2), "cpu scatter_add into a view");
+  expect_ok(dt_cuda_op_scatter_add(S, dxt, 0, di32, dout2), "scatter_add into a transposed view runs");
+  dt_tensor *gx = host_from_dev(S, dx);
+  expect(bitwise_equal(gx, hx), "scatter_add honours out's strides");
+  expect_error(dt_cuda_op_gather(S, dx, 2, di, dout), "gather: dim 2 out of range for (4, 6)",
+               "a bad dim is refused before the launch");
+  /* a bad index is found on the device and reported at the next synchronisation */
+  dt_tensor_set(hi, 7, 6);
+  die_on(dt_cuda_memcpy(S, di->data, hi->data, 12 * sizeof(int64_t)), "upload");
+  expect_ok(dt_cuda_op_scatter_add(S, dob, 1, di, ds), "a bad index does not fail the launch");
+  expect_error(dt_cuda_stream_synchronize(S),
+               "scatter_add: index 6 at position 7 out of range for a dimension of size 6",
+               "the synchronisation names the op and the bad index");
+  expect_ok(dt_cuda_op_gather(S, dx, 1, di, dout), "gather queues with the bad index too");
+  expect_error(dt_cuda_stream_synchronize(S), "gather: index 6 at position 7", "gather reports it as well");
+  dt_tensor *frees_h[] = {hx, hi, ref, got, hxt, hi32, ref2, got2, ho, hs, gs, gx};
+  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
+  dt_tensor *frees_d[] = {dx, di, dout, di32, dout2, dob, ds};
+  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+  dt_tensor_free(dxt);
+}
+
 int main(void) {
   S = spec_stream();
   test_unary(DT_DTYPE_F32);
@@ -287,6 +339,8 @@ int main(void) {
   test_matmul();
   test_index(DT_DTYPE_F32);
   test_index(DT_DTYPE_BF16);
+  test_gather_scatter(DT_DTYPE_F32);
+  test_gather_scatter(DT_DTYPE_BF16);
   die_on(dt_cuda_device_synchronize(0), "final synchronize");
   return spec_finish();
 }

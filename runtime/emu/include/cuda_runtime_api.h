@@ -60,6 +60,9 @@ struct cudaPointerAttributes {
 enum cudaDeviceAttr {
   cudaDevAttrMaxThreadsPerBlock = 1,
   cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrClockRate = 13,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 
@@ -103,6 +106,7 @@ const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);

@@ -1,0 +1,183 @@
+/* checks.c: argument checks and rules shared by the CPU and CUDA backends (each check is written once, here). */
+#include <limits.h>
+
+#include "cpu/nn_common.h"
+#include "dispatch.h"
+
+/* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
+static bool int_scalar(double v) { return v == floor(v) && fabs(v) < 9.0e18; }
+
+dt_status dt_ew_ctype(int kind, int op, int n, const dt_tensor *const *in, double alpha, double beta, int *ctype) {
+  const char *name = kind == DT_EW_UNARY     ? dt_unary_name(op)
+                     : kind == DT_EW_TERNARY ? dt_ternary_name(op)
+                     : kind == DT_EW_AXPBY   ? "axpby"
+                     : kind == DT_EW_FILL    ? "fill"
+                                             : dt_binary_name(op);
+  int count = kind == DT_EW_UNARY ? DT_UNARY_COUNT : kind == DT_EW_TERNARY ? DT_TERNARY_COUNT : DT_BINARY_COUNT;
+  bool has_op = kind == DT_EW_UNARY || kind == DT_EW_BINARY || kind == DT_EW_SCALAR || kind == DT_EW_TERNARY;
+  DT_CHECK(!has_op || (op >= 0 && op < count), DT_ERR_ARG, "unknown %s op %d",
+           kind == DT_EW_UNARY ? "unary" : kind == DT_EW_TERNARY ? "ternary" : "binary", op);
+  int from = kind == DT_EW_TERNARY && op == DT_TERNARY_WHERE ? 1 : 0; /* where's condition only selects */
+  int ct = DT_EW_CT_I64;
+  for (int k = from; k < n && ct != DT_EW_CT_F64; k++) {
+    if (in[k]->dtype == DT_DTYPE_F64) ct = DT_EW_CT_F64;
+    else if (dt_dtype_is_float(in[k]->dtype)) ct = DT_EW_CT_F32;
+  }
+  bool scalar = kind == DT_EW_SCALAR || kind == DT_EW_FILL || kind == DT_EW_AXPBY;
+  if (ct == DT_EW_CT_I64 && scalar && !(int_scalar(alpha) && (kind != DT_EW_AXPBY || int_scalar(beta))))
+    ct = DT_EW_CT_F64;
+  bool int_ok = kind == DT_EW_UNARY ? op == DT_UNARY_NEG || op == DT_UNARY_RELU || op == DT_UNARY_ABS ||
+                                          op == DT_UNARY_SQUARE || op == DT_UNARY_SIGN
+                : kind == DT_EW_TERNARY                      ? op != DT_TERNARY_LERP
+                : kind == DT_EW_BINARY || kind == DT_EW_SCALAR ? op != DT_BINARY_DIV && op != DT_BINARY_POW
+                                                             : true;
+  DT_CHECK(ct != DT_EW_CT_I64 || int_ok, DT_ERR_UNSUPPORTED,
+           "%s is not supported for integer inputs (%s); cast to a float dtype first", name,
+           dt_dtype_name(in[from]->dtype));
+  *ctype = ct;
+  return DT_OK;
+}
+
+static int reduced_shape(const dt_tensor *x, int dim, bool keepdim, int64_t *shape) {
+  int nd = 0;
+  for (int d = 0; d < x->ndim; d++) {
+    bool reduced = dim < 0 || d == dim;
+    if (!reduced) shape[nd++] = x->shape[d];
+    else if (keepdim) shape[nd++] = 1;
+  }
+  return nd;
+}
+
+dt_status dt_op_reduce_check(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out) {
+  DT_CHECK(op >= 0 && op < DT_REDUCE_COUNT, DT_ERR_ARG, "unknown reduce op %d", op);
+  const char *name = dt_reduce_name(op);
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+  DT_CHECK(dim >= -1 && dim < x->ndim, DT_ERR_ARG, "%s: dim %d out of range for x %s (use 0..%d, or -1 for all)", name,
+           dim, dt_shape_str(x, b1, sizeof b1), x->ndim - 1);
+  dt_tensor want = {.dtype = out->dtype};
+  want.ndim = reduced_shape(x, dim, keepdim, want.shape);
+  bool same = want.ndim == out->ndim;
+  for (int d = 0; same && d < want.ndim; d++) same = want.shape[d] == out->shape[d];
+  DT_CHECK(same, DT_ERR_ARG, "%s: out has shape %s, expected %s", name, dt_shape_str(out, b1, sizeof b1),
+           dt_shape_str(&want, b2, sizeof b2));
+  DT_CHECK(op != DT_REDUCE_ARGMAX || out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32, DT_ERR_ARG,
+           "argmax: out must be i64 or i32, got %s", dt_dtype_name(out->dtype));
+  bool extremum = op == DT_REDUCE_MAX || op == DT_REDUCE_MIN || op == DT_REDUCE_ARGMAX;
+  int64_t len = dim < 0 ? dt_tensor_numel(x) : x->shape[dim];
+  DT_CHECK(!extremum || len > 0 || dt_tensor_numel(out) == 0, DT_ERR_ARG,
+           "%s: cannot reduce an empty dimension of x %s", name, dt_shape_str(x, b1, sizeof b1));
+  return DT_OK;
+}
+
+bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst) {
+  dt_tensor batch = {.ndim = x->ndim - 2};
+  for (int d = 0; d < batch.ndim; d++) {
+    batch.shape[d] = x->shape[d];
+    batch.strides[d] = x->strides[d];
+  }
+  bool ok = dt_broadcast_strides(&batch, nb, bshape, bst) == DT_OK;
+  dt_clear_error();
+  return ok;
+}
+
+dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta, bool tb,
+                             int64_t *M, int64_t *N, int64_t *K) {
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
+  DT_CHECK(a->ndim >= 2 && b->ndim >= 2 && out->ndim >= 2, DT_ERR_ARG,
+           "matmul: a, b and out need at least 2 dims, got a %s, b %s, out %s", dt_shape_str(a, b1, sizeof b1),
+           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
+  DT_CHECK(a->dtype == b->dtype && a->dtype == out->dtype && dt_dtype_is_float(a->dtype), DT_ERR_ARG,
+           "matmul: a, b and out must share one float dtype, got %s, %s, %s", dt_dtype_name(a->dtype),
+           dt_dtype_name(b->dtype), dt_dtype_name(out->dtype));
+  int an = a->ndim, bn = b->ndim, on = out->ndim;
+  *M = a->shape[an - (ta ? 1 : 2)];
+  *K = a->shape[an - (ta ? 2 : 1)];
+  *N = b->shape[bn - (tb ? 2 : 1)];
+  int64_t kb = b->shape[bn - (tb ? 1 : 2)];
+  DT_CHECK(*K == kb, DT_ERR_ARG, "matmul: inner dims differ: a %s%s gives K=%lld, b %s%s gives K=%lld",
+           dt_shape_str(a, b1, sizeof b1), ta ? " (transposed)" : "", (long long)*K, dt_shape_str(b, b2, sizeof b2),
+           tb ? " (transposed)" : "", (long long)kb);
+  DT_CHECK(out->shape[on - 2] == *M && out->shape[on - 1] == *N, DT_ERR_ARG,
+           "matmul: out %s must end in (%lld, %lld)", dt_shape_str(out, b1, sizeof b1), (long long)*M, (long long)*N);
+  int64_t st[DT_MAX_DIMS];
+  DT_CHECK(dt_matmul_batch_strides(a, on - 2, out->shape, st) && dt_matmul_batch_strides(b, on - 2, out->shape, st),
+           DT_ERR_ARG, "matmul: batch dims of a %s and b %s do not broadcast to out %s", dt_shape_str(a, b1, sizeof b1),
+           dt_shape_str(b, b2, sizeof b2), dt_shape_str(out, b3, sizeof b3));
+  DT_CHECK(*M <= INT_MAX && *N <= INT_MAX && *K <= INT_MAX, DT_ERR_UNSUPPORTED,
+           "matmul: M, N, K = %lld, %lld, %lld exceed the BLAS int range", (long long)*M, (long long)*N, (long long)*K);
+  return DT_OK;
+}
+
+bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
+  if (rows > INT_MAX || cols > INT_MAX) return false;
+  bool row_major = (cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX));
+  bool col_major = (rows <= 1 || s0 == 1) && (cols <= 1 || (s1 >= rows && s1 <= INT_MAX));
+  if (!row_major && !col_major) return false;
+  *flip = !row_major;
+  *ld = row_major ? (rows <= 1 ? (cols > 1 ? cols : 1) : s0) : (cols <= 1 ? (rows > 1 ? rows : 1) : s1);
+  return true;
+}
+
+bool dt_mm_arg_of(const dt_tensor *x, bool trans, int nb, const int64_t *bshape, dt_mm_arg *m) {
+  int n = x->ndim;
+  bool flip = false;
+  if (!dt_blas_view(x->shape[n - 2], x->shape[n - 1], x->strides[n - 2], x->strides[n - 1], &flip, &m->ld))
+    return false;
+  m->p = dt_tensor_ptr(x);
+  m->trans = trans != flip;
+  dt_matmul_batch_strides(x, nb, bshape, m->bst);
+  return true;
+}
+
+dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n) {
+  char b[DT_SHAPE_BUF], bl[DT_SHAPE_BUF];
+  DT_CHECK(targets && (targets->dtype == DT_DTYPE_I32 || targets->dtype == DT_DTYPE_I64), DT_ERR_ARG,
+           "%s: targets must be i32 or i64, got %s", op, targets ? dt_shape_str(targets, b, sizeof b) : "NULL");
+  DT_CHECK(dt_tensor_is_contiguous(targets), DT_ERR_ARG, "%s: targets %s must be contiguous", op,
+           dt_shape_str(targets, b, sizeof b));
+  DT_CHECK(dt_tensor_numel(targets) == n, DT_ERR_ARG,
+           "%s: shape mismatch: targets %s has %lld elements but logits %s has %lld rows", op,
+           dt_shape_str(targets, b, sizeof b), (long long)dt_tensor_numel(targets),
+           dt_shape_str(logits, bl, sizeof bl), (long long)n);
+  return DT_OK;
+}
+
+dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                double scale) {
+  char bq[DT_SHAPE_BUF], bk[DT_SHAPE_BUF], bv[DT_SHAPE_BUF];
+  DT_CHECK(q->ndim == 4 && k->ndim == 4 && v->ndim == 4, DT_ERR_ARG,
+           "%s: q, k, v must be (B, H, T, D), got q %s, k %s, v %s", op, dt_shape_str(q, bq, sizeof bq),
+           dt_shape_str(k, bk, sizeof bk), dt_shape_str(v, bv, sizeof bv));
+  DT_TRY(dt_nn_check_same_shape(k, v, op, "k", "v"));
+  DT_CHECK(q->shape[0] == k->shape[0] && q->shape[3] == k->shape[3], DT_ERR_ARG,
+           "%s: shape mismatch: q %s and k %s must agree on B (dim 1) and D (dim 4)", op,
+           dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
+  int64_t hq = q->shape[1], hkv = k->shape[1];
+  DT_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0, DT_ERR_ARG,
+           "%s: Hq %% Hkv != 0: %lld query heads cannot be grouped over %lld kv heads (q %s, k %s)", op,
+           (long long)hq, (long long)hkv, dt_shape_str(q, bq, sizeof bq), dt_shape_str(k, bk, sizeof bk));
+  DT_CHECK(q->shape[3] > 0, DT_ERR_ARG, "%s: head dim D must be > 0, got q %s", op, dt_shape_str(q, bq, sizeof bq));
+  DT_CHECK(isfinite(scale), DT_ERR_ARG, "%s: scale must be finite, got %g", op, scale);
+  return DT_OK;
+}
+
+dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
+  DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,
+           "adamw: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
+  DT_CHECK(eps >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
+           "adamw: lr, eps and weight_decay must be >= 0, got lr=%g eps=%g weight_decay=%g", lr, eps, weight_decay);
+  return DT_OK;
+}
+
+dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                             bool has_buf) {
+  DT_CHECK(momentum >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
+           "sgd: lr, momentum and weight_decay must be >= 0, got lr=%g momentum=%g weight_decay=%g", lr, momentum,
+           weight_decay);
+  DT_CHECK(!nesterov || (momentum > 0 && dampening == 0), DT_ERR_ARG,
+           "sgd: nesterov needs momentum > 0 and dampening 0, got momentum=%g dampening=%g", momentum, dampening);
+  DT_CHECK(has_buf || momentum == 0, DT_ERR_ARG, "sgd: momentum %g needs a momentum buffer", momentum);
+  return DT_OK;
+}
+
