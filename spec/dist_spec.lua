@@ -3,10 +3,11 @@
 local dt = require "dt"
 local dist = require "dt.dist"
 local H = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
 
 local COLLECTIVES = "spec/fixtures/dist_collectives.lua"
 local FAULTS = "spec/fixtures/dist_faults.lua"
-local CHECKS = 89 -- checks each rank of dist_collectives makes; a silently skipped one fails the spec
+local CHECKS = 91 -- checks each rank of dist_collectives makes; a silently skipped one fails the spec
 
 local function expect_all_passed(r, size)
    assert.equal(0, r.code, r.out)
@@ -28,10 +29,18 @@ describe("collectives through the launcher", function()
    end)
 end)
 
+describe("collectives on cuda ranks (through NCCL)", function()
+   for _, nproc in ipairs { 2, 4 } do
+      NH.it_on("cuda", nproc)(("match the reference for every op and dtype on %d cuda ranks"):format(nproc), function()
+         expect_all_passed(H.dtrun(("%s --nproc %d --device cuda"):format(COLLECTIVES, nproc), NH.env), nproc)
+      end)
+   end
+end)
+
 describe("collective failures", function()
    local function faults(nproc, args)
       local tag = H.tag()
-      local r = H.dtrun(("%s --nproc %d --grace 2 tag=%s %s"):format(FAULTS, nproc, tag, args))
+      local r = H.dtrun(("%s --nproc %d --grace 2 tag=%s %s"):format(FAULTS, nproc, tag, args), NH.env)
       r.job = r.out:match("job (dt%-%x+)%-r0")
       assert.is_not_nil(r.job, r.out)
       assert.equal(0, H.count_procs(tag), "stray workers")
@@ -40,17 +49,21 @@ describe("collective failures", function()
       return r
    end
 
-   for _, nproc in ipairs { 2, 4 } do
-      it(("names both calls on every rank when ranks call different collectives (%d ranks)"):format(nproc), function()
-         local r = faults(nproc, "mode=mismatch")
+   -- on cuda ranks the NCCL setup made call #1 (its unique id's broadcast): the mismatch is call #2
+   for _, case in ipairs { { 2, "cpu", 1 }, { 4, "cpu", 1 }, { 2, "cuda", 2 }, { 4, "cuda", 2 } } do
+      local nproc, device, call = case[1], case[2], case[3]
+      local name = ("names both calls on every rank when ranks call different collectives (%d %s ranks)")
+         :format(nproc, device)
+      NH.it_on(device, nproc)(name, function()
+         local r = faults(nproc, "mode=mismatch --device " .. device)
          local last = nproc - 1
          local others = nproc == 2 and "rank 0" or "ranks 0, 1, 2"
          for rank = 0, last do
             local line = r.out:match(("%%[%d%%] rank %d caught: ([^\n]*)"):format(rank, rank))
             assert.is_not_nil(line, r.out)
-            assert.matches("collective mismatch at call #1: " .. others
-               .. " called all_reduce #1 %(sum, f32, count 8%); rank " .. last
-               .. " called broadcast #1 %(f32, count 8, root 0%)", line)
+            local want = ("collective mismatch at call #%d: %s called all_reduce #%d %%(sum, f32, count 8%%); "
+               .. "rank %d called broadcast #%d %%(f32, count 8, root 0%%)"):format(call, others, call, last, call)
+            assert.matches(want, line)
          end
          assert.equal(3, r.code)
          -- the agent's summary names a root-cause rank and shows its error
@@ -59,18 +72,21 @@ describe("collective failures", function()
       end)
    end
 
-   it("times out naming the rank that skipped a collective", function()
-      local r = faults(4, "mode=skip timeout=1 sleep=20")
-      assert.equal(4, r.code, r.out)
-      assert.is_true(r.seconds < 10, "took " .. r.seconds .. " s")
-      for rank = 0, 2 do
-         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce[^\n]*waiting for rank 3 %%(pid %%d+")
-            :format(rank, rank), r.out)
-      end
-      assert.matches("timed out after 1%.0 s waiting for rank 3", r.out)
-      assert.not_matches("rank 3 woke up", r.out)
-      assert.matches("rank 3 was killed by SIGTERM", r.out)
-   end)
+   for _, device in ipairs { "cpu", "cuda" } do
+      local name = ("times out naming the rank that skipped a collective (%s ranks)"):format(device)
+      NH.it_on(device, 4)(name, function()
+         local r = faults(4, "mode=skip timeout=1 sleep=20 --device " .. device)
+         assert.equal(4, r.code, r.out)
+         assert.is_true(r.seconds < 10, "took " .. r.seconds .. " s")
+         for rank = 0, 2 do
+            assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce[^\n]*waiting for rank 3 %%(pid %%d+")
+               :format(rank, rank), r.out)
+         end
+         assert.matches("timed out after 1%.0 s waiting for rank 3", r.out)
+         assert.not_matches("rank 3 woke up", r.out)
+         assert.matches("rank 3 was killed by SIGTERM", r.out)
+      end)
+   end
 
    it("ends the job within seconds when a rank is killed mid-collective, leaving no processes or segments", function()
       for _, nproc in ipairs { 2, 4 } do

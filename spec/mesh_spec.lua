@@ -4,6 +4,7 @@ local dt = require "dt"
 local dist = require "dt.dist"
 local mesh = require "dt.mesh"
 local H = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
 
 -- A world as dist.init returns it, for layout checks that create no communicator.
 local function fake_world(rank, size) return { rank = rank, size = size, job_id = "fake", store = nil } end
@@ -96,11 +97,14 @@ describe("mesh layout", function()
 end)
 
 describe("mesh communicators through the launcher", function()
-   local cases = { { 4, "2x2", 27 }, { 4, "4x1", 27 }, { 2, "1x2", 27 }, { 2, "2", 9 } }
+   local cases = { { 4, "2x2", 31 }, { 4, "4x1", 31 }, { 2, "1x2", 31 }, { 2, "2", 10 },
+      { 4, "2x2", 31, "cuda" }, { 2, "2", 10, "cuda" } }
    for _, case in ipairs(cases) do
-      local nproc, shape, checks = case[1], case[2], case[3]
-      it(("reduce over exactly the right ranks on a %s mesh of %d ranks"):format(shape, nproc), function()
-         local r = H.dtrun(("spec/fixtures/dist_mesh.lua --nproc %d shape=%s"):format(nproc, shape))
+      local nproc, shape, checks, device = case[1], case[2], case[3], case[4] or "cpu"
+      local name = ("reduce over exactly the right ranks on a %s mesh of %d %s ranks"):format(shape, nproc, device)
+      NH.it_on(device, nproc)(name, function()
+         local r = H.dtrun(("spec/fixtures/dist_mesh.lua --nproc %d --device %s shape=%s"):format(nproc, device, shape),
+            NH.env)
          assert.equal(0, r.code, r.out)
          for rank = 0, nproc - 1 do
             local n = r.out:match(("%%[%d%%] rank %d: mesh %s (%%d+) checks passed"):format(rank, rank, shape))

@@ -87,15 +87,37 @@ local Comm = {}
 Comm.__index = Comm
 M.Comm = Comm
 
+local function wrap_comm(h, store, job_id)
+   return setmetatable({ h = ffi.gc(h, C.dt_comm_destroy), rank = C.dt_comm_rank(h), size = C.dt_comm_world(h),
+      store = store, job_id = job_id, device = "cpu" }, Comm)
+end
+
 -- Join communicator `job_id` as `rank` of `size` ranks (all on this host: the shm backend).
 function M.new_comm(store, rank, size, job_id)
    local out = ffi.new("dt_comm*[1]")
    check(C.dt_comm_init_shm(store.h, rank, size, job_id, out))
-   return setmetatable({ h = ffi.gc(out[0], C.dt_comm_destroy), rank = rank, size = size, store = store,
-      job_id = job_id }, Comm)
+   return wrap_comm(out[0], store, job_id)
 end
 
 function Comm:set_timeout(seconds) check(C.dt_comm_set_timeout(self.h, math.floor(seconds * 1000))) end
+
+-- Collectives on tensors of cuda device `index` go through NCCL from now on (every rank calls it, each naming its
+-- own device); host tensors keep using shm.
+function Comm:enable_cuda(index)
+   check(C.dt_comm_enable_cuda(self.h, index))
+   self.device = ("cuda:%d"):format(index)
+   return self
+end
+
+-- The ranks passing the same color (an integer >= 0) form a new communicator ranked by (key, rank); every rank of
+-- this one calls it. It has this one's device.
+function Comm:split(color, key)
+   local out = ffi.new("dt_comm*[1]")
+   check(C.dt_comm_split(self.h, self.store.h, color, key or self.rank, out))
+   local c = wrap_comm(out[0], self.store, ("%s/split/%d"):format(self.job_id, color))
+   c.device = self.device
+   return c
+end
 
 function Comm:destroy()
    if self.h ~= nil then C.dt_comm_destroy(ffi.gc(self.h, nil)); self.h = nil end
@@ -184,6 +206,18 @@ function Comm:recv(t, peer, opts)
    return issue(function(w) return C.dt_comm_recv(self.h, need_contiguous(t, "recv"), peer, w) end, t, { t }, opts)
 end
 
+-- Sends and receives that progress together: ops = { {send = t, peer = 1}, {recv = u, peer = 1}, ... }.
+function Comm:group_p2p(ops, opts)
+   local arr, keep = ffi.new("dt_comm_p2p[?]", #ops), {}
+   for i, op in ipairs(ops) do
+      local t = op.send or op.recv
+      arr[i - 1].tensor, arr[i - 1].peer, arr[i - 1].send = t.h, op.peer, op.send and 1 or 0
+      keep[i] = t
+   end
+   keep[#keep + 1] = arr
+   return issue(function(w) return C.dt_comm_group_p2p(self.h, #ops, arr, w) end, nil, keep, opts)
+end
+
 function Comm:barrier(opts) return issue(function(w) return C.dt_comm_barrier(self.h, w) end, nil, nil, opts) end
 
 -- World ------------------------------------------------------------------------------------------
@@ -225,13 +259,18 @@ function M.init(opts)
       local_rank = env_int("LOCAL_RANK", 0),
       local_size = env_int("LOCAL_WORLD_SIZE", 1),
       node_rank = env_int("GROUP_RANK", 0),
-      device = os.getenv("DT_DEVICE") or "cpu",
+      device = "cpu",
       is_main = rank == 0,
       store = store,
       server = server,
       job_id = job,
    }
    world.comm = M.new_comm(store, rank, size, job .. "-world")
+   -- a cuda rank uses the device of its local rank; its collectives on cuda tensors go through NCCL
+   if os.getenv("DT_DEVICE") == "cuda" then
+      world.comm:enable_cuda(world.local_rank)
+      world.device = world.comm.device
+   end
    if opts and opts.mesh then world.mesh = M.mesh(world, opts.mesh) end
    return world
 end

@@ -5,17 +5,15 @@
 --    -- or the seeds' config form: mesh.new(world, { mesh_shape = { { 2, 2 }, { "fsdp", "tp" } } })
 --    m:coord("tp")           -- this rank's 0-based coordinate on an axis (= its rank in m:comm("tp"))
 --    m:size("fsdp")          -- ranks along an axis; m:size() is the world size
---    m:comm("tp")            -- the ranks that differ only in "tp" (created on first use: collective)
+--    m:comm("tp")            -- the ranks that differ only in "tp" (split from the world's communicator on first use:
+--                            -- every rank calls it; on cuda ranks the split carries the NCCL communicator along)
 --    m:comm({ "fsdp", "tp" }) -- flattened axes: rank = row-major index over the listed axes, in that order
-local dist = require "dt.dist"
-
 local M = {}
 local Mesh = {}
 Mesh.__index = Mesh
 M.Mesh = Mesh
 
--- Communicators per (job, shape, axes, group): meshes of the same shape share them, so a job id is
--- never joined twice by one rank.
+-- Communicators per (world communicator, shape, axes): meshes of the same shape share them.
 local comm_cache = {}
 
 local function fmt_list(xs)
@@ -63,7 +61,7 @@ local function normalize(spec, world_size)
    return shape, names, seen
 end
 
--- A mesh over `world` ({rank=, size=, job_id=, store=}, as from dist.init()).
+-- A mesh over `world` ({rank=, size=, job_id=, comm=}, as from dist.init()).
 function M.new(world, spec)
    local shape, names, index = normalize(spec, world.size)
    local self = setmetatable({ world = world, shape = shape, names = names, index = index, rank = world.rank,
@@ -149,18 +147,17 @@ function Mesh:group(axes)
    return ranks, sub_rank, group
 end
 
--- The communicator over `axes` (a name or a list) holding this rank. Created on first use: every
--- rank of the world must make that first call (each joins its own group's communicator).
+-- The communicator over `axes` (a name or a list) holding this rank. Created on first use by a split of the world's
+-- communicator: every rank of the world must make that first call (each lands in its own group's communicator).
 function Mesh:comm(axes)
    local list = type(axes) == "table" and axes or { axes }
    local key = table.concat(list, ",")
    if self.comms[key] then return self.comms[key] end
    local ranks, sub_rank, group = self:group(list)
-   local shape = table.concat(self.shape, "x")
-   local id = ("%s/mesh/%s/%s/%d"):format(self.world.job_id, shape, key, group)
+   local id = ("%s/mesh/%s/%s"):format(self.world.comm.job_id, table.concat(self.shape, "x"), key)
    local c = comm_cache[id]
    if not c then
-      c = dist.new_comm(self.world.store, sub_rank, #ranks, id)
+      c = self.world.comm:split(group, sub_rank)
       c.ranks = ranks
       comm_cache[id] = c
    end

@@ -1,8 +1,8 @@
-/* comm_api.c: the public communicator API: argument checks, init/destroy, and in-order async calls on a progress thread. */
+/* comm_api.c: the public communicator API: argument checks, init/destroy, in-order async calls on a progress thread. */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "shm_internal.h"
+#include "comm_nccl.h"
 
 enum { DEFAULT_TIMEOUT_MS = 300000, MAX_WORLD = 256, MAX_JOB = 128 };
 
@@ -13,7 +13,45 @@ struct dt_comm_work {
   _Atomic bool done;
   dt_status status;
   char err[1024];
+  dt_comm_p2p ops[]; /* CALL_GROUP: a copy of the caller's list */
 };
+
+/* Runs one validated call on this thread: a cuda call is checked against the other ranks through the segment, then
+ * queued on the device's comm stream; a host call runs through the segment. */
+static dt_status run_call(dt_comm *c, const comm_call *call) {
+#if DT_HAVE_CUDA
+  if (call->nc) {
+    const dt_tensor *t = call->in ? call->in : call->out;
+    int64_t count = !t ? 0 : call->kind == CALL_REDUCE_SCATTER ? dt_tensor_numel(call->out) : dt_tensor_numel(t);
+    call_ctx x;
+    dt_status st = shm_fingerprint(&x, c, call, t ? t->dtype : -1, count);
+    if (st == DT_OK) st = dt_nccl_run(c, call, &x.fp);
+    if (st != DT_OK) {
+      if (!c->failed[0]) snprintf(c->failed, sizeof c->failed, "%s", dt_last_error());
+      dt_nccl_abort(c->nccl);
+    }
+    return st;
+  }
+#endif
+  return shm_run(c, call);
+}
+
+/* A cuda call's completion on the caller's side (a no-op for host calls): the compute stream is ordered after it. */
+static dt_status finish_call(dt_comm *c, comm_call *call, dt_status st) {
+#if DT_HAVE_CUDA
+  if (call->nc) {
+    char err[1024];
+    if (st != DT_OK) snprintf(err, sizeof err, "%s", dt_last_error());
+    dt_status fs = dt_nccl_finish(c, call->nc);
+    call->nc = NULL;
+    if (st == DT_OK) return fs;
+    /* the call's own error wins; restored only when finishing recorded another */
+    return strcmp(err, dt_last_error()) == 0 ? st : DT_FAIL(st, "%s", err);
+  }
+#endif
+  (void)c, (void)call;
+  return st;
+}
 
 /* ---- progress thread: runs queued calls one at a time, in order of issue ---- */
 
@@ -28,7 +66,7 @@ static void *progress_main(void *arg) {
     if (!c->head) c->tail = NULL;
     c->busy = true;
     pthread_mutex_unlock(&c->mu);
-    dt_status st = shm_run(c, &w->call);
+    dt_status st = run_call(c, &w->call);
     if (st != DT_OK) snprintf(w->err, sizeof w->err, "%s", dt_last_error());
     pthread_mutex_lock(&c->mu);
     c->busy = false;
@@ -64,22 +102,41 @@ static void wait_done(dt_comm_work *w) {
   pthread_mutex_unlock(&w->c->mu);
 }
 
-static dt_status work_status(const dt_comm_work *w) {
+/* The call's status once complete; a cuda call's device side is finished (at most once) here. */
+static dt_status work_status(dt_comm_work *w) {
+  if (w->call.nc) {
+    dt_status st = finish_call(w->c, &w->call, w->status == DT_OK ? DT_OK : DT_FAIL(w->status, "%s", w->err));
+    if (st != DT_OK && w->status == DT_OK) snprintf(w->err, sizeof w->err, "%s", dt_last_error());
+    if (w->status == DT_OK) w->status = st;
+  }
   return w->status == DT_OK ? DT_OK : DT_FAIL(w->status, "%s", w->err);
 }
 
 /* Run now on this thread when nothing is queued or running; otherwise queue behind the rest
  * (and wait, for a synchronous call). */
 static dt_status submit(dt_comm *c, const comm_call *call, dt_comm_work **work) {
+  comm_call own = *call;
+#if DT_HAVE_CUDA
+  const dt_tensor *t = call->in ? call->in : call->out ? call->out : call->nops ? call->ops[0].tensor : NULL;
+  if (t && t->device.type == DT_DEVICE_CUDA) DT_TRY(dt_nccl_prepare(c, &own.nc));
+#endif
   if (work) {
     *work = NULL;
-    dt_comm_work *w = calloc(1, sizeof *w);
-    DT_CHECK(w, DT_ERR_OOM, "comm '%s': out of memory queueing %s", c->job, shm_kind_name(call->kind));
+    dt_comm_work *w = calloc(1, sizeof *w + (size_t)own.nops * sizeof(dt_comm_p2p));
+    if (!w)
+      return finish_call(c, &own, DT_FAIL(DT_ERR_OOM, "comm '%s': out of memory queueing %s", c->job,
+                                          shm_kind_name(own.kind)));
     w->c = c;
-    w->call = *call;
+    w->call = own;
+    if (own.nops) memcpy(w->ops, own.ops, (size_t)own.nops * sizeof(dt_comm_p2p));
+    w->call.ops = w->ops;
     dt_status st = enqueue(c, w);
-    if (st != DT_OK) free(w);
-    else *work = w;
+    if (st != DT_OK) {
+      st = finish_call(c, &w->call, st);
+      free(w);
+    } else {
+      *work = w;
+    }
     return st;
   }
   pthread_mutex_lock(&c->mu);
@@ -87,15 +144,16 @@ static dt_status submit(dt_comm *c, const comm_call *call, dt_comm_work **work) 
   if (inline_ok) c->busy = true;
   pthread_mutex_unlock(&c->mu);
   if (inline_ok) {
-    dt_status st = shm_run(c, call);
+    dt_status st = run_call(c, &own);
     pthread_mutex_lock(&c->mu);
     c->busy = false;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    return st;
+    return finish_call(c, &own, st);
   }
-  dt_comm_work w = {.c = c, .call = *call};
-  DT_TRY(enqueue(c, &w));
+  dt_comm_work w = {.c = c, .call = own};
+  dt_status st = enqueue(c, &w);
+  if (st != DT_OK) return finish_call(c, &own, st);
   wait_done(&w);
   return work_status(&w);
 }
@@ -115,6 +173,7 @@ dt_status dt_comm_work_test(dt_comm_work *w, bool *done) {
 void dt_comm_work_free(dt_comm_work *w) {
   if (!w) return;
   wait_done(w);
+  work_status(w);
   free(w);
 }
 
@@ -127,6 +186,10 @@ void dt_comm_destroy(dt_comm *c) {
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   if (c->has_thread) pthread_join(c->thread, NULL);
+#if DT_HAVE_CUDA
+  if (c->failed[0]) dt_nccl_abort(c->nccl); /* a failure seen by a host call, or reported by another rank */
+  dt_nccl_close(c->nccl);
+#endif
   shm_segment_close(c);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
@@ -149,6 +212,7 @@ dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const ch
   c->rank = rank;
   c->world = world;
   c->timeout_ms = DEFAULT_TIMEOUT_MS;
+  c->device = -1;
   memcpy(c->job, job_id, jlen);
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
@@ -195,8 +259,17 @@ static dt_status check_tensor(const dt_comm *c, const char *fn, const char *name
   DT_CHECK(t, DT_ERR_ARG, "comm %s: %s is NULL", fn, name);
   char shape[DT_SHAPE_BUF];
   dt_shape_str(t, shape, sizeof shape);
-  DT_CHECK(t->device.type == DT_DEVICE_CPU, DT_ERR_UNSUPPORTED,
-           "comm '%s' %s: %s %s is not on the cpu; the shm backend moves host tensors only", c->job, fn, name, shape);
+  if (t->device.type == DT_DEVICE_CUDA) {
+    DT_CHECK(c->device >= 0, DT_ERR_UNSUPPORTED,
+             "comm '%s' %s: %s %s is on cuda:%d but the communicator has no cuda device (dt_comm_enable_cuda; from "
+             "Lua: dist.init on a cuda rank)", c->job, fn, name, shape, (int)t->device.index);
+    DT_CHECK(t->device.index == c->device, DT_ERR_ARG,
+             "comm '%s' %s: %s %s is on cuda:%d but the communicator runs on cuda:%d", c->job, fn, name, shape,
+             (int)t->device.index, c->device);
+  } else {
+    DT_CHECK(t->device.type == DT_DEVICE_CPU, DT_ERR_UNSUPPORTED, "comm '%s' %s: %s %s is on an unknown device",
+             c->job, fn, name, shape);
+  }
   DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "comm '%s' %s: %s %s is not contiguous", c->job, fn, name, shape);
   DT_CHECK(t->data || dt_tensor_numel(t) == 0, DT_ERR_STATE, "comm '%s' %s: %s %s has no storage (released)", c->job,
            fn, name, shape);
@@ -217,11 +290,22 @@ static dt_status check_rank(const dt_comm *c, const char *fn, const char *what, 
   return DT_OK;
 }
 
+/* A call's tensors share one device: all on the cpu (shm) or all on the communicator's cuda device (NCCL). */
+static dt_status check_same_device(const dt_comm *c, const char *fn, const char *na, const dt_tensor *a,
+                                   const char *nb, const dt_tensor *b) {
+  if (a->device.type == b->device.type && a->device.index == b->device.index) return DT_OK;
+  char sa[DT_SHAPE_BUF], sb[DT_SHAPE_BUF], da[32], db[32];
+  return DT_FAIL(DT_ERR_ARG, "comm '%s' %s: %s %s is on %s and %s %s on %s: a call's tensors must share one device",
+                 c->job, fn, na, dt_shape_str(a, sa, sizeof sa), dt_device_str(a->device, da, sizeof da), nb,
+                 dt_shape_str(b, sb, sizeof sb), dt_device_str(b->device, db, sizeof db));
+}
+
 /* in and out: same dtype, in * mul_in == out * mul_out elements; `rule` says which. */
 static dt_status check_pair(const dt_comm *c, const char *fn, const dt_tensor *in, const dt_tensor *out,
                             int64_t mul_in, int64_t mul_out, const char *rule) {
   DT_TRY(check_tensor(c, fn, "in", in));
   DT_TRY(check_tensor(c, fn, "out", out));
+  DT_TRY(check_same_device(c, fn, "in", in, "out", out));
   char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
   dt_shape_str(in, a, sizeof a);
   dt_shape_str(out, b, sizeof b);
@@ -304,3 +388,34 @@ dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int peer, dt_comm_work **work) 
   comm_call call = {.kind = CALL_RECV, .op = -1, .root = -1, .peer = peer, .out = t};
   return submit(c, &call, work);
 }
+
+dt_status dt_comm_group_p2p(dt_comm *c, int n, const dt_comm_p2p *ops, dt_comm_work **work) {
+  CHECK_COMM("group_p2p");
+  DT_CHECK(n >= 1 && ops, DT_ERR_ARG, "comm '%s' group_p2p: give at least one send or receive, got %d", c->job, n);
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "op %d's tensor", i + 1);
+    const char *fn = ops[i].send ? "group_p2p send" : "group_p2p recv";
+    DT_TRY(check_tensor(c, fn, name, ops[i].tensor));
+    DT_TRY(check_rank(c, fn, "peer", ops[i].peer, true));
+    DT_TRY(check_same_device(c, "group_p2p", "op 1's tensor", ops[0].tensor, name, ops[i].tensor));
+  }
+  comm_call call = {.kind = CALL_GROUP, .op = -1, .root = -1, .peer = -1, .nops = n, .ops = ops};
+  return submit(c, &call, work);
+}
+
+dt_status dt_comm_enable_cuda(dt_comm *c, int device) {
+  CHECK_COMM("enable_cuda");
+  DT_CHECK(c->device < 0, DT_ERR_STATE, "comm '%s': already has cuda:%d, cannot enable cuda:%d too", c->job,
+           c->device, device);
+#if DT_HAVE_CUDA
+  DT_TRY(dt_nccl_open(c, device));
+  c->device = device;
+  return DT_OK;
+#else
+  return DT_FAIL(DT_ERR_UNSUPPORTED, "comm '%s': cannot enable cuda:%d: this build has no CUDA backend (DT_CUDA=OFF)",
+                 c->job, device);
+#endif
+}
+
+int dt_comm_device(const dt_comm *c) { return c ? c->device : -1; }

@@ -138,6 +138,8 @@ dt_status shm_run(dt_comm *c, const comm_call *call) {
       return shm_send(&x, in, call->peer);
     case CALL_RECV:
       return shm_recv(&x, out, call->peer);
+    case CALL_GROUP:
+      return shm_group(&x, call->nops, call->ops);
     default: { /* CALL_BARRIER */
       next_half(c);
       return shm_sync(&x);

@@ -9,14 +9,20 @@
 
 typedef enum {
   CALL_NONE = 0, CALL_ALL_REDUCE, CALL_REDUCE, CALL_BROADCAST, CALL_ALL_GATHER, CALL_REDUCE_SCATTER,
-  CALL_ALL_TO_ALL, CALL_BARRIER, CALL_SEND, CALL_RECV, CALL_KIND_COUNT
+  CALL_ALL_TO_ALL, CALL_BARRIER, CALL_SEND, CALL_RECV, CALL_GROUP, CALL_KIND_COUNT
 } call_kind;
+
+typedef struct dt_nccl dt_nccl;           /* a communicator's NCCL side (runtime/cuda/nccl.c) */
+typedef struct dt_nccl_call dt_nccl_call; /* one call's NCCL side: its events */
 
 /* One call's arguments as issued (tensors validated by comm_api.c). */
 typedef struct comm_call {
   int32_t kind, op, root, peer;
   const dt_tensor *in;
   dt_tensor *out; /* in-place calls: in == out */
+  int32_t nops;   /* CALL_GROUP: the sends and receives */
+  const dt_comm_p2p *ops;
+  dt_nccl_call *nc; /* non-NULL: the tensors are on the cuda device, the call runs through NCCL */
 } comm_call;
 
 /* What every rank's call must agree on; each rank writes its own at entry. */
@@ -76,6 +82,9 @@ struct dt_comm {
   uint32_t *send_chunks, *recv_chunks; /* per peer: chunks posted / taken (mirrors the channel words) */
   const void **srcs;                  /* world pointers, scratch for reductions */
   char failed[1024];                  /* non-empty: unusable after a timeout or abort, and why */
+  int device;                         /* cuda device of dt_comm_enable_cuda, or -1 */
+  dt_nccl *nccl;
+  uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -91,12 +100,21 @@ typedef struct call_ctx {
   bool checked; /* fingerprints compared (done at the call's first barrier) */
 } call_ctx;
 
+/* A 1-D host tensor over n elements of caller memory (no storage: never freed), for calls on small scratch. */
+static inline dt_tensor shm_host_view(void *p, int64_t n, int dtype) {
+  return (dt_tensor){.data = p, .shape = {n}, .strides = {1}, .ndim = 1, .dtype = dtype,
+                     .device = {DT_DEVICE_CPU, 0}};
+}
+
 /* shm_segment.c */
 const char *shm_kind_name(int kind);
 /* "all_reduce #5 (sum, f32, count 100)" */
 const char *shm_describe(const shm_fp *fp, char *buf, size_t n);
 /* Start a call: refuse on a failed communicator, publish the fingerprint. */
 dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count);
+/* The fingerprint check of a call that moves no data through the segment (an NCCL call): begin, then the first
+ * barrier. x->fp names the call afterwards. */
+dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count);
 /* Barrier over all ranks; the call's first one also compares fingerprints. */
 dt_status shm_sync(call_ctx *x);
 /* Wait until the futex word reaches target (wrapping compare). 0: reached; 1: deadline;
@@ -118,5 +136,7 @@ void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, in
 dt_status shm_run(dt_comm *c, const comm_call *call);
 dt_status shm_send(call_ctx *x, const dt_tensor *t, int peer);
 dt_status shm_recv(call_ctx *x, dt_tensor *t, int peer);
+/* CALL_GROUP: every peer's sends on a thread of their own, the receives on this one. */
+dt_status shm_group(call_ctx *x, int n, const dt_comm_p2p *ops);
 
 #endif

@@ -1,5 +1,6 @@
-/* shm_p2p.c: point-to-point send/recv through per-pair channels of two chunk buffers, with message fingerprints. */
+/* shm_p2p.c: point-to-point send/recv, single and grouped, through per-pair channels with message fingerprints. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "shm_internal.h"
 
@@ -103,4 +104,52 @@ dt_status shm_recv(call_ctx *x, dt_tensor *t, int peer) {
     off += n;
   } while (off < bytes);
   return DT_OK;
+}
+
+/* The sends of a group to one peer, in order, on a thread of their own. */
+typedef struct group_sender {
+  call_ctx x;
+  int n, peer;
+  const dt_comm_p2p *ops;
+  pthread_t thread;
+  bool started;
+  dt_status status;
+  char err[1024];
+} group_sender;
+
+static void *group_send_main(void *arg) {
+  group_sender *g = arg;
+  for (int i = 0; i < g->n && g->status == DT_OK; i++)
+    if (g->ops[i].send && g->ops[i].peer == g->peer) g->status = shm_send(&g->x, g->ops[i].tensor, g->peer);
+  if (g->status != DT_OK) snprintf(g->err, sizeof g->err, "%s", dt_last_error());
+  return NULL;
+}
+
+dt_status shm_group(call_ctx *x, int n, const dt_comm_p2p *ops) {
+  dt_comm *c = x->c;
+  group_sender *gs = calloc((size_t)c->world, sizeof *gs);
+  DT_CHECK(gs, DT_ERR_OOM, "comm '%s': out of memory starting a group of %d sends/receives", c->job, n);
+  dt_status st = DT_OK;
+  /* a send completes only when its receiver has taken it: each peer's sends need their own thread, or two ranks
+   * that both send first would wait for each other */
+  for (int i = 0; i < n && st == DT_OK; i++) {
+    group_sender *g = &gs[ops[i].peer];
+    if (!ops[i].send || g->started) continue;
+    *g = (group_sender){.x = *x, .n = n, .peer = ops[i].peer, .ops = ops};
+    if (pthread_create(&g->thread, NULL, group_send_main, g) != 0)
+      st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank %d: cannot start a sender thread for a group", c->job, c->rank);
+    else g->started = true;
+  }
+  for (int i = 0; i < n && st == DT_OK; i++)
+    if (!ops[i].send) st = shm_recv(x, ops[i].tensor, ops[i].peer);
+  /* this thread's error is the recorded one; else the first sender's, recorded again here */
+  const group_sender *failed = NULL;
+  for (int p = 0; p < c->world; p++) {
+    if (!gs[p].started) continue;
+    pthread_join(gs[p].thread, NULL);
+    if (st == DT_OK && !failed && gs[p].status != DT_OK) failed = &gs[p];
+  }
+  if (failed) st = DT_FAIL(failed->status, "%s", failed->err);
+  free(gs);
+  return st;
 }

@@ -29,7 +29,7 @@ enum {
 
 static const char *const kind_names[CALL_KIND_COUNT] = {
     "none", "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "send",
-    "recv"};
+    "recv", "group_p2p"};
 static const char *const op_names[DT_COMM_OP_COUNT] = {"sum", "avg", "max", "min"};
 
 const char *shm_kind_name(int kind) { return kind >= 0 && kind < CALL_KIND_COUNT ? kind_names[kind] : "?"; }
@@ -102,7 +102,8 @@ dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, i
   DT_CHECK(!c->failed[0], DT_ERR_STATE, "comm '%s' rank %d/%d: unusable after an earlier failure: %s", c->job,
            c->rank, c->world, c->failed);
   if (atomic_load(&c->hdr->abort_rank)) return shm_aborted_error(x);
-  if (call->kind == CALL_SEND || call->kind == CALL_RECV) return DT_OK; /* numbered per pair in shm_p2p.c */
+  if (call->kind == CALL_SEND || call->kind == CALL_RECV || call->kind == CALL_GROUP)
+    return DT_OK; /* numbered per pair in shm_p2p.c */
   x->fp.seq = c->seq++;
   c->ranks[c->rank].fp[x->fp.seq & 1] = x->fp;
   return DT_OK;
@@ -177,6 +178,13 @@ static dt_status barrier(call_ctx *x) {
                   c->ranks[j].pid, shm_describe(last, what, sizeof what));
   }
   return shm_abort(c, DT_ERR_IO, msg);
+}
+
+dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count) {
+  DT_TRY(shm_begin(x, c, call, dtype, count));
+  if (call->kind == CALL_SEND || call->kind == CALL_RECV || call->kind == CALL_GROUP) return DT_OK;
+  c->round++; /* as every segment call does: the staging halves stay in step on all ranks */
+  return shm_sync(x);
 }
 
 dt_status shm_sync(call_ctx *x) {

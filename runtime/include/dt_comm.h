@@ -1,4 +1,4 @@
-/* dt_comm.h: communicators and collectives over contiguous CPU tensors; the shm backend for ranks on one host. */
+/* dt_comm.h: communicators and collectives: shm for host tensors of ranks on one host, NCCL for cuda tensors. */
 #ifndef DT_COMM_H
 #define DT_COMM_H
 #include "dt_store.h"
@@ -23,13 +23,31 @@ int dt_comm_world(const dt_comm *c);
 /* How long a call waits for the other ranks before failing (default 300000 ms). */
 dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
 
+/* Give the communicator a CUDA device (collective over its ranks, each naming its own device): rank 0's NCCL
+ * unique id travels through the shm segment and every rank joins an NCCL communicator on `device`. Afterwards a call
+ * whose tensors are all on cuda:device runs through NCCL on that device's comm stream (DT_STREAM_COMM), after the
+ * work queued on its compute stream so far; host tensors keep using shm, and a call mixing devices is an error. The
+ * fingerprint check and the timeout still run on the host through the shm segment (on a timeout the NCCL
+ * communicator is aborted). A cuda call is complete (work_wait returns, or a synchronous call returns) once the
+ * device's compute stream is ordered after it: later work on that stream sees the result without a host wait.
+ * Errors reported by NCCL afterwards surface at the next wait or call, naming the call. Builds without CUDA:
+ * DT_ERR_UNSUPPORTED. */
+dt_status dt_comm_enable_cuda(dt_comm *c, int device);
+/* The cuda device given to dt_comm_enable_cuda, or -1. */
+int dt_comm_device(const dt_comm *c);
+/* Collective over c's ranks: those passing the same color (>= 0) form a new communicator, ranked by (key, rank in
+ * c). Its shm segment meets through `store` under a job id derived from c's; when c has a cuda device the new one
+ * has it too (ncclCommSplit). Destroy it before c. */
+dt_status dt_comm_split(dt_comm *c, dt_store_client *store, int color, int key, dt_comm **out);
+
 /* Collectives. Every rank of the communicator makes the same calls in the same order; a call
  * whose sequence number, kind, op, dtype, count or root differs between ranks fails on every
  * rank with a message naming both calls and the ranks; a rank that does not arrive within the
  * timeout fails the call on the others, naming it, and leaves the communicator unusable.
- * Tensors: contiguous CPU tensors; reductions on f32, f64, bf16, f16 (accumulated in f32), i32,
- * i64; data movement on any dtype. Ranks are reduced in the fixed order 0, 1, 2, ..., so results
- * are bitwise identical on every rank and every run.
+ * Tensors: contiguous, all on the cpu or all on the communicator's cuda device (dt_comm_enable_cuda); reductions
+ * on f32, f64, bf16, f16 (accumulated in f32), i32, i64; data movement on any dtype. On the cpu ranks are reduced
+ * in the fixed order 0, 1, 2, ..., so results are bitwise identical on every rank and every run (NCCL picks its
+ * own order; the emulated NCCL reduces in rank order too).
  * work NULL: the call returns when it is complete. Otherwise it is queued on the communicator's
  * progress thread (calls run in the order they are issued, synchronous ones included) and
  * *work receives a handle; the tensors must stay alive and untouched until it completes.
@@ -50,9 +68,20 @@ dt_status dt_comm_barrier(dt_comm *c, dt_comm_work **work);
 dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int peer, dt_comm_work **work);
 dt_status dt_comm_recv(dt_comm *c, dt_tensor *t, int peer, dt_comm_work **work);
 
+/* Grouped point to point: the n sends and receives progress together as one call (no order between peers is
+ * needed: two ranks may both list a send to the other first). Per (sender, receiver) pair they match in order, as
+ * single sends and receives do. With work, the array is copied; the tensors must stay alive until completion. */
+typedef struct dt_comm_p2p {
+  dt_tensor *tensor;
+  int32_t peer;
+  int32_t send; /* 1: send tensor to peer; 0: receive into it from peer */
+} dt_comm_p2p;
+dt_status dt_comm_group_p2p(dt_comm *c, int n, const dt_comm_p2p *ops, dt_comm_work **work);
+
 /* Block until the call completes; returns its status (the message names the call). */
 dt_status dt_comm_work_wait(dt_comm_work *w);
-/* *done := whether the call has completed (then wait returns at once). */
+/* *done := whether the call has completed (then wait returns at once); a cuda call completes once it is queued
+ * on the device, and wait then orders the compute stream after it. */
 dt_status dt_comm_work_test(dt_comm_work *w, bool *done);
 /* Wait for completion, then free. NULL is fine. */
 void dt_comm_work_free(dt_comm_work *w);

@@ -14,6 +14,7 @@
 
 #include "dt_comm.h"
 #include "spec.h"
+#include "spec_ranks.h"
 
 /* Counters shared by the forked ranks (anonymous shared mapping made before any fork). */
 
@@ -22,6 +23,7 @@ static const dt_device cpu = {DT_DEVICE_CPU, 0};
 static const char *TOKEN = "comm-spec";
 static int store_port;
 static int spec_pid; /* in job ids: the plain and ASan specs may run at the same time */
+static dt_store_client *rank_store; /* a forked rank's store connection */
 
 static dt_tensor *make(int64_t n, int dtype) {
   dt_tensor *t = NULL;
@@ -130,31 +132,20 @@ static bool run_ranks(int world, const char *name, rank_fn fn) {
     if (pids[r] == 0) {
       spec_rank = r;
       alarm(60);
-      dt_store_client *s = NULL;
       dt_comm *c = NULL;
-      if (dt_store_connect("127.0.0.1", store_port, TOKEN, 10000, &s) != DT_OK ||
-          dt_comm_init_shm(s, r, world, job, &c) != DT_OK) {
+      if (dt_store_connect("127.0.0.1", store_port, TOKEN, 10000, &rank_store) != DT_OK ||
+          dt_comm_init_shm(rank_store, r, world, job, &c) != DT_OK) {
         printf("[rank %d] init of %s failed: %s\n", r, job, dt_last_error());
         _exit(2);
       }
       fn(c, r, world);
       dt_comm_destroy(c);
-      dt_store_close(s);
+      dt_store_close(rank_store);
       fflush(stdout);
       _exit(0);
     }
   }
-  bool ok = true;
-  for (int r = 0; r < world; r++) {
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      printf("  %s rank %d: %s %d\n", job, r, WIFEXITED(st) ? "exit" : "signal",
-             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-      ok = false;
-    }
-  }
-  return ok;
+  return spec_wait_ranks(pids, world, job);
 }
 
 static const int64_t SIZES[] = {0, 1, 5, 333, 1024, 3001};
@@ -353,6 +344,46 @@ static void bad_arguments(dt_comm *c, int rank, int world) {
   dt_tensor_free(g);
 }
 
+/* Grouped sends and receives where both neighbours send first (several channel chunks each); splits. */
+static void groups_and_splits(dt_comm *c, int rank, int world) {
+  int64_t n = 40001;
+  int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  dt_tensor *a = make(n, DT_DTYPE_F32), *b = make(n, DT_DTYPE_F32), *ra = make(n, DT_DTYPE_F32);
+  dt_tensor *rb = make(n, DT_DTYPE_F32);
+  fill(a, rank, 1, 0);
+  fill(b, rank, 2, 0);
+  dt_comm_p2p ops[] = {{a, next, 1}, {b, prev, 1}, {ra, prev, 0}, {rb, next, 0}};
+  expect_ok(dt_comm_group_p2p(c, 4, ops, NULL), "group_p2p");
+  expect(check_copy(ra, 0, n, prev, 1, 0) && check_copy(rb, 0, n, next, 2, 0), "group_p2p values");
+  dt_comm_work *w = NULL;
+  fill(ra, -1, 1, 0);
+  expect_ok(dt_comm_group_p2p(c, 4, ops, &w), "async group_p2p (the list is copied)");
+  ops[0].peer = -7; /* the queued call must not see this */
+  expect_ok(dt_comm_work_wait(w), "async group_p2p completes");
+  expect(check_copy(ra, 0, n, prev, 1, 0), "async group_p2p values");
+  dt_comm_work_free(w);
+  dt_comm_p2p self[] = {{a, rank, 1}};
+  expect_error(dt_comm_group_p2p(c, 1, self, NULL), "group_p2p send: rank", "a group send to self");
+  expect_error(dt_comm_group_p2p(c, 0, self, NULL), "give at least one send or receive", "an empty group");
+  expect(dt_comm_device(c) == -1, "a host communicator has no device");
+
+  dt_comm *sub = NULL;
+  expect_error(dt_comm_split(c, rank_store, -1, 0, &sub), "color must be >= 0, got -1", "negative color");
+  expect_ok(dt_comm_split(c, rank_store, rank % 2, -rank, &sub), "split by parity");
+  if (!sub) return;
+  int size = (world - rank % 2 + 1) / 2;
+  expect(dt_comm_world(sub) == size && dt_comm_rank(sub) == (size - 1) - rank / 2, "split: size and rank by key");
+  dt_tensor *t = make(5, DT_DTYPE_I64);
+  expect_ok(dt_tensor_fill(t, 1 << rank), "fill");
+  expect_ok(dt_comm_all_reduce(sub, t, DT_COMM_SUM, NULL), "all_reduce on the split");
+  double got = 0, want = 0;
+  for (int r = rank % 2; r < world; r += 2) want += 1 << r;
+  expect(dt_tensor_get(t, 4, &got) == DT_OK && got == want, "the split reduces over its own ranks only");
+  expect_ok(dt_comm_all_reduce(c, t, DT_COMM_SUM, NULL), "the parent still works after a split");
+  dt_comm_destroy(sub);
+  dt_tensor_free(a), dt_tensor_free(b), dt_tensor_free(ra), dt_tensor_free(rb), dt_tensor_free(t);
+}
+
 static void quick_sum(dt_comm *c, int rank, int world) {
   dt_tensor *t = make(1000, DT_DTYPE_F32);
   fill(t, rank, 3, 0);
@@ -428,6 +459,8 @@ int main(void) {
   expect(run_ranks(3, "spec-absent", absent_rank), "3 ranks: absent rank");
   expect(run_ranks(2, "spec-absent-p2p", absent_sender), "2 ranks: absent sender");
   expect(run_ranks(1, "spec-args", bad_arguments), "1 rank: argument errors");
+  expect(run_ranks(2, "spec-groups-2", groups_and_splits), "2 ranks: groups and splits");
+  expect(run_ranks(3, "spec-groups-3", groups_and_splits), "3 ranks: groups and splits");
   expect(run_ranks(2, "spec-reuse", quick_sum) && run_ranks(2, "spec-reuse", quick_sum),
          "a job id can be used again after a clean destroy");
   stale_segments();

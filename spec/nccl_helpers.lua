@@ -1,0 +1,19 @@
+-- spec/nccl_helpers.lua: for the distributed specs' cuda cases: how many ranks can have a device, the workers'
+-- environment, and `it` or a pending entry accordingly.
+local dt = require "dt"
+
+local M = {}
+
+-- The emulation build gives every worker 4 devices (DT_EMU_DEVICES=4), so up to 4 cuda ranks run there too.
+local emulated = dt.C.dt_cuda_build() == 2
+M.devices = emulated and 4 or dt.device_count("cuda")
+M.env = emulated and "DT_EMU_DEVICES=4" or ""
+
+-- `it` when `nproc` ranks on `device` ("cpu" or "cuda") can run here, else a function that reports the case pending.
+function M.it_on(device, nproc)
+   local env = getfenv(2) -- the calling spec's environment: busted's `it` and `pending` live there
+   if device == "cpu" or M.devices >= nproc then return env.it end
+   return function(name) env.pending(("%s (skipped: %d cuda device(s))"):format(name, M.devices)) end
+end
+
+return M
