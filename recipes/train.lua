@@ -2,6 +2,7 @@
 --
 --    dtrun recipes/train.lua                                    # loss 5.6 -> ~1.9 in ~80 s on 2 cores
 --    dtrun recipes/train.lua --nproc 2                          # data parallel (DDP) over 2 ranks
+--    dtrun recipes/train.lua --gpus 2                           # ... on cuda:0 and cuda:1 (DT_DEVICE=cuda: 1 GPU)
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 local dt    = require "dt"
@@ -29,12 +30,13 @@ local say = world.is_main and print or function() end
 local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
    seed = cfg.seed, world = world }
 
--- Model: GPT-2-like over the 256 byte values.
+-- Model: GPT-2-like over the 256 byte values, on the default device (cuda:LOCAL_RANK under --gpus or with
+-- DT_DEVICE=cuda; the trainer copies each batch there).
 dt.manual_seed(cfg.seed)
 local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
-say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s)"):format(cfg.model.layers, cfg.model.dim,
-   model:num_parameters() / 1e6, world.size))
+say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
+   model:num_parameters() / 1e6, world.size, dt.default_device()))
 if world.size > 1 then ddp.wrap(model, { comm = world.comm }) end  -- gradients averaged over ranks
 
 -- AdamW with weight decay on matrices only; linear warmup, then cosine decay to min_lr.

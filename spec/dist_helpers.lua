@@ -5,7 +5,7 @@ local dt = require "dt"
 
 local M = {}
 M.exe = ffi.string(dt.C.dt_exe_path())
-M.root = os.getenv("PWD") or "."
+M.root = io.popen("pwd"):read("*l") -- the working directory (ctest's, from any $PWD), the repo root
 
 local function sh(cmd)
    local p = io.popen(cmd)

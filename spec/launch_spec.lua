@@ -7,9 +7,9 @@ local worker = "spec/fixtures/launch_worker.lua"
 
 local made = {} -- run dirs to remove after each test
 
--- Run dtrun with args from the repo root; returns output lines, exit code, and the run dir.
+-- Run dtrun with args from the repo root (the working directory); returns output lines, exit code, and the run dir.
 local function dtrun(args)
-   local p = io.popen(("cd %s && %s %s 2>&1; echo \"exit=$?\""):format(os.getenv("PWD") or ".", exe, args))
+   local p = io.popen(("%s %s 2>&1; echo \"exit=$?\""):format(exe, args))
    local out = p:read("*a")
    p:close()
    local lines = {}

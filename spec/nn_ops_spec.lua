@@ -148,8 +148,10 @@ describe("F.cross_entropy", function()
    end)
 
    it("rejects bad targets and reductions", function()
+      -- the CPU op checks targets first; a cuda kernel finds it and the synchronisation reading the loss reports it
       expect_error(function() dt.F.cross_entropy(x, dt.tensor({ 1, 5, 0, 0 }, { dtype = "i64" })) end,
-         "cross_entropy: target 5 at row 1 is out of range for 5 classes (ignore_index -100)")
+         "cross_entropy: target 5 at row 1 is out of range for 5 classes " .. (x.device == "cpu" and
+         "(ignore_index -100)" or ("(found on %s, reported at synchronize)"):format(x.device)))
       expect_error(function() dt.F.cross_entropy(x, dt.tensor({ 1, 2, 0 }, { dtype = "i64" })) end,
          "targets (3) i64 has 3 elements but logits (4, 5) f64 has 4 rows")
       expect_error(function() dt.F.cross_entropy(x, dt.tensor({ 1, 2, 0, 0 })) end, "targets must be i32 or i64")

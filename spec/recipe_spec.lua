@@ -1,6 +1,7 @@
 -- spec/recipe_spec.lua: recipes/train.lua as a user runs it: a subprocess, its output, run dir, metrics, resume and
 -- errors.
 local cjson = require "cjson"
+local dt = require "dt"
 local fs = require "dt.train.fs"
 local helpers = require "spec.train_helpers"
 local tmpdir = helpers.tmpdir
@@ -73,6 +74,26 @@ describe("recipes/train.lua", function()
          assert.equal(want, mb[i].step)
          assert.equal(ma[want].loss, mb[i].loss)
       end
+   end)
+
+   -- on a cuda default device (DT_DEVICE=cuda) the runs above train on cuda:0; here 2 ranks on cuda:0 and cuda:1
+   local ncuda = dt.device_count("cuda")
+   local gpus_it = (dt.default_device() ~= "cpu" and ncuda >= 2) and it or function(name)
+      pending(name .. (" (skipped: needs DT_DEVICE=cuda and 2 cuda devices, there are %d)"):format(ncuda))
+   end
+   gpus_it("trains on 2 cuda ranks (--gpus 2) with the losses of 2 CPU ranks", function()
+      local losses = {}
+      for i, flags in ipairs { "--gpus 2", "--nproc 2" } do
+         local run_dir = fs.join(dir, "run" .. i)
+         local lines, err, status = run(("%s steps=3 sample=0 run_dir=%s %s"):format(flags, run_dir, TINY), dir)
+         assert.equal(0, status, err .. table.concat(lines, "\n"))
+         assert.matches(i == 1 and "2 rank%(s%) on cuda:0" or "2 rank%(s%) on cpu", table.concat(lines, "\n"))
+         losses[i] = {}
+         for _, rec in ipairs(metrics(run_dir)) do losses[i][#losses[i] + 1] = rec.loss end
+      end
+      assert.equal(3, #losses[1])
+      -- the same math in another reduction order (cuda kernels, NCCL vs shm): f32 rounding apart
+      for s = 1, 3 do assert.near(losses[2][s], losses[1][s], 1e-4) end
    end)
 
    it("rejects an unknown key, suggesting the right one", function()

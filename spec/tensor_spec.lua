@@ -1,13 +1,17 @@
--- spec/tensor_spec.lua: tensor creation, properties, views, copies, casts and their errors.
+-- spec/tensor_spec.lua: tensor creation, properties, views, copies, casts and their errors; the default device.
+-- Runs on the default device (DT_DEVICE, e.g. cuda in the cuda_lua/emu_lua entries).
 local dt = require "dt"
 local testing = require "dt.testing"
+
+local dev = dt.default_device()
+local pool = dev == "cpu" and "host" or "device"
 
 describe("tensor", function()
    it("creates tensors with shape, dtype and device", function()
       local t = dt.zeros({ 2, 3 }, { dtype = "f64" })
       assert.same({ 2, 3 }, t.shape)
       assert.equal("f64", t.dtype)
-      assert.equal("cpu", t.device)
+      assert.equal(dev, t.device)
       assert.equal(6, t:numel())
       assert.equal(0, t:get(6))
    end)
@@ -86,17 +90,17 @@ describe("tensor", function()
    it("reports live and peak memory", function()
       collectgarbage()
       collectgarbage("stop") -- no finalizer may free other tensors while we count
-      local before = dt.memory_stats().host.live
+      local before = dt.memory_stats()[pool].live
       local t = dt.empty({ 1024, 1024 })
-      assert.equal(before + 4 * 1024 * 1024, dt.memory_stats().host.live)
-      assert.is_true(dt.memory_stats().host.peak >= before + 4 * 1024 * 1024)
+      assert.equal(before + 4 * 1024 * 1024, dt.memory_stats()[pool].live)
+      assert.is_true(dt.memory_stats()[pool].peak >= before + 4 * 1024 * 1024)
       t:free()
-      assert.equal(before, dt.memory_stats().host.live)
+      assert.equal(before, dt.memory_stats()[pool].live)
       collectgarbage("restart")
    end)
 
    it("prints small tensors in full and summarises large ones", function()
-      assert.matches("dt.Tensor%(2%) f32 cpu %[1 2%]", tostring(dt.tensor({ 1, 2 })))
+      assert.equal("dt.Tensor(2) f32 " .. dev .. " [1 2]", tostring(dt.tensor({ 1, 2 })))
       local s = tostring(dt.ones({ 100, 100 }))
       assert.matches("norm 100", s)
       assert.matches("min 1  max 1", s)
@@ -113,6 +117,25 @@ describe("tensor", function()
       assert.truthy(({ none = true, cuda = true, emulated = true })[build])
       msg = testing.errmsg(function() return dt.ones({ 2 }):to("cuda:99") end)
       assert.truthy(msg:find("cuda:99", 1, true), msg)
+   end)
+
+   it("creates on the default device unless given one; set_default_device changes it", function()
+      assert.equal(dev, dt.zeros({ 2 }).device)
+      assert.equal("cpu", dt.zeros({ 2 }, { device = "cpu" }).device)
+      finally(function() dt.set_default_device(dev) end)
+      assert.equal("cpu", dt.set_default_device("cpu"))
+      assert.equal("cpu", dt.default_device())
+      for _, t in ipairs { dt.empty({ 2 }), dt.ones({ 2 }), dt.full({ 2 }, 3), dt.tensor({ 1 }), dt.arange(3),
+         dt.rand({ 2 }), dt.randn({ 2 }), dt.randint(0, 5, { 2 }), require("dt.nn").Linear(2, 3).weight } do
+         assert.equal("cpu", t.device)
+      end
+      assert.has_error(function() dt.set_default_device("gpu") end, "unknown device 'gpu' (use 'cpu' or 'cuda:N')")
+      assert.equal("cpu", dt.default_device())
+      if dt.device_count("cuda") > 0 then
+         assert.equal("cuda:0", dt.set_default_device("cuda"))
+         assert.equal("cuda:0", dt.tensor({ 1 }).device)
+         assert.equal("cuda:0", dt.arange(3).device)
+      end
    end)
 
    it("matches the struct layout the C library uses", function()

@@ -5,6 +5,7 @@ local nn = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local fs = require "dt.train.fs"
+local testing = require "dt.testing"
 local helpers = require "spec.train_helpers"
 local tmpdir, errmsg = helpers.tmpdir, helpers.errmsg
 local cjson = require "cjson"
@@ -31,7 +32,7 @@ end
 local function flat_params(model)
    local out = {}
    for _, p in ipairs(model:parameters()) do
-      for i = 1, p:numel() do out[#out + 1] = p:get(i) end
+      for _, v in ipairs(testing.flat(p)) do out[#out + 1] = v end
    end
    return out
 end

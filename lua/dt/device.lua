@@ -33,20 +33,47 @@ local function unavailable(s, idx, level)
    error(("device '%s' (cuda:%d) is not available: %s"):format(s, idx, why), level + 1)
 end
 
+local default -- the default device (a dt_device), read from DT_DEVICE on first use
+
 -- Parse "cpu" / "cuda" / "cuda:N" (or a dt_device) into a dt_device value; raises with the accepted forms, or naming
--- the device and the count when this build or machine has no such device.
+-- the device and the count when this build or machine has no such device. nil is the default device; "cuda" is the
+-- default device when that is a cuda one (cuda:LOCAL_RANK under the launcher), else cuda:0.
 function M.parse(s, level)
    level = (level or 2) + 1
    if ffi.istype(dt_device, s) then return s end
-   s = s or "cpu"
+   if s == nil then return M.default(level) end
    if s == "cpu" then return dt_device(CPU, 0) end
-   local idx = s == "cuda" and "0" or (type(s) == "string" and s:match("^cuda:(%d+)$"))
+   local idx = s == "cuda" and tostring(M.default(level).index) or (type(s) == "string" and s:match("^cuda:(%d+)$"))
    if idx then
       idx = tonumber(idx)
       if idx >= M.count("cuda") then unavailable(s, idx, level) end
       return dt_device(CUDA, idx)
    end
    error(("unknown device '%s' (use 'cpu' or 'cuda:N')"):format(tostring(s)), level)
+end
+
+-- The device factory functions (empty, zeros, tensor, arange, rand, new modules' parameters) use when given none:
+-- set_default's, else DT_DEVICE's ("cpu", "cuda" = cuda:LOCAL_RANK, "cuda:N"; the launcher sets it per worker), else
+-- the CPU.
+function M.default(level)
+   if default == nil then
+      local env = os.getenv("DT_DEVICE")
+      if env == nil or env == "" or env == "cpu" then
+         default = dt_device(CPU, 0)
+      else
+         local spec = env == "cuda" and ("cuda:" .. (os.getenv("LOCAL_RANK") or "0")) or env
+         local ok, d = pcall(M.parse, spec, 1)
+         if not ok then error(("DT_DEVICE=%s: %s"):format(env, d), (level or 2) + 1) end
+         default = d
+      end
+   end
+   return default
+end
+
+-- Make `s` ("cpu", "cuda", "cuda:N") the default device; returns its name.
+function M.set_default(s)
+   default = M.parse(s, 2)
+   return M.name(default)
 end
 
 -- True for a value naming a device (a dt_device, "cpu", "cuda", "cuda:N"), as opposed to e.g. a dtype name.

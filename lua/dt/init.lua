@@ -49,11 +49,27 @@ end
 function dt.device_count(kind) return device.count(kind or "cuda") end
 dt.cuda_build = device.cuda_build
 
+-- Where factory functions and new modules' parameters go when given no device (like torch.set_default_device):
+-- dt.set_default_device("cuda:0") or DT_DEVICE=cpu|cuda|cuda:N in the environment ("cuda" = cuda:LOCAL_RANK).
+dt.set_default_device = device.set_default
+function dt.default_device() return device.name(device.default(2)) end
+
 function dt.cuda_device_info(index)
    local info = ffi.new("dt_cuda_device_info")
    check(C.dt_cuda_device_info_get(index or 0, info))
    return { name = ffi.string(info.name), total_memory = tonumber(info.total_memory), cc_major = info.cc_major,
-      cc_minor = info.cc_minor, multiprocessors = info.multiprocessors, emulated = info.emulated ~= 0 }
+      cc_minor = info.cc_minor, multiprocessors = info.multiprocessors, emulated = info.emulated ~= 0,
+      clock_khz = info.clock_khz, memory_clock_khz = info.memory_clock_khz, memory_bus_bits = info.memory_bus_bits,
+      runtime_version = info.runtime_version, driver_version = info.driver_version,
+      cublas_version = info.cublas_version, nccl_version = info.nccl_version }
+end
+
+-- The CUDA runtime, driver (0: none) and NCCL versions this build runs on (nil in a CPU-only build); no device needed.
+function dt.cuda_versions()
+   if device.cuda_build() == "none" then return nil end
+   local v = ffi.new("dt_cuda_versions")
+   check(C.dt_cuda_versions_get(v))
+   return { runtime = v.runtime, driver = v.driver, nccl = v.nccl }
 end
 
 function dt.synchronize(dev)

@@ -95,7 +95,8 @@ end
 function Tensor.zeros(shape, opts) return Tensor.full(shape, 0, opts) end
 function Tensor.ones(shape, opts) return Tensor.full(shape, 1, opts) end
 
--- Tensor from a (nested) Lua table or a number (built on the CPU, then moved to opts.device in one copy).
+-- Tensor from a (nested) Lua table or a number (built on the CPU, then moved to opts.device or the default device in
+-- one copy).
 function Tensor.from(data, opts)
    local shape, flat = {}, {}
    if type(data) == "number" then
@@ -123,7 +124,7 @@ function Tensor.from(data, opts)
    end
    opts = opts or {}
    local dev = device.parse(opts.device, 3)
-   local t = Tensor.empty(shape, { dtype = opts.dtype, requires_grad = opts.requires_grad })
+   local t = Tensor.empty(shape, { dtype = opts.dtype, device = "cpu", requires_grad = opts.requires_grad })
    local h = t.h
    for i = 1, #flat do check(C.dt_tensor_set(h, i - 1, flat[i])) end
    if device.is_cpu(dev) then return t end

@@ -140,7 +140,7 @@ local function sample_index(logits, temperature, top_k, u)
    return best
 end
 
--- Append n sampled tokens to idx (B, T); returns (B, T + n) i64. Recomputes the full (cropped to seq)
+-- Append n sampled tokens to idx (B, T); returns (B, T + n) i64 on idx's device. Recomputes the full (cropped to seq)
 -- context for every token (no KV cache). opts: temperature (1; 0 = greedy), top_k, generator.
 function LanguageModel:generate(idx, n, opts)
    opts = opts or {}
@@ -155,7 +155,7 @@ function LanguageModel:generate(idx, n, opts)
             ctx[b] = { unpack(row, math.max(1, #row - self.seq + 1), #row) }
          end
          local last = self(dt.tensor(ctx, { dtype = "i64", device = dev })):select(2, -1):to("f64"):to("cpu") -- (B, V)
-         local u = dt.rand({ #rows }, { dtype = "f64", generator = gen })
+         local u = dt.rand({ #rows }, { dtype = "f64", device = "cpu", generator = gen })
          for b, row in ipairs(rows) do
             local logits = {}
             for v = 1, V do logits[v] = last:get((b - 1) * V + v) end
@@ -164,7 +164,7 @@ function LanguageModel:generate(idx, n, opts)
       end
    end)
    self:train(was_training)
-   return dt.tensor(rows, { dtype = "i64" })
+   return dt.tensor(rows, { dtype = "i64", device = idx.device })
 end
 
 -- GPT-2-like: token + learned position embeddings, pre-LayerNorm blocks with exact-GELU 4x MLPs,

@@ -43,7 +43,8 @@ end
 -- Inputs and targets of batch `pos` (0-based), without moving the position.
 function Windows:batch_at(pos)
    local T, B, w, ptr = self.seq, self.batch, self.words, self.src.ptr
-   local x, y = Tensor.empty({ B, T }, { dtype = "i64" }), Tensor.empty({ B, T }, { dtype = "i64" })
+   local host = { dtype = "i64", device = "cpu" } -- batches are written in place here; the trainer moves them
+   local x, y = Tensor.empty({ B, T }, host), Tensor.empty({ B, T }, host)
    local xp, yp = ffi.cast(i64p, C.dt_tensor_ptr(x.h)), ffi.cast(i64p, C.dt_tensor_ptr(y.h))
    local starts = self.count - T
    local ctr0 = (pos * self.world_size + self.rank) * B
@@ -124,7 +125,7 @@ function M.text(opts)
       parts[i] = fs.read(file)
       n = n + #parts[i]
    end
-   local bytes = Tensor.empty({ n }, { dtype = "u8" })
+   local bytes = Tensor.empty({ n }, { dtype = "u8", device = "cpu" })
    local dst, at = ffi.cast("uint8_t*", C.dt_tensor_ptr(bytes.h)), 0
    for _, s in ipairs(parts) do
       ffi.copy(dst + at, s, #s)

@@ -29,10 +29,10 @@ local function shape_json(shape)
 end
 
 -- The file layout of `entries` ({ {name, tensor}, ... }): the header bytes (size prefix included), the
--- tensors in file order and the file's total size.
+-- tensors in file order (device tensors as host copies) and the file's total size.
 local function layout(entries, metadata)
    local list = {}
-   for i, e in ipairs(entries) do list[i] = { name = e[1], t = e[2], size = e[2]:dtype_info().size } end
+   for i, e in ipairs(entries) do list[i] = { name = e[1], t = Tensor.host(e[2]), size = e[2]:dtype_info().size } end
    table.sort(list, function(a, b)
       if a.size ~= b.size then return a.size > b.size end
       return a.name < b.name
@@ -231,11 +231,11 @@ function Reader:copy_range(name, first, count, dst)
    return dst
 end
 
--- A new tensor holding `name` in its stored dtype.
+-- A new host tensor holding `name` in its stored dtype.
 function Reader:tensor(name)
    local e = self.entries[name]
    if not e then error(("%s: no tensor '%s'"):format(self.path, name), 2) end
-   return self:copy_into(name, Tensor.empty(e.shape, { dtype = e.dtype.name }))
+   return self:copy_into(name, Tensor.empty(e.shape, { dtype = e.dtype.name, device = "cpu" }))
 end
 
 -- Unmap the file now (tensors copied out stay valid).

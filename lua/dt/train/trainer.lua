@@ -6,7 +6,8 @@
 --    trainer:add_step_callback(function(r) print(r.step, r.loss) end)
 --    trainer:run()
 --
--- One step: zero grads; grad_accum micro-batches (forward -> loss, backward of loss / grad_accum);
+-- One step: zero grads; grad_accum micro-batches (copied to the model's device; forward -> loss, backward of
+-- loss / grad_accum);
 -- clip to config.clip (the norm is reported either way); lr = schedule(step); optimizer step. After
 -- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
 -- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
@@ -94,6 +95,19 @@ function Trainer:load_checkpoint(path)
    return info
 end
 
+-- The batch on the model's device: the strategy's (FSDP: the compute device, whatever holds the optimizer state),
+-- else the model's first parameter's. Data stays on the host and is copied per step.
+function Trainer:to_device(x, y)
+   local dev = self.strategy.device
+   if not dev then
+      local p = type(self.model.parameters) == "function" and self.model:parameters()[1] or self.params[1]
+      dev = p and p.device or "cpu"
+   end
+   if dev == "cpu" then return x, y end
+   local function move(t) return dt.is_tensor(t) and t:to(dev) or t end
+   return move(x), move(y)
+end
+
 local function timed_gc()
    local t0 = dt.time()
    collectgarbage()
@@ -113,7 +127,7 @@ function Trainer:train_step()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
    for i = 1, n_micro do
       self:hook("micro_batch", i, n_micro)
-      local x, y = self.data:next()
+      local x, y = self:to_device(self.data:next())
       local loss = self.forward(self.model, x, y)
       loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
@@ -145,7 +159,7 @@ function Trainer:evaluate(n)
    local model, total = self.model, 0
    if model.eval then model:eval() end
    dt.no_grad(function()
-      for pos = 0, (n or 8) - 1 do total = total + self.forward(model, val:batch_at(pos)):item() end
+      for pos = 0, (n or 8) - 1 do total = total + self.forward(model, self:to_device(val:batch_at(pos))):item() end
    end)
    if model.train then model:train() end
    collectgarbage()
