@@ -197,10 +197,26 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       for _, e in ipairs(fs.list(ckpts)) do partial = partial or e.name:match("^step%-10%.tmp%-") ~= nil end
       assert.is_true(partial, "the interrupted save left no temp dir: was it interrupted?")
       assert.equal(5, load_model(ckpts).step)
-      local resumed = run(("--nproc 2 steps=8 resume=true run_dir=%s"):format(dir))
+      local resumed = run(("--nproc 2 steps=8 save_every=8 resume=true run_dir=%s"):format(dir))
       assert.equal(0, resumed.code, resumed.out)
       assert.truthy(resumed.out:find("resumed from [^\n]*step%-5 at step 5"), resumed.out)
       for step = 6, 8 do assert.is_true(math.abs(resumed.losses[step] - uninterrupted.losses[step]) <= 1e-5) end
+      -- the next save removed the killed save's temp dir
+      assert.same({}, train.checkpoint.stale(ckpts))
+      assert.equal("step-8\n", fs.read(fs.join(ckpts, "latest")))
+   end)
+
+   it("the next save removes temp dirs and files that killed saves left behind", function()
+      local dir = fs.join(root, "stale")
+      fs.mkdir(fs.join(dir, "step-3.tmp-999"))
+      fs.write(fs.join(dir, "step-3.tmp-999", "shard-00000.safetensors"), "partial")
+      fs.write(fs.join(dir, "latest.tmp-999"), "step-3")
+      fs.mkdir(fs.join(dir, "step-2"))
+      assert.same({ "latest.tmp-999", "step-3.tmp-999" }, train.checkpoint.stale(dir))
+      train.checkpoint.save(dir, { step = 4, model = { w = dt.ones({ 2 }) } })
+      assert.same({}, train.checkpoint.stale(dir))
+      assert.is_true(fs.is_dir(fs.join(dir, "step-2"))) -- finished checkpoints stay
+      assert.equal(4, train.checkpoint.load(dir, { model = { w = dt.zeros({ 2 }) } }).step)
    end)
 
    it("refuses what is not a sharded checkpoint", function()

@@ -18,7 +18,8 @@ local M = {}
 local DDP = {}
 DDP.__index = DDP
 
--- Group params (in reverse order) into buckets of at most bucket_bytes (a larger param gets its own).
+-- Group params (in reverse order) into buckets of at most bucket_bytes (a larger param gets its own), on the
+-- parameters' device: cuda buckets are reduced by NCCL, host ones by shm.
 local function make_buckets(params, bucket_bytes)
    local buckets, cur = {}, nil
    for i = #params, 1, -1 do
@@ -32,7 +33,7 @@ local function make_buckets(params, bucket_bytes)
       cur.numel = cur.numel + p:numel()
    end
    for _, b in ipairs(buckets) do
-      b.flat = dist.Tensor.zeros({ b.numel }, { dtype = "f32" })
+      b.flat = dist.Tensor.zeros({ b.numel }, { dtype = "f32", device = b.params[1].p.device })
       for _, e in ipairs(b.params) do
          e.view = b.flat:narrow(1, e.offset + 1, e.p:numel()):view(e.p.shape)
       end
@@ -52,6 +53,10 @@ function M.wrap(model, opts)
             :format(p.dtype), 2)
       end
       if not p:is_contiguous() then error("ddp.wrap: parameters must be contiguous", 2) end
+      if p.device ~= params[1].device then
+         error(("ddp.wrap: parameters on %s and %s; move the model to one device first"):format(params[1].device,
+            p.device), 2)
+      end
    end
    local self = setmetatable({ comm = comm, model = model, sync = true, overlapped = 0,
       buckets = make_buckets(params, (opts.bucket_mb or 25) * 2 ^ 20) }, DDP)
@@ -113,27 +118,14 @@ function DDP:finish()
    end
 end
 
--- Run fn() with gradient synchronisation off (for accumulation micro-batches), like torch's no_sync.
-function DDP:no_sync(fn, ...)
-   local prev = self.sync
-   self.sync = false
-   local ok, err = pcall(fn, ...)
-   self.sync = prev
-   if not ok then error(err, 0) end
-end
+-- no_sync(fn, ...) and the Trainer's micro_batch/before_optimizer hooks, shared with FSDP.
+require("dt.parallel.sync")(DDP)
 
 -- Trainer strategy hooks ------------------------------------------------------------------------
 
-function DDP:micro_batch(_, i, n)
-   if i == 1 then self:prepare() end
-   self.sync = i == n
-end
-
-function DDP:before_optimizer() self:finish() end
-
 -- Report the loss averaged over ranks (every rank computed the loss of its own shard of the batch).
 function DDP:end_step(_, result)
-   local t = dist.Tensor.full({ 1 }, result.loss, { dtype = "f64" })
+   local t = dist.Tensor.full({ 1 }, result.loss, { dtype = "f64", device = "cpu" })
    self.comm:all_reduce(t, "avg")
    result.loss = t:item()
    result.samples_per_second = result.samples_per_second * self.comm.size

@@ -68,13 +68,14 @@ function M.partition(model, modules)
    return units
 end
 
--- Empty 1-D tensors of each dtype: what a parameter holds while its unit is sharded.
+-- Empty 1-D tensors of each dtype and device: what a parameter holds while its unit is sharded.
 local empties = {}
-local function empty_handle(dtype)
-   local e = empties[dtype]
+local function empty_handle(dtype, device)
+   local key = dtype .. "@" .. device
+   local e = empties[key]
    if e == nil then
-      e = Tensor.empty({ 0 }, { dtype = dtype })
-      empties[dtype] = e
+      e = Tensor.empty({ 0 }, { dtype = dtype, device = device })
+      empties[key] = e
    end
    local v = e:as_strided({ 0 }, { 1 }, 0)
    local h = v.h
@@ -97,15 +98,16 @@ end
 
 -- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
 -- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
--- parameters (and the empty placeholders) are.
-function M.new(spec, rank, size, param_dtype)
+-- parameters (and the empty placeholders) are; device: where they live; alloc(n): a zeroed 1-D f32 tensor of n
+-- elements for the shard and its gradient (on the device, or in host memory when offloaded).
+function M.new(spec, rank, size, param_dtype, device, alloc)
    local u = setmetatable(spec, Unit)
    local offset = 0
    for _, e in ipairs(u.params) do
       e.offset = offset
       offset = offset + e.numel
    end
-   u.numel, u.param_dtype = offset, param_dtype
+   u.numel, u.param_dtype, u.device = offset, param_dtype, device
    if u.numel < size then
       error(("fsdp: unit %s has %d parameter elements, fewer than the %d ranks of the fsdp axis; every rank needs "
          .. "at least one element (use fewer ranks on the fsdp axis, or fewer and larger units)")
@@ -115,8 +117,8 @@ function M.new(spec, rank, size, param_dtype)
    u.padded = u.shard_numel * size
    local lo = rank * u.shard_numel
    local hi = lo + u.shard_numel
-   u.shard = Tensor.zeros({ u.shard_numel }, { dtype = "f32" })
-   u.grad = Tensor.zeros({ u.shard_numel }, { dtype = "f32" }) -- reduced gradients of the shard, reused every step
+   u.shard = alloc(u.shard_numel)
+   u.grad = alloc(u.shard_numel) -- reduced gradients of the shard, reused every step
    u.views = {}
    for _, e in ipairs(u.params) do
       local a, b = math.max(lo, e.offset), math.min(hi, e.offset + e.numel)
@@ -132,7 +134,7 @@ function M.new(spec, rank, size, param_dtype)
       end
    end
    for _, e in ipairs(u.params) do
-      set_handle(e.p, empty_handle(param_dtype))
+      set_handle(e.p, empty_handle(param_dtype, device))
       e.p.requires_grad = true
    end
    return u
@@ -151,7 +153,7 @@ end
 -- Leave every parameter empty (the gathered buffer can then be freed).
 function Unit:unbind()
    if not self.bound then return end
-   for _, e in ipairs(self.params) do set_handle(e.p, empty_handle(self.param_dtype)) end
+   for _, e in ipairs(self.params) do set_handle(e.p, empty_handle(self.param_dtype, self.device)) end
    self.bound = false
 end
 

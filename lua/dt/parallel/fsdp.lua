@@ -20,25 +20,36 @@
 -- micro-batch, starts an async reduce_scatter(avg) of the accumulator in reduce_dtype. Gradient accumulation
 -- keeps the unsharded accumulator across micro-batches (no collective until the last). On a 2-D mesh
 -- (HSDP) the reduced shard gradients are then all_reduce(avg)'d over the replicate axes. Every rank issues
--- the same collectives in the same order (units are visited in model order, leftovers in unit order).
--- A hand-written loop calls model.fsdp:prepare() before a step's first backward and model.fsdp:finish()
--- before opt:step(); the Trainer does both through the strategy hooks. The design keeps the shard, its
--- gradient and the optimizer state in one place per unit, so CPU offload (ZeRO-3) can move them later.
+-- the same collectives in the same order (units are visited in model order, leftovers in unit order); over
+-- a one-rank group a collective is a local copy. A hand-written loop calls model.fsdp:prepare() before a
+-- step's first backward and model.fsdp:finish() before opt:step(); the Trainer does both through the
+-- strategy hooks (dt.parallel.sync).
+--
+-- Devices: shards, gathered buffers and gradients live on the model's device (its parameters' at wrap time,
+-- or opts.device). ZeRO-3 CPU offload (offload_optimizer; dt.parallel.offload, and dt.parallel.zero for
+-- DeepSpeed's config keys): the f32 master shard, its gradient and the optimizer state live in (pinned) host
+-- memory and the optimizer steps them on the CPU; the device keeps only the param_dtype shard it gathers from
+-- (offload_param: not even that). On a cpu device everything is host memory already: the offload options
+-- are accepted and change nothing (model.fsdp.offload is nil).
 -- Checkpoints (dt.parallel.fsdp_checkpoint): each rank saves its shards, loadable onto any world size or mesh.
 local dt = require "dt"
 local dist = require "dt.dist"
 local autograd = require "dt.autograd"
 local Tensor = require "dt.tensor"
 local meshmod = require "dt.mesh"
+local device = require "dt.device"
 local flat = require "dt.parallel.flat"
+local offload = require "dt.parallel.offload"
 local sharded = require "dt.train.sharded"
+local metrics = require "dt.train.metrics"
 
 local M = {}
 local FSDP = {}
 FSDP.__index = FSDP
 
 local defaults = { mesh = false, axis = "fsdp", replicate = false, shard_size = false, units = false,
-   reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true }
+   reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true,
+   device = false, offload_optimizer = false, offload_param = false, pin_memory = true }
 local float_dtypes = { f32 = true, bf16 = true, f16 = true }
 
 local function check_opts(opts)
@@ -56,6 +67,10 @@ local function check_opts(opts)
       if not float_dtypes[o[k]] then
          error(("fsdp.wrap: %s must be f32, bf16 or f16, got %s"):format(k, tostring(o[k])), 3)
       end
+   end
+   if o.offload_param and not o.offload_optimizer then
+      error("fsdp.wrap: offload_param needs offload_optimizer (the master weights it is copied from live on the host)",
+         3)
    end
    return o
 end
@@ -95,7 +110,8 @@ end
 -- other mesh axes (or opts.replicate) replicating; or shard_size S (a { world / S, S } mesh named
 -- replicate, fsdp); default: shard over the whole world. units (list of submodules), reshard_after_forward (true),
 -- param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each non-root unit's forward
--- in backward), async_save (true: the Trainer's checkpoints are written on a background thread).
+-- in backward), async_save (true: the Trainer's checkpoints are written on a background thread), device (default:
+-- the device of the model's parameters), offload_optimizer / offload_param / pin_memory (see the top of this file).
 -- Every rank must build the model with the same weights. fsdp.wrap(model, mesh) is short for { mesh = mesh }.
 function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
@@ -107,15 +123,30 @@ function M.wrap(model, opts)
       modules = {}
       for _, b in ipairs(model.blocks or {}) do modules[#modules + 1] = b end
    end
+   local named = model:named_parameters()
+   local dev = o.device or (named[1] and named[1][2].device) or "cpu"
    local self = setmetatable({ model = model, world = world, comm = comm, rep = rep, mesh = mesh, rep_axes = rep_axes,
       reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype, reduce_dtype = o.reduce_dtype,
-      async_save = o.async_save, sync = true, units = {}, launched = {},
+      async_save = o.async_save, sync = true, units = {}, launched = {}, device = device.name(device.parse(dev, 2)),
       stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0 } }, FSDP)
-   self.order = {} -- parameter name -> position in model:named_parameters()
-   for i, np in ipairs(model:named_parameters()) do self.order[np[1]] = i end
-   for _, spec in ipairs(flat.partition(model, modules)) do
-      if #spec.params > 0 then self.units[#self.units + 1] = flat.new(spec, comm.rank, comm.size, o.param_dtype) end
+   if o.offload_optimizer and self.device ~= "cpu" then
+      self.offload = offload.new(self.device, { param = o.offload_param, pin = o.pin_memory })
    end
+   local function alloc(n)
+      if self.offload then return self.offload:alloc(n) end
+      return Tensor.zeros({ n }, { dtype = "f32", device = self.device })
+   end
+   self.order = {} -- parameter name -> position in model:named_parameters()
+   for i, np in ipairs(named) do self.order[np[1]] = i end
+   for _, spec in ipairs(flat.partition(model, modules)) do
+      if #spec.params > 0 then
+         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc)
+         self.units[#self.units + 1] = u
+         if self.offload then self.offload:attach(u) end
+      end
+   end
+   -- copies into pinned host memory are queued on the device: the shards must hold the weights before use
+   if self.device ~= "cpu" then dt.synchronize(self.device) end
    -- Forward visits the root first, then the other units in order; backward the root, then the others reversed.
    self.fwd_next, self.bwd_next = {}, {}
    local others = {}
@@ -151,7 +182,7 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_backward", function()
-      u.acc = u.acc or Tensor.zeros({ u.padded }, { dtype = "f32" })
+      u.acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
       u:take_grads(u.acc)
       self:reshard(u)
       if self.sync then self:reduce(u) end
@@ -160,14 +191,26 @@ end
 
 -- Gathering -----------------------------------------------------------------------------------------
 
+-- A fresh 1-D tensor of n elements on the model's device.
+function FSDP:empty(n, dtype) return Tensor.empty({ n }, { dtype = dtype, device = self.device }) end
+
 -- Start an async all_gather of u's shards into a fresh buffer (nothing when u is gathered or gathering).
 function FSDP:start_gather(u)
    if u.full then return end
-   local send = u.shard
-   if self.param_dtype ~= "f32" then send = u.shard:to(self.param_dtype) end
-   u.full = Tensor.empty({ u.padded }, { dtype = self.param_dtype })
-   u.gather = self.comm:all_gather(send, u.full, { async = true })
-   u.gather_send = send
+   local send, temp = u.shard, false
+   if self.offload then
+      self.offload:upload(self.units) -- after an optimizer step: every unit's new weights, in forward order
+      send, temp = self.offload:source(u)
+   elseif self.param_dtype ~= "f32" then
+      send, temp = u.shard:to(self.param_dtype), true
+   end
+   u.full = self:empty(u.padded, self.param_dtype)
+   if self.comm.size == 1 then
+      u.full:copy_(send)
+   else
+      u.gather = self.comm:all_gather(send, u.full, { async = true })
+   end
+   u.gather_send = temp and send or nil
    u.prefetch = true
    local st = self.stats
    st.gathers, st.gathered = st.gathers + 1, st.gathered + 1
@@ -179,7 +222,9 @@ local function land(u)
    if u.gather then
       u.gather:wait()
       u.gather = nil
-      if u.gather_send ~= u.shard then u.gather_send:free() end
+   end
+   if u.gather_send then
+      u.gather_send:free()
       u.gather_send = nil
    end
 end
@@ -206,19 +251,64 @@ end
 
 -- Gradients ------------------------------------------------------------------------------------------
 
--- Start the async reduce_scatter(avg) of u's accumulated gradient.
+-- Start the async reduce_scatter(avg) of u's accumulated gradient. Offloading (without HSDP), the units
+-- launched before u have their gradients sent to the host now, while backward goes on.
 function FSDP:reduce(u)
-   local acc = u.acc or Tensor.zeros({ u.padded }, { dtype = "f32" })
+   local acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
    u.acc = nil
    local send = acc
    if self.reduce_dtype ~= "f32" then
       send = acc:to(self.reduce_dtype)
       acc:free()
    end
-   local out = Tensor.empty({ u.shard_numel }, { dtype = self.reduce_dtype })
-   u.rs = { work = self.comm:reduce_scatter(send, out, "avg", { async = true }), send = send, out = out }
-   self.launched[#self.launched + 1] = u
+   local out = self:empty(u.shard_numel, self.reduce_dtype)
+   u.rs, u.reduced = { send = send, out = out }, true
+   if self.comm.size == 1 then
+      out:copy_(send)
+   else
+      u.rs.work = self.comm:reduce_scatter(send, out, "avg", { async = true })
+   end
    self.stats.reduce_scatters = self.stats.reduce_scatters + 1
+   if self.offload and not self.rep then
+      for _, v in ipairs(self.launched) do
+         if v.rs then
+            self:collect(v)
+            self:deliver(v)
+         end
+      end
+   end
+   self.launched[#self.launched + 1] = u
+end
+
+-- Wait for u's reduce_scatter; its shard gradient in f32 (all_reduce(avg) started over the replicate axes: HSDP).
+function FSDP:collect(u)
+   local rs = u.rs
+   if rs.work then rs.work:wait() end
+   rs.send:free()
+   local g = rs.out
+   if g.dtype ~= "f32" then
+      g = rs.out:to("f32")
+      rs.out:free()
+   end
+   rs.grad = g
+   if self.rep then rs.ar = self.rep:all_reduce(g, "avg", { async = true }) end
+end
+
+-- Copy (on the step's first reduction) or add u's reduced gradient into its shard gradient (host memory when
+-- offloading); the optimizer's views see it.
+function FSDP:deliver(u)
+   local rs = u.rs
+   if rs.ar then rs.ar:wait() end
+   if self.offload then
+      self.offload:gradient(u, rs.grad, u.fresh)
+   elseif u.fresh then
+      u.grad:copy_(rs.grad)
+   else
+      u.grad:add_(rs.grad)
+   end
+   rs.grad:free()
+   u.rs, u.fresh = nil, false
+   for _, v in ipairs(u.views) do v.t.grad = v.grad end
 end
 
 -- Start a step: no reduced gradient yet in any shard.
@@ -231,36 +321,17 @@ end
 function FSDP:finish()
    for _, u in ipairs(self.units) do
       self:reshard(u) -- prefetches nobody consumed
-      if not u.rs then self:reduce(u) end
+      if not u.reduced then self:reduce(u) end
    end
    for _, u in ipairs(self.launched) do
-      u.rs.work:wait()
-      u.rs.send:free()
-      local g = u.rs.out
-      if g.dtype ~= "f32" then
-         g = u.rs.out:to("f32")
-         u.rs.out:free()
-      end
-      u.rs.grad = g
-      if self.rep then u.rs.ar = self.rep:all_reduce(g, "avg", { async = true }) end
+      if u.rs then self:collect(u) end
    end
    for _, u in ipairs(self.launched) do
-      if u.rs.ar then u.rs.ar:wait() end
-      if u.fresh then u.grad:copy_(u.rs.grad) else u.grad:add_(u.rs.grad) end
-      u.rs.grad:free()
-      u.rs, u.fresh = nil, false
-      for _, v in ipairs(u.views) do v.t.grad = v.grad end
+      if u.rs then self:deliver(u) end
    end
+   if self.offload then self.offload:landed() end
+   for _, u in ipairs(self.units) do u.reduced = false end
    self.launched = {}
-end
-
--- Run fn() without reducing gradients (accumulation micro-batches), like DDP's no_sync.
-function FSDP:no_sync(fn, ...)
-   local prev = self.sync
-   self.sync = false
-   local ok, err = pcall(fn, ...)
-   self.sync = prev
-   if not ok then error(err, 0) end
 end
 
 -- Parameters and state --------------------------------------------------------------------------------
@@ -286,7 +357,7 @@ end
 function FSDP:full_state_dict()
    local out = {}
    for _, u in ipairs(self.units) do
-      local full = self.comm:all_gather(u.shard)
+      local full = self.comm.size == 1 and u.shard:clone() or self.comm:all_gather(u.shard)
       for name, t in pairs(u:split(full)) do out[name] = t end
       full:free()
    end
@@ -307,25 +378,20 @@ function FSDP:state_bytes(optimizer)
    return n
 end
 
--- Trainer strategy hooks --------------------------------------------------------------------------------
-
-function FSDP:micro_batch(_, i, n)
-   if i == 1 then self:prepare() end
-   self.sync = i == n
-end
-
-function FSDP:before_optimizer() self:finish() end
+-- Trainer strategy hooks (and no_sync: dt.parallel.sync) -----------------------------------------------------
 
 -- Shards are disjoint over the fsdp axis and identical over the replicate axes.
 function FSDP:reduce_grad_sumsq(_, s)
-   local t = dt.full({ 1 }, s, { dtype = "f64" })
+   local t = dt.full({ 1 }, s, { dtype = "f64", device = "cpu" })
    self.comm:all_reduce(t, "sum")
    return t:item()
 end
 
--- Report the loss averaged over every data-parallel rank; land finished async checkpoint writes.
+-- Report the loss averaged over every data-parallel rank and every rank's memory by pool (result.metrics.
+-- memory_ranks); land finished async checkpoint writes.
 function FSDP:end_step(_, result)
-   local t = dt.full({ 1 }, result.loss, { dtype = "f64" })
+   result.metrics.memory_ranks = metrics.memory_ranks(self.world.comm, result.memory)
+   local t = dt.full({ 1 }, result.loss, { dtype = "f64", device = "cpu" })
    self.comm:all_reduce(t, "avg")
    if self.rep then self.rep:all_reduce(t, "avg") end
    result.loss = t:item()
@@ -335,5 +401,6 @@ function FSDP:end_step(_, result)
    sharded.poll()
 end
 
+require("dt.parallel.sync")(FSDP)
 require("dt.parallel.fsdp_checkpoint")(FSDP)
 return M

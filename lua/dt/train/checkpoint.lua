@@ -104,8 +104,19 @@ local function write_shard(dir, file, entries, files)
    files[file] = { size = info.size, crc32 = info.crc32, tensors = tensor_list(entries) }
 end
 
+-- Temp directories (step-N.tmp-<token>) and files (latest.tmp-<pid>) that saves killed midway left in dir, sorted.
+function M.stale(dir)
+   local out = {}
+   if not fs.is_dir(dir) then return out end
+   for _, e in ipairs(fs.list(dir)) do
+      if e.name:match("^step%-%d+%.tmp%-") or e.name:match("^latest%.tmp%-") then out[#out + 1] = e.name end
+   end
+   return out
+end
+
 -- Start a save of `step` under dir: a fresh, empty temp directory step-N.tmp-<token> (token: this
--- process's pid unless given, e.g. one agreed by every rank). Returns tmp, name ("step-N").
+-- process's pid unless given, e.g. one agreed by every rank). Leftovers of killed saves (M.stale) are removed
+-- first: one save runs at a time per checkpoint dir. Returns tmp, name ("step-N"), the removed names.
 function M.begin(dir, step, token)
    if type(step) ~= "number" or step < 0 or step % 1 ~= 0 then
       error("checkpoint.save: state.step must be an integer", 3)
@@ -113,9 +124,10 @@ function M.begin(dir, step, token)
    local name = ("step-%d"):format(step)
    local tmp = ("%s.tmp-%s"):format(fs.join(dir, name), tostring(token or fs.pid()))
    fs.mkdir(dir)
-   fs.remove_tree(tmp)
+   local removed = M.stale(dir)
+   for _, stale in ipairs(removed) do fs.remove_tree(fs.join(dir, stale)) end
    fs.mkdir(tmp, false)
-   return tmp, name
+   return tmp, name, removed
 end
 
 -- Finish a save: fsync tmp, rename it to dir/name (swapping out an older copy of the same step), then

@@ -119,9 +119,10 @@ function M.save(dir, state)
       local entries, slices = {}, {}
       for i, sl in ipairs(state.slices) do
          local t = sl.tensor
-         if state.async then -- a host snapshot: training may change the live tensor before the write ends
-            local copy = t:new_empty(t.shape)
-            t = copy:copy_(t)
+         -- a host snapshot: training may change the live tensor before an async write ends; device memory is
+         -- written from host memory
+         if state.async or t.device ~= "cpu" then
+            t = Tensor.empty(t.shape, { dtype = t.dtype, device = "cpu" }):copy_(t)
          end
          entries[i] = { sl.name, t }
          slices[i] = { name = sl.name, shape = sl.shape, start = sl.start, numel = t:numel() }

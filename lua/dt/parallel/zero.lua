@@ -1,0 +1,97 @@
+-- dt/parallel/zero.lua: DeepSpeed-style ZeRO-3 configuration over fsdp.wrap (CPU offload of optimizer and params).
+--
+--    local zero = require "dt.parallel.zero"
+--    zero.wrap(model, { zero_optimization = { stage = 3,
+--                                             offload_optimizer = { device = "cpu", pin_memory = true },
+--                                             offload_param = { device = "cpu" } },
+--                       bf16 = { enabled = true } }, { mesh = world.mesh })
+--
+-- One mechanism: ZeRO-3 is FSDP (dt.parallel.fsdp); this module only translates the keys DeepSpeed users know
+-- into fsdp.wrap options (offload_optimizer, offload_param, pin_memory, param_dtype) and rejects what it
+-- cannot honour with an error that names the key. Accepted: zero_optimization.stage (3),
+-- offload_optimizer.device / offload_param.device ("cpu" or "none"), their pin_memory (true unless false;
+-- offload_param's must agree with offload_optimizer's: one host buffer kind), bf16.enabled / fp16.enabled
+-- (parameter dtype; gradients are reduced in f32). Everything else (batch sizes, optimizer, scheduler, clipping)
+-- belongs to the trainer config and is an error here.
+local fsdp = require "dt.parallel.fsdp"
+
+local M = {}
+
+local function keys_of(t)
+   local out = {}
+   for k in pairs(t) do out[#out + 1] = tostring(k) end
+   table.sort(out)
+   return table.concat(out, ", ")
+end
+
+-- Check that table t (at `path`) holds only keys of `valid` (a set).
+local function only(t, valid, path)
+   if type(t) ~= "table" then error(("zero: %s must be a table, got %s"):format(path, type(t)), 0) end
+   for k in pairs(t) do
+      if not valid[k] then
+         error(("zero: unsupported key %s.%s (supported: %s)"):format(path, tostring(k), keys_of(valid)), 0)
+      end
+   end
+end
+
+local function offload_device(t, path)
+   if t == nil then return false, nil end
+   only(t, { device = true, pin_memory = true }, path)
+   local d = t.device or "none"
+   if d ~= "cpu" and d ~= "none" then
+      error(("zero: %s.device = '%s' is not supported (use \"cpu\" or \"none\"; NVMe offload is not implemented)")
+         :format(path, tostring(d)), 0)
+   end
+   return d == "cpu", t.pin_memory
+end
+
+-- fsdp.wrap options for a DeepSpeed-style config table (see the top of this file).
+function M.options(cfg)
+   only(cfg, { zero_optimization = true, bf16 = true, fp16 = true }, "config")
+   local z = cfg.zero_optimization or {}
+   only(z, { stage = true, offload_optimizer = true, offload_param = true }, "zero_optimization")
+   local stage = z.stage or 3
+   if stage ~= 3 then
+      error(("zero: zero_optimization.stage = %s is not supported: dtrun implements stage 3 (parameters, gradients "
+         .. "and optimizer state sharded: dt.parallel.fsdp); for stage 0 use dt.parallel.ddp"):format(tostring(stage)),
+         0)
+   end
+   local opt_off, opt_pin = offload_device(z.offload_optimizer, "zero_optimization.offload_optimizer")
+   local par_off, par_pin = offload_device(z.offload_param, "zero_optimization.offload_param")
+   if par_off and not opt_off then
+      error("zero: zero_optimization.offload_param needs offload_optimizer.device = \"cpu\" (the parameters are "
+         .. "copied up from the host master weights)", 0)
+   end
+   if par_pin ~= nil and opt_pin ~= nil and par_pin ~= opt_pin then
+      error("zero: offload_param.pin_memory and offload_optimizer.pin_memory disagree (one host buffer serves both)", 0)
+   end
+   local pin = opt_pin
+   if pin == nil then pin = par_pin end
+   local o = { offload_optimizer = opt_off, offload_param = par_off, pin_memory = pin ~= false }
+   for _, k in ipairs { "bf16", "fp16" } do
+      local t = cfg[k]
+      if t ~= nil then
+         only(t, { enabled = true }, k)
+         if t.enabled then
+            if o.param_dtype then error("zero: bf16.enabled and fp16.enabled are both set; choose one", 0) end
+            o.param_dtype = k == "bf16" and "bf16" or "f16"
+         end
+      end
+   end
+   return o
+end
+
+-- fsdp.wrap(model, options(cfg) + extra) where extra holds fsdp options DeepSpeed has no key for (mesh, units,
+-- checkpoint, device, ...). A key both set is an error.
+function M.wrap(model, cfg, extra)
+   local o = M.options(cfg or {})
+   for k, v in pairs(extra or {}) do
+      if o[k] ~= nil then
+         error(("zero.wrap: '%s' comes from the DeepSpeed config; do not set it again"):format(k), 2)
+      end
+      o[k] = v
+   end
+   return fsdp.wrap(model, o)
+end
+
+return M

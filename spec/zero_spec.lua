@@ -1,0 +1,258 @@
+-- spec/zero_spec.lua: ZeRO-3 with CPU offload (fsdp offload options, dt.parallel.zero): equivalence, where the bytes
+-- live, resuming, the DeepSpeed config front end. The cuda tests are pending without a cuda device (the emulation
+-- build has one), the multi-rank ones also while collectives do not take cuda tensors.
+local cjson = require "cjson"
+local dt = require "dt"
+local nn = require "dt.nn"
+local optim = require "dt.optim"
+local train = require "dt.train"
+local fs = require "dt.train.fs"
+local zero = require "dt.parallel.zero"
+local testing = require "dt.testing"
+local helpers = require "spec.dist_helpers"
+local tmpdir = require("spec.train_helpers").tmpdir
+
+local has_cuda = dt.device_count("cuda") > 0
+-- collectives take cuda tensors where dt_comm_enable_cuda (NCCL, or the emulation's) is in the library
+local cuda_comm = has_cuda and pcall(function() return dt.C.dt_comm_enable_cuda end)
+local emulated = dt.cuda_build() == "emulated"
+-- launched jobs: one cuda device per rank (the emulation makes as many as asked for)
+local LAUNCH_ENV = "DT_EMU_DEVICES=4"
+
+local function it_cuda(name, fn)
+   if has_cuda then it(name, fn) else pending(name .. " (skipped: no cuda device in this build or machine)") end
+end
+-- A test launching `ranks` cuda ranks.
+local function it_cuda_ranks(name, ranks, fn)
+   local why = not has_cuda and "no cuda device in this build or machine"
+      or not cuda_comm and "collectives do not take cuda tensors in this build"
+      or not emulated and dt.device_count("cuda") < ranks and ("fewer than %d cuda devices"):format(ranks)
+   if why then pending(name .. " (skipped: " .. why .. ")") else it(name, fn) end
+end
+
+local OFFLOAD = { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", pin_memory = true } } }
+local OFFLOAD_PARAM = { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" },
+   offload_param = { device = "cpu" } } }
+
+local function gpt(dev) return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 2, heads = 2, seed = 5 }:to(dev) end
+
+-- Train `model` (wrapped or not) for `steps` through the Trainer (clip 1.0: the norm spans every shard) on a
+-- fixed batch; returns the losses.
+local function train_steps(model, params, steps, dev)
+   local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
+   local data = { next = function() return x, x end, position = function() return 0 end }
+   local opt = optim.AdamW(optim.decay_groups(params, 0.1), { lr = 3e-3 })
+   local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
+      forward = function(m, a, b) return m(a:to(dev), b:to(dev)) end,
+      config = { steps = steps, log_every = 0, clip = 1 } }
+   local losses = {}
+   trainer:add_step_callback(function(r) losses[#losses + 1] = r.loss end)
+   trainer:run()
+   return losses, opt
+end
+
+-- Run spec/fixtures/fsdp_ckpt.lua with offload on cuda devices (args: --nproc N and the fixture's words); returns
+-- its losses by step.
+local function ckpt_run(args)
+   local r = helpers.dtrun("spec/fixtures/fsdp_ckpt.lua --device cuda offload=true " .. args, LAUNCH_ENV)
+   helpers.remove_run(r.run_dir)
+   assert.equal(0, r.code, r.out)
+   local losses = {}
+   for step, v in r.out:gmatch("loss (%d+) (%S+)") do losses[tonumber(step)] = tonumber(v) end
+   return losses
+end
+
+local function max_param_diff(ref, model)
+   local full, d = model.fsdp:full_state_dict(), 0
+   for _, np in ipairs(ref:named_parameters()) do
+      d = math.max(d, (np[2]:to("cpu") - full[np[1]]:to("cpu")):abs():max():item())
+   end
+   return d
+end
+
+describe("zero-3 in one process", function()
+   -- the CPU AdamW and the device's AdamW round differently in the last bits
+   local TOL = 1e-4
+
+   for _, case in ipairs { { "without offload", { zero_optimization = { stage = 3 } } }, { "offloading the optimizer",
+      OFFLOAD }, { "offloading optimizer and parameters", OFFLOAD_PARAM } } do
+      it_cuda("matches the unwrapped model on cuda after 20 steps, " .. case[1], function()
+         local ref = gpt("cuda")
+         local ref_losses = train_steps(ref, ref:named_parameters(), 20, "cuda")
+         local model = zero.wrap(gpt("cuda"), case[2])
+         assert.equal(case[2].zero_optimization.offload_optimizer ~= nil, model.fsdp.offload ~= nil)
+         local losses = train_steps(model, model.fsdp:named_parameters(), 20, "cuda")
+         for i = 1, 20 do assert.is_true(math.abs(losses[i] - ref_losses[i]) <= TOL, i .. ": " .. losses[i]) end
+         assert.is_true(max_param_diff(ref, model) <= TOL)
+      end)
+   end
+
+   it_cuda("with bf16 parameters keeps the loss within 0.02 of f32", function()
+      local ref = gpt("cuda")
+      local ref_losses = train_steps(ref, ref:named_parameters(), 10, "cuda")
+      local model = zero.wrap(gpt("cuda"), { zero_optimization = OFFLOAD.zero_optimization, bf16 = { enabled = true } })
+      assert.equal("bf16", model.fsdp.param_dtype)
+      local losses = train_steps(model, model.fsdp:named_parameters(), 10, "cuda")
+      local d = 0
+      for i = 1, 10 do d = math.max(d, math.abs(losses[i] - ref_losses[i])) end
+      assert.is_true(d <= 0.02 and d > 0, tostring(d))
+   end)
+
+   -- Live bytes by pool after building, wrapping and training 2 steps (garbage collected), and the model.
+   local function footprint(cfg)
+      collectgarbage()
+      collectgarbage()
+      dt.synchronize("cuda")
+      local before = dt.memory_stats()
+      local model = zero.wrap(gpt("cuda"), cfg)
+      local _, opt = train_steps(model, model.fsdp:named_parameters(), 2, "cuda")
+      collectgarbage()
+      collectgarbage()
+      dt.synchronize("cuda")
+      local after, out = dt.memory_stats(), {}
+      for _, pool in ipairs { "device", "pinned", "host" } do out[pool] = after[pool].live - before[pool].live end
+      return out, model, opt
+   end
+
+   it_cuda("moves master weights, their gradients and the optimizer state out of the device pool", function()
+      local plain, model = footprint({ zero_optimization = { stage = 3 } })
+      local off, _, off_opt = footprint(OFFLOAD)
+      local off_param = footprint(OFFLOAD_PARAM)
+      local shard, real = 0, 0 -- f32 elements of this rank's shards (padded) and of the parameters in them
+      for _, u in ipairs(model.fsdp.units) do
+         shard = shard + u.shard_numel
+         for _, v in ipairs(u.views) do real = real + v.numel end
+      end
+      local SLACK = 1024 -- the empty placeholders and allocation rounding
+      -- on the device: master + gradient (8 B per shard element) and AdamW m, v (8 B per parameter element) ...
+      assert.is_true(plain.device >= 8 * shard + 8 * real and plain.pinned == 0, plain.device)
+      -- ... of which offload keeps only the f32 shard all_gathers read (4 B per shard element)
+      local moved = plain.device - off.device
+      assert.is_true(math.abs(moved - (4 * shard + 8 * real)) <= SLACK, ("moved %d, expected %d"):format(moved,
+         4 * shard + 8 * real))
+      assert.equal(8 * shard, off.pinned)                               -- master + gradient, pinned
+      local state = 0 -- AdamW m, v: ordinary host memory (the host pool's total also sees the lazily collected
+      for _, st in pairs(off_opt.state) do -- cpu copies of freshly built models, so count the tensors)
+         for _, k in ipairs { "m", "v" } do
+            assert.equal("cpu", st[k].device)
+            state = state + st[k]:numel() * 4
+         end
+      end
+      assert.equal(8 * real, state)
+      -- offload_param: not even that between steps
+      assert.is_true(math.abs(plain.device - off_param.device - (8 * shard + 8 * real)) <= SLACK)
+      assert.equal(8 * shard, off_param.pinned)
+   end)
+
+   it_cuda("saved at step 10 and resumed continues the uninterrupted run (offload, sharded checkpoint)", function()
+      local root = tmpdir()
+      local full = ckpt_run("--nproc 1 steps=20")
+      ckpt_run(("--nproc 1 steps=10 save_every=10 run_dir=%s/run"):format(root))
+      local resumed = ckpt_run(("--nproc 1 steps=20 resume=true run_dir=%s/run"):format(root))
+      for step = 11, 20 do assert.is_true(math.abs(resumed[step] - full[step]) <= 1e-6, tostring(step)) end
+      fs.remove_tree(root)
+   end)
+
+   it("on a cpu device the offload options change nothing (everything is host memory already)", function()
+      local ref = zero.wrap(gpt("cpu"), { zero_optimization = { stage = 3 } })
+      local model = zero.wrap(gpt("cpu"), OFFLOAD_PARAM)
+      assert.is_nil(model.fsdp.offload)
+      local a = train_steps(ref, ref.fsdp:named_parameters(), 3, "cpu")
+      local b = train_steps(model, model.fsdp:named_parameters(), 3, "cpu")
+      assert.same(a, b)
+   end)
+end)
+
+describe("zero-3 on 2 and 4 ranks (cuda, through the launcher)", function()
+   local function equivalence(args)
+      local r = helpers.dtrun("spec/fixtures/fsdp_equivalence.lua --device cuda " .. args, LAUNCH_ENV)
+      helpers.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      local line = r.out:match("fsdp ranks=[^\n]*")
+      local f = {}
+      for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
+      return f, line
+   end
+
+   for _, offload in ipairs { "none", "optimizer", "param" } do
+      it_cuda_ranks("matches DDP after 20 steps on 2 ranks, offload=" .. offload, 2, function()
+         local f, line = equivalence("--nproc 2" .. (offload == "none" and "" or " offload=" .. offload))
+         assert.equal(tostring(offload ~= "none"), f.offloaded, line)
+         assert.equal("cuda:0", f.device, line)
+         assert.is_true(f.max_abs_loss_diff <= 1e-4 and f.max_abs_param_diff <= 1e-4, line)
+         assert.equal(3 * 20, f.reduce_scatters, line) -- gradients streamed to the host once per unit per step
+      end)
+   end
+
+   it_cuda_ranks("matches DDP on a 2x2 HSDP mesh (4 ranks) with offload", 4, function()
+      local f, line = equivalence("--nproc 4 mesh=2x2 offload=optimizer")
+      assert.is_true(f.max_abs_loss_diff <= 1e-4 and f.max_abs_param_diff <= 1e-4, line)
+   end)
+
+   it_cuda_ranks("keeps bf16 compute with accumulation and offloaded parameters within 0.02 of f32 DDP", 2, function()
+      local f, line = equivalence("--nproc 2 grad_accum=2 offload=param param_dtype=bf16 reduce_dtype=bf16")
+      assert.is_true(f.max_abs_loss_diff <= 0.02 and f.max_abs_loss_diff > 0, line)
+      assert.equal(3 * 20, f.reduce_scatters, line) -- one per unit per step, not per micro-batch
+   end)
+
+   it_cuda_ranks("saved at step 10 on 4 ranks, resumed on 2 and on 1 continues the 4-rank run (offload)", 4, function()
+      local root = tmpdir()
+      local full = ckpt_run("--nproc 4 steps=20")
+      ckpt_run(("--nproc 4 steps=10 save_every=10 run_dir=%s/run"):format(root))
+      for _, n in ipairs { 2, 1 } do
+         local resumed = ckpt_run(("--nproc %d steps=20 resume=true run_dir=%s/run"):format(n, root))
+         for step = 11, 20 do assert.is_true(math.abs(resumed[step] - full[step]) <= 1e-5, n .. ": " .. step) end
+      end
+      fs.remove_tree(root)
+   end)
+end)
+
+describe("recipes/zero3_offload.lua", function()
+   it_cuda_ranks("trains on 2 ranks and logs every rank's live and peak bytes by pool in metrics.jsonl", 2, function()
+      local r = helpers.dtrun("recipes/zero3_offload.lua --nproc 2 --device cuda steps=2 model.dim=32 model.heads=2 "
+         .. "model.layers=2 batch=2 seq=16 log_every=1 eval_batches=1", LAUNCH_ENV)
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("2 rank%(s%), 2 shard%(s%), f32 on cuda:0, offload: optimizer"), r.out)
+      local records = {}
+      for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+      helpers.remove_run(r.run_dir)
+      assert.equal(2, #records)
+      for _, rec in ipairs(records) do
+         assert.equal(2, #rec.memory_ranks)
+         for _, m in ipairs(rec.memory_ranks) do
+            for _, pool in ipairs { "device", "pinned", "host" } do
+               assert.is_true(m[pool].live > 0 and m[pool].peak >= m[pool].live, pool)
+            end
+         end
+         assert.same(rec.memory, rec.memory_ranks[1]) -- rank 0 writes the record
+      end
+   end)
+end)
+
+describe("zero config (DeepSpeed keys)", function()
+   it("translates offload keys into fsdp options", function()
+      assert.same({ offload_optimizer = true, offload_param = true, pin_memory = true, param_dtype = "bf16" },
+         zero.options { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", pin_memory = true },
+            offload_param = { device = "cpu" } }, bf16 = { enabled = true } })
+      assert.same({ offload_optimizer = false, offload_param = false, pin_memory = false },
+         zero.options { zero_optimization = { offload_optimizer = { device = "none", pin_memory = false } } })
+   end)
+
+   it("rejects what it cannot honour, naming the key", function()
+      testing.expect_error(function() zero.options { zero_optimization = { stage = 2 } } end,
+         "zero_optimization.stage = 2 is not supported: dtrun implements stage 3")
+      testing.expect_error(function()
+         zero.options { zero_optimization = { offload_optimizer = { device = "nvme" } } }
+      end, "offload_optimizer.device = 'nvme' is not supported")
+      testing.expect_error(function() zero.options { zero_optimization = { offload_param = { device = "cpu" } } } end,
+         "offload_param needs offload_optimizer.device = \"cpu\"")
+      testing.expect_error(function() zero.options { train_batch_size = 8 } end,
+         "unsupported key config.train_batch_size (supported: bf16, fp16, zero_optimization)")
+      testing.expect_error(function() zero.options { zero_optimization = { overlap_comm = true } } end,
+         "unsupported key zero_optimization.overlap_comm")
+      testing.expect_error(function() zero.options { bf16 = { enabled = true }, fp16 = { enabled = true } } end,
+         "bf16.enabled and fp16.enabled are both set")
+      testing.expect_error(function() zero.wrap(gpt("cpu"), { bf16 = { enabled = true } }, { param_dtype = "f32" }) end,
+         "'param_dtype' comes from the DeepSpeed config")
+   end)
+end)
