@@ -7,9 +7,10 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [key=value ...]                     run N ranks under the agent
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
-       dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, adamw)
+       dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
+                                                               adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
-       dtrun info                                              build, threads and devices
+       dtrun info                                              build, CUDA/NCCL versions, threads and devices
        dtrun --help | --version]]
 
 local function rest(args, from)
@@ -20,7 +21,22 @@ end
 
 local commands = {}
 
+-- Exit status of `dtrun test` when DT_DEVICE asks for a cuda device and there is none: ctest's SKIP_RETURN_CODE.
+local SKIPPED = 77
+
 function commands.test(args)
+   local want = os.getenv("DT_DEVICE")
+   if want and want ~= "" and want ~= "cpu" then
+      local device = require "dt.device"
+      local ok, err = pcall(device.default, 1) -- level 1: attributed to pcall, so the message has no position
+      if not ok then
+         if device.count("cuda") == 0 then
+            io.stderr:write(("dtrun test: skipped: %s\n"):format(err))
+            return SKIPPED
+         end
+         error(err, 0)
+      end
+   end
    _G.arg = rest(args, 2)
    _G.arg[0] = "busted"
    -- busted signals failures under Lua 5.1 by raising an error with no message.
@@ -64,17 +80,34 @@ function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) e
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
 
+-- "12.4" from CUDA's 12040, "2.21.5" from NCCL's 22105 (major*10000 + minor*100 + patch since 2.9), cuBLAS 120405.
+local function cuda_version(v)
+   if v == 0 then return "none" end
+   return ("%d.%d"):format(math.floor(v / 1000), math.floor(v % 1000 / 10))
+end
+local function triple_version(v)
+   if v == 0 then return "none" end
+   return ("%d.%d.%d"):format(math.floor(v / 10000), math.floor(v % 10000 / 100), v % 100)
+end
+
 function commands.info()
    local dt = require "dt"
    local device = require "dt.device"
    local build, n = device.cuda_build(), device.count("cuda")
-   print(("dtrun %s  LuaJIT %s"):format(require("dt.version"), jit.version))
+   print(("dtrun %s  %s"):format(require("dt.version"), jit.version))
    print(("build: %s   threads: %d"):format(build_names[build], dt.threads()))
+   local v = dt.cuda_versions()
+   if v then
+      print(("CUDA runtime %s   driver %s   NCCL %s%s"):format(cuda_version(v.runtime),
+         v.driver == 0 and "none (no NVIDIA driver)" or cuda_version(v.driver), triple_version(v.nccl),
+         build == "emulated" and "   (emulated: the versions the emulation implements)" or ""))
+   end
    print(("devices: cpu%s"):format(n > 0 and "" or build == "none" and "" or "  (no CUDA device found)"))
    for i = 0, n - 1 do
       local d = dt.cuda_device_info(i)
-      print(("  cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs%s"):format(i, d.name, d.total_memory / 2 ^ 30, d.cc_major,
-         d.cc_minor, d.multiprocessors, d.emulated and "  (emulated)" or ""))
+      print(("  cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs  cuBLAS %s%s"):format(i, d.name, d.total_memory / 2 ^ 30,
+         d.cc_major, d.cc_minor, d.multiprocessors, triple_version(d.cublas_version), d.emulated and "  (emulated)"
+         or ""))
    end
    return 0
 end

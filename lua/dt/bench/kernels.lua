@@ -1,0 +1,143 @@
+-- dt/bench/kernels.lua: `dtrun bench kernels`: each CUDA kernel family's GB/s or TFLOP/s against the device's peak.
+--
+-- Memory-bound kernels are scored by the bytes they must move (each input read once, each output written once) per
+-- second, against the peak DRAM bandwidth from the device's memory clock and bus width (2 transfers per clock).
+-- Matmul and attention are scored by their FLOPs (2 per multiply-add; causal attention does half of the T x T work;
+-- its backward five matmuls to the forward's two) against the dense peak of the SMs at their peak clock: FLOPs per
+-- SM per clock by architecture, tensor cores for bf16 (sm_80: 2048, sm_9x: 4096) and CUDA cores for f32 (sm_80: 128,
+-- others 256). Times are host wall clock over `iters` launches between two device synchronisations, best of `rounds`.
+-- On the emulation (kernels on CPU fibers) the figures mean nothing: sizes shrink and it only checks that it runs.
+local dt = require "dt"
+local common = require "dt.bench.common"
+
+local C, check = dt.C, dt.check
+local M = {}
+
+local BF16_FLOPS_PER_SM_CLOCK = { [8] = 2048, [9] = 4096, [10] = 4096 }
+
+local function peaks(info)
+   local bandwidth = 2 * info.memory_clock_khz * 1e3 * info.memory_bus_bits / 8
+   local sm_hz = info.multiprocessors * info.clock_khz * 1e3
+   local f32_per_clock = (info.cc_major == 8 and info.cc_minor == 0) and 128 or 256
+   return { bandwidth = bandwidth, bf16 = sm_hz * (BF16_FLOPS_PER_SM_CLOCK[info.cc_major] or 1024),
+      f32 = sm_hz * f32_per_clock }
+end
+
+-- Best seconds per call of fn over `rounds` rounds of `iters` calls, the device drained around each round.
+local function time_per_call(fn, dev, iters, rounds)
+   fn()
+   dt.synchronize(dev)
+   local best = math.huge
+   for _ = 1, rounds do
+      local t0 = dt.time()
+      for _ = 1, iters do fn() end
+      dt.synchronize(dev)
+      best = math.min(best, (dt.time() - t0) / iters)
+   end
+   return best
+end
+
+-- The cases: name, what is measured ("bytes" or "bf16"/"f32" FLOPs), its amount per call, and a setup returning the
+-- call. small: sizes for the emulation.
+local function cases(dev, small)
+   local function randn(shape, dtype) return dt.randn(shape, { device = dev, dtype = dtype or "bf16" }) end
+   local n = small and 4096 or 64 * 2 ^ 20 -- elements of the elementwise cases and of AdamW
+   local rows, cols = small and 4 or 16384, small and 256 or 4096
+   local mm = small and 64 or 8192
+   local b, h, t, d = small and 1 or 4, small and 2 or 16, small and 64 or 4096, small and 32 or 128
+   local attn_flops = 4 * b * h * t * t * d / 2
+   return {
+      { "copy_f32", "bytes", 8 * n, function()
+         local x, y = randn({ n }, "f32"), dt.empty({ n }, { device = dev })
+         return function() y:copy_(x) end
+      end },
+      { "add_bf16", "bytes", 6 * n, function()
+         local x, y = randn({ n }), randn({ n })
+         return function() return dt.add(x, y) end
+      end },
+      { "softmax_bf16", "bytes", 4 * rows * cols, function()
+         local x = randn({ rows, cols })
+         return function() return dt.F.softmax(x) end
+      end },
+      { "layer_norm_bf16", "bytes", 4 * rows * cols, function()
+         local x, w, bias = randn({ rows, cols }), randn({ cols }), randn({ cols })
+         return function() return dt.F.layer_norm(x, w, bias, 1e-5) end
+      end },
+      { "rms_norm_bf16", "bytes", 4 * rows * cols, function()
+         local x, w = randn({ rows, cols }), randn({ cols })
+         return function() return dt.F.rms_norm(x, w, 1e-5) end
+      end },
+      { "gelu_bf16", "bytes", 4 * n, function()
+         local x = randn({ n })
+         return function() return dt.F.gelu(x, true) end
+      end },
+      { "adamw_f32", "bytes", 28 * n, function()
+         local p, g = randn({ n }, "f32"), randn({ n }, "f32")
+         local m, v = dt.zeros({ n }, { device = dev }), dt.zeros({ n }, { device = dev })
+         local step = 0
+         return function()
+            step = step + 1
+            check(C.dt_optim_adamw_step(p.h, g.h, m.h, v.h, 1e-4, 0.9, 0.999, 1e-8, 0.1, step))
+         end
+      end },
+      { "matmul_bf16", "bf16", 2 * mm ^ 3, function()
+         local x, y = randn({ mm, mm }), randn({ mm, mm })
+         return function() return dt.matmul(x, y) end
+      end },
+      { "matmul_f32", "f32", 2 * mm ^ 3, function()
+         local x, y = randn({ mm, mm }, "f32"), randn({ mm, mm }, "f32")
+         return function() return dt.matmul(x, y) end
+      end },
+      { "attention_fwd_bf16", "bf16", attn_flops, function()
+         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
+         return function() return dt.F.attention(q, k, v, { causal = true }) end
+      end },
+      { "attention_fwd_bwd_bf16", "bf16", attn_flops * 3.5, function()
+         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
+         for _, x in ipairs { q, k, v } do x.requires_grad = true end
+         local dout = randn({ b, h, t, d })
+         return function()
+            dt.F.attention(q, k, v, { causal = true }):backward(dout)
+            q.grad, k.grad, v.grad = nil, nil, nil
+         end
+      end },
+   }
+end
+
+function M.main(args)
+   local o = common.options(args, { device = "cuda:0", iters = 20, rounds = 3 }, "kernels")
+   local build = dt.cuda_build()
+   if dt.device_count("cuda") == 0 then
+      error(("bench kernels: needs a cuda device, and %s (build: %s); run it on a GPU machine or an emulated build")
+         :format(build == "none" and "this build has no CUDA backend" or "this machine has none", build), 0)
+   end
+   local info = dt.cuda_device_info(tonumber(o.device:match(":(%d+)$")) or 0)
+   local emulated = info.emulated
+   local iters, rounds = emulated and 1 or o.iters, emulated and 1 or o.rounds
+   local peak = peaks(info)
+   print(("CUDA kernels on %s (%s, sm_%d%d): peak %.0f GB/s, bf16 %.0f TFLOP/s, f32 %.1f TFLOP/s%s"):format(o.device,
+      info.name, info.cc_major, info.cc_minor, peak.bandwidth / 1e9, peak.bf16 / 1e12, peak.f32 / 1e12,
+      emulated and " (emulated: checks that every kernel runs; the figures mean nothing)" or ""))
+   print(("%-24s %10s %12s %9s"):format("kernel", "ms", "rate", "of peak"))
+   local fields, log_sum, counted = {}, 0, 0
+   for _, c in ipairs(cases(o.device, emulated)) do
+      local name, kind, amount, setup = c[1], c[2], c[3], c[4]
+      local seconds = time_per_call(setup(), o.device, iters, rounds)
+      local rate = amount / seconds
+      local fraction = rate / (kind == "bytes" and peak.bandwidth or peak[kind])
+      local unit, scaled = kind == "bytes" and "GB/s" or "TFLOP/s", kind == "bytes" and rate / 1e9 or rate / 1e12
+      print(("%-24s %10.3f %7.1f %-7s %8.1f%%"):format(name, seconds * 1e3, scaled, unit, 100 * fraction))
+      fields[#fields + 1] = { name .. (kind == "bytes" and "_gbps" or "_tflops"), scaled }
+      log_sum, counted = log_sum + math.log(fraction), counted + 1
+      collectgarbage()
+   end
+   fields[#fields + 1] = { "peak_gbps", peak.bandwidth / 1e9 }
+   fields[#fields + 1] = { "peak_bf16_tflops", peak.bf16 / 1e12 }
+   fields[#fields + 1] = { "emulated", emulated and "yes" or "no" }
+   -- headline: the geometric mean fraction of the device's peak over every kernel
+   fields[#fields + 1] = { "ratio", math.exp(log_sum / counted) }
+   common.report("kernels", fields)
+   return 0
+end
+
+return M

@@ -1,0 +1,35 @@
+-- spec/bench_kernels_spec.lua: `dtrun bench kernels` runs every kernel family and ends with its bench line (on a cuda
+-- device, real or emulated); without one it fails with a message saying so.
+local dt = require "dt"
+local helpers = require "spec.dist_helpers"
+
+local have_cuda = dt.device_count("cuda") > 0
+
+describe("dtrun bench kernels", function()
+   local kernels = { "copy_f32_gbps", "add_bf16_gbps", "softmax_bf16_gbps", "layer_norm_bf16_gbps",
+      "rms_norm_bf16_gbps", "gelu_bf16_gbps", "adamw_f32_gbps", "matmul_bf16_tflops", "matmul_f32_tflops",
+      "attention_fwd_bf16_tflops", "attention_fwd_bwd_bf16_tflops" }
+
+   local run = have_cuda and it or function(name) pending(name .. " (skipped: no cuda device)") end
+   run("measures every kernel family against the device's peak", function()
+      local r = helpers.dtrun("bench kernels iters=2 rounds=1")
+      assert.equal(0, r.code, r.out)
+      local last = r.lines[#r.lines]
+      assert.truthy(last:match("^bench kernels: "), last)
+      for _, k in ipairs(kernels) do
+         local v = tonumber(last:match(" " .. k .. "=([%d.e%-+]+)"))
+         assert.is_not_nil(v, k .. " missing from: " .. last)
+         assert.is_true(v > 0, k .. " must be a positive rate: " .. last)
+      end
+      local ratio = tonumber(last:match(" ratio=([%d.e%-+]+)$"))
+      assert.is_true(ratio ~= nil and ratio > 0 and ratio <= 1.5, "ratio is a fraction of the peak: " .. last)
+      assert.truthy(last:match(" emulated=" .. (dt.cuda_device_info(0).emulated and "yes" or "no") .. " "), last)
+   end)
+
+   local without = have_cuda and function(name) pending(name .. " (skipped: this machine has a cuda device)") end or it
+   without("says that it needs a cuda device", function()
+      local r = helpers.dtrun("bench kernels")
+      assert.is_not.equal(0, r.code)
+      assert.truthy(r.out:find("bench kernels: needs a cuda device", 1, true), r.out)
+   end)
+end)
