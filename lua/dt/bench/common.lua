@@ -55,11 +55,12 @@ function M.free_port()
    return port
 end
 
--- Run `dtrun recipe --nproc N args...` (recipe path relative to the repo root) and return the step records
--- of its metrics.jsonl (rank 0's); the run dir is removed afterwards.
-function M.run_recipe(recipe, nproc, args, name)
+-- Run `dtrun recipe --nproc N args...` (recipe path relative to the repo root; `env`, optional, is a prefix of
+-- VAR=value words for its environment) and return the step records of its metrics.jsonl (rank 0's); the run dir
+-- is removed afterwards.
+function M.run_recipe(recipe, nproc, args, name, env)
    local exe = require("ffi").string(require("dt").C.dt_exe_path())
-   local p = io.popen(("%s %s --nproc %d %s 2>&1"):format(exe, recipe, nproc, args))
+   local p = io.popen(("%s%s %s --nproc %d %s 2>&1"):format(env and env .. " " or "", exe, recipe, nproc, args))
    local out = p:read("*a")
    local ok = p:close()
    local run_dir = out:match("^run dir: ([^\n]+)")
