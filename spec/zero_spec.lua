@@ -100,15 +100,11 @@ describe("zero-3 in one process", function()
 
    -- Live bytes by pool after building, wrapping and training 2 steps (garbage collected), and the model.
    local function footprint(cfg)
-      collectgarbage()
-      collectgarbage()
-      dt.synchronize("cuda")
+      dt.release_memory()
       local before = dt.memory_stats()
       local model = zero.wrap(gpt("cuda"), cfg)
       local _, opt = train_steps(model, model.fsdp:named_parameters(), 2, "cuda")
-      collectgarbage()
-      collectgarbage()
-      dt.synchronize("cuda")
+      dt.release_memory()
       local after, out = dt.memory_stats(), {}
       for _, pool in ipairs { "device", "pinned", "host" } do out[pool] = after[pool].live - before[pool].live end
       return out, model, opt
