@@ -396,6 +396,18 @@ describe("cuda tensors", function()
          expect_error(function() return dt.ones({ 2 }):to(bad) end, bad)
       end)
 
+      cuda_it("names the op, the device and the shape when an op's output does not fit", function()
+         local big = dt.ones({ 2 }, { device = "cuda" }):expand(2 ^ 19, 2 ^ 20, 2) -- a view: 4 TiB once materialised
+         local ok, err = pcall(function()
+            local y = big * 2
+            return y
+         end)
+         assert.is_false(ok)
+         assert.matches("mul: its output: cuda:0: out of device memory allocating 4%.0 TiB for a "
+            .. "%(524288, 1048576, 2%) f32 tensor", err)
+         assert.equal(2, dt.ones({ 2 }, { device = "cuda" }):sum():item(), "the device is usable afterwards")
+      end)
+
       cuda_it("counts device bytes in memory_stats().device, not in host", function()
          dt.synchronize()
          collectgarbage()

@@ -1,4 +1,5 @@
 -- dt/ops/common.lua: helpers shared by the op families: raw output allocation, dtype checks, broadcast shapes, scalars.
+local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local dtype = require "dt.dtype"
 local Tensor = require "dt.tensor"
@@ -8,10 +9,27 @@ local to_carray, handle_out, wrap = Tensor.to_carray, Tensor.handle_out, Tensor.
 
 local M = {}
 
--- A new uninitialised tensor of `shape` and dtype name `dt` on like's device (no autograd, no checks).
+-- The op the caller of an op helper is inside: the outermost of the consecutive frames in lua/dt/ops/ and
+-- tensor.lua ("add" for a `+`), for error messages.
+local function op_name()
+   local name, level = nil, 3
+   while true do
+      local info = debug.getinfo(level, "Sn")
+      if not info or not (info.source:find("/lua/dt/ops/", 1, true) or info.source:find("/lua/dt/tensor.lua", 1, true))
+      then break end
+      name = info.name or name
+      level = level + 1
+   end
+   return name and name:gsub("^__", "") or "op"
+end
+
+-- A new uninitialised tensor of `shape` and dtype name `dt` on like's device (no autograd, no checks). A failure (out
+-- of device memory) names the op that asked for the output.
 function M.empty(shape, dt, like)
    local out = handle_out()
-   check(C.dt_tensor_empty(#shape, to_carray(shape), dtype.by_name[dt].id, like.h.device, out), 2)
+   if C.dt_tensor_empty(#shape, to_carray(shape), dtype.by_name[dt].id, like.h.device, out) ~= 0 then
+      error(("%s: its output: %s"):format(op_name(), ffi.string(C.dt_last_error())), 2)
+   end
    return wrap(out[0])
 end
 
