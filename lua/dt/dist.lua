@@ -104,7 +104,7 @@ function Comm:set_timeout(seconds) check(C.dt_comm_set_timeout(self.h, math.floo
 -- Collectives on tensors of cuda device `index` go through NCCL from now on (every rank calls it, each naming its
 -- own device); host tensors keep using shm.
 function Comm:enable_cuda(index)
-   check(C.dt_comm_enable_cuda(self.h, index))
+   check(C.dt_comm_enable_cuda(self.h, self.store.h, index))
    self.device = ("cuda:%d"):format(index)
    return self
 end

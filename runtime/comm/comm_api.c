@@ -404,12 +404,12 @@ dt_status dt_comm_group_p2p(dt_comm *c, int n, const dt_comm_p2p *ops, dt_comm_w
   return submit(c, &call, work);
 }
 
-dt_status dt_comm_enable_cuda(dt_comm *c, int device) {
+dt_status dt_comm_enable_cuda(dt_comm *c, dt_store_client *store, int device) {
   CHECK_COMM("enable_cuda");
   DT_CHECK(c->device < 0, DT_ERR_STATE, "comm '%s': already has cuda:%d, cannot enable cuda:%d too", c->job,
            c->device, device);
 #if DT_HAVE_CUDA
-  DT_TRY(dt_nccl_open(c, device));
+  DT_TRY(dt_nccl_open(c, store, device));
   c->device = device;
   return DT_OK;
 #else

@@ -6,7 +6,7 @@
 
 #if DT_HAVE_CUDA
 /* Collective over c's ranks: rank 0's unique id goes to the others by a shm broadcast, all join on `device`. */
-dt_status dt_nccl_open(dt_comm *c, int device);
+dt_status dt_nccl_open(dt_comm *c, dt_store_client *store, int device);
 /* ncclCommSplit of parent's NCCL communicator into child (already joined over shm, same device). */
 dt_status dt_nccl_split(dt_comm *parent, dt_comm *child, int color, int key);
 /* After a failure (a timeout, a mismatch, an NCCL error): ncclCommAbort, so that no queued call waits forever for a

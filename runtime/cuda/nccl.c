@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm/comm_nccl.h"
 #include "cuda_internal.h"
@@ -50,24 +51,40 @@ static ncclRedOp_t nccl_op(int op) {
   return op == DT_COMM_AVG ? ncclAvg : op == DT_COMM_MAX ? ncclMax : op == DT_COMM_MIN ? ncclMin : ncclSum;
 }
 
-dt_status dt_nccl_open(dt_comm *c, int device) {
+/* Rank 0's NCCL unique id, through the rendezvous store under a key of the comm's job; rank 0 publishes a failure
+ * too (an empty value), so that no rank waits for the id until its timeout. */
+static dt_status share_unique_id(dt_comm *c, dt_store_client *store, const char *key, int device, ncclUniqueId *id) {
+  if (c->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(id);
+    DT_TRY(dt_store_set(store, key, id, r == ncclSuccess ? (int64_t)sizeof *id : 0, DT_STORE_DEFAULT_TIMEOUT));
+    return r == ncclSuccess ? DT_OK
+                            : nccl_fail(r, NULL, "comm '%s' rank 0: ncclGetUniqueId on cuda:%d", c->job, device);
+  }
+  void *v;
+  int64_t len;
+  DT_TRY(dt_store_get(store, key, DT_STORE_DEFAULT_TIMEOUT, &v, &len));
+  if (len == (int64_t)sizeof *id) memcpy(id, v, sizeof *id);
+  dt_store_free(v);
+  DT_CHECK(len == (int64_t)sizeof *id, DT_ERR_STATE, "comm '%s' rank %d: rank 0 could not create the NCCL unique id",
+           c->job, c->rank);
+  return DT_OK;
+}
+
+dt_status dt_nccl_open(dt_comm *c, dt_store_client *store, int device) {
+  DT_CHECK(store, DT_ERR_ARG, "comm '%s': enabling cuda:%d needs the job's store (the NCCL id travels through it)",
+           c->job, device);
   dt_cuda_dev *d;
   DT_TRY(dt_cuda_dev_get(device, &d));
-  /* rank 0's id and whether it got one, so that a failure there fails every rank instead of hanging them */
-  struct {
-    ncclUniqueId id;
-    int32_t ok;
-  } msg = {.ok = 1};
-  ncclResult_t r = ncclSuccess;
-  if (c->rank == 0 && (r = ncclGetUniqueId(&msg.id)) != ncclSuccess) msg.ok = 0;
-  dt_tensor t = shm_host_view(&msg, (int64_t)sizeof msg, DT_DTYPE_U8);
-  DT_TRY(dt_comm_broadcast(c, &t, 0, NULL));
-  if (r != ncclSuccess) return nccl_fail(r, NULL, "comm '%s' rank 0: ncclGetUniqueId on cuda:%d", c->job, device);
-  DT_CHECK(msg.ok, DT_ERR_STATE, "comm '%s' rank %d: rank 0 could not create the NCCL unique id", c->job, c->rank);
+  char key[160];
+  snprintf(key, sizeof key, "%s/nccl-unique-id", c->job);
+  ncclUniqueId id;
+  DT_TRY(share_unique_id(c, store, key, device, &id));
   dt_nccl *n = calloc(1, sizeof *n);
   DT_CHECK(n, DT_ERR_OOM, "comm '%s': out of memory for the NCCL communicator", c->job);
   n->device = device;
-  r = ncclCommInitRank(&n->comm, c->world, msg.id, c->rank);
+  ncclResult_t r = ncclCommInitRank(&n->comm, c->world, id, c->rank);
+  /* ncclCommInitRank returns once every rank has joined, so all have read the key: the job id can be used again */
+  if (c->rank == 0) dt_store_delete(store, key, DT_STORE_DEFAULT_TIMEOUT, NULL);
   if (r != ncclSuccess) {
     free(n);
     return nccl_fail(r, NULL, "comm '%s' rank %d/%d: ncclCommInitRank on cuda:%d", c->job, c->rank, c->world,

@@ -24,7 +24,8 @@ int dt_comm_world(const dt_comm *c);
 dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
 
 /* Give the communicator a CUDA device (collective over its ranks, each naming its own device): rank 0's NCCL
- * unique id travels through the shm segment and every rank joins an NCCL communicator on `device`. Afterwards a call
+ * unique id travels through `store` (the job's rendezvous store) and every rank joins an NCCL communicator on
+ * `device`. Afterwards a call
  * whose tensors are all on cuda:device runs through NCCL on that device's comm stream (DT_STREAM_COMM), after the
  * work queued on its compute stream so far; host tensors keep using shm, and a call mixing devices is an error. The
  * fingerprint check and the timeout still run on the host through the shm segment (on a timeout the NCCL
@@ -32,7 +33,7 @@ dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
  * device's compute stream is ordered after it: later work on that stream sees the result without a host wait.
  * Errors reported by NCCL afterwards surface at the next wait or call, naming the call. Builds without CUDA:
  * DT_ERR_UNSUPPORTED. */
-dt_status dt_comm_enable_cuda(dt_comm *c, int device);
+dt_status dt_comm_enable_cuda(dt_comm *c, dt_store_client *store, int device);
 /* The cuda device given to dt_comm_enable_cuda, or -1. */
 int dt_comm_device(const dt_comm *c);
 /* Collective over c's ranks: those passing the same color (>= 0) form a new communicator, ranked by (key, rank in

@@ -82,7 +82,7 @@ static bool run_ranks(int world, const char *name, bool enable, rank_fn fn) {
     alarm(120);
     dt_comm *c = NULL;
     if (dt_store_connect("127.0.0.1", store_port, TOKEN, 10000, &store) != DT_OK ||
-        dt_comm_init_shm(store, r, world, job, &c) != DT_OK || (enable && dt_comm_enable_cuda(c, r) != DT_OK)) {
+        dt_comm_init_shm(store, r, world, job, &c) != DT_OK || (enable && dt_comm_enable_cuda(c, store, r) != DT_OK)) {
       printf("[rank %d] init of %s failed: %s\n", r, job, dt_last_error());
       _exit(2);
     }
@@ -277,7 +277,7 @@ static void placement(dt_comm *c, int rank, int world) {
   expect_error(dt_comm_all_gather(c, d, h, NULL), want, "mixed devices in one call");
   snprintf(want, sizeof want, "is on cuda:%d but the communicator runs on cuda:%d", 1 - rank, rank);
   expect_error(dt_comm_all_reduce(c, other, DT_COMM_SUM, NULL), want, "a tensor on another device");
-  expect_error(dt_comm_enable_cuda(c, rank), "already has cuda:", "enabling twice");
+  expect_error(dt_comm_enable_cuda(c, NULL, rank), "already has cuda:", "enabling twice");
   dt_tensor_free(d), dt_tensor_free(h), dt_tensor_free(other);
 }
 
