@@ -13,6 +13,7 @@ struct attn_params {
   float *delta;
   int ldtype;
   int64_t t, tk, d, hq, hkv;
+  int64_t bh0; /* the first (batch, head) of this launch: grid.y covers at most 65535 of them */
   float scale;
   bool causal;
 };
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
   DT_DYN_SMEM(float, sm);
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *Ks = Qs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ps = Vs + ATT_BC * ld;
-  int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
   int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
   const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
   load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
   DT_DYN_SMEM(float, sm);
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *dOs = Qs + ATT_BR * ld, *Ks = dOs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ds = Vs + ATT_BC * ld;
-  int64_t bh = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
   int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
   const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
   load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
   const int ld = HD + 1, c = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Ks = sm, *Vs = Ks + ATT_BC * ld, *Qs = Vs + ATT_BC * ld, *dOs = Qs + ATT_BR * ld, *Pt = dOs + ATT_BR * ld;
   float *Dt = Pt + ATT_BC * (ATT_BR + 1), *Ls = Dt + ATT_BC * (ATT_BR + 1), *Dl = Ls + ATT_BR;
-  int64_t bk = blockIdx.y, b = bk / p.hkv, group = p.hq / p.hkv, j0 = (int64_t)blockIdx.x * ATT_BC, key = j0 + c;
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, group = p.hq / p.hkv, j0 = (int64_t)blockIdx.x * ATT_BC, key = j0 + c;
   load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + bk * p.tk * p.d, j0, p.tk, p.d, ATT_BC);
   load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + bk * p.tk * p.d, j0, p.tk, p.d, ATT_BC);
   float dk[HD / ATT_QUAD], dv[HD / ATT_QUAD];

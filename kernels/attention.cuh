@@ -33,17 +33,24 @@ static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, cons
   return p;
 }
 
-/* Launches a tile kernel with `floats` of dynamic shared memory, raising the kernel's limit past 48 KiB if needed. */
+/* Launches a tile kernel over `tiles` tiles (grid.x) of `heads` (batch, head) pairs (grid.y, in launches of at most
+ * 65535: the grid.y limit) with `floats` of dynamic shared memory, raising the kernel's limit past 48 KiB if needed. */
 template <typename K>
-static cudaError_t attn_launch(K kernel, const char *name, dim3 grid, size_t floats, cudaStream_t s,
-                               const dtk::attn_params &p) {
+static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_t heads, size_t floats,
+                               cudaStream_t s, dtk::attn_params p) {
+  const int64_t MAX_GRID_Y = 65535;
   size_t smem = floats * sizeof(float);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
   }
-  DT_LAUNCH_NAMED(kernel, name, grid, dtk::ATT_THREADS, smem, s, p);
-  return cudaGetLastError();
+  for (p.bh0 = 0; p.bh0 < heads; p.bh0 += MAX_GRID_Y) {
+    dim3 grid((unsigned)tiles, (unsigned)(heads - p.bh0 < MAX_GRID_Y ? heads - p.bh0 : MAX_GRID_Y));
+    DT_LAUNCH_NAMED(kernel, name, grid, dtk::ATT_THREADS, smem, s, p);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,
@@ -52,12 +59,12 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const v
   dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.o = out;
   p.lse_out = lse;
-  dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
+  int64_t tiles = (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR;
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
     size_t floats = (size_t)(dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", grid, floats, s, p);
+    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", tiles, a->b * a->hq, floats, s, p);
   });
 }
 
@@ -81,14 +88,14 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const v
       DT_LAUNCH(dtk::attn_delta<T>, (unsigned)((rows + 3) / 4), 4 * dtk::WARP, 0, s, static_cast<const T *>(out),
                 static_cast<const T *>(dout), delta, rows, a->d);
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-      dim3 grid((unsigned)((a->t + dtk::ATT_BR - 1) / dtk::ATT_BR), (unsigned)(a->b * a->hq));
-      e = attn_launch(dtk::attn_bwd_dq<T, HD>, "attn_bwd_dq", grid, floats, s, p);
+      e = attn_launch(dtk::attn_bwd_dq<T, HD>, "attn_bwd_dq", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
+                      floats, s, p);
     }
     if (e == cudaSuccess && a->b * a->hkv * a->tk > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + 2 * dtk::ATT_BC * (dtk::ATT_BR + 1) +
                       2 * dtk::ATT_BR;
-      dim3 grid((unsigned)((a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC), (unsigned)(a->b * a->hkv));
-      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, "attn_bwd_dkv", grid, floats, s, p);
+      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, "attn_bwd_dkv", (a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC,
+                      a->b * a->hkv, floats, s, p);
     }
     return e;
   });

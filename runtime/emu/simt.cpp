@@ -497,6 +497,14 @@ void *shared_static(size_t bytes) {
 
 void *shared_dynamic() { return W->dyn; }
 
+/* The grid.y limit: 65535, or lower when DT_EMU_MAX_GRID_Y says so (read at each launch), which lets a spec provoke a
+ * launch failure through an op that keeps to the real limit. */
+static unsigned max_grid_y() {
+  const char *s = getenv("DT_EMU_MAX_GRID_Y");
+  long v = s ? strtol(s, nullptr, 10) : 0;
+  return v > 0 && v < MAX_GRID_YZ ? (unsigned)v : (unsigned)MAX_GRID_YZ;
+}
+
 void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             thread_fn run, void *closure, void (*destroy)(void *)) {
   std::lock_guard<std::recursive_mutex> guard(api_lock());
@@ -512,11 +520,11 @@ void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t 
              "kernel %s: block (%u, %u, %u) has %llu threads; the limits are 1024 threads per block and (1024, "
              "1024, 64) per dim",
              name, block.x, block.y, block.z, (unsigned long long)threads);
-  } else if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > MAX_GRID_YZ ||
+  } else if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > max_grid_y() ||
              grid.z > MAX_GRID_YZ) {
     e = fail(cudaErrorInvalidConfiguration,
-             "kernel %s: grid (%u, %u, %u) is out of range: (2^31 - 1, 65535, 65535) at most, each >= 1", name,
-             grid.x, grid.y, grid.z);
+             "kernel %s: grid (%u, %u, %u) is out of range: (2^31 - 1, %u, 65535) at most, each >= 1", name, grid.x,
+             grid.y, grid.z, max_grid_y());
   } else if (smem > (size_t)max_dyn) {
     e = fail(cudaErrorInvalidValue,
              "kernel %s asks for %zu bytes of dynamic shared memory; its limit is %d (raise it with "
