@@ -101,7 +101,7 @@ describe("train.Trainer", function()
       assert.same({ "a1", "b1", "a2", "b2", "a3", "b3", "a4", "b4" }, order)
       assert.equal(3, #lines) -- steps 1, 2 and 4
       assert.matches("^step 2/4  loss %d%.%d+  lr 1%.00e%-02  grad %d+%.%d+  %d+ tok/s  "
-         .. "peak %d+%.%d MiB  eta %d+s$", lines[2])
+         .. "peak %d+%.%d MiB" .. (dt.default_device() == "cpu" and "" or " device") .. "  eta %d+s$", lines[2])
       local n = 0
       for line in io.lines(fs.join(dir, "metrics.jsonl")) do
          n = n + 1

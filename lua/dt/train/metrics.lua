@@ -58,10 +58,13 @@ function M.record(r)
    return rec
 end
 
--- "step 10/200  loss 3.1234  lr 1.00e-03  grad 0.912  12345 tok/s  peak 85.3 MiB  eta 1m23s"
+-- "step 10/200  loss 3.1234  lr 1.00e-03  grad 0.912  12345 tok/s  peak 85.3 MiB  eta 1m23s": the peak is the host
+-- pool's, or the device pool's ("peak 85.3 MiB device") once the step used device memory.
 function M.progress(r, steps, eta_s)
-   return ("step %d/%d  loss %.4f  lr %.2e  grad %.3f  %.0f tok/s  peak %.1f MiB  eta %s"):format(r.step, steps,
-      r.loss, r.lr, r.grad_norm, r.tokens_per_second, r.memory.host.peak / MIB, M.duration(eta_s))
+   local on_device = r.memory.device.peak > 0
+   return ("step %d/%d  loss %.4f  lr %.2e  grad %.3f  %.0f tok/s  peak %.1f MiB%s  eta %s"):format(r.step, steps,
+      r.loss, r.lr, r.grad_norm, r.tokens_per_second, (on_device and r.memory.device or r.memory.host).peak / MIB,
+      on_device and " device" or "", M.duration(eta_s))
 end
 
 return M
