@@ -111,6 +111,31 @@ describe("autograd", function()
       testing.assert_close(w.grad, x, 1e-15)
    end)
 
+   it("finishes a leaf right after its last consumer and frees the gradients it passed on", function()
+      local x, w1, w2 = leaf({ 3 }, 12), leaf({ 3 }, 13), leaf({ 3 }, 14)
+      local order, live, pool = {}, {}, x.device == "cpu" and "host" or "device"
+      for name, t in pairs { x = x, w1 = w1, w2 = w2 } do
+         t.grad_hooks = { function()
+            order[#order + 1] = name
+            live[name] = dt.memory_stats()[pool].live
+         end }
+      end
+      local a = x * w1
+      local b = (a * w2):exp()
+      local keep = dt.ones({ 3 }, { dtype = b.dtype })
+      local before = dt.memory_stats()[pool].live
+      b:backward(keep)
+      -- w2's gradient is final once b = exp(a * w2) is done: before the layer below (x * w1) runs
+      assert.same({ "w2", "x", "w1" }, order)
+      -- at w1's hook: the three leaves' .grad and w1's incoming gradient; those of a * w2, a and x are freed
+      local added = live.w1 - before
+      assert.is_true(added <= 4 * 3 * 8, ("%d bytes added"):format(added))
+      testing.assert_close(keep, { 1, 1, 1 }, 0) -- the caller's gradient is left alone
+      local e = (a * w2):exp()
+      testing.assert_close(w2.grad, testing.flat(e * a), 1e-12)
+      testing.assert_close(w1.grad, testing.flat(e * w2 * x), 1e-12)
+   end)
+
    it("reduces broadcast gradients to the input shapes", function()
       local x = leaf({ 3, 1 }, 12)
       local y = leaf({ 4 }, 13)

@@ -43,7 +43,12 @@ function M.record(out, inputs, backward, name)
 end
 
 -- Topological order (outputs first) of the tensors reachable from root: a tensor comes
--- after every tensor computed from it, so its gradient is complete when it is reached.
+-- after every tensor computed from it, so its gradient is complete when it is reached. A node's
+-- leaf inputs are stacked before its computed ones, so they are expanded after them and come
+-- right after their last consumer: a parameter's gradient is final (its grad-ready and module
+-- post_backward hooks fire, FSDP frees its gathered weights) as soon as its layer is done, not at
+-- the end of backward. Only where leaves land changes: every gradient sums the same terms in the
+-- same order.
 local function toposort(root)
    local order, visited = {}, {}
    local stack = { { root, false } }
@@ -58,9 +63,11 @@ local function toposort(root)
          stack[#stack + 1] = { t, true }
          local node = t.node
          if node then
-            for _, x in ipairs(node.inputs) do
-               if type(x) == "table" and x.requires_grad and not visited[x] then
-                  stack[#stack + 1] = { x, false }
+            for pass = 1, 2 do -- leaves, then computed tensors
+               for _, x in ipairs(node.inputs) do
+                  if type(x) == "table" and x.requires_grad and not visited[x] and (x.node == nil) == (pass == 1) then
+                     stack[#stack + 1] = { x, false }
+                  end
                end
             end
          end
@@ -70,15 +77,6 @@ local function toposort(root)
    local n = #order
    for i = 1, math.floor(n / 2) do order[i], order[n - i + 1] = order[n - i + 1], order[i] end
    return order
-end
-
-local function accumulate(grads, x, g)
-   local prev = grads[x]
-   if prev == nil then
-      grads[x] = g
-   else
-      grads[x] = prev + g
-   end
 end
 
 -- Called once a leaf's gradient for this backward is complete: accumulate into .grad and fire hooks.
@@ -95,6 +93,11 @@ local function finish_leaf(x, g)
 end
 
 -- Backpropagate from `root` (a scalar unless `grad` is given). Leaves accumulate into .grad.
+--
+-- The gradients flowing between nodes are the engine's: each is freed (t:free()) as soon as no pending entry holds
+-- it (its consumer has run, or a sum replaced it), so device memory does not wait for the GC. A gradient tensor may
+-- be handed to several inputs (held[g] counts the entries); `grad` (the caller's), tensors of the graph and, under
+-- M.retain_graph (backward closures may return what they captured and run again), all of them are left to the GC.
 function M.backward(root, grad)
    assert(root.requires_grad, "backward() called on a tensor that does not require grad")
    if grad == nil then
@@ -102,20 +105,45 @@ function M.backward(root, grad)
       grad = root:new_full(root.shape, 1.0)
    end
    local order = toposort(root)
-   local grads = { [root] = grad }
+   local grads, held = { [root] = grad }, { [grad] = 1 }
+   local function free_unheld(g)
+      if type(g) == "table" and held[g] == nil and g ~= grad and not M.retain_graph and g.node == nil
+         and not g.requires_grad then
+         g:free()
+      end
+   end
+   local function drop(g) -- g leaves an entry of grads
+      held[g] = held[g] > 1 and held[g] - 1 or nil
+      free_unheld(g)
+   end
+   local function hold(x, g)
+      local prev = grads[x]
+      if prev ~= nil then
+         g = prev + g
+         drop(prev)
+      end
+      grads[x] = g
+      held[g] = (held[g] or 0) + 1
+   end
    M.set_enabled(false, function()
-      for _, t in ipairs(order) do
+      for k = 1, #order do
+         local t = order[k]
+         order[k] = nil -- done with: what only the tape held can be collected during backward
          local g = grads[t]
-         grads[t] = nil
-         local node = t.node
-         if g ~= nil and node then
-            local gins = { node.backward(g) }
-            for i, x in ipairs(node.inputs) do
-               if type(x) == "table" and x.requires_grad and gins[i] ~= nil then accumulate(grads, x, gins[i]) end
+         if g ~= nil then
+            grads[t] = nil
+            local node = t.node
+            if node then
+               local gins = { node.backward(g) }
+               for i, x in ipairs(node.inputs) do
+                  if type(x) == "table" and x.requires_grad and gins[i] ~= nil then hold(x, gins[i]) end
+               end
+               if not M.retain_graph then t.node = nil end
+               for i = 1, #node.inputs do free_unheld(gins[i]) end
+            else
+               finish_leaf(t, g)
             end
-            if not M.retain_graph then t.node = nil end
-         elseif g ~= nil and not node then
-            finish_leaf(t, g)
+            drop(g)
          end
       end
    end)

@@ -15,9 +15,12 @@
 -- Per unit, from its module hooks: pre_forward all_gathers the shards (in param_dtype) and points the
 -- parameters at the gathered buffer, after starting the next unit's all_gather (prefetch, async);
 -- post_forward frees the gathered buffer (reshard_after_forward; never for the root, whose backward comes
--- next); pre_backward gathers again (and prefetches the unit whose backward comes next); post_backward adds
--- the parameters' gradients into an f32 flat accumulator, frees the gathered buffer and, on the last
--- micro-batch, starts an async reduce_scatter(avg) of the accumulator in reduce_dtype. Gradient accumulation
+-- next); pre_backward gathers again (and prefetches the unit whose backward comes next); post_backward (as
+-- soon as the unit's parameter gradients are final: dt.autograd finishes leaves right after their layer)
+-- frees the gathered buffer, adds the parameters' gradients into an f32 flat accumulator (freeing each) and,
+-- on the last micro-batch, lands the reductions launched before and starts an async reduce_scatter(avg) of the
+-- accumulator in reduce_dtype: one unit's full-size gradient in flight at a time. Over one rank the "gathered"
+-- buffer is a view of the shard and the reduce_scatter the accumulator itself (no copies). Gradient accumulation
 -- keeps the unsharded accumulator across micro-batches (no collective until the last). On a 2-D mesh
 -- (HSDP) the reduced shard gradients are then all_reduce(avg)'d over the replicate axes. Every rank issues
 -- the same collectives in the same order (units are visited in model order, leftovers in unit order); over
@@ -182,9 +185,10 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_backward", function()
+      self:reshard(u)
+      if self.sync then self:land_reductions() end
       u.acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
       u:take_grads(u.acc)
-      self:reshard(u)
       if self.sync then self:reduce(u) end
    end)
 end
@@ -204,10 +208,12 @@ function FSDP:start_gather(u)
    elseif self.param_dtype ~= "f32" then
       send, temp = u.shard:to(self.param_dtype), true
    end
-   u.full = self:empty(u.padded, self.param_dtype)
-   if self.comm.size == 1 then
-      u.full:copy_(send)
+   if self.comm.size == 1 and not temp then
+      u.full = send:as_strided({ u.padded }, { 1 }, 0) -- a one-rank gather is the shard itself: a view, no copy
+   elseif self.comm.size == 1 then
+      u.full, temp = send, false
    else
+      u.full = self:empty(u.padded, self.param_dtype)
       u.gather = self.comm:all_gather(send, u.full, { async = true })
    end
    u.gather_send = temp and send or nil
@@ -251,8 +257,19 @@ end
 
 -- Gradients ------------------------------------------------------------------------------------------
 
--- Start the async reduce_scatter(avg) of u's accumulated gradient. Offloading (without HSDP), the units
--- launched before u have their gradients sent to the host now, while backward goes on.
+-- Land the reduce_scatters launched so far and deliver their shard gradients (to the host when offloading), so
+-- that at most one unit's full-size gradient is in flight while backward goes on. HSDP leaves them to finish().
+function FSDP:land_reductions()
+   if self.rep then return end
+   for _, v in ipairs(self.launched) do
+      if v.rs then
+         self:collect(v)
+         self:deliver(v)
+      end
+   end
+end
+
+-- Start the async reduce_scatter(avg) of u's accumulated gradient.
 function FSDP:reduce(u)
    local acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
    u.acc = nil
@@ -261,30 +278,24 @@ function FSDP:reduce(u)
       send = acc:to(self.reduce_dtype)
       acc:free()
    end
-   local out = self:empty(u.shard_numel, self.reduce_dtype)
-   u.rs, u.reduced = { send = send, out = out }, true
+   u.reduced = true
    if self.comm.size == 1 then
-      out:copy_(send)
+      u.rs = { out = send } -- a one-rank reduce_scatter(avg) is the identity
    else
-      u.rs.work = self.comm:reduce_scatter(send, out, "avg", { async = true })
+      local out = self:empty(u.shard_numel, self.reduce_dtype)
+      u.rs = { send = send, out = out, work = self.comm:reduce_scatter(send, out, "avg", { async = true }) }
    end
    self.stats.reduce_scatters = self.stats.reduce_scatters + 1
-   if self.offload and not self.rep then
-      for _, v in ipairs(self.launched) do
-         if v.rs then
-            self:collect(v)
-            self:deliver(v)
-         end
-      end
-   end
    self.launched[#self.launched + 1] = u
 end
 
 -- Wait for u's reduce_scatter; its shard gradient in f32 (all_reduce(avg) started over the replicate axes: HSDP).
 function FSDP:collect(u)
    local rs = u.rs
-   if rs.work then rs.work:wait() end
-   rs.send:free()
+   if rs.work then
+      rs.work:wait()
+      rs.send:free()
+   end
    local g = rs.out
    if g.dtype ~= "f32" then
       g = rs.out:to("f32")
