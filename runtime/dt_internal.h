@@ -34,9 +34,9 @@ static inline float dt_bf16_to_f32_inl(uint16_t h) {
 static inline uint16_t dt_f32_to_bf16_inl(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-  return (uint16_t)(u >> 16);
+  uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+  uint16_t quiet_nan = (uint16_t)((u >> 16) | 0x40);
+  return (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded; /* a select, so loops over it vectorise */
 }
 float dt_f16_to_f32_slow(uint16_t h);
 uint16_t dt_f32_to_f16_slow(float f);

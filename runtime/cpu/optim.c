@@ -103,6 +103,24 @@ dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_te
     for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], g[i], &mf[i], &vf[i], &c);
     return DT_OK;
   }
+  if (pc && gc && mc && vc && param->dtype == DT_DTYPE_BF16 &&
+      (grad->dtype == DT_DTYPE_BF16 || grad->dtype == DT_DTYPE_F32)) {
+    /* bf16 params (f32 state): the same float math as the generic path below, hence the same bits, vectorised */
+    uint16_t *p = pp;
+    float *mf = mp, *vf = vp;
+    if (grad->dtype == DT_DTYPE_BF16) {
+      const uint16_t *g = gp;
+#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
+      for (int64_t i = 0; i < n; i++)
+        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), dt_bf16_to_f32_inl(g[i]), &mf[i], &vf[i], &c));
+    } else {
+      const float *g = gp;
+#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
+      for (int64_t i = 0; i < n; i++)
+        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), g[i], &mf[i], &vf[i], &c));
+    }
+    return DT_OK;
+  }
   int pd = param->dtype, gd = grad->dtype, sd = m->dtype;
 #pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {

@@ -188,6 +188,32 @@ static void thread_independence(void) {
   dt_tensor_free(g);
 }
 
+/* The vectorised bf16-param path (contiguous) and the generic one (the same storages through transposed views) give
+ * the same bits, for bf16 and f32 grads. */
+static void bf16_paths_agree(int gdtype) {
+  int64_t shape[2] = {350, 200}, ts[2] = {200, 350}, st[2] = {1, 200}, n = 350 * 200;
+  dt_tensor *t[2][4];
+  for (int k = 0; k < 2; k++) {
+    t[k][0] = make(2, shape, DT_DTYPE_BF16), t[k][1] = make(2, shape, gdtype);
+    t[k][2] = make(2, shape, DT_DTYPE_F32), t[k][3] = make(2, shape, DT_DTYPE_F32);
+    fill(t[k][0], 1, 1.0), fill(t[k][1], 2, 0.5);
+    dt_tensor_fill(t[k][2], 0), dt_tensor_fill(t[k][3], 0);
+  }
+  dt_tensor *view[4];
+  for (int j = 0; j < 4; j++) dt_tensor_view(t[1][j], 2, ts, st, 0, &view[j]);
+  dt_status s = DT_OK;
+  for (int step = 1; step <= 3; step++) {
+    s |= dt_optim_adamw_step(t[0][0], t[0][1], t[0][2], t[0][3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
+    s |= dt_optim_adamw_step(view[0], view[1], view[2], view[3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
+  }
+  bool same = s == DT_OK;
+  for (int j = 0; j < 4 && same; j += 2) same = memcmp(dt_tensor_ptr(t[0][j]), dt_tensor_ptr(t[1][j]),
+                                                       (size_t)n * dt_dtype_size(t[0][j]->dtype)) == 0;
+  expect(same, gdtype == DT_DTYPE_BF16 ? "adamw bf16 param, bf16 grad: vectorised = generic, bitwise"
+                                       : "adamw bf16 param, f32 grad: vectorised = generic, bitwise");
+  for (int j = 0; j < 4; j++) dt_tensor_free(view[j]), dt_tensor_free(t[0][j]), dt_tensor_free(t[1][j]);
+}
+
 int main(void) {
   adamw_case(DT_DTYPE_F32, DT_DTYPE_F32, false, 1e-2, 2e-6, "f32 contiguous");
   adamw_case(DT_DTYPE_F32, DT_DTYPE_F32, true, 1e-2, 2e-6, "f32 strided");
@@ -195,6 +221,10 @@ int main(void) {
   adamw_case(DT_DTYPE_F64, DT_DTYPE_F64, true, 1e-2, 1e-13, "f64 strided");
   adamw_case(DT_DTYPE_F32, DT_DTYPE_BF16, false, 1e-2, 2e-6, "f32 param, bf16 grad");
   adamw_case(DT_DTYPE_BF16, DT_DTYPE_BF16, false, 0.1, 8e-3, "bf16 param");
+  adamw_case(DT_DTYPE_BF16, DT_DTYPE_F32, false, 0.1, 8e-3, "bf16 param, f32 grad");
+  adamw_case(DT_DTYPE_BF16, DT_DTYPE_BF16, true, 0.1, 8e-3, "bf16 param strided");
+  bf16_paths_agree(DT_DTYPE_BF16);
+  bf16_paths_agree(DT_DTYPE_F32);
   adamw_case(DT_DTYPE_F16, DT_DTYPE_F32, false, 1e-2, 1e-3, "f16 param");
   sgd_case(DT_DTYPE_F32, 0, 0, false, 2e-6, "plain f32");
   sgd_case(DT_DTYPE_F32, 0.9, 0.1, false, 2e-6, "momentum + dampening f32");
