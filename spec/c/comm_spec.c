@@ -53,12 +53,6 @@ static void fill(dt_tensor *t, int rank, int salt, int64_t offset) {
   for (int64_t i = 0; i < n; i++) dt_tensor_set(t, i, input(t->dtype, rank, offset + i, salt));
 }
 
-static double at(const dt_tensor *t, int64_t i) {
-  double v = 0;
-  dt_tensor_get(t, i, &v);
-  return v;
-}
-
 /* The documented result: ranks combined in order 0, 1, ... in f32 (f64 for f64, wrapping
  * integers), avg divided at the end, rounded once to dtype. `exact` gets that value; the
  * return value is the same reduction done in f64 (the precision reference). */

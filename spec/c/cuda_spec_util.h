@@ -86,12 +86,6 @@ static inline void dev_free(dt_stream *s, dt_tensor *t) {
   dt_tensor_free(t);
 }
 
-static inline double at(const dt_tensor *t, int64_t i) {
-  double v = NAN;
-  dt_tensor_get(t, i, &v);
-  return v;
-}
-
 /* Largest |a - b| / (1 + |b|) over two host tensors of equal size (NaN if either has a NaN where the other does not). */
 static inline double rel_diff(const dt_tensor *a, const dt_tensor *b) {
   double worst = 0;

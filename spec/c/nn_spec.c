@@ -40,12 +40,6 @@ static dt_tensor *sample(int ndim, const int64_t *shape, int dtype, unsigned see
   return t;
 }
 
-static double at(const dt_tensor *t, int64_t i) {
-  double v = NAN;
-  dt_tensor_get(t, i, &v);
-  return v;
-}
-
 static double max_diff(const dt_tensor *t, const double *ref) {
   double worst = 0;
   for (int64_t i = 0; i < dt_tensor_numel(t); i++) {

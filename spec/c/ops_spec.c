@@ -31,18 +31,12 @@ static dt_tensor *make_sample(int ndim, const int64_t *shape, int dtype, int sal
   return t;
 }
 
-static double get(const dt_tensor *t, int64_t i) {
-  double v = 0;
-  dt_tensor_get(t, i, &v);
-  return v;
-}
-
 /* Max |t[i] - ref[i]| / (1 + |ref[i]|); NaN-aware (NaN matches NaN). */
 static double max_rel(const dt_tensor *t, const double *ref) {
   double worst = 0;
   int64_t n = dt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) {
-    double v = get(t, i);
+    double v = at(t, i);
     if (isnan(v) && isnan(ref[i])) continue;
     double d = fabs(v - ref[i]) / (1 + fabs(ref[i]));
     if (!(d <= worst)) worst = d;
@@ -93,11 +87,11 @@ static void test_elementwise(void) {
   expect(max_rel(out, axpby2_ref) == 0, "axpby accumulate values");
 
   /* in place through a transposed view of out: out^T (3, 2) += a^T */
-  dt_tensor *ot = NULL, *at = NULL;
+  dt_tensor *ot = NULL, *atr = NULL;
   int64_t s32[2] = {3, 2}, st[2] = {1, 3};
   dt_tensor_view(out, 2, s32, st, 0, &ot);
-  dt_tensor_view(a, 2, s32, st, 0, &at);
-  expect_ok(dt_op_binary(DT_BINARY_ADD, ot, at, ot), "in-place add on transposed views");
+  dt_tensor_view(a, 2, s32, st, 0, &atr);
+  expect_ok(dt_op_binary(DT_BINARY_ADD, ot, atr, ot), "in-place add on transposed views");
   double inplace_ref[6] = {12, 16, 36, 2, 30, 18};
   expect(max_rel(out, inplace_ref) == 0, "in-place add values");
 
@@ -117,7 +111,7 @@ static void test_elementwise(void) {
   expect_error(dt_op_binary(DT_BINARY_ADD, a, c, out), "add: shape mismatch: input (4) f32", "broadcast mismatch");
   expect_error(dt_op_unary(99, a, out), "unknown unary op 99", "bad unary op");
 
-  dt_tensor *tensors[] = {a, b, out, mask, ot, at, i1, i2, io, c};
+  dt_tensor *tensors[] = {a, b, out, mask, ot, atr, i1, i2, io, c};
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
 }
 
@@ -130,7 +124,7 @@ static void test_elementwise_dtypes(void) {
   for (int k = 0; k < 3; k++) {
     dt_tensor *x = make_sample(2, shape, dtypes[k], 1), *y = make_sample(1, row, dtypes[k], 2);
     dt_tensor *out = make(2, shape, dtypes[k]);
-    for (int64_t i = 0; i < 301 * 257; i++) ref[i] = get(x, i) * get(y, i % 257) - get(x, i);
+    for (int64_t i = 0; i < 301 * 257; i++) ref[i] = at(x, i) * at(y, i % 257) - at(x, i);
     dt_tensor *t = make(2, shape, dtypes[k]);
     expect_ok(dt_op_binary(DT_BINARY_MUL, x, y, t), "mul");
     expect_ok(dt_op_binary(DT_BINARY_SUB, t, x, out), "sub");
@@ -166,11 +160,11 @@ static void test_reduce(void) {
   double norm_ref[1] = {sqrt(ss)};
   expect(max_rel(all, norm_ref) < 1e-7, "norm value");
   expect_ok(dt_op_reduce(DT_REDUCE_MIN, x, -1, false, all), "min over all");
-  expect(get(all, 0) == -9, "min value");
+  expect(at(all, 0) == -9, "min value");
 
   dt_tensor_set(x, 6, NAN);
   expect_ok(dt_op_reduce(DT_REDUCE_MAX, x, 0, false, cols), "max with a NaN");
-  expect(isnan(get(cols, 2)) && get(cols, 1) == 5, "max propagates NaN only in its column");
+  expect(isnan(at(cols, 2)) && at(cols, 1) == 5, "max propagates NaN only in its column");
 
   expect_error(dt_op_reduce(DT_REDUCE_SUM, x, 2, false, cols), "sum: dim 2 out of range for x (3, 4) f32", "bad dim");
   expect_error(dt_op_reduce(DT_REDUCE_SUM, x, 1, false, cols), "sum: out has shape (4) f32, expected (3) f32",
@@ -181,15 +175,15 @@ static void test_reduce(void) {
   expect_error(dt_op_reduce(DT_REDUCE_MAX, empty, -1, false, all), "max: cannot reduce an empty dimension",
                "max of nothing");
   expect_ok(dt_op_reduce(DT_REDUCE_SUM, empty, -1, false, all), "sum of nothing");
-  expect(get(all, 0) == 0, "sum of nothing is 0");
+  expect(at(all, 0) == 0, "sum of nothing is 0");
 
   /* a long row goes through chunked partial sums; compare with a double reference */
   int64_t sl[1] = {100003};
   dt_tensor *l = make_sample(1, sl, DT_DTYPE_F32, 3);
   double lref = 0;
-  for (int64_t i = 0; i < sl[0]; i++) lref += get(l, i);
+  for (int64_t i = 0; i < sl[0]; i++) lref += at(l, i);
   expect_ok(dt_op_reduce(DT_REDUCE_SUM, l, -1, false, all), "long sum");
-  expect(fabs(get(all, 0) - lref) < 1e-3, "long sum accurate");
+  expect(fabs(at(all, 0) - lref) < 1e-3, "long sum accurate");
 
   dt_tensor *tensors[] = {x, cols, rows, all, arg, empty, l};
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
@@ -221,9 +215,9 @@ static void test_matmul(void) {
       dt_tensor *a = make_from(2, ashape, dtypes[k], av), *b = make_from(2, bshape, dtypes[k], bv);
       dt_tensor *c = make_from(2, cshape, dtypes[k], cv);
       double a_r[M * K], b_r[K * N], c_r[M * N]; /* the values as stored in the dtype */
-      for (int i = 0; i < M * K; i++) a_r[i] = get(a, i);
-      for (int i = 0; i < K * N; i++) b_r[i] = get(b, i);
-      for (int i = 0; i < M * N; i++) c_r[i] = get(c, i);
+      for (int i = 0; i < M * K; i++) a_r[i] = at(a, i);
+      for (int i = 0; i < K * N; i++) b_r[i] = at(b, i);
+      for (int i = 0; i < M * N; i++) c_r[i] = at(c, i);
       ref_gemm(a_r, b_r, c_r, ref, M, N, K, ta, tb, 0.5, -2);
       expect_ok(dt_op_matmul(a, b, c, ta, tb, 0.5, -2), "matmul");
       char what[80];
@@ -245,15 +239,15 @@ static void test_matmul(void) {
       for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
           double s = 0;
-          for (int kk = 0; kk < K; kk++) s += get(a, (i * M + m) * K + kk) * get(b, (j * K + kk) * N + n);
-          double d = fabs(get(o, ((i * 3 + j) * M + m) * N + n) - s);
+          for (int kk = 0; kk < K; kk++) s += at(a, (i * M + m) * K + kk) * at(b, (j * K + kk) * N + n);
+          double d = fabs(at(o, ((i * 3 + j) * M + m) * N + n) - s);
           if (d > worst) worst = d;
         }
   expect(worst < 1e-13, "batched broadcast values");
   dt_tensor_fill(o, NAN); /* beta == 0: whatever out held is not read */
   expect_ok(dt_op_matmul(a, b, o, false, false, 1, 0), "matmul into a NaN-filled out");
   bool finite = true;
-  for (int64_t i = 0; i < dt_tensor_numel(o); i++) finite = finite && isfinite(get(o, i));
+  for (int64_t i = 0; i < dt_tensor_numel(o); i++) finite = finite && isfinite(at(o, i));
   expect(finite, "beta 0 ignores out");
 
   int64_t bad[2] = {K + 1, N};
@@ -307,13 +301,13 @@ static void test_index(void) {
   const dt_tensor *parts[2] = {w, view};
   expect_ok(dt_op_cat(2, parts, 0, cat0), "cat along dim 0");
   bool ok = true;
-  for (int i = 0; i < 12; i++) ok = ok && get(cat0, i) == wv[i];
+  for (int i = 0; i < 12; i++) ok = ok && at(cat0, i) == wv[i];
   for (int r = 0; r < 2; r++)
-    for (int c = 0; c < 3; c++) ok = ok && get(cat0, 12 + r * 3 + c) == get(base, c * 2 + r);
+    for (int c = 0; c < 3; c++) ok = ok && at(cat0, 12 + r * 3 + c) == at(base, c * 2 + r);
   expect(ok, "cat dim 0 values");
   const dt_tensor *same[2] = {w, w};
   expect_ok(dt_op_cat(2, same, 1, cat1), "cat along dim 1");
-  expect(get(cat1, 4) == 1 && get(cat1, 23) == 32, "cat dim 1 values");
+  expect(at(cat1, 4) == 1 && at(cat1, 23) == 32, "cat dim 1 values");
   expect_error(dt_op_cat(2, parts, 1, cat1), "cat: tensor 1 (2, 3) f32 does not match out (4, 6) f32", "cat mismatch");
 
   dt_tensor *ar = make(1, s5, DT_DTYPE_I64);

@@ -23,18 +23,12 @@ static void fill(dt_tensor *t, int salt, double scale) {
   for (int64_t i = 0; i < n; i++) dt_tensor_set(t, i, scale * sample(i, salt));
 }
 
-static double get(const dt_tensor *t, int64_t i) {
-  double v = 0;
-  dt_tensor_get(t, i, &v);
-  return v;
-}
-
 /* Max |t[i] - ref[i]| / (1 + |ref[i]|). */
 static double max_rel(const dt_tensor *t, const double *ref) {
   double worst = 0;
   int64_t n = dt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) {
-    double d = fabs(get(t, i) - ref[i]) / (1 + fabs(ref[i]));
+    double d = fabs(at(t, i) - ref[i]) / (1 + fabs(ref[i]));
     if (!(d <= worst)) worst = d;
   }
   return worst;
@@ -54,7 +48,7 @@ static double round_to(int dtype, double x) {
 static void ref_adamw(const dt_tensor *grad, int pdtype, int64_t n, double lr, double b1, double b2, double eps,
                       double wd, int64_t step) {
   for (int64_t i = 0; i < n; i++) {
-    double g = get(grad, i);
+    double g = at(grad, i);
     rp[i] *= 1 - lr * wd;
     rm[i] = b1 * rm[i] + (1 - b1) * g;
     rv[i] = b2 * rv[i] + (1 - b2) * g * g;
@@ -70,7 +64,7 @@ static void adamw_case(int pdtype, int gdtype, bool strided, double lr, double t
   int sd = pdtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
   dt_tensor *p = make(2, shape, pdtype), *g = make(2, shape, gdtype), *m = make(2, shape, sd), *v = make(2, shape, sd);
   fill(p, 1, 1.0);
-  for (int64_t i = 0; i < n; i++) rp[i] = get(p, i), rm[i] = rv[i] = 0;
+  for (int64_t i = 0; i < n; i++) rp[i] = at(p, i), rm[i] = rv[i] = 0;
   dt_tensor *pv = p, *gv = g, *mv = m, *vv = v;
   if (strided) { /* (200, 350) transposed views of the same storages */
     int64_t ts[2] = {200, 350}, st[2] = {1, 200};
@@ -112,14 +106,14 @@ static void sgd_case(int pdtype, double momentum, double dampening, bool nestero
   dt_tensor *p = make(1, shape, pdtype), *g = make(1, shape, DT_DTYPE_F32);
   dt_tensor *b = momentum != 0 ? make(1, shape, sd) : NULL;
   fill(p, 2, 1.0);
-  for (int64_t i = 0; i < N; i++) rp[i] = get(p, i), rb[i] = 0;
+  for (int64_t i = 0; i < N; i++) rp[i] = at(p, i), rb[i] = 0;
   double lr = 0.05, wd = 0.01;
   dt_status s = DT_OK;
   for (int step = 1; step <= 4; step++) {
     fill(g, 20 + step, 1.0);
     s |= dt_optim_sgd_step(p, g, b, lr, momentum, dampening, wd, nesterov, step == 1);
     for (int64_t i = 0; i < N; i++) {
-      double gi = get(g, i) + wd * rp[i];
+      double gi = at(g, i) + wd * rp[i];
       if (momentum != 0) {
         rb[i] = step == 1 ? gi : momentum * rb[i] + (1 - dampening) * gi;
         gi = nesterov ? gi + momentum * rb[i] : rb[i];

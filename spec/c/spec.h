@@ -2,12 +2,14 @@
  * and the closing "N passed, N failed" line. Each spec is one translation unit that includes this once. */
 #ifndef DT_SPEC_H
 #define DT_SPEC_H
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "dt_base.h"
+#include "dt_tensor.h"
 
 static int spec_own_counts[2];
 static int *spec_counts = spec_own_counts; /* [0] passed, [1] failed */
@@ -47,6 +49,13 @@ static inline void expect_error(dt_status s, const char *needle, const char *wha
 }
 
 /* Print the summary; the process exit code. */
+/* Element i (flat, row-major over the view) of any tensor as a double; NaN if it cannot be read. */
+static inline double at(const dt_tensor *t, int64_t i) {
+  double v = NAN;
+  dt_tensor_get(t, i, &v);
+  return v;
+}
+
 static inline int spec_finish(void) {
   printf("%d passed, %d failed\n", spec_counts[0], spec_counts[1]);
   return spec_counts[1] != 0;
