@@ -1,6 +1,6 @@
 -- spec/zero_spec.lua: ZeRO-3 with CPU offload (fsdp offload options, dt.parallel.zero): equivalence, where the bytes
 -- live, resuming, the DeepSpeed config front end. The cuda tests are pending without a cuda device (the emulation
--- build has one), the multi-rank ones also while collectives do not take cuda tensors.
+-- build has one), the multi-rank ones also without a device per rank.
 local cjson = require "cjson"
 local dt = require "dt"
 local nn = require "dt.nn"
@@ -10,25 +10,16 @@ local fs = require "dt.train.fs"
 local zero = require "dt.parallel.zero"
 local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
 
 local has_cuda = dt.device_count("cuda") > 0
--- collectives take cuda tensors where dt_comm_enable_cuda (NCCL, or the emulation's) is in the library
-local cuda_comm = has_cuda and pcall(function() return dt.C.dt_comm_enable_cuda end)
-local emulated = dt.cuda_build() == "emulated"
--- launched jobs: one cuda device per rank (the emulation makes as many as asked for)
-local LAUNCH_ENV = "DT_EMU_DEVICES=4"
 
 local function it_cuda(name, fn)
    if has_cuda then it(name, fn) else pending(name .. " (skipped: no cuda device in this build or machine)") end
 end
--- A test launching `ranks` cuda ranks.
-local function it_cuda_ranks(name, ranks, fn)
-   local why = not has_cuda and "no cuda device in this build or machine"
-      or not cuda_comm and "collectives do not take cuda tensors in this build"
-      or not emulated and dt.device_count("cuda") < ranks and ("fewer than %d cuda devices"):format(ranks)
-   if why then pending(name .. " (skipped: " .. why .. ")") else it(name, fn) end
-end
+-- A test launching `ranks` cuda ranks (one device each; the emulation makes them: NH.env).
+local function it_cuda_ranks(name, ranks, fn) NH.it_on("cuda", ranks)(name, fn) end
 
 local OFFLOAD = { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", pin_memory = true } } }
 local OFFLOAD_PARAM = { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" },
@@ -54,7 +45,7 @@ end
 -- Run spec/fixtures/fsdp_ckpt.lua with offload on cuda devices (args: --nproc N and the fixture's words); returns
 -- its losses by step.
 local function ckpt_run(args)
-   local r = helpers.dtrun("spec/fixtures/fsdp_ckpt.lua --device cuda offload=true " .. args, LAUNCH_ENV)
+   local r = helpers.dtrun("spec/fixtures/fsdp_ckpt.lua --device cuda offload=true " .. args, NH.env)
    helpers.remove_run(r.run_dir)
    assert.equal(0, r.code, r.out)
    local losses = {}
@@ -180,7 +171,7 @@ end)
 
 describe("zero-3 on 2 and 4 ranks (cuda, through the launcher)", function()
    local function equivalence(args)
-      local r = helpers.dtrun("spec/fixtures/fsdp_equivalence.lua --device cuda " .. args, LAUNCH_ENV)
+      local r = helpers.dtrun("spec/fixtures/fsdp_equivalence.lua --device cuda " .. args, NH.env)
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)
       local line = r.out:match("fsdp ranks=[^\n]*")
@@ -225,7 +216,7 @@ end)
 describe("recipes/zero3_offload.lua", function()
    it_cuda_ranks("trains on 2 ranks and logs every rank's live and peak bytes by pool in metrics.jsonl", 2, function()
       local r = helpers.dtrun("recipes/zero3_offload.lua --nproc 2 --device cuda steps=2 model.dim=32 model.heads=2 "
-         .. "model.layers=2 batch=2 seq=16 log_every=1 eval_batches=1", LAUNCH_ENV)
+         .. "model.layers=2 batch=2 seq=16 log_every=1 eval_batches=1", NH.env)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("2 rank%(s%), 2 shard%(s%), f32 on cuda:0, offload: optimizer"), r.out)
       local records = {}
