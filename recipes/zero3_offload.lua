@@ -54,7 +54,7 @@ local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.
    warmup = math.min(cfg.warmup, cfg.steps - 1) }
 
 local trainer = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = dir,
-   schedule = schedule, print = say, forward = function(m, x, y) return m(x:to(dev), y:to(dev)) end }
+   schedule = schedule, print = say }
 local last = trainer:run()
 local val = trainer:evaluate(cfg.eval_batches)  -- collective: every rank gathers the units in turn
 if last then
