@@ -112,17 +112,17 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
   return st;
 }
 
-/* dt_index_check_shapes plus: on s's device, contiguous, few enough leading rows for the grid. */
+/* dt_index_check_shapes plus: on s's device, the written tensor contiguous, few enough leading rows for the grid. */
 static dt_status check_index(dt_stream *s, const char *what, const dt_tensor *big, const dt_tensor *small,
-                             const dt_tensor *idx, int dim) {
+                             const dt_tensor *idx, int dim, const dt_tensor *written) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", what);
   DT_TRY(dt_cuda_check_on(s, big, what, "x"));
   DT_TRY(dt_cuda_check_on(s, small, what, "out"));
   DT_TRY(dt_cuda_check_on(s, idx, what, "idx"));
   DT_TRY(dt_index_check_shapes(what, big, small, idx, dim));
   char b1[DT_SHAPE_BUF];
-  DT_CHECK(dt_tensor_is_contiguous(big) && dt_tensor_is_contiguous(small) && dt_tensor_is_contiguous(idx), DT_ERR_ARG,
-           "%s: x %s, out and idx must be contiguous on cuda", what, dt_shape_str(big, b1, sizeof b1));
+  DT_CHECK(dt_tensor_is_contiguous(written), DT_ERR_ARG, "%s: out %s must be contiguous on cuda", what,
+           dt_shape_str(written, b1, sizeof b1));
   int64_t outer = 1;
   for (int d = 0; d < dim; d++) outer *= big->shape[d];
   DT_CHECK(outer <= 65535, DT_ERR_UNSUPPORTED, "%s: %lld leading rows before dim %d exceed the grid limit of 65535",
@@ -138,30 +138,56 @@ static void index_geometry(const dt_tensor *big, int dim, int64_t *outer, int64_
   }
 }
 
+/* t itself when contiguous, else a contiguous scratch copy queued on s (*tmp, for dt_cuda_tensor_scratch_free). */
+static dt_status dense(dt_stream *s, const dt_tensor *t, dt_tensor **tmp, const dt_tensor **out) {
+  *tmp = NULL;
+  *out = t;
+  if (dt_tensor_is_contiguous(t)) return DT_OK;
+  DT_TRY(dt_cuda_tensor_scratch(s, t->ndim, t->shape, t->dtype, tmp));
+  *out = *tmp;
+  return dt_cuda_copy(s, *tmp, t);
+}
+
 dt_status dt_cuda_op_index_select(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
-  DT_TRY(check_index(s, "index_select", x, out, idx, dim));
+  DT_TRY(check_index(s, "index_select", x, out, idx, dim, out));
   dt_cuda_dev *d;
   DT_TRY(dt_cuda_dev_get(s->device, &d));
   int64_t outer, inner;
   index_geometry(x, dim, &outer, &inner);
-  DT_CUDA_KERNEL("index_select", dt_k_index_select(s->s, x->dtype, dt_tensor_ptr(x), idx->dtype, dt_tensor_ptr(idx),
-                                                dt_tensor_ptr(out), d->err, outer, x->shape[dim], inner,
-                                                dt_tensor_numel(idx)));
-  return DT_OK;
+  dt_tensor *xt = NULL, *it = NULL;
+  const dt_tensor *xc, *ic;
+  dt_status st = dense(s, x, &xt, &xc);
+  if (st == DT_OK) st = dense(s, idx, &it, &ic);
+  cudaError_t e = st != DT_OK ? cudaSuccess
+                              : dt_k_index_select(s->s, x->dtype, dt_tensor_ptr(xc), idx->dtype, dt_tensor_ptr(ic),
+                                                  dt_tensor_ptr(out), d->err, outer, x->shape[dim], inner,
+                                                  dt_tensor_numel(idx));
+  if (e != cudaSuccess) st = dt_cuda_kernel_fail(e, __FILE__, __LINE__, "index_select");
+  dt_cuda_tensor_scratch_free(s, xt);
+  dt_cuda_tensor_scratch_free(s, it);
+  return st;
 }
 
 dt_status dt_cuda_op_index_add(dt_stream *s, dt_tensor *out, int dim, const dt_tensor *idx, const dt_tensor *src) {
-  DT_TRY(check_index(s, "index_add", out, src, idx, dim));
+  DT_TRY(check_index(s, "index_add", out, src, idx, dim, out));
   DT_CHECK(dt_dtype_is_float(out->dtype), DT_ERR_UNSUPPORTED, "index_add: cuda supports float dtypes, got %s",
            dt_dtype_name(out->dtype));
   dt_cuda_dev *d;
   DT_TRY(dt_cuda_dev_get(s->device, &d));
   int64_t outer, inner;
   index_geometry(out, dim, &outer, &inner);
-  DT_CUDA_KERNEL("index_add", dt_k_index_add(s->s, out->dtype, idx->dtype, dt_tensor_ptr(idx), dt_tensor_ptr(src),
-                                          dt_tensor_ptr(out), d->err, outer, out->shape[dim], inner,
-                                          dt_tensor_numel(idx)));
-  return DT_OK;
+  dt_tensor *srct = NULL, *it = NULL;
+  const dt_tensor *sc, *ic;
+  dt_status st = dense(s, src, &srct, &sc);
+  if (st == DT_OK) st = dense(s, idx, &it, &ic);
+  cudaError_t e = st != DT_OK ? cudaSuccess
+                              : dt_k_index_add(s->s, out->dtype, idx->dtype, dt_tensor_ptr(ic), dt_tensor_ptr(sc),
+                                               dt_tensor_ptr(out), d->err, outer, out->shape[dim], inner,
+                                               dt_tensor_numel(idx));
+  if (e != cudaSuccess) st = dt_cuda_kernel_fail(e, __FILE__, __LINE__, "index_add");
+  dt_cuda_tensor_scratch_free(s, srct);
+  dt_cuda_tensor_scratch_free(s, it);
+  return st;
 }
 
 dt_status dt_cuda_op_cat(dt_stream *s, int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {

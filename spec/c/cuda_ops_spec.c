@@ -260,6 +260,21 @@ static void test_index(int dtype) {
   die_on(dt_op_index_add(h3, 1, hi32, r3), "cpu index_add dim 1");
   expect_ok(dt_cuda_op_index_add(S, d3, 1, di32, o3), "index_add over dim 1 runs");
   expect_close(S, d3, h3, 1, "index_add over a middle dim matches the CPU");
+  /* strided inputs: a transposed x, then a transposed src (the backend copies them contiguous first) */
+  dt_tensor *hwt = transposed(hw), *dwt = transposed(dw);
+  dt_tensor *r4 = host_zeros(2, SHAPE(37, 9), dtype), *o4 = dev_empty(S, 2, SHAPE(37, 9), dtype);
+  die_on(dt_op_index_select(hwt, 1, hi, r4), "cpu index_select of a view");
+  expect_ok(dt_cuda_op_index_select(S, dwt, 1, di, o4), "index_select from a transposed x runs");
+  dt_tensor *g4 = host_from_dev(S, o4);
+  expect(bitwise_equal(g4, r4), "index_select honours x's strides");
+  dt_tensor *hs4 = transposed(r4), *ds4 = transposed(o4);
+  die_on(dt_op_index_add(gref, 0, hi, hs4), "cpu index_add of a view");
+  expect_ok(dt_cuda_op_index_add(S, dgw, 0, di, ds4), "index_add of a transposed src runs");
+  dt_tensor *gw4 = host_from_dev(S, dgw);
+  expect(bitwise_equal(gw4, gref), "index_add honours src's strides");
+  dt_tensor *views[] = {hwt, dwt, hs4, ds4, g4, gw4, r4};
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) dt_tensor_free(views[i]);
+  dev_free(S, o4);
   /* a bad index is found on the device and reported at the next synchronisation */
   dt_tensor_set(hi, 5, 11);
   die_on(dt_cuda_memcpy(S, di->data, hi->data, 9 * sizeof(int64_t)), "upload");

@@ -4,7 +4,6 @@ local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local autograd = require "dt.autograd"
 local common = require "dt.ops.common"
-local device = require "dt.device"
 
 local C, check = dtffi.C, dtffi.check
 local record = autograd.record
@@ -14,12 +13,6 @@ local handle_list = ffi.typeof("const dt_tensor*[?]")
 
 return function(dt, Tensor)
    local is_tensor, cdim = Tensor.is_tensor, Tensor.cdim
-
-   -- x itself on the CPU (whose kernels take strides); a contiguous copy (not recorded) for the cuda kernels.
-   local function dense(x)
-      if device.is_cpu(x.h.device) then return x end
-      return contiguous(x)
-   end
 
    local function check_index(name, idx)
       if not is_tensor(idx) or (idx.dtype ~= "i32" and idx.dtype ~= "i64") then
@@ -36,8 +29,7 @@ return function(dt, Tensor)
       end
       local n, width, ws = idx:numel(), weight:size(2), weight.shape
       local out = empty({ n, width }, weight.dtype, weight)
-      idx = dense(idx)
-      check(C.dt_op_index_select(dense(weight).h, 0, idx.h, out.h))
+      check(C.dt_op_index_select(weight.h, 0, idx.h, out.h))
       local shape = idx.shape
       shape[#shape + 1] = width
       return record(view(out, shape), { weight }, function(g)
@@ -54,11 +46,10 @@ return function(dt, Tensor)
       local shape = self.shape
       shape[cd + 1] = idx:numel()
       local out = empty(shape, self.dtype, self)
-      idx = dense(idx)
-      check(C.dt_op_index_select(dense(self).h, cd, idx.h, out.h))
+      check(C.dt_op_index_select(self.h, cd, idx.h, out.h))
       return record(out, { self }, function(g)
          local gx = zeros(xs, g.dtype, g)
-         check(C.dt_op_index_add(gx.h, cd, idx.h, dense(g).h))
+         check(C.dt_op_index_add(gx.h, cd, idx.h, g.h))
          return gx
       end, "index_select")
    end
