@@ -44,7 +44,11 @@ static int traceback(lua_State *L) {
 
 int main(int argc, char **argv) {
   dt_clear_error(); /* also keeps libdt linked so ffi.C sees its symbols */
-  if (getenv("DT_AGENT")) setvbuf(stdout, NULL, _IOLBF, 0); /* a worker: the agent relays whole lines live */
+  /* Line-buffered even into a pipe or file (| tee, CI logs, the agent's capture of a worker): each line appears
+   * as it is printed, and stdout and stderr lines keep their order when both go to one place. LuaJIT's io.stdout,
+   * io.stderr and print write through these FILEs. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  setvbuf(stderr, NULL, _IOLBF, 0);
   lua_State *L = luaL_newstate();
   if (!L) {
     fprintf(stderr, "dtrun: cannot create a Lua state (out of memory)\n");
