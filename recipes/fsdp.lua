@@ -1,4 +1,4 @@
--- recipes/fsdp.lua: byte-level GPT pretraining with fully sharded data parallelism (train.lua's model and data).
+-- recipes/fsdp.lua: byte-level GPT pretraining with fully sharded data parallelism; recipes/ddp.lua with fsdp.wrap.
 --
 --    dtrun recipes/fsdp.lua --nproc 2                                      # every rank holds 1/2 of the model state
 --    dtrun recipes/fsdp.lua --nproc 4 'mesh_shape={{2,2},{"replicate","fsdp"}}'   # HSDP: 2 replicas of 2 shards
@@ -17,14 +17,16 @@ local cfg = train.config {
    batch = 16, seq = 128,                       -- batch: rows per rank
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0 },
-   mesh_shape = {},                             -- {} = shard over every rank; {{sizes}, {names}} with an "fsdp" axis
+   mesh_shape = {},                             -- {} = shard over every rank; {{sizes}, {names}}: "replicate", "fsdp"
    fsdp = { param_dtype = "f32", reduce_dtype = "f32", reshard_after_forward = true, checkpoint = false },
    eval_batches = 8,                            -- val batches for the final val loss
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
-local world = dist.init()
+local world = dist.init()                      -- rank and world size from the launcher (1 rank alone)
 local say = world.is_main and print or function() end
 
+-- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each rank reads its own `batch`
+-- rows of the global batch of batch * world.size rows.
 local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
    seed = cfg.seed, world = world }
 
@@ -39,17 +41,27 @@ fsdp.wrap(model, { mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape 
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), %d shard(s), %s compute"):format(cfg.model.layers,
    cfg.model.dim, n_params / 1e6, world.size, model.fsdp.comm.size, cfg.fsdp.param_dtype))
 
--- AdamW over this rank's shards (weight decay on matrices only); warmup, then cosine decay to min_lr.
-local opt = optim.AdamW(optim.decay_groups(model.fsdp:named_parameters(), cfg.weight_decay),
+-- AdamW over what this rank steps (weight decay on matrices only); warmup, then cosine decay to min_lr.
+local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),
    { lr = cfg.lr, betas = { 0.9, 0.95 } })
 local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.steps,
    warmup = math.min(cfg.warmup, cfg.steps - 1) }
 
 local trainer = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = dir,
    schedule = schedule, print = say }
+
+-- A step callback: how a run is extended. It sees each step's result (step, loss, lr, grad_norm, tokens_per_second,
+-- memory, metrics) after the optimizer step; what it adds to r.metrics lands in metrics.jsonl.
+local best = math.huge
+trainer:add_step_callback(function(r)
+   r.metrics.tokens_seen = r.step * cfg.grad_accum * cfg.batch * cfg.seq * world.size
+   if r.loss < best then best = r.loss end
+   r.metrics.best_loss = best
+end)
+
 local last = trainer:run()
-local val = trainer:evaluate(cfg.eval_batches)  -- collective: every rank gathers the units in turn
+local val = trainer:evaluate(cfg.eval_batches) -- every rank: with FSDP this is a collective
 if last then
-   say(("done: step %d  train loss %.4f  val loss %.4f  model state %.2f MB per rank"):format(last.step, last.loss,
-      val, model.fsdp:state_bytes(opt) / 2 ^ 20))
+   say(("done: step %d  train loss %.4f  val loss %.4f  best train loss %.4f  %d tokens"):format(last.step, last.loss,
+      val, best, last.metrics.tokens_seen))
 end

@@ -162,6 +162,19 @@ describe("fsdp in one process", function()
       assert.equal(ref(x, x):item(), m(x, x):item())
    end)
 
+   it("gives its shards from model:parameters() after the wrap, so the optimizer is built as after ddp.wrap", function()
+      local m = gpt()
+      local full = m:named_parameters()
+      fsdp.wrap(m)
+      local named, shards, params = m:named_parameters(), m.fsdp:named_parameters(), m:parameters()
+      assert.equal(#full, #named) -- one rank: every parameter has elements here
+      for i, np in ipairs(named) do
+         assert.equal(full[i][1], np[1]) -- the model's names, in model order
+         assert.is_true(rawequal(shards[i][2], np[2]) and rawequal(shards[i][2], params[i]))
+         assert.is_false(rawequal(full[i][2], np[2])) -- not the module tensors (empty between forwards)
+      end
+   end)
+
    it("rejects bad options, meshes that do not fit the world, and parameters shared across units", function()
       testing.expect_error(function() fsdp.wrap(gpt(), { shards = 2 }) end, "fsdp.wrap: unknown option 'shards'")
       testing.expect_error(function() fsdp.wrap(gpt(), { param_dtype = "i32" }) end,
@@ -203,7 +216,9 @@ describe("recipes/fsdp.lua", function()
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("2 rank%(s%), 2 shard%(s%), f32 compute"), r.out)
-      assert.truthy(r.out:find("done: step 4  train loss [%d.]+  val loss [%d.]+  model state"), r.out)
+      -- the recipe's step callback: 4 steps of 2 ranks x 2 rows x 32 tokens
+      assert.truthy(r.out:find("done: step 4  train loss [%d.]+  val loss [%d.]+  best train loss [%d.]+  512 tokens"),
+         r.out)
       assert.equal("step-4\n", fs.read(fs.join(dir, "checkpoints", "latest")))
       assert.is_true(fs.is_file(fs.join(dir, "checkpoints", "step-4", "shard-00001.safetensors")))
       r = helpers.dtrun("recipes/fsdp.lua --nproc 2 steps=6 resume=true " .. small)

@@ -2,7 +2,7 @@
 --
 --    local model = fsdp.wrap(nn.GPT(cfg), { mesh = dt.mesh { shape = { 2, 2 }, names = { "replicate", "fsdp" } },
 --                                          param_dtype = "bf16" })      -- or fsdp.wrap(model) over every rank
---    local opt = optim.AdamW(optim.decay_groups(model.fsdp:named_parameters(), 0.1), { lr = 3e-4 })
+--    local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-4 })   -- the shards
 --    train.Trainer { model = model, optimizer = opt, ... }:run()        -- the trainer finds model.strategy
 --
 -- Units (opts.units, default: each of model.blocks, plus the model itself as the root unit holding every
@@ -10,7 +10,8 @@
 -- multiple of N (the fsdp axis size); each rank keeps its 1/N as an f32 shard (master weights). The
 -- optimizer steps only the shard: model.fsdp:parameters() are per-parameter views of the shards (named and
 -- with the parameter's rank in named_parameters(), for optim.decay_groups), so AdamW state is 1/N as well.
--- The module's own parameter tensors are empty outside their unit's forward and backward.
+-- After the wrap the model's own parameters()/named_parameters() return these views; the module tensors (what
+-- its submodules list) are empty outside their unit's forward and backward.
 --
 -- Per unit, from its module hooks: pre_forward all_gathers the shards (in param_dtype) and points the
 -- parameters at the gathered buffer, after starting the next unit's all_gather (prefetch, async);
@@ -166,6 +167,10 @@ function M.wrap(model, opts)
    end
    model.strategy = self
    model.fsdp = self
+   -- What the optimizer steps are the shards: from here on the model's own parameter lists are model.fsdp's, so
+   -- optim.AdamW(model:parameters()) reads the same after fsdp.wrap as after ddp.wrap.
+   model.parameters = function() return self:parameters() end
+   model.named_parameters = function() return self:named_parameters() end
    return model
 end
 
