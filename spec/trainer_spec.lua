@@ -122,6 +122,67 @@ describe("train.Trainer", function()
       assert.matches("expected a function", errmsg(t.add_step_callback, t, 5))
    end)
 
+   describe("with a non-finite gradient at step 2", function()
+      -- A strategy hook after the last backward poisons one gradient, as an overflow in backward would.
+      local function poisoned(mode, out)
+         local strategy = {}
+         function strategy.before_optimizer(_, t)
+            if t.step + 1 == 2 then t.model.blocks[1].mlp.fc.weight.grad:fill_(0 / 0) end
+         end
+         local say = function(s) out[#out + 1] = s end
+         local t, model = setup({ nonfinite = mode }, { strategy = strategy, print = say })
+         local after = {}
+         t:add_step_callback(function(r) after[r.step] = { flat = flat_params(model), metrics = r.metrics } end)
+         return t, after
+      end
+
+      it("stops by default, naming the step and the parameter", function()
+         local t = poisoned(nil, {})
+         assert.equal("train: step 2: the gradient of 'blocks.1.mlp.fc.weight' went non-finite (global gradient norm "
+            .. "nan); lower the learning rate (lr 0.01) or check the data (nonfinite=skip skips such steps, "
+            .. "nonfinite=ignore steps anyway)", errmsg(t.run, t):gsub("%-nan", "nan"))
+         assert.equal(1, t.step)
+      end)
+
+      it("skips the optimizer step with nonfinite=skip, counting it in the metrics", function()
+         local out = {}
+         local t, after = poisoned("skip", out)
+         t:run()
+         assert.equal(4, t.step)
+         assert.same(after[1].flat, after[2].flat) -- step 2 left the weights alone
+         assert.are_not.same(after[2].flat, after[3].flat) -- and training went on
+         for step, want in ipairs { 0, 1, 1, 1 } do assert.equal(want, after[step].metrics.skipped_steps) end
+         assert.matches("^step 2: loss [%d.]+, gradient norm %-?nan: optimizer step skipped %(nonfinite=skip; 1 so "
+            .. "far%)$", out[1])
+      end)
+
+      it("steps anyway with nonfinite=ignore (the weights turn nan)", function()
+         local t, after = poisoned("ignore", {})
+         t:run()
+         assert.equal(4, t.step)
+         assert.is_nil(after[2].metrics.skipped_steps)
+         local nans = 0
+         for _, v in ipairs(after[2].flat) do if v ~= v then nans = nans + 1 end end
+         assert.equal(64 * 16, nans) -- AdamW stepped blocks.1.mlp.fc.weight on its nan gradient
+      end)
+
+      it("rejects other modes", function()
+         assert.matches('train.Trainer: nonfinite must be "error", "skip" or "ignore", got stop',
+            errmsg(setup, { nonfinite = "stop" }), 1, true)
+      end)
+   end)
+
+   it("stops naming the step when the loss is not finite", function()
+      local t = setup({ steps = 3 })
+      local calls = 0
+      t.forward = function(model, x, y)
+         calls = calls + 1
+         local loss = model(x, y)
+         return calls == 3 and loss * math.huge or loss
+      end
+      assert.matches("^train: step 3: the loss is inf; lower the learning rate", errmsg(t.run, t))
+   end)
+
    it("calls the strategy hooks at their points of the step", function()
       local calls = {}
       local strategy = {}
@@ -131,14 +192,18 @@ describe("train.Trainer", function()
             calls[#calls + 1] = name .. (type(a) == "number" and ("(" .. a .. (b and "," .. b or "") .. ")") or "")
          end
       end
+      function strategy.reduce_loss(_, _, loss)
+         calls[#calls + 1] = "reduce_loss"
+         return loss
+      end
       function strategy.reduce_grad_sumsq(_, _, s)
          calls[#calls + 1] = "reduce"
          return 4 * s -- as if four ranks held the same shard
       end
       local t = setup({ steps = 1, grad_accum = 2 }, { strategy = strategy })
       local r = t:run()
-      assert.same({ "begin_step(1)", "micro_batch(1,2)", "micro_batch(2,2)", "before_optimizer", "reduce", "end_step" },
-         calls)
+      assert.same({ "begin_step(1)", "micro_batch(1,2)", "micro_batch(2,2)", "before_optimizer", "reduce_loss",
+         "reduce", "end_step" }, calls)
       local own = math.sqrt(optim.grad_sumsq(t.params))
       assert.near(2 * own, r.grad_norm, 1e-6 * r.grad_norm)
    end)

@@ -123,11 +123,15 @@ require("dt.parallel.sync")(DDP)
 
 -- Trainer strategy hooks ------------------------------------------------------------------------
 
--- Report the loss averaged over ranks (every rank computed the loss of its own shard of the batch).
-function DDP:end_step(_, result)
-   local t = dist.Tensor.full({ 1 }, result.loss, { dtype = "f64", device = "cpu" })
+-- The loss averaged over ranks (every rank computed the loss of its own shard of the batch).
+function DDP:reduce_loss(_, loss)
+   local t = dist.Tensor.full({ 1 }, loss, { dtype = "f64", device = "cpu" })
    self.comm:all_reduce(t, "avg")
-   result.loss = t:item()
+   return t:item()
+end
+
+-- Throughput over every rank.
+function DDP:end_step(_, result)
    result.samples_per_second = result.samples_per_second * self.comm.size
    result.tokens_per_second = result.tokens_per_second * self.comm.size
 end

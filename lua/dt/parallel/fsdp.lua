@@ -403,14 +403,18 @@ function FSDP:reduce_grad_sumsq(_, s)
    return t:item()
 end
 
--- Report the loss averaged over every data-parallel rank and every rank's memory by pool (result.metrics.
--- memory_ranks); land finished async checkpoint writes.
-function FSDP:end_step(_, result)
-   result.metrics.memory_ranks = metrics.memory_ranks(self.world.comm, result.memory)
-   local t = dt.full({ 1 }, result.loss, { dtype = "f64", device = "cpu" })
+-- The loss averaged over every data-parallel rank.
+function FSDP:reduce_loss(_, loss)
+   local t = dt.full({ 1 }, loss, { dtype = "f64", device = "cpu" })
    self.comm:all_reduce(t, "avg")
    if self.rep then self.rep:all_reduce(t, "avg") end
-   result.loss = t:item()
+   return t:item()
+end
+
+-- Report every rank's memory by pool (result.metrics.memory_ranks) and throughput over every rank; land finished
+-- async checkpoint writes.
+function FSDP:end_step(_, result)
+   result.metrics.memory_ranks = metrics.memory_ranks(self.world.comm, result.memory)
    local n = self.comm.size * (self.rep and self.rep.size or 1)
    result.samples_per_second = result.samples_per_second * n
    result.tokens_per_second = result.tokens_per_second * n

@@ -15,6 +15,7 @@ M.base = {
    seed = 1,              -- model init, data order and dropout
    grad_accum = 1,        -- micro-batches per step
    clip = 1.0,            -- max global grad norm (0: no clipping)
+   nonfinite = "error",   -- a non-finite loss or grad norm: "error" (stop), "skip" (no optimizer step), "ignore"
    log_every = 10,        -- console progress line every N steps (0: never)
    checkpoint_every = 0,  -- save a checkpoint every N steps and at the end (0: never)
    resume = false,        -- continue from the run dir's latest checkpoint when there is one

@@ -8,7 +8,10 @@
 --
 -- One step: zero grads; grad_accum micro-batches (copied to the model's device; forward -> loss, backward of
 -- loss / grad_accum);
--- clip to config.clip (the norm is reported either way); lr = schedule(step); optimizer step. After
+-- clip to config.clip (the norm is reported either way); lr = schedule(step); optimizer step, unless the loss or the
+-- gradient norm is not finite (config.nonfinite: "error" stops naming the step and the loss or the parameter whose
+-- gradient went non-finite, "skip" leaves the weights alone and counts the step in metrics.skipped_steps, "ignore"
+-- steps anyway; every rank sees the same averaged loss and global norm, so all take the same decision). After
 -- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
 -- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
 -- are small tables over C memory): a full collection takes ~2 ms on recipes/train.lua's model (about 3%
@@ -23,6 +26,7 @@
 --   begin_step(trainer, step)          before anything else in a step
 --   micro_batch(trainer, i, n)         before micro-batch i of n (e.g. skip gradient sync while i < n)
 --   before_optimizer(trainer)          after the last backward (e.g. wait for gradient reductions)
+--   reduce_loss(trainer, loss) -> loss the loss averaged over the data-parallel ranks
 --   reduce_grad_sumsq(trainer, s) -> s the global sum of squared gradients from this rank's share
 --   end_step(trainer, result)          after the optimizer step, before callbacks
 --   save_checkpoint(trainer) -> dir    replaces the single-process save; then every rank calls it (sharded saves:
@@ -45,6 +49,8 @@ Trainer.__index = Trainer
 
 local function default_forward(model, x, y) return model(x, y) end
 
+local nonfinite_modes = { error = true, skip = true, ignore = true }
+
 -- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
 -- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy (default:
 -- model.strategy, set by wrappers such as ddp.wrap),
@@ -58,13 +64,17 @@ local function new(opts)
    if cfg.grad_accum < 1 or cfg.grad_accum % 1 ~= 0 then
       error(("train.Trainer: grad_accum must be a positive integer, got %s"):format(tostring(cfg.grad_accum)), 2)
    end
+   if not nonfinite_modes[cfg.nonfinite] then
+      error(("train.Trainer: nonfinite must be \"error\", \"skip\" or \"ignore\", got %s"):format(
+         tostring(cfg.nonfinite)), 2)
+   end
    if (cfg.checkpoint_every > 0 or cfg.resume) and not opts.run_dir then
       error("train.Trainer: checkpoint_every and resume need a run_dir", 2)
    end
    local self = setmetatable({ model = opts.model, optimizer = opts.optimizer, data = opts.data, config = cfg,
       run_dir = opts.run_dir, schedule = opts.schedule, forward = opts.forward or default_forward,
       strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
-      rng = opts.rng or dt.default_generator() }, Trainer)
+      rng = opts.rng or dt.default_generator(), skipped_steps = 0 }, Trainer)
    self.params = self.optimizer.params or self.model:parameters()
    return self
 end
@@ -136,20 +146,54 @@ function Trainer:train_step()
       gc_s = gc_s + timed_gc()
    end
    self:hook("before_optimizer")
+   local loss = loss_sum / n_micro
+   if self.strategy.reduce_loss then loss = self:hook("reduce_loss", loss) end
    local reduce = self.strategy.reduce_grad_sumsq and function(s) return self:hook("reduce_grad_sumsq", s) end
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
-   opt:step()
+   local extra = { gc_seconds = gc_s }
+   if self:may_step(step, loss, grad_norm) then
+      opt:step()
+   else
+      self.skipped_steps = self.skipped_steps + 1
+      self.print(("step %d: loss %g, gradient norm %g: optimizer step skipped (nonfinite=skip; %d so far)")
+         :format(step, loss, grad_norm, self.skipped_steps))
+   end
+   if cfg.nonfinite == "skip" then extra.skipped_steps = self.skipped_steps end
    local seconds = dt.time() - t0
    self.step = step
-   local result = { step = step, loss = loss_sum / n_micro, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
+   local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
-      metrics = { gc_seconds = gc_s } }
+      metrics = extra }
    self:hook("end_step", result)
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
       if not ok then error(("step callback %d failed at step %d: %s"):format(i, step, tostring(err)), 0) end
    end
    return result
+end
+
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
+-- Whether the optimizer may step on this loss and gradient norm (config.nonfinite; see the top of this file).
+function Trainer:may_step(step, loss, grad_norm)
+   local mode = self.config.nonfinite
+   if mode == "ignore" or (finite(loss) and finite(grad_norm)) then return true end
+   if mode == "skip" then return false end
+   local what
+   if not finite(loss) then
+      what = ("the loss is %g"):format(loss)
+   else
+      local name = "a parameter held by another rank" -- FSDP: the offending gradient may sit in another shard
+      for _, np in ipairs(type(self.model.named_parameters) == "function" and self.model:named_parameters() or {}) do
+         if np[2].grad ~= nil and not finite(optim.grad_sumsq({ np[2] })) then
+            name = ("'%s'"):format(np[1])
+            break
+         end
+      end
+      what = ("the gradient of %s went non-finite (global gradient norm %g)"):format(name, grad_norm)
+   end
+   error(("train: step %d: %s; lower the learning rate (lr %.3g) or check the data (nonfinite=skip skips such steps, "
+      .. "nonfinite=ignore steps anyway)"):format(step, what, self.optimizer.lr), 0)
 end
 
 -- Mean loss over the first n batches of data.val (default 8), without gradients, in eval mode.
