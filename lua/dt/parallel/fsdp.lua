@@ -79,6 +79,9 @@ local function check_opts(opts)
    return o
 end
 
+-- Mesh axes that replicate unless opts.replicate names others; any other axis but the shard axis is an error.
+local replica_names = { replicate = true, dp = true }
+
 -- The shard communicator, the replicate communicator (or nil), the mesh (or nil) and the replicate axes.
 local function communicators(o, world)
    local mesh = o.mesh
@@ -103,16 +106,26 @@ local function communicators(o, world)
    local rep = o.replicate
    if not rep then
       rep = {}
-      for _, name in ipairs(mesh.names) do if name ~= o.axis then rep[#rep + 1] = name end end
+      for _, name in ipairs(mesh.names) do if replica_names[name] then rep[#rep + 1] = name end end
    end
    rep = type(rep) == "table" and rep or { rep }
+   local used = { [o.axis] = true }
+   for _, name in ipairs(rep) do used[name] = true end
+   for i, name in ipairs(mesh.names) do
+      if not used[name] then
+         error(("fsdp.wrap: mesh axis '%s' (size %d) would be used by nothing (there is no tensor parallelism yet); "
+            .. "name each axis for what it does: '%s' shards the parameters over its ranks, 'replicate' (or 'dp') "
+            .. "holds full copies that average their gradients (HSDP), e.g. {{2,2},{\"replicate\",\"%s\"}}; "
+            .. "an empty mesh_shape shards over every rank"):format(name, mesh.shape[i], o.axis, o.axis), 3)
+      end
+   end
    local shard = mesh:comm(o.axis)
    return shard, #rep > 0 and mesh:size(rep) > 1 and mesh:comm(rep) or nil, mesh, rep
 end
 
--- Wrap `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec) and axis ("fsdp"), the
--- other mesh axes (or opts.replicate) replicating; or shard_size S (a { world / S, S } mesh named
--- replicate, fsdp); default: shard over the whole world. units (list of submodules), reshard_after_forward (true),
+-- Wrap `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec) and axis ("fsdp"), the axes
+-- named replicate or dp (or those opts.replicate lists) replicating, any other axis an error; or shard_size S (a
+-- { world / S, S } mesh named replicate, fsdp); default: shard over the whole world. units (list of submodules), reshard_after_forward (true),
 -- param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each non-root unit's forward
 -- in backward), async_save (true: the Trainer's checkpoints are written on a background thread), device (default:
 -- the device of the model's parameters), offload_optimizer / offload_param / pin_memory (see the top of this file).
