@@ -187,9 +187,11 @@ describe("fsdp in one process", function()
       testing.expect_error(function() fsdp.wrap(gpt(), { mesh = { shape = { 1 }, names = { "dp" } } }) end,
          "the mesh has no axis 'fsdp' (axes: dp)")
       -- the seeds' tensor-parallel mesh: no axis may silently become replication
-      testing.expect_error(function() fsdp.wrap(gpt(), { mesh = { mesh_shape = { { 1, 1 }, { "fsdp", "tp" } } } }) end,
+      local tp = { mesh_shape = { { 1, 1 }, { "fsdp", "tp" } } }
+      testing.expect_error(function() fsdp.wrap(gpt(), { mesh = tp }) end,
          "fsdp.wrap: mesh axis 'tp' (size 1) would be used by nothing (there is no tensor parallelism yet); name each "
-         .. "axis for what it does: 'fsdp' shards the parameters over its ranks, 'replicate' (or 'dp') holds full copies")
+         .. "axis for what it does: 'fsdp' shards the parameters over its ranks, 'replicate' (or 'dp') holds full "
+         .. "copies")
       fsdp.wrap(gpt(), { mesh = { shape = { 1, 1 }, names = { "dp", "fsdp" } } }) -- dp: replication by name
       fsdp.wrap(gpt(), { mesh = { shape = { 1, 1 }, names = { "fsdp", "tp" } }, replicate = "tp" }) -- or by opts
       local tied = gpt()

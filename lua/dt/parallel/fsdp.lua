@@ -125,10 +125,11 @@ end
 
 -- Wrap `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec) and axis ("fsdp"), the axes
 -- named replicate or dp (or those opts.replicate lists) replicating, any other axis an error; or shard_size S (a
--- { world / S, S } mesh named replicate, fsdp); default: shard over the whole world. units (list of submodules), reshard_after_forward (true),
--- param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each non-root unit's forward
--- in backward), async_save (true: the Trainer's checkpoints are written on a background thread), device (default:
--- the device of the model's parameters), offload_optimizer / offload_param / pin_memory (see the top of this file).
+-- { world / S, S } mesh named replicate, fsdp); default: shard over the whole world. units (list of submodules),
+-- reshard_after_forward (true), param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each
+-- non-root unit's forward in backward), async_save (true: the Trainer's checkpoints are written on a background
+-- thread), device (default: the device of the model's parameters), offload_optimizer / offload_param / pin_memory
+-- (see the top of this file).
 -- Every rank must build the model with the same weights. fsdp.wrap(model, mesh) is short for { mesh = mesh }.
 function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
