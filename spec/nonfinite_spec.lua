@@ -13,8 +13,8 @@ for _, strategy in ipairs { "ddp", "fsdp" } do
       it("stops the job by default, naming the step and the loss", function()
          local r = run("error")
          assert.are_not.equal(0, r.code)
-         assert.truthy(r.out:find("\n[0] dtrun: train: step 2: the loss is nan; lower the learning rate", 1, true),
-            r.out)
+         assert.truthy(r.out:find("\n%[0%] dtrun: spec/fixtures/nonfinite.lua:%d+: train: step 2: the loss is nan; "
+            .. "lower the learning rate"), r.out)
       end)
 
       it("skips the step on both ranks with nonfinite=skip, which end with the same weights", function()

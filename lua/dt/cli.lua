@@ -112,6 +112,43 @@ function commands.info()
    return 0
 end
 
+-- The folders that hold the dt package ("@<root>/dt/" for every "<root>/?.lua" on package.path).
+local function library_prefixes()
+   local out = {}
+   for entry in package.path:gmatch("[^;]+") do
+      local root = entry:match("^(.*)%?%.lua$")
+      if root then out[#out + 1] = "@" .. root .. "dt/" end
+   end
+   return out
+end
+
+-- xpcall handler for a recipe: an error raised in library code (dt/...) reports the innermost frame outside the
+-- library, the user's line that made the call, in place of the position the library gave (any frame's: error levels
+-- miscount through metamethods and tail calls) or where the message has none. DT_TRACEBACK=1 skips this handler: the
+-- host prints the message and the whole stack.
+local function at_caller(msg)
+   if type(msg) ~= "string" then return msg end
+   local prefixes, on_stack, raiser, user = library_prefixes(), {}, nil, nil
+   for level = 2, math.huge do -- 1 is this handler
+      local info = debug.getinfo(level, "Sl")
+      if not info then break end
+      if info.what ~= "C" then
+         local in_library = false
+         for _, p in ipairs(prefixes) do
+            if info.source:sub(1, #p) == p then in_library = true end
+         end
+         local pos = info.short_src .. ":" .. info.currentline
+         on_stack[pos] = true
+         if raiser == nil then raiser = in_library and "library" or "user" end
+         if not in_library and not user and info.currentline > 0 then user = pos end
+      end
+   end
+   if raiser ~= "library" or not user then return msg end
+   local where, text = msg:match("^([^\n]-:%d+): (.*)$")
+   if where and not on_stack[where] then return msg end -- a position from elsewhere (a config file, say)
+   return user .. ": " .. (where and text or msg)
+end
+
 local function run_recipe(args)
    local path = args[1]
    local f = io.open(path, "r")
@@ -128,7 +165,14 @@ local function run_recipe(args)
    if not chunk then error(err, 0) end
    _G.arg = rest(args, 2)
    _G.arg[0] = path
-   local ret = chunk(unpack(_G.arg))
+   local ret
+   if os.getenv("DT_TRACEBACK") then
+      ret = chunk(unpack(_G.arg)) -- the host's handler prints the whole stack
+   else
+      local ok
+      ok, ret = xpcall(function() return chunk(unpack(_G.arg)) end, at_caller)
+      if not ok then error(ret, 0) end
+   end
    return type(ret) == "number" and ret or 0
 end
 
