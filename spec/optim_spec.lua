@@ -245,13 +245,43 @@ describe("schedule", function()
       assert.equal(3e-4, const(10 ^ 6))
    end)
 
+   -- Hugging Face's LambdaLR factors (transformers/optimization.py: the lr_lambda of
+   -- get_{linear,cosine}_schedule_with_warmup, num_cycles = 0.5); the k-th optimizer step (k from 0) runs at
+   -- lr * lambda(k).
+   local hf = {
+      linear = function(k, warmup, total)
+         if k < warmup then return k / math.max(1, warmup) end
+         return math.max(0, (total - k) / math.max(1, total - warmup))
+      end,
+      cosine = function(k, warmup, total)
+         if k < warmup then return k / math.max(1, warmup) end
+         local progress = (k - warmup) / math.max(1, total - warmup)
+         return math.max(0, 0.5 * (1 + math.cos(math.pi * 0.5 * 2 * progress)))
+      end,
+   }
+
+   it("is Hugging Face's get_*_schedule_with_warmup with hf = true, and one step ahead of it without", function()
+      for decay, lambda in pairs(hf) do
+         for _, warmup in ipairs { 0, 1, 7 } do
+            local ours = optim.schedule { lr = 3e-4, warmup = warmup, total = 50, decay = decay, hf = true }
+            local plain = optim.schedule { lr = 3e-4, warmup = warmup, total = 50, decay = decay }
+            for step = 1, 50 do
+               assert.near(3e-4 * lambda(step - 1, warmup, 50), ours(step), 1e-18)
+               assert.near(3e-4 * lambda(step, warmup, 50), plain(step), 1e-18)
+            end
+         end
+      end
+      assert.equal(0, optim.schedule { lr = 1, warmup = 10, total = 100, hf = true }(1)) -- HF's first step: lr 0
+      assert.equal(0.1, optim.schedule { lr = 1, warmup = 10, total = 100 }(1))      -- ours: lr / warmup
+   end)
+
    it("rejects bad configurations", function()
       assert.has_error(function() optim.schedule { lr = 1, total = 10, decay = "exp" } end,
          "schedule: unknown decay 'exp' (use cosine, linear or constant)")
       assert.has_error(function() optim.schedule { lr = 1, warmup = 10, total = 10 } end,
          "schedule: cosine decay needs total > warmup, got total=10 warmup=10")
       assert.has_error(function() optim.schedule { lr = 1, total = 10, warmpu = 1 } end,
-         "schedule: unknown option 'warmpu' (valid: decay, lr, min_lr, total, warmup)")
+         "schedule: unknown option 'warmpu' (valid: decay, hf, lr, min_lr, total, warmup)")
       assert.has_error(function() optim.schedule { lr = 1, total = 10, min_lr = 2 } end,
          "schedule: min_lr must be in [0, lr], got 2")
    end)
