@@ -238,7 +238,8 @@ describe("GPT", function()
       local m = nn.GPT(cfg)
       assert.has_error(function() m(tokens(1, 7, 11, 1)) end, "GPT: sequence length 7 exceeds the model's seq 6")
       assert.has_error(function() nn.GPT { vocab = 11, layer = 2 } end,
-         "GPT: unknown option 'layer' (valid: bias, checkpoint, dim, dropout, dtype, heads, layers, seed, seq, vocab)")
+         "GPT: unknown option 'layer' (valid: bias, checkpoint, dim, dropout, dtype, gelu, heads, layers, seed, seq, "
+         .. "vocab)")
    end)
 
    it("has correct gradients for its full loss (f64, sampled finite differences)", function()

@@ -7,7 +7,8 @@ local Attention = require("dt.nn.attention").CausalSelfAttention
 local Module, ModuleList = modmod.Module, modmod.ModuleList
 local M = {}
 
--- MLP(dim, hidden, opts): opts.mlp = "gelu" (fc -> exact GELU -> proj) or "swiglu" (gate, up -> swiglu -> down);
+-- MLP(dim, hidden, opts): opts.mlp = "gelu" (fc -> GELU -> proj; opts.gelu = "exact" (erf, the default) or "tanh",
+-- the approximation GPT-2 checkpoints use) or "swiglu" (gate, up -> swiglu -> down);
 -- opts.bias (default true), opts.dropout, and init options std (input side) / proj_std (output side) /
 -- generator / dtype.
 local MLP = Module:extend("MLP")
@@ -16,6 +17,10 @@ M.MLP = MLP
 function MLP:init(dim, hidden, opts)
    opts = opts or {}
    self.kind = opts.mlp or "gelu"
+   self.gelu = opts.gelu or "exact"
+   if self.gelu ~= "exact" and self.gelu ~= "tanh" then
+      error(("MLP: gelu must be \"exact\" or \"tanh\", got %s"):format(tostring(self.gelu)), 3)
+   end
    local inner = { bias = opts.bias, std = opts.std, generator = opts.generator, dtype = opts.dtype }
    local outer = { bias = opts.bias, std = opts.proj_std or opts.std, generator = opts.generator, dtype = opts.dtype }
    if self.kind == "gelu" then
@@ -32,7 +37,7 @@ function MLP:init(dim, hidden, opts)
 end
 
 function MLP:forward(x)
-   if self.kind == "gelu" then return self.drop(self.proj(dt.F.gelu(self.fc(x), false))) end
+   if self.kind == "gelu" then return self.drop(self.proj(dt.F.gelu(self.fc(x), self.gelu == "tanh"))) end
    return self.drop(self.down(dt.F.swiglu(self.gate(x), self.up(x))))
 end
 
@@ -167,17 +172,18 @@ function LanguageModel:generate(idx, n, opts)
    return dt.tensor(rows, { dtype = "i64", device = idx.device })
 end
 
--- GPT-2-like: token + learned position embeddings, pre-LayerNorm blocks with exact-GELU 4x MLPs,
--- final LayerNorm, untied bias-free head. nn.GPT{} is the "ref-gpt" of the torch peer.
+-- GPT-2-like: token + learned position embeddings, pre-LayerNorm blocks with GELU 4x MLPs (gelu = "exact" or
+-- "tanh"), final LayerNorm, untied bias-free head. nn.GPT{} is the "ref-gpt" of the torch peer.
 local GPT = LanguageModel:extend("GPT")
 M.GPT = GPT
 local gpt_defaults = { vocab = 256, seq = 256, dim = 384, layers = 6, heads = 6, dropout = 0, bias = true, seed = 0,
-   dtype = "f32", checkpoint = false }
+   dtype = "f32", checkpoint = false, gelu = "exact" }
 
 function GPT:init(cfg)
    cfg = config("GPT", cfg, gpt_defaults)
    self.drop = layers.Dropout(cfg.dropout)
-   self:build(cfg, { norm = "layernorm", mlp = "gelu", bias = cfg.bias, dropout = cfg.dropout }, layers.LayerNorm)
+   self:build(cfg, { norm = "layernorm", mlp = "gelu", gelu = cfg.gelu, bias = cfg.bias, dropout = cfg.dropout },
+      layers.LayerNorm)
 end
 
 function GPT:add_positions(emb) self.wpe = layers.Embedding(self.seq, self.dim, emb) end
