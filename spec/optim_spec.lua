@@ -271,6 +271,13 @@ describe("schedule", function()
             end
          end
       end
+      -- get_cosine_with_min_lr_schedule_with_warmup: the same warmup, then min_lr_rate + (1 - min_lr_rate) * cosine
+      local with_min = optim.schedule { lr = 2, warmup = 5, total = 40, min_lr = 0.5, hf = true }
+      for step = 1, 40 do
+         local k, rate = step - 1, 0.5 / 2
+         local want = k < 5 and hf.cosine(k, 5, 40) or rate + (1 - rate) * hf.cosine(k, 5, 40)
+         assert.near(2 * want, with_min(step), 1e-15)
+      end
       assert.equal(0, optim.schedule { lr = 1, warmup = 10, total = 100, hf = true }(1)) -- HF's first step: lr 0
       assert.equal(0.1, optim.schedule { lr = 1, warmup = 10, total = 100 }(1))      -- ours: lr / warmup
    end)
