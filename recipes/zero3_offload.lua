@@ -48,7 +48,7 @@ say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), %d shard(s), %
       or "none (on the cpu the state is in host memory already)"))
 
 -- AdamW over this rank's shards (weight decay on matrices only); warmup, then cosine decay to min_lr.
-local opt = optim.AdamW(optim.decay_groups(model.fsdp:named_parameters(), cfg.weight_decay),
+local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),
    { lr = cfg.lr, betas = { 0.9, 0.95 } })
 local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.steps,
    warmup = math.min(cfg.warmup, cfg.steps - 1) }
