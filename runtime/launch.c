@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -225,6 +226,7 @@ static dt_status spawn(agent *a, worker *w, const sigset_t *child_mask, int rest
     close(fds[1]);
     return DT_FAIL(DT_ERR_OOM, "out of memory building the worker environment");
   }
+  pid_t agent_pid = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     free_env(env);
@@ -234,6 +236,9 @@ static dt_status spawn(agent *a, worker *w, const sigset_t *child_mask, int rest
   }
   if (pid == 0) {
     setpgid(0, 0); /* own group: the agent alone decides how workers stop */
+    /* ...and a worker never outlives it: an agent killed with SIGKILL cannot stop anyone, so the kernel
+     * does (no new step, no checkpoint started). An agent that died before prctl ran reparented us already. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != agent_pid) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     int devnull = open("/dev/null", O_RDONLY);
