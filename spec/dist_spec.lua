@@ -87,6 +87,24 @@ describe("collective failures", function()
       end)
    end
 
+   it("fails the waiting ranks naming a rank that exited with status 0 instead of joining", function()
+      local r = faults(3, "mode=leave timeout=300")
+      assert.equal(4, r.code, r.out)
+      for rank = 0, 1 do
+         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce #%%d+ %%(sum, f32, count 8%%) failed because of "
+            .. "rank 2: its process %%(pid %%d+%%) ended while the others waited for it"):format(rank, rank), r.out)
+      end
+   end)
+
+   it("takes down ranks that hold SIGTERM when a peer is killed mid-collective, with the killed rank as root cause",
+      function()
+         local r = faults(2, "mode=kill term=catch")
+         assert.equal(137, r.code, r.out)
+         assert.matches("job failed: rank 1 %(pid %d+%) was killed by SIGKILL[^\n]*<%- root cause", r.out)
+         assert.matches("%[0%] [^\n]*barrier #%d+ failed because of rank 1: its process %(pid %d+%) ended", r.out)
+         assert.matches("rank 0 exited with code 1 %(stopped after the failure%)", r.out)
+      end)
+
    it("ends the job within seconds when a rank is killed mid-collective, leaving no processes or segments", function()
       for _, nproc in ipairs { 2, 4 } do
          local r = faults(nproc, "mode=kill")

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -24,7 +25,7 @@ enum {
   CHAN_TOTAL = 16 << 20, /* all channels' data together, before clamping */
   MIN_CHAN = 4096,
   MAX_CHAN = 128 << 10,
-  WAIT_SLICE_MS = 200 /* a sleeping rank rechecks for an abort at least this often */
+  WAIT_SLICE_MS = 100 /* a sleeping rank rechecks for an abort, and that its peers live, at least this often */
 };
 
 static const char *const kind_names[CALL_KIND_COUNT] = {
@@ -53,6 +54,35 @@ const char *shm_describe(const shm_fp *fp, char *buf, size_t n) {
 
 void shm_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
+/* Mark the communicator aborted on behalf of rank r (the first report wins) and wake every sleeper. */
+static void abort_as(dt_comm *c, int r, const char *msg) {
+  snprintf(c->ranks[r].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
+  uint32_t healthy = 0;
+  atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)r + 1);
+  shm_wake(&c->hdr->gen);
+  for (int i = 0; i < c->world * (c->world - 1); i++) {
+    shm_wake(&c->chans[i].posted);
+    shm_wake(&c->chans[i].taken);
+  }
+}
+
+/* Did a peer's process end (exit, even with status 0, or a kill) without the others knowing? Its pidfd
+ * turns readable when it does. The first rank to see it aborts the communicator for it, so every waiter
+ * fails at once naming the dead rank (the message depends only on that rank: concurrent writers agree). */
+static bool peer_gone(dt_comm *c) {
+  for (int j = 0; c->pidfds && j < c->world; j++) {
+    if (c->pidfds[j] == -1) continue;
+    struct pollfd p = {.fd = c->pidfds[j], .events = POLLIN};
+    if (c->pidfds[j] >= 0 && poll(&p, 1, 0) != 1) continue;
+    char msg[200];
+    snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
+             c->ranks[j].pid);
+    abort_as(c, j, msg);
+    return true;
+  }
+  return false;
+}
+
 int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline) {
   for (;;) {
     uint32_t v = atomic_load(w);
@@ -61,24 +91,19 @@ int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uin
     if (stop && atomic_load(stop)) return 3;
     double left = deadline - dt_time_now();
     if (left <= 0) return 1;
-    /* an abort (or stop) wakes sleepers, but one that checked just before it can miss that wake: sleep in slices */
+    /* an abort (or stop) wakes sleepers, but one that checked just before it can miss that wake, and a peer that
+     * dies wakes no one: sleep in slices, and after a slice that passed without a wake, check the peers */
     if (left > WAIT_SLICE_MS * 1e-3) left = WAIT_SLICE_MS * 1e-3;
     struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0);
+    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c))
+      return 2;
   }
 }
 
 /* ---- failures ---- */
 
 dt_status shm_abort(dt_comm *c, dt_status code, const char *msg) {
-  snprintf(c->ranks[c->rank].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
-  uint32_t healthy = 0;
-  atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)c->rank + 1);
-  shm_wake(&c->hdr->gen);
-  for (int i = 0; i < c->world * (c->world - 1); i++) {
-    shm_wake(&c->chans[i].posted);
-    shm_wake(&c->chans[i].taken);
-  }
+  abort_as(c, c->rank, msg);
   snprintf(c->failed, sizeof c->failed, "%s", msg);
   return DT_FAIL(code, "%s", msg);
 }
@@ -90,7 +115,7 @@ dt_status shm_aborted_error(call_ctx *x) {
   int r = (int)atomic_load(&c->hdr->abort_rank) - 1;
   char why[sizeof c->ranks[0].abort_msg], what[160];
   snprintf(why, sizeof why, "%s", c->ranks[r].abort_msg);
-  snprintf(c->failed, sizeof c->failed, "comm '%s' rank %d/%d: %s failed because rank %d gave up: %s", c->job,
+  snprintf(c->failed, sizeof c->failed, "comm '%s' rank %d/%d: %s failed because of rank %d: %s", c->job,
            c->rank, c->world, what_of(x, what, sizeof what), r, why);
   return DT_FAIL(DT_ERR_STATE, "%s", c->failed);
 }
@@ -299,6 +324,22 @@ static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, s
   snprintf(k_ready, n, "dtcomm/%s/ready", c->job);
 }
 
+/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone. */
+static dt_status watch_peers(dt_comm *c) {
+  c->pidfds = malloc((size_t)c->world * sizeof *c->pidfds);
+  DT_CHECK(c->pidfds, DT_ERR_OOM, "comm '%s': out of memory", c->job);
+  for (int j = 0; j < c->world; j++) c->pidfds[j] = -1;
+  for (int j = 0; j < c->world; j++) {
+    c->pidfds[j] = j == c->rank ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
+    if (c->pidfds[j] < 0 && j != c->rank) {
+      DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
+               c->ranks[j].pid, strerror(errno));
+      c->pidfds[j] = -2; /* gone already: the first wait reports it */
+    }
+  }
+  return DT_OK;
+}
+
 dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   char k_seg[200], k_joined[200], k_ready[200];
   make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
@@ -321,6 +362,7 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
   const char *ready[] = {k_ready};
   DT_TRY(dt_store_wait(store, 1, ready, DT_STORE_DEFAULT_TIMEOUT));
+  DT_TRY(watch_peers(c));
   /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
   if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
   call_ctx x;
@@ -337,6 +379,10 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
 }
 
 void shm_segment_close(dt_comm *c) {
+  for (int j = 0; c->pidfds && j < c->world; j++)
+    if (c->pidfds[j] >= 0) close(c->pidfds[j]);
+  free(c->pidfds);
+  c->pidfds = NULL;
   if (c->base) munmap(c->base, c->seg_bytes);
   if (c->rank == 0 && !c->unlinked && c->shm_name[0]) shm_unlink(c->shm_name);
   c->base = NULL;

@@ -293,22 +293,48 @@ static void mismatches(dt_comm *c, int rank, int world) {
   dt_tensor_free(big);
 }
 
+/* An absent rank stays alive until the `others` ranks are done (a dead one is reported as gone, not as late). */
+static void absent_until_done(bool absent, int others, const char *what) {
+  char count[96], done[96];
+  snprintf(count, sizeof count, "absent/%d/%s/count", spec_pid, what);
+  snprintf(done, sizeof done, "absent/%d/%s/done", spec_pid, what);
+  const char *keys[] = {done};
+  int64_t n = 0;
+  if (absent) dt_store_wait(rank_store, 1, keys, 30000);
+  else if (dt_store_add(rank_store, count, 1, 5000, &n) == DT_OK && n == others)
+    dt_store_set(rank_store, done, "1", 1, 5000);
+}
+
 /* Rank `world - 1` joins, then never calls: the others time out naming it. */
 static void absent_rank(dt_comm *c, int rank, int world) {
-  if (rank == world - 1) return;
-  dt_comm_set_timeout(c, 300);
+  if (rank < world - 1) {
+    dt_comm_set_timeout(c, 300);
+    char who[64];
+    snprintf(who, sizeof who, "rank %d (pid ", world - 1);
+    expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", "timed out after 0.3 s waiting for", who, "last entered barrier #0)"), "a rank that never arrives times out the call, named");
+    expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "timed out"), "the communicator is unusable after a timeout");
+  }
+  absent_until_done(rank == world - 1, world - 1, "rank");
+}
+
+/* Rank `world - 1` exits instead of calling: the others fail at once, long before their timeout, naming it. */
+static void departed_rank(dt_comm *c, int rank, int world) {
+  if (rank == world - 1) return; /* destroy and exit 0: no agent is watching */
   char who[64];
-  snprintf(who, sizeof who, "rank %d (pid ", world - 1);
-  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", "timed out after 0.3 s waiting for", who, "last entered barrier #0)"), "a rank that never arrives times out the call, named");
-  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "timed out"), "the communicator is unusable after a timeout");
+  snprintf(who, sizeof who, "failed because of rank %d: its process (pid ", world - 1);
+  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", who, "ended while the others waited for it"), "a rank whose process ended is named at once, not after the timeout");
+  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "ended"), "the communicator is unusable after a peer ended");
 }
 
 static void absent_sender(dt_comm *c, int rank, int world) {
-  if (rank != 0) return;
-  dt_comm_set_timeout(c, 200);
-  dt_tensor *t = make(4, DT_DTYPE_F32);
-  expect_status(dt_comm_recv(c, t, 1, NULL), DT_OK, NEEDLES("recv #1 from rank 1 (f32, count 4) timed out after 0.2 s: rank 1 has not sent it"), "a recv whose sender never sends times out naming it");
-  dt_tensor_free(t);
+  (void)world;
+  if (rank == 0) {
+    dt_comm_set_timeout(c, 200);
+    dt_tensor *t = make(4, DT_DTYPE_F32);
+    expect_status(dt_comm_recv(c, t, 1, NULL), DT_OK, NEEDLES("recv #1 from rank 1 (f32, count 4) timed out after 0.2 s: rank 1 has not sent it"), "a recv whose sender never sends times out naming it");
+    dt_tensor_free(t);
+  }
+  absent_until_done(rank == 1, 1, "sender");
 }
 
 static void bad_arguments(dt_comm *c, int rank, int world) {
@@ -451,6 +477,7 @@ int main(void) {
   expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
   expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");
   expect(run_ranks(3, "spec-absent", absent_rank), "3 ranks: absent rank");
+  expect(run_ranks(3, "spec-departed", departed_rank), "3 ranks: a rank that exits while the others wait");
   expect(run_ranks(2, "spec-absent-p2p", absent_sender), "2 ranks: absent sender");
   expect(run_ranks(1, "spec-args", bad_arguments), "1 rank: argument errors");
   expect(run_ranks(2, "spec-groups-2", groups_and_splits), "2 ranks: groups and splits");
