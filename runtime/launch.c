@@ -501,6 +501,11 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
   return DT_OK;
 }
 
+/* After an attempt: a rank killed before every rank joined cannot unlink the segment it created. */
+static void remove_segments(const dt_launch_opts *o) {
+  if (o->job_id) dt_comm_shm_remove_job(o->job_id, NULL);
+}
+
 dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
   *exit_code = 1;
   DT_CHECK(o->nproc >= 1 && o->nproc <= MAX_LOCAL, DT_ERR_ARG, "--nproc must be 1..%d, got %d", MAX_LOCAL, o->nproc);
@@ -532,6 +537,7 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
 
   for (int attempt = 0; s == DT_OK; attempt++) {
     s = run_group(&a, sigfd, &child, attempt);
+    remove_segments(o);
     if (s != DT_OK) break;
     if (a.failed < 0 && !a.remote[0]) {
       *exit_code = a.interrupted ? 130 : 0;
@@ -549,6 +555,7 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
     signal_all(&a, SIGKILL);
     while (waitpid(-1, NULL, 0) > 0) {
     }
+    remove_segments(o);
   }
   if (sigfd >= 0) close(sigfd);
   pthread_sigmask(SIG_SETMASK, &orig, NULL);

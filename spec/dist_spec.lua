@@ -87,6 +87,15 @@ describe("collective failures", function()
       end)
    end
 
+   it("leaves no shm segment when a rank raises before dist.init, whether rank 0 gets SIGTERM or SIGKILL", function()
+      for _, grace in ipairs { 2, 0 } do -- 0: SIGKILL right after the SIGTERM, rank 0 cannot clean up: the agent does
+         local r = faults(2, ("mode=early --grace %d"):format(grace))
+         assert.equal(1, r.code, r.out)
+         assert.matches("job failed: rank 1 %(pid %d+%) exited with code 1", r.out)
+         assert.matches("rank 1 fails before dist.init", r.out)
+      end
+   end)
+
    it("fails the waiting ranks naming a rank that exited with status 0 instead of joining", function()
       local r = faults(3, "mode=leave timeout=300")
       assert.equal(4, r.code, r.out)

@@ -246,6 +246,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    local env = ffi.new("const char*[?]", #env_list + 1)
    for i, e in ipairs(env_list) do env[i - 1] = e end
    o.extra_env = env
+   o.job_id = env_list[2]:match("^DT_JOB_ID=(.*)$")
    o.store = store and store.h or nil
    local code = ffi.new("int[1]")
    local status = C.dt_launch_run(o, code)

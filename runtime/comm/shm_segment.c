@@ -1,11 +1,13 @@
 /* shm_segment.c: the shm communicator's segment (creation, rendezvous, cleanup), futex barrier, fingerprints and failure reports. */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -25,7 +27,8 @@ enum {
   CHAN_TOTAL = 16 << 20, /* all channels' data together, before clamping */
   MIN_CHAN = 4096,
   MAX_CHAN = 128 << 10,
-  WAIT_SLICE_MS = 100 /* a sleeping rank rechecks for an abort, and that its peers live, at least this often */
+  WAIT_SLICE_MS = 100, /* a sleeping rank rechecks for an abort, and that its peers live, at least this often */
+  CLEAN_MAX = 48       /* bytes of a communicator id kept in a segment name */
 };
 
 static const char *const kind_names[CALL_KIND_COUNT] = {
@@ -307,16 +310,22 @@ static dt_status attach_segment(dt_comm *c, const char *name) {
   return DT_OK;
 }
 
-static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, size_t n) {
+/* The first CLEAN_MAX bytes of a communicator id, fit for a file name; returns a hash of the whole id. */
+static uint32_t clean_id(const char *id, char clean[CLEAN_MAX + 1]) {
   uint32_t h = 2166136261u;
-  char clean[49];
-  size_t len = strlen(c->job), o = 0;
+  size_t len = strlen(id), o = 0;
   for (size_t i = 0; i < len; i++) {
-    unsigned char ch = (unsigned char)c->job[i];
+    unsigned char ch = (unsigned char)id[i];
     h = (h ^ ch) * 16777619u;
-    if (o < sizeof clean - 1) clean[o++] = (isalnum(ch) || ch == '-' || ch == '_' || ch == '.') ? (char)ch : '_';
+    if (o < CLEAN_MAX) clean[o++] = (isalnum(ch) || ch == '-' || ch == '_' || ch == '.') ? (char)ch : '_';
   }
   clean[o] = 0;
+  return h;
+}
+
+static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, size_t n) {
+  char clean[CLEAN_MAX + 1];
+  uint32_t h = clean_id(c->job, clean);
   /* sanitised for a file name, plus a hash of the raw id so distinct ids never share a segment */
   snprintf(c->shm_name, sizeof c->shm_name, "/dtcomm-%u-%s-%08x", (unsigned)getuid(), clean, h);
   snprintf(k_seg, n, "dtcomm/%s/segment", c->job);
@@ -340,6 +349,48 @@ static dt_status watch_peers(dt_comm *c) {
   return DT_OK;
 }
 
+/* Wait (up to the communicator's timeout) until every rank has joined. Rank 0 holds the segment's name meanwhile:
+ * a terminating signal then (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose
+ * action is the default are caught while it waits in slices; on one it unlinks the name and raises the signal again,
+ * ending as it would have. */
+static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready) {
+  static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
+  enum { NHELD = sizeof held_signals / sizeof *held_signals };
+  bool held[NHELD] = {false}, any = false;
+  for (int i = 0; c->rank == 0 && i < NHELD; i++) {
+    struct sigaction sa;
+    held[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
+              dt_signal_watch(held_signals[i]) == DT_OK;
+    any |= held[i];
+  }
+  const char *keys[] = {k_ready};
+  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
+  int caught = 0, other = 0;
+  dt_status st;
+  for (;;) {
+    st = dt_store_wait(store, 1, keys, any ? WAIT_SLICE_MS : c->timeout_ms);
+    bool ready = st == DT_OK;
+    if (!ready && any && dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready) != DT_OK) break;
+    if (ready || !any) break; /* done, or failed (a wait without slices timed out or lost the store) */
+    int sig = dt_signal_take();
+    for (int i = 0; i < NHELD; i++)
+      if (held[i] && sig == held_signals[i]) caught = sig;
+    if (sig && !caught) other = sig; /* another handler's (the trainer's): given back below */
+    if (caught) break;
+    if (dt_time_now() > deadline) {
+      st = DT_FAIL(DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job, c->rank, c->world,
+                   c->timeout_ms * 1e-3);
+      break;
+    }
+  }
+  for (int i = 0; i < NHELD; i++)
+    if (held[i]) dt_signal_restore(held_signals[i]);
+  if (caught && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  if (caught || other) raise(caught ? caught : other); /* caught: its default action ends the process here */
+  if (caught) st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
+  return st;
+}
+
 dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   char k_seg[200], k_joined[200], k_ready[200];
   make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
@@ -360,8 +411,7 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   int64_t joined = 0;
   DT_TRY(dt_store_add(store, k_joined, 1, DT_STORE_DEFAULT_TIMEOUT, &joined));
   if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
-  const char *ready[] = {k_ready};
-  DT_TRY(dt_store_wait(store, 1, ready, DT_STORE_DEFAULT_TIMEOUT));
+  DT_TRY(wait_ready(c, store, k_ready));
   DT_TRY(watch_peers(c));
   /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
   if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
@@ -375,6 +425,24 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
     dt_store_delete(store, k_joined, DT_STORE_DEFAULT_TIMEOUT, NULL);
     dt_store_delete(store, k_ready, DT_STORE_DEFAULT_TIMEOUT, NULL);
   }
+  return DT_OK;
+}
+
+dt_status dt_comm_shm_remove_job(const char *job_id, int *removed) {
+  if (removed) *removed = 0;
+  DT_CHECK(job_id && *job_id && strlen(job_id) < CLEAN_MAX, DT_ERR_ARG, "shm cleanup: job id must be 1..%d bytes",
+           CLEAN_MAX - 1);
+  char clean[CLEAN_MAX + 1], prefix[CLEAN_MAX + 32], path[300];
+  clean_id(job_id, clean);
+  int plen = snprintf(prefix, sizeof prefix, "dtcomm-%u-%s-", (unsigned)getuid(), clean);
+  DIR *d = opendir("/dev/shm");
+  DT_CHECK(d, DT_ERR_IO, "shm cleanup of job %s: cannot list /dev/shm: %s", job_id, strerror(errno));
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+    snprintf(path, sizeof path, "/%s", e->d_name);
+    if (shm_unlink(path) == 0 && removed) (*removed)++;
+  }
+  closedir(d);
   return DT_OK;
 }
 

@@ -16,6 +16,10 @@ typedef struct dt_comm_work dt_comm_work; /* an asynchronous call in flight */
  * among live jobs on the host (1..128 bytes). DT_SHM_SLOT_BYTES (environment of rank 0, 4 KiB..
  * 64 MiB, default 1 MiB) sets the bytes each rank stages per pipeline step. */
 dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out);
+/* Remove this user's shm segments of every communicator whose id starts with `job_id` followed by '-' (the world
+ * "<job_id>-r<restart>-world" and its splits): what an agent does when a job ends, whatever happened, since a rank
+ * killed before every rank joined cannot remove its own. removed (may be NULL) counts them. */
+dt_status dt_comm_shm_remove_job(const char *job_id, int *removed);
 /* Wait for queued asynchronous calls, stop the progress thread, unmap. NULL is fine. */
 void dt_comm_destroy(dt_comm *c);
 int dt_comm_rank(const dt_comm *c);

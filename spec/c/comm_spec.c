@@ -1,6 +1,7 @@
 /* comm_spec.c: shm collectives in forked ranks against a single-process reference: every op x dtype x size, async, mismatches, timeouts, cleanup. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -456,6 +457,43 @@ static void stale_segments(void) {
   expect(count_segments("spec-stale") == 0, "no segment left after destroy");
 }
 
+/* A rank 0 stopped by SIGTERM while waiting for its peers removes its segment and still ends by SIGTERM. */
+static void sigterm_while_joining(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    dt_store_client *s = NULL;
+    dt_comm *c = NULL;
+    dt_store_connect("127.0.0.1", store_port, TOKEN, 5000, &s);
+    char job[64];
+    snprintf(job, sizeof job, "spec-term-%d", spec_pid);
+    dt_comm_init_shm(s, 0, 2, job, &c); /* rank 1 never comes */
+    _exit(3);
+  }
+  for (int i = 0; i < 400 && count_segments("spec-term") == 0; i++) usleep(5000);
+  expect(count_segments("spec-term") == 1, "rank 0 waits for its peers with the segment created");
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "rank 0 ends by the SIGTERM");
+  expect(count_segments("spec-term") == 0, "rank 0 unlinks its segment on SIGTERM while waiting");
+}
+
+/* What an agent does after a job: the job's segments go, others' stay. */
+static void remove_job_segments(void) {
+  char name[96];
+  snprintf(name, sizeof name, "/dtcomm-%u-spec-rm-%d-r0-world-0", (unsigned)getuid(), spec_pid);
+  close(shm_open(name, O_CREAT | O_RDWR, 0600));
+  char other[96];
+  snprintf(other, sizeof other, "/dtcomm-%u-spec-rm-%d0-r0-world-0", (unsigned)getuid(), spec_pid);
+  close(shm_open(other, O_CREAT | O_RDWR, 0600));
+  char job[64];
+  snprintf(job, sizeof job, "spec-rm-%d", spec_pid);
+  int removed = -1;
+  expect_ok(dt_comm_shm_remove_job(job, &removed), "remove a job's segments");
+  expect(removed == 1 && count_segments("spec-rm") == 0, "the job's segment is removed");
+  expect(shm_unlink(other) == 0, "a job whose id only starts the same keeps its segment");
+}
+
 int main(void) {
   spec_pid = (int)getpid();
   spec_share_counts();
@@ -485,6 +523,8 @@ int main(void) {
   expect(run_ranks(2, "spec-reuse", quick_sum) && run_ranks(2, "spec-reuse", quick_sum),
          "a job id can be used again after a clean destroy");
   stale_segments();
+  sigterm_while_joining();
+  remove_job_segments();
   dt_store_client *s = NULL;
   dt_comm *c = NULL;
   dt_store_connect("127.0.0.1", store_port, TOKEN, 2000, &s);
