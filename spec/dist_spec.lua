@@ -114,6 +114,18 @@ describe("collective failures", function()
          assert.matches("rank 0 exited with code 1 %(stopped after the failure%)", r.out)
       end)
 
+   it("takes the collective timeout from --timeout or DT_COLLECTIVE_TIMEOUT, and refuses a bad one", function()
+      for _, how in ipairs { { "--timeout 1.5", "" }, { "", "DT_COLLECTIVE_TIMEOUT=1.5" } } do
+         local r = H.dtrun(("%s --nproc 2 --grace 2 mode=skip timeout=env sleep=20 %s"):format(FAULTS, how[1]), how[2])
+         assert.equal(4, r.code, r.out)
+         assert.matches("%[0%] rank 0 caught: [^\n]*timed out after 1%.5 s waiting for rank 1", r.out)
+         H.remove_run(r.run_dir)
+      end
+      local r = H.dtrun(FAULTS .. " --nproc 1 mode=skip", "DT_COLLECTIVE_TIMEOUT=soon")
+      assert.matches("DT_COLLECTIVE_TIMEOUT must be seconds in 0%.001%.%.%d+ %(default 300%), got 'soon'", r.out)
+      H.remove_run(r.run_dir)
+   end)
+
    it("ends the job within seconds when a rank is killed mid-collective, leaving no processes or segments", function()
       for _, nproc in ipairs { 2, 4 } do
          local r = faults(nproc, "mode=kill")

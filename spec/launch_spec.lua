@@ -143,6 +143,7 @@ describe("launcher", function()
          { "--gpus 8", ("dtrun: 8 GPU rank%%(s%%) requested but this machine has %d CUDA device%%(s%%)"):format(
             dt.device_count("cuda")) .. ".*use %-%-nproc 8" },
          { "--master-port 70000 --nproc 1", "%-%-master%-port must be in 1..65535" },
+         { "--timeout 0 --nproc 1", "%-%-timeout must be at least 0%.001, got 0" },
       }
       for _, c in ipairs(cases) do
          local lines, code = dtrun(worker .. " " .. c[1])

@@ -34,6 +34,7 @@ local flags = {
    ["--max-restarts"] = { key = "max_restarts", kind = "int", min = 0 },
    ["--ranks"] = { key = "ranks", kind = "string" },
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
+   ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
 }
 
 local function flag_names()
@@ -243,6 +244,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    o.threads_per_rank = opts.threads or 0
    o.argc, o.argv = #argv_list, argv
    local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=dt-" .. token:sub(1, 12) }
+   if opts.timeout then env_list[#env_list + 1] = "DT_COLLECTIVE_TIMEOUT=" .. opts.timeout end
    local env = ffi.new("const char*[?]", #env_list + 1)
    for i, e in ipairs(env_list) do env[i - 1] = e end
    o.extra_env = env
