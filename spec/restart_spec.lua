@@ -27,6 +27,25 @@ describe("restarts", function()
       helpers.remove_run(crashed.run_dir)
    end)
 
+   it("under the launcher, a recipe's run_dir= is the job's one run dir, printed once, and resume=true continues it",
+      function()
+         local dir = os.tmpname()
+         os.remove(dir)
+         local recipe = "spec/fixtures/restart_recipe.lua --nproc 1 "
+         local first = helpers.dtrun(("%s steps=4 checkpoint_every=2 run_dir=%s"):format(recipe, dir))
+         assert.equal(0, first.code, first.out)
+         assert.equal("run dir: " .. dir, first.lines[1])
+         assert.equal(1, select(2, first.out:gsub("run dir:", "")), first.out)
+         assert.matches("step 4", io.open(dir .. "/logs/rank0.log"):read("*a"))
+         local again = helpers.dtrun(("%s steps=6 resume=true run_dir=%s"):format(recipe, dir))
+         assert.equal(0, again.code, again.out)
+         assert.equal("run dir: " .. dir, again.lines[1])
+         assert.matches("resumed from .*step%-4 at step 4", again.out)
+         local metrics = io.open(dir .. "/metrics.jsonl"):read("*a")
+         assert.matches('"step":6', metrics)
+         os.execute("rm -rf " .. dir)
+      end)
+
    it("SIGTERM finishes the current step, checkpoints and exits cleanly", function()
       local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua steps=1000 checkpoint_every=1000 step_sleep=0.2 "
          .. "run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; kill -TERM $pid; wait $pid; "

@@ -125,6 +125,14 @@ function M.from_slurm(opts, env)
    return opts
 end
 
+-- The run dir a recipe was given on the command line (its last `run_dir=PATH` word), or nil: one job, one run dir,
+-- so the agent writes its logs there too (and `resume=true` continues it).
+function M.recipe_run_dir(rest)
+   local dir
+   for _, a in ipairs(rest) do dir = a:match("^run_dir=(.+)$") or dir end
+   return dir
+end
+
 -- After the group ended: report this agent's exit code; node 0 keeps the store up until every agent
 -- has reported (bounded by `wait_s`) and returns the first failing node's code when its own is 0.
 local function gather_exits(store, opts, code, wait_s)
@@ -214,7 +222,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
       store = s
    end
    if opts.node_rank == 0 then
-      run_dir = make_run_dir(table.concat(words, "-"), rest)
+      run_dir = M.recipe_run_dir(rest) or make_run_dir(table.concat(words, "-"), rest)
       if store then store:set("dtrun/run_dir", run_dir) end
    else
       run_dir = store:get("dtrun/run_dir")
