@@ -41,7 +41,8 @@ typedef struct agent {
   bool *console; /* per local rank */
   int failed;    /* local index of the root-cause worker, -1 if none */
   double t0, fail_time;
-  bool stopping, interrupted;
+  bool stopping;
+  int interrupted; /* the signal that stopped the agent (SIGINT, SIGTERM, SIGHUP), or 0 */
   double kill_deadline;
   /* multi-node (o->store set): this attempt's failure report shared with the other nodes */
   int attempt;
@@ -371,6 +372,9 @@ static void reap(agent *a) {
         describe_exit(st, how, sizeof how);
         publish_failure(a, exit_code_of(st), "rank %d (pid %d) %s after %.1f s", w->rank, (int)pid, how,
                         a->fail_time);
+        /* another node's rank failed first: ours most likely failed because of it (a collective names a dead
+         * peer at once), so the first report stays the job's root cause here too */
+        if (a->remote[0] && !a->store_lost) a->failed = -1;
       }
       if (bad) begin_stop(a);
     }
@@ -488,7 +492,7 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
         if (si.ssi_signo == SIGCHLD) continue; /* reaped below */
         if (!a->interrupted) fprintf(stderr, "\ndtrun: %s received, stopping all ranks (grace %.0f s)\n",
                                      signal_name((int)si.ssi_signo), a->o->grace_s);
-        a->interrupted = true;
+        a->interrupted = (int)si.ssi_signo;
         begin_stop(a);
         publish_failure(a, 130, "the agent was interrupted by %s", signal_name((int)si.ssi_signo));
       }
@@ -540,7 +544,7 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
     remove_segments(o);
     if (s != DT_OK) break;
     if (a.failed < 0 && !a.remote[0]) {
-      *exit_code = a.interrupted ? 130 : 0;
+      *exit_code = a.interrupted ? 128 + a.interrupted : 0; /* as the workers: 143 after SIGTERM, 130 after Ctrl-C */
       break;
     }
     print_summary(&a);

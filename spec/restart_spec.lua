@@ -1,5 +1,5 @@
 -- spec/restart_spec.lua: --max-restarts resumes from the latest checkpoint on the same trajectory; SIGTERM checkpoints
--- and stops.
+-- and stops (exit 143); run_dir= under the launcher.
 local cjson = require "cjson"
 local helpers = require "spec.dist_helpers"
 
@@ -46,21 +46,23 @@ describe("restarts", function()
          os.execute("rm -rf " .. dir)
       end)
 
-   it("SIGTERM finishes the current step, checkpoints and exits cleanly", function()
-      local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua steps=1000 checkpoint_every=1000 step_sleep=0.2 "
-         .. "run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; kill -TERM $pid; wait $pid; "
-         .. "echo exit=$?)"):format(helpers.root, helpers.exe)
-      local p = io.popen(cmd)
-      local out = p:read("*a")
-      p:close()
-      local log = io.open("/tmp/dt-sigterm-spec.log"):read("*a")
-      assert.matches("exit=0", out, log)
-      local step = tonumber(log:match("stopping after step (%d+): SIGTERM received"))
-      assert.is_not_nil(step, log)
-      local latest = io.open(helpers.root .. "/runs/sigterm-spec/checkpoints/latest")
-      assert.is_not_nil(latest, "no checkpoint written on SIGTERM")
-      assert.matches("step%-" .. step, latest:read("*a"))
-      latest:close()
-      helpers.remove_run("runs/sigterm-spec")
+   it("SIGTERM finishes the current step, checkpoints and exits 143, alone and under the launcher", function()
+      for _, launcher in ipairs { "", "--nproc 1" } do
+         local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua %s steps=1000 checkpoint_every=1000 "
+            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; "
+            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher)
+         local p = io.popen(cmd)
+         local out = p:read("*a")
+         p:close()
+         local log = io.open("/tmp/dt-sigterm-spec.log"):read("*a")
+         assert.matches("exit=143", out, log)
+         local step = tonumber(log:match("stopping after step (%d+): SIGTERM received"))
+         assert.is_not_nil(step, log)
+         local latest = io.open(helpers.root .. "/runs/sigterm-spec/checkpoints/latest")
+         assert.is_not_nil(latest, "no checkpoint written on SIGTERM")
+         assert.matches("step%-" .. step, latest:read("*a"))
+         latest:close()
+         helpers.remove_run("runs/sigterm-spec")
+      end
    end)
 end)

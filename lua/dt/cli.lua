@@ -131,7 +131,7 @@ local function run_recipe(args)
    _G.arg = rest(args, 2)
    _G.arg[0] = path
    local ret = chunk(unpack(_G.arg))
-   return type(ret) == "number" and ret or 0
+   return type(ret) == "number" and ret or require("dt").exit_status
 end
 
 function M.main(args)

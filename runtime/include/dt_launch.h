@@ -36,7 +36,8 @@ void dt_launch_block_signals(bool block);
 
 /* Run the job to completion. exit_code receives 0 when every worker exited 0, otherwise the
  * failing rank's exit code (128 + signal when killed; the other node's failing rank's when
- * stopped through the store), 130 after Ctrl-C. Returns non-OK only when the job could not be
+ * stopped through the store), 128 + the signal when the agent was stopped by one (130 after Ctrl-C, 143 after
+ * SIGTERM: the workers finish their step and checkpoint first). Returns non-OK only when the job could not be
  * started (e.g. fork or log file failures). */
 dt_status dt_launch_run(const dt_launch_opts *opts, int *exit_code);
 
