@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -40,7 +41,8 @@ typedef struct agent {
   bool *console; /* per local rank */
   int failed;    /* local index of the root-cause worker, -1 if none */
   double t0, fail_time;
-  bool stopping, interrupted;
+  bool stopping;
+  int interrupted; /* the signal that stopped the agent (SIGINT, SIGTERM, SIGHUP), or 0 */
   double kill_deadline;
   /* multi-node (o->store set): this attempt's failure report shared with the other nodes */
   int attempt;
@@ -225,6 +227,7 @@ static dt_status spawn(agent *a, worker *w, const sigset_t *child_mask, int rest
     close(fds[1]);
     return DT_FAIL(DT_ERR_OOM, "out of memory building the worker environment");
   }
+  pid_t agent_pid = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     free_env(env);
@@ -234,6 +237,9 @@ static dt_status spawn(agent *a, worker *w, const sigset_t *child_mask, int rest
   }
   if (pid == 0) {
     setpgid(0, 0); /* own group: the agent alone decides how workers stop */
+    /* ...and a worker never outlives it: an agent killed with SIGKILL cannot stop anyone, so the kernel
+     * does (no new step, no checkpoint started). An agent that died before prctl ran reparented us already. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != agent_pid) _exit(127);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     int devnull = open("/dev/null", O_RDONLY);
@@ -366,6 +372,9 @@ static void reap(agent *a) {
         describe_exit(st, how, sizeof how);
         publish_failure(a, exit_code_of(st), "rank %d (pid %d) %s after %.1f s", w->rank, (int)pid, how,
                         a->fail_time);
+        /* another node's rank failed first: ours most likely failed because of it (a collective names a dead
+         * peer at once), so the first report stays the job's root cause here too */
+        if (a->remote[0] && !a->store_lost) a->failed = -1;
       }
       if (bad) begin_stop(a);
     }
@@ -483,7 +492,7 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
         if (si.ssi_signo == SIGCHLD) continue; /* reaped below */
         if (!a->interrupted) fprintf(stderr, "\ndtrun: %s received, stopping all ranks (grace %.0f s)\n",
                                      signal_name((int)si.ssi_signo), a->o->grace_s);
-        a->interrupted = true;
+        a->interrupted = (int)si.ssi_signo;
         begin_stop(a);
         publish_failure(a, 130, "the agent was interrupted by %s", signal_name((int)si.ssi_signo));
       }
@@ -494,6 +503,11 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
     poll_store(a);
   }
   return DT_OK;
+}
+
+/* After an attempt: a rank killed before every rank joined cannot unlink the segment it created. */
+static void remove_segments(const dt_launch_opts *o) {
+  if (o->job_id) dt_comm_shm_remove_job(o->job_id, NULL);
 }
 
 dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
@@ -527,9 +541,10 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
 
   for (int attempt = 0; s == DT_OK; attempt++) {
     s = run_group(&a, sigfd, &child, attempt);
+    remove_segments(o);
     if (s != DT_OK) break;
     if (a.failed < 0 && !a.remote[0]) {
-      *exit_code = a.interrupted ? 130 : 0;
+      *exit_code = a.interrupted ? 128 + a.interrupted : 0; /* as the workers: 143 after SIGTERM, 130 after Ctrl-C */
       break;
     }
     print_summary(&a);
@@ -544,6 +559,7 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
     signal_all(&a, SIGKILL);
     while (waitpid(-1, NULL, 0) > 0) {
     }
+    remove_segments(o);
   }
   if (sigfd >= 0) close(sigfd);
   pthread_sigmask(SIG_SETMASK, &orig, NULL);

@@ -87,6 +87,45 @@ describe("collective failures", function()
       end)
    end
 
+   it("leaves no shm segment when a rank raises before dist.init, whether rank 0 gets SIGTERM or SIGKILL", function()
+      for _, grace in ipairs { 2, 0 } do -- 0: SIGKILL right after the SIGTERM, rank 0 cannot clean up: the agent does
+         local r = faults(2, ("mode=early --grace %d"):format(grace))
+         assert.equal(1, r.code, r.out)
+         assert.matches("job failed: rank 1 %(pid %d+%) exited with code 1", r.out)
+         assert.matches("rank 1 fails before dist.init", r.out)
+      end
+   end)
+
+   it("fails the waiting ranks naming a rank that exited with status 0 instead of joining", function()
+      local r = faults(3, "mode=leave timeout=300")
+      assert.equal(4, r.code, r.out)
+      for rank = 0, 1 do
+         assert.matches(("%%[%d%%] rank %d caught: [^\n]*all_reduce #%%d+ %%(sum, f32, count 8%%) failed because of "
+            .. "rank 2: its process %%(pid %%d+%%) ended while the others waited for it"):format(rank, rank), r.out)
+      end
+   end)
+
+   it("takes down ranks that hold SIGTERM when a peer is killed mid-collective, with the killed rank as root cause",
+      function()
+         local r = faults(2, "mode=kill term=catch")
+         assert.equal(137, r.code, r.out)
+         assert.matches("job failed: rank 1 %(pid %d+%) was killed by SIGKILL[^\n]*<%- root cause", r.out)
+         assert.matches("%[0%] [^\n]*barrier #%d+ failed because of rank 1: its process %(pid %d+%) ended", r.out)
+         assert.matches("rank 0 exited with code 1 %(stopped after the failure%)", r.out)
+      end)
+
+   it("takes the collective timeout from --timeout or DT_COLLECTIVE_TIMEOUT, and refuses a bad one", function()
+      for _, how in ipairs { { "--timeout 1.5", "" }, { "", "DT_COLLECTIVE_TIMEOUT=1.5" } } do
+         local r = H.dtrun(("%s --nproc 2 --grace 2 mode=skip timeout=env sleep=20 %s"):format(FAULTS, how[1]), how[2])
+         assert.equal(4, r.code, r.out)
+         assert.matches("%[0%] rank 0 caught: [^\n]*timed out after 1%.5 s waiting for rank 1", r.out)
+         H.remove_run(r.run_dir)
+      end
+      local r = H.dtrun(FAULTS .. " --nproc 1 mode=skip", "DT_COLLECTIVE_TIMEOUT=soon")
+      assert.matches("DT_COLLECTIVE_TIMEOUT must be seconds in 0%.001%.%.%d+ %(default 300%), got 'soon'", r.out)
+      H.remove_run(r.run_dir)
+   end)
+
    it("ends the job within seconds when a rank is killed mid-collective, leaving no processes or segments", function()
       for _, nproc in ipairs { 2, 4 } do
          local r = faults(nproc, "mode=kill")

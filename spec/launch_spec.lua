@@ -1,6 +1,7 @@
 -- spec/launch_spec.lua: the launcher agent: rank environment, prefixed and tee'd output, failure handling, flag errors.
 local ffi = require "ffi"
 local dt = require "dt"
+local H = require "spec.dist_helpers"
 
 local exe = ffi.string(dt.C.dt_exe_path())
 local worker = "spec/fixtures/launch_worker.lua"
@@ -100,6 +101,29 @@ describe("launcher", function()
       assert.equal(0, stray_workers())
    end)
 
+   it("takes every worker down within 2 s when the agent is killed with SIGKILL", function()
+      local tag = H.tag()
+      local log = os.tmpname()
+      local p = io.popen(("%s %s --nproc 2 hold=30 tag=%s > %s 2>&1 & echo $!"):format(exe, worker, tag, log))
+      local agent = tonumber(p:read("*l"))
+      p:close()
+      local function holding()
+         local out = read(log)
+         return out:find("[0] rank 0 holding", 1, true) and out:find("[1] rank 1 holding", 1, true)
+      end
+      local function wait_for(cond, seconds)
+         local t_end = dt.time() + seconds
+         while not cond() and dt.time() < t_end do os.execute("sleep 0.1") end
+         return cond()
+      end
+      assert.is_truthy(wait_for(holding, 30), read(log))
+      made[#made + 1] = read(log):match("^run dir: ([^\n]*)")
+      assert.equal(2, H.count_procs(tag) - 1) -- the workers and the agent itself
+      os.execute("kill -9 " .. agent)
+      assert.is_true(wait_for(function() return H.count_procs(tag) == 0 end, 2), "workers outlived the agent")
+      os.remove(log)
+   end)
+
    it("fails with one line when the master port is in use", function()
       local srv = require("dt.dist").serve("127.0.0.1", 0, "") -- holds the port for the duration
       local lines, code = dtrun(("%s --nproc 1 --master-port %d"):format(worker, srv.port))
@@ -119,6 +143,7 @@ describe("launcher", function()
          { "--gpus 8", ("dtrun: 8 GPU rank%%(s%%) requested but this machine has %d CUDA device%%(s%%)"):format(
             dt.device_count("cuda")) .. ".*use %-%-nproc 8" },
          { "--master-port 70000 --nproc 1", "%-%-master%-port must be in 1..65535" },
+         { "--timeout 0 --nproc 1", "%-%-timeout must be at least 0%.001, got 0" },
       }
       for _, c in ipairs(cases) do
          local lines, code = dtrun(worker .. " " .. c[1])

@@ -1,5 +1,5 @@
 -- spec/restart_spec.lua: --max-restarts resumes from the latest checkpoint on the same trajectory; SIGTERM checkpoints
--- and stops.
+-- and stops (exit 143); run_dir= under the launcher.
 local cjson = require "cjson"
 local helpers = require "spec.dist_helpers"
 
@@ -27,21 +27,42 @@ describe("restarts", function()
       helpers.remove_run(crashed.run_dir)
    end)
 
-   it("SIGTERM finishes the current step, checkpoints and exits cleanly", function()
-      local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua steps=1000 checkpoint_every=1000 step_sleep=0.2 "
-         .. "run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; kill -TERM $pid; wait $pid; "
-         .. "echo exit=$?)"):format(helpers.root, helpers.exe)
-      local p = io.popen(cmd)
-      local out = p:read("*a")
-      p:close()
-      local log = io.open("/tmp/dt-sigterm-spec.log"):read("*a")
-      assert.matches("exit=0", out, log)
-      local step = tonumber(log:match("stopping after step (%d+): SIGTERM received"))
-      assert.is_not_nil(step, log)
-      local latest = io.open(helpers.root .. "/runs/sigterm-spec/checkpoints/latest")
-      assert.is_not_nil(latest, "no checkpoint written on SIGTERM")
-      assert.matches("step%-" .. step, latest:read("*a"))
-      latest:close()
-      helpers.remove_run("runs/sigterm-spec")
+   it("under the launcher, a recipe's run_dir= is the job's one run dir, printed once, and resume=true continues it",
+      function()
+         local dir = os.tmpname()
+         os.remove(dir)
+         local recipe = "spec/fixtures/restart_recipe.lua --nproc 1 "
+         local first = helpers.dtrun(("%s steps=4 checkpoint_every=2 run_dir=%s"):format(recipe, dir))
+         assert.equal(0, first.code, first.out)
+         assert.equal("run dir: " .. dir, first.lines[1])
+         assert.equal(1, select(2, first.out:gsub("run dir:", "")), first.out)
+         assert.matches("step 4", io.open(dir .. "/logs/rank0.log"):read("*a"))
+         local again = helpers.dtrun(("%s steps=6 resume=true run_dir=%s"):format(recipe, dir))
+         assert.equal(0, again.code, again.out)
+         assert.equal("run dir: " .. dir, again.lines[1])
+         assert.matches("resumed from .*step%-4 at step 4", again.out)
+         local metrics = io.open(dir .. "/metrics.jsonl"):read("*a")
+         assert.matches('"step":6', metrics)
+         os.execute("rm -rf " .. dir)
+      end)
+
+   it("SIGTERM finishes the current step, checkpoints and exits 143, alone and under the launcher", function()
+      for _, launcher in ipairs { "", "--nproc 1" } do
+         local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua %s steps=1000 checkpoint_every=1000 "
+            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; "
+            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher)
+         local p = io.popen(cmd)
+         local out = p:read("*a")
+         p:close()
+         local log = io.open("/tmp/dt-sigterm-spec.log"):read("*a")
+         assert.matches("exit=143", out, log)
+         local step = tonumber(log:match("stopping after step (%d+): SIGTERM received"))
+         assert.is_not_nil(step, log)
+         local latest = io.open(helpers.root .. "/runs/sigterm-spec/checkpoints/latest")
+         assert.is_not_nil(latest, "no checkpoint written on SIGTERM")
+         assert.matches("step%-" .. step, latest:read("*a"))
+         latest:close()
+         helpers.remove_run("runs/sigterm-spec")
+      end
    end)
 end)

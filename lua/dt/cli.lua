@@ -5,7 +5,9 @@ local usage = [[
 usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in this process
        dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
-             [--threads T] [key=value ...]                     run N ranks under the agent
+             [--threads T] [--timeout S] [key=value ...]       run N ranks under the agent
+             (--timeout: seconds a collective waits for the other ranks, default 300; the same as
+             DT_COLLECTIVE_TIMEOUT=S. A rank whose process ended fails the others at once.)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels)
@@ -173,7 +175,7 @@ local function run_recipe(args)
       ok, ret = xpcall(function() return chunk(unpack(_G.arg)) end, at_caller)
       if not ok then error(ret, 0) end
    end
-   return type(ret) == "number" and ret or 0
+   return type(ret) == "number" and ret or require("dt").exit_status
 end
 
 function M.main(args)

@@ -20,6 +20,9 @@ local dt = {
    checkpoint = autograd.checkpoint,
    C = C,
    check = check,
+   -- dtrun's exit status when the script returns normally: 0, or what a library set (the trainer sets 143 = 128 +
+   -- SIGTERM once it stopped for SIGTERM and its checkpoint is durable: an interrupted run is not a finished one)
+   exit_status = 0,
 }
 
 -- Op families install functions into dt and methods into Tensor.

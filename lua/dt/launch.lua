@@ -34,6 +34,7 @@ local flags = {
    ["--max-restarts"] = { key = "max_restarts", kind = "int", min = 0 },
    ["--ranks"] = { key = "ranks", kind = "string" },
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
+   ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
 }
 
 local function flag_names()
@@ -122,6 +123,14 @@ function M.from_slurm(opts, env)
       opts.master_port = opts.master_port or tonumber(env("MASTER_PORT"))
    end
    return opts
+end
+
+-- The run dir a recipe was given on the command line (its last `run_dir=PATH` word), or nil: one job, one run dir,
+-- so the agent writes its logs there too (and `resume=true` continues it).
+function M.recipe_run_dir(rest)
+   local dir
+   for _, a in ipairs(rest) do dir = a:match("^run_dir=(.+)$") or dir end
+   return dir
 end
 
 -- After the group ended: report this agent's exit code; node 0 keeps the store up until every agent
@@ -213,7 +222,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
       store = s
    end
    if opts.node_rank == 0 then
-      run_dir = make_run_dir(table.concat(words, "-"), rest)
+      run_dir = M.recipe_run_dir(rest) or make_run_dir(table.concat(words, "-"), rest)
       if store then store:set("dtrun/run_dir", run_dir) end
    else
       run_dir = store:get("dtrun/run_dir")
@@ -243,9 +252,11 @@ function M.run(cmd, args, make_run_dir, passthrough)
    o.threads_per_rank = opts.threads or 0
    o.argc, o.argv = #argv_list, argv
    local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=dt-" .. token:sub(1, 12) }
+   if opts.timeout then env_list[#env_list + 1] = "DT_COLLECTIVE_TIMEOUT=" .. opts.timeout end
    local env = ffi.new("const char*[?]", #env_list + 1)
    for i, e in ipairs(env_list) do env[i - 1] = e end
    o.extra_env = env
+   o.job_id = env_list[2]:match("^DT_JOB_ID=(.*)$")
    o.store = store and store.h or nil
    local code = ffi.new("int[1]")
    local status = C.dt_launch_run(o, code)

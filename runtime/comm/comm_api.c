@@ -1,4 +1,5 @@
 /* comm_api.c: the public communicator API: argument checks, init/destroy, in-order async calls on a progress thread. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -207,11 +208,17 @@ dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const ch
   size_t jlen = job_id ? strlen(job_id) : 0;
   DT_CHECK(jlen >= 1 && jlen <= MAX_JOB, DT_ERR_ARG, "dt_comm_init_shm: job id must be 1..%d bytes, got %zu",
            MAX_JOB, jlen);
+  const char *env = getenv("DT_COLLECTIVE_TIMEOUT");
+  char *end = NULL;
+  double secs = env && *env ? strtod(env, &end) : DEFAULT_TIMEOUT_MS * 1e-3;
+  DT_CHECK(!end || (!*end && secs >= 1e-3 && secs <= INT_MAX * 1e-3), DT_ERR_ARG,
+           "DT_COLLECTIVE_TIMEOUT must be seconds in 0.001..%d (default %d), got '%s'", INT_MAX / 1000,
+           DEFAULT_TIMEOUT_MS / 1000, env);
   dt_comm *c = calloc(1, sizeof *c);
   DT_CHECK(c, DT_ERR_OOM, "dt_comm_init_shm: out of memory");
   c->rank = rank;
   c->world = world;
-  c->timeout_ms = DEFAULT_TIMEOUT_MS;
+  c->timeout_ms = (int)(secs * 1000 + 0.5);
   c->device = -1;
   memcpy(c->job, job_id, jlen);
   pthread_mutex_init(&c->mu, NULL);

@@ -40,7 +40,7 @@ typedef struct shm_header {
   uint64_t seg_bytes, slot_bytes, chan_bytes;
   _Alignas(64) _Atomic uint64_t arrivals; /* barrier arrivals since creation */
   _Alignas(64) _Atomic uint32_t gen;      /* futex word: low 32 bits of the last completed barrier epoch */
-  _Atomic uint32_t abort_rank;            /* 0: healthy; r + 1: rank r gave up (reason in its block) */
+  _Atomic uint32_t abort_rank;            /* 0: healthy; r + 1: rank r gave up or is gone (reason in its block) */
 } shm_header;
 
 typedef struct shm_rank {
@@ -85,6 +85,7 @@ struct dt_comm {
   int device;                         /* cuda device of dt_comm_enable_cuda, or -1 */
   dt_nccl *nccl;
   uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
+  int *pidfds;                        /* per peer: a pidfd of its process (-1 for this rank; -2: gone at rendezvous) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -118,7 +119,8 @@ dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dt
 /* Barrier over all ranks; the call's first one also compares fingerprints. */
 dt_status shm_sync(call_ctx *x);
 /* Wait until the futex word reaches target (wrapping compare). 0: reached; 1: deadline;
- * 2: the communicator was aborted; 3: *stop became non-zero (stop may be NULL). */
+ * 2: the communicator was aborted (also when a peer's process is found gone: this rank aborts it on
+ * the dead rank's behalf); 3: *stop became non-zero (stop may be NULL). */
 int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline);
 void shm_wake(_Atomic uint32_t *w);
 /* Give up: make the communicator unusable here and wake every other rank with the reason. */

@@ -1,10 +1,13 @@
 /* shm_segment.c: the shm communicator's segment (creation, rendezvous, cleanup), futex barrier, fingerprints and failure reports. */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -24,7 +27,8 @@ enum {
   CHAN_TOTAL = 16 << 20, /* all channels' data together, before clamping */
   MIN_CHAN = 4096,
   MAX_CHAN = 128 << 10,
-  WAIT_SLICE_MS = 200 /* a sleeping rank rechecks for an abort at least this often */
+  WAIT_SLICE_MS = 100, /* a sleeping rank rechecks for an abort, and that its peers live, at least this often */
+  CLEAN_MAX = 48       /* bytes of a communicator id kept in a segment name */
 };
 
 static const char *const kind_names[CALL_KIND_COUNT] = {
@@ -53,6 +57,35 @@ const char *shm_describe(const shm_fp *fp, char *buf, size_t n) {
 
 void shm_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
+/* Mark the communicator aborted on behalf of rank r (the first report wins) and wake every sleeper. */
+static void abort_as(dt_comm *c, int r, const char *msg) {
+  snprintf(c->ranks[r].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
+  uint32_t healthy = 0;
+  atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)r + 1);
+  shm_wake(&c->hdr->gen);
+  for (int i = 0; i < c->world * (c->world - 1); i++) {
+    shm_wake(&c->chans[i].posted);
+    shm_wake(&c->chans[i].taken);
+  }
+}
+
+/* Did a peer's process end (exit, even with status 0, or a kill) without the others knowing? Its pidfd
+ * turns readable when it does. The first rank to see it aborts the communicator for it, so every waiter
+ * fails at once naming the dead rank (the message depends only on that rank: concurrent writers agree). */
+static bool peer_gone(dt_comm *c) {
+  for (int j = 0; c->pidfds && j < c->world; j++) {
+    if (c->pidfds[j] == -1) continue;
+    struct pollfd p = {.fd = c->pidfds[j], .events = POLLIN};
+    if (c->pidfds[j] >= 0 && poll(&p, 1, 0) != 1) continue;
+    char msg[200];
+    snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
+             c->ranks[j].pid);
+    abort_as(c, j, msg);
+    return true;
+  }
+  return false;
+}
+
 int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline) {
   for (;;) {
     uint32_t v = atomic_load(w);
@@ -61,24 +94,19 @@ int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uin
     if (stop && atomic_load(stop)) return 3;
     double left = deadline - dt_time_now();
     if (left <= 0) return 1;
-    /* an abort (or stop) wakes sleepers, but one that checked just before it can miss that wake: sleep in slices */
+    /* an abort (or stop) wakes sleepers, but one that checked just before it can miss that wake, and a peer that
+     * dies wakes no one: sleep in slices, and after a slice that passed without a wake, check the peers */
     if (left > WAIT_SLICE_MS * 1e-3) left = WAIT_SLICE_MS * 1e-3;
     struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0);
+    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c))
+      return 2;
   }
 }
 
 /* ---- failures ---- */
 
 dt_status shm_abort(dt_comm *c, dt_status code, const char *msg) {
-  snprintf(c->ranks[c->rank].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
-  uint32_t healthy = 0;
-  atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)c->rank + 1);
-  shm_wake(&c->hdr->gen);
-  for (int i = 0; i < c->world * (c->world - 1); i++) {
-    shm_wake(&c->chans[i].posted);
-    shm_wake(&c->chans[i].taken);
-  }
+  abort_as(c, c->rank, msg);
   snprintf(c->failed, sizeof c->failed, "%s", msg);
   return DT_FAIL(code, "%s", msg);
 }
@@ -90,7 +118,7 @@ dt_status shm_aborted_error(call_ctx *x) {
   int r = (int)atomic_load(&c->hdr->abort_rank) - 1;
   char why[sizeof c->ranks[0].abort_msg], what[160];
   snprintf(why, sizeof why, "%s", c->ranks[r].abort_msg);
-  snprintf(c->failed, sizeof c->failed, "comm '%s' rank %d/%d: %s failed because rank %d gave up: %s", c->job,
+  snprintf(c->failed, sizeof c->failed, "comm '%s' rank %d/%d: %s failed because of rank %d: %s", c->job,
            c->rank, c->world, what_of(x, what, sizeof what), r, why);
   return DT_FAIL(DT_ERR_STATE, "%s", c->failed);
 }
@@ -282,21 +310,85 @@ static dt_status attach_segment(dt_comm *c, const char *name) {
   return DT_OK;
 }
 
-static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, size_t n) {
+/* The first CLEAN_MAX bytes of a communicator id, fit for a file name; returns a hash of the whole id. */
+static uint32_t clean_id(const char *id, char clean[CLEAN_MAX + 1]) {
   uint32_t h = 2166136261u;
-  char clean[49];
-  size_t len = strlen(c->job), o = 0;
+  size_t len = strlen(id), o = 0;
   for (size_t i = 0; i < len; i++) {
-    unsigned char ch = (unsigned char)c->job[i];
+    unsigned char ch = (unsigned char)id[i];
     h = (h ^ ch) * 16777619u;
-    if (o < sizeof clean - 1) clean[o++] = (isalnum(ch) || ch == '-' || ch == '_' || ch == '.') ? (char)ch : '_';
+    if (o < CLEAN_MAX) clean[o++] = (isalnum(ch) || ch == '-' || ch == '_' || ch == '.') ? (char)ch : '_';
   }
   clean[o] = 0;
+  return h;
+}
+
+static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, size_t n) {
+  char clean[CLEAN_MAX + 1];
+  uint32_t h = clean_id(c->job, clean);
   /* sanitised for a file name, plus a hash of the raw id so distinct ids never share a segment */
   snprintf(c->shm_name, sizeof c->shm_name, "/dtcomm-%u-%s-%08x", (unsigned)getuid(), clean, h);
   snprintf(k_seg, n, "dtcomm/%s/segment", c->job);
   snprintf(k_joined, n, "dtcomm/%s/joined", c->job);
   snprintf(k_ready, n, "dtcomm/%s/ready", c->job);
+}
+
+/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone. */
+static dt_status watch_peers(dt_comm *c) {
+  c->pidfds = malloc((size_t)c->world * sizeof *c->pidfds);
+  DT_CHECK(c->pidfds, DT_ERR_OOM, "comm '%s': out of memory", c->job);
+  for (int j = 0; j < c->world; j++) c->pidfds[j] = -1;
+  for (int j = 0; j < c->world; j++) {
+    c->pidfds[j] = j == c->rank ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
+    if (c->pidfds[j] < 0 && j != c->rank) {
+      DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
+               c->ranks[j].pid, strerror(errno));
+      c->pidfds[j] = -2; /* gone already: the first wait reports it */
+    }
+  }
+  return DT_OK;
+}
+
+/* Wait (up to the communicator's timeout) until every rank has joined. Rank 0 holds the segment's name meanwhile:
+ * a terminating signal then (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose
+ * action is the default are caught while it waits in slices; on one it unlinks the name and raises the signal again,
+ * ending as it would have. */
+static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready) {
+  static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
+  enum { NHELD = sizeof held_signals / sizeof *held_signals };
+  bool held[NHELD] = {false}, any = false;
+  for (int i = 0; c->rank == 0 && i < NHELD; i++) {
+    struct sigaction sa;
+    held[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
+              dt_signal_watch(held_signals[i]) == DT_OK;
+    any |= held[i];
+  }
+  const char *keys[] = {k_ready};
+  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
+  int caught = 0, other = 0;
+  dt_status st;
+  for (;;) {
+    st = dt_store_wait(store, 1, keys, any ? WAIT_SLICE_MS : c->timeout_ms);
+    bool ready = st == DT_OK;
+    if (!ready && any && dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready) != DT_OK) break;
+    if (ready || !any) break; /* done, or failed (a wait without slices timed out or lost the store) */
+    int sig = dt_signal_take();
+    for (int i = 0; i < NHELD; i++)
+      if (held[i] && sig == held_signals[i]) caught = sig;
+    if (sig && !caught) other = sig; /* another handler's (the trainer's): given back below */
+    if (caught) break;
+    if (dt_time_now() > deadline) {
+      st = DT_FAIL(DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job, c->rank, c->world,
+                   c->timeout_ms * 1e-3);
+      break;
+    }
+  }
+  for (int i = 0; i < NHELD; i++)
+    if (held[i]) dt_signal_restore(held_signals[i]);
+  if (caught && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  if (caught || other) raise(caught ? caught : other); /* caught: its default action ends the process here */
+  if (caught) st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
+  return st;
 }
 
 dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
@@ -319,8 +411,8 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   int64_t joined = 0;
   DT_TRY(dt_store_add(store, k_joined, 1, DT_STORE_DEFAULT_TIMEOUT, &joined));
   if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
-  const char *ready[] = {k_ready};
-  DT_TRY(dt_store_wait(store, 1, ready, DT_STORE_DEFAULT_TIMEOUT));
+  DT_TRY(wait_ready(c, store, k_ready));
+  DT_TRY(watch_peers(c));
   /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
   if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
   call_ctx x;
@@ -336,7 +428,29 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   return DT_OK;
 }
 
+dt_status dt_comm_shm_remove_job(const char *job_id, int *removed) {
+  if (removed) *removed = 0;
+  DT_CHECK(job_id && *job_id && strlen(job_id) < CLEAN_MAX, DT_ERR_ARG, "shm cleanup: job id must be 1..%d bytes",
+           CLEAN_MAX - 1);
+  char clean[CLEAN_MAX + 1], prefix[CLEAN_MAX + 32], path[300];
+  clean_id(job_id, clean);
+  int plen = snprintf(prefix, sizeof prefix, "dtcomm-%u-%s-", (unsigned)getuid(), clean);
+  DIR *d = opendir("/dev/shm");
+  DT_CHECK(d, DT_ERR_IO, "shm cleanup of job %s: cannot list /dev/shm: %s", job_id, strerror(errno));
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+    snprintf(path, sizeof path, "/%s", e->d_name);
+    if (shm_unlink(path) == 0 && removed) (*removed)++;
+  }
+  closedir(d);
+  return DT_OK;
+}
+
 void shm_segment_close(dt_comm *c) {
+  for (int j = 0; c->pidfds && j < c->world; j++)
+    if (c->pidfds[j] >= 0) close(c->pidfds[j]);
+  free(c->pidfds);
+  c->pidfds = NULL;
   if (c->base) munmap(c->base, c->seg_bytes);
   if (c->rank == 0 && !c->unlinked && c->shm_name[0]) shm_unlink(c->shm_name);
   c->base = NULL;

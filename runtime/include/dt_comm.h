@@ -14,13 +14,19 @@ typedef struct dt_comm_work dt_comm_work; /* an asynchronous call in flight */
  * publishes its name through the store; the name is unlinked once every rank has mapped it, so
  * nothing is left behind even if a rank dies later. job_id must be unique per communicator
  * among live jobs on the host (1..128 bytes). DT_SHM_SLOT_BYTES (environment of rank 0, 4 KiB..
- * 64 MiB, default 1 MiB) sets the bytes each rank stages per pipeline step. */
+ * 64 MiB, default 1 MiB) sets the bytes each rank stages per pipeline step. DT_COLLECTIVE_TIMEOUT (seconds,
+ * default 300) sets the timeout (see dt_comm_set_timeout), which also bounds the wait for every rank to join. */
 dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out);
+/* Remove this user's shm segments of every communicator whose id starts with `job_id` followed by '-' (the world
+ * "<job_id>-r<restart>-world" and its splits): what an agent does when a job ends, whatever happened, since a rank
+ * killed before every rank joined cannot remove its own. removed (may be NULL) counts them. */
+dt_status dt_comm_shm_remove_job(const char *job_id, int *removed);
 /* Wait for queued asynchronous calls, stop the progress thread, unmap. NULL is fine. */
 void dt_comm_destroy(dt_comm *c);
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_world(const dt_comm *c);
-/* How long a call waits for the other ranks before failing (default 300000 ms). */
+/* How long a call waits for the other ranks before failing (default 300000 ms, or DT_COLLECTIVE_TIMEOUT seconds).
+ * A rank whose process ended is noticed within about 0.1 s, whatever the timeout. */
 dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
 
 /* Give the communicator a CUDA device (collective over its ranks, each naming its own device): rank 0's NCCL

@@ -2,7 +2,7 @@
  * output with rank prefixes, stops the group when one fails and explains why. */
 #ifndef DT_LAUNCH_H
 #define DT_LAUNCH_H
-#include "dt_store.h"
+#include "dt_comm.h"
 
 typedef struct dt_launch_opts {
   int nproc;               /* local ranks on this node */
@@ -19,6 +19,7 @@ typedef struct dt_launch_opts {
   int argc;                /* worker command: argv[0] is the program to exec */
   const char *const *argv;
   const char *const *extra_env; /* NULL-terminated "KEY=VALUE" list added to every worker, or NULL */
+  const char *job_id;      /* the workers' DT_JOB_ID: their shm segments are removed when each attempt ends, or NULL */
   /* Multi-node: a client of the job's store shared by every node's agent, or NULL. An agent whose
    * group fails (or is interrupted) publishes "<exit code> node <N>: <what happened>" under
    * "dtrun/failed/<attempt>"; every agent checks that key once per second and stops its workers
@@ -35,7 +36,8 @@ void dt_launch_block_signals(bool block);
 
 /* Run the job to completion. exit_code receives 0 when every worker exited 0, otherwise the
  * failing rank's exit code (128 + signal when killed; the other node's failing rank's when
- * stopped through the store), 130 after Ctrl-C. Returns non-OK only when the job could not be
+ * stopped through the store), 128 + the signal when the agent was stopped by one (130 after Ctrl-C, 143 after
+ * SIGTERM: the workers finish their step and checkpoint first). Returns non-OK only when the job could not be
  * started (e.g. fork or log file failures). */
 dt_status dt_launch_run(const dt_launch_opts *opts, int *exit_code);
 

@@ -1,6 +1,7 @@
 /* comm_spec.c: shm collectives in forked ranks against a single-process reference: every op x dtype x size, async, mismatches, timeouts, cleanup. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -293,22 +294,48 @@ static void mismatches(dt_comm *c, int rank, int world) {
   dt_tensor_free(big);
 }
 
+/* An absent rank stays alive until the `others` ranks are done (a dead one is reported as gone, not as late). */
+static void absent_until_done(bool absent, int others, const char *what) {
+  char count[96], done[96];
+  snprintf(count, sizeof count, "absent/%d/%s/count", spec_pid, what);
+  snprintf(done, sizeof done, "absent/%d/%s/done", spec_pid, what);
+  const char *keys[] = {done};
+  int64_t n = 0;
+  if (absent) dt_store_wait(rank_store, 1, keys, 30000);
+  else if (dt_store_add(rank_store, count, 1, 5000, &n) == DT_OK && n == others)
+    dt_store_set(rank_store, done, "1", 1, 5000);
+}
+
 /* Rank `world - 1` joins, then never calls: the others time out naming it. */
 static void absent_rank(dt_comm *c, int rank, int world) {
-  if (rank == world - 1) return;
-  dt_comm_set_timeout(c, 300);
+  if (rank < world - 1) {
+    dt_comm_set_timeout(c, 300);
+    char who[64];
+    snprintf(who, sizeof who, "rank %d (pid ", world - 1);
+    expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", "timed out after 0.3 s waiting for", who, "last entered barrier #0)"), "a rank that never arrives times out the call, named");
+    expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "timed out"), "the communicator is unusable after a timeout");
+  }
+  absent_until_done(rank == world - 1, world - 1, "rank");
+}
+
+/* Rank `world - 1` exits instead of calling: the others fail at once, long before their timeout, naming it. */
+static void departed_rank(dt_comm *c, int rank, int world) {
+  if (rank == world - 1) return; /* destroy and exit 0: no agent is watching */
   char who[64];
-  snprintf(who, sizeof who, "rank %d (pid ", world - 1);
-  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", "timed out after 0.3 s waiting for", who, "last entered barrier #0)"), "a rank that never arrives times out the call, named");
-  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "timed out"), "the communicator is unusable after a timeout");
+  snprintf(who, sizeof who, "failed because of rank %d: its process (pid ", world - 1);
+  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("barrier #1", who, "ended while the others waited for it"), "a rank whose process ended is named at once, not after the timeout");
+  expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "ended"), "the communicator is unusable after a peer ended");
 }
 
 static void absent_sender(dt_comm *c, int rank, int world) {
-  if (rank != 0) return;
-  dt_comm_set_timeout(c, 200);
-  dt_tensor *t = make(4, DT_DTYPE_F32);
-  expect_status(dt_comm_recv(c, t, 1, NULL), DT_OK, NEEDLES("recv #1 from rank 1 (f32, count 4) timed out after 0.2 s: rank 1 has not sent it"), "a recv whose sender never sends times out naming it");
-  dt_tensor_free(t);
+  (void)world;
+  if (rank == 0) {
+    dt_comm_set_timeout(c, 200);
+    dt_tensor *t = make(4, DT_DTYPE_F32);
+    expect_status(dt_comm_recv(c, t, 1, NULL), DT_OK, NEEDLES("recv #1 from rank 1 (f32, count 4) timed out after 0.2 s: rank 1 has not sent it"), "a recv whose sender never sends times out naming it");
+    dt_tensor_free(t);
+  }
+  absent_until_done(rank == 1, 1, "sender");
 }
 
 static void bad_arguments(dt_comm *c, int rank, int world) {
@@ -430,6 +457,43 @@ static void stale_segments(void) {
   expect(count_segments("spec-stale") == 0, "no segment left after destroy");
 }
 
+/* A rank 0 stopped by SIGTERM while waiting for its peers removes its segment and still ends by SIGTERM. */
+static void sigterm_while_joining(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    dt_store_client *s = NULL;
+    dt_comm *c = NULL;
+    dt_store_connect("127.0.0.1", store_port, TOKEN, 5000, &s);
+    char job[64];
+    snprintf(job, sizeof job, "spec-term-%d", spec_pid);
+    dt_comm_init_shm(s, 0, 2, job, &c); /* rank 1 never comes */
+    _exit(3);
+  }
+  for (int i = 0; i < 400 && count_segments("spec-term") == 0; i++) usleep(5000);
+  expect(count_segments("spec-term") == 1, "rank 0 waits for its peers with the segment created");
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  expect(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "rank 0 ends by the SIGTERM");
+  expect(count_segments("spec-term") == 0, "rank 0 unlinks its segment on SIGTERM while waiting");
+}
+
+/* What an agent does after a job: the job's segments go, others' stay. */
+static void remove_job_segments(void) {
+  char name[96];
+  snprintf(name, sizeof name, "/dtcomm-%u-spec-rm-%d-r0-world-0", (unsigned)getuid(), spec_pid);
+  close(shm_open(name, O_CREAT | O_RDWR, 0600));
+  char other[96];
+  snprintf(other, sizeof other, "/dtcomm-%u-spec-rm-%d0-r0-world-0", (unsigned)getuid(), spec_pid);
+  close(shm_open(other, O_CREAT | O_RDWR, 0600));
+  char job[64];
+  snprintf(job, sizeof job, "spec-rm-%d", spec_pid);
+  int removed = -1;
+  expect_ok(dt_comm_shm_remove_job(job, &removed), "remove a job's segments");
+  expect(removed == 1 && count_segments("spec-rm") == 0, "the job's segment is removed");
+  expect(shm_unlink(other) == 0, "a job whose id only starts the same keeps its segment");
+}
+
 int main(void) {
   spec_pid = (int)getpid();
   spec_share_counts();
@@ -451,6 +515,7 @@ int main(void) {
   expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
   expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");
   expect(run_ranks(3, "spec-absent", absent_rank), "3 ranks: absent rank");
+  expect(run_ranks(3, "spec-departed", departed_rank), "3 ranks: a rank that exits while the others wait");
   expect(run_ranks(2, "spec-absent-p2p", absent_sender), "2 ranks: absent sender");
   expect(run_ranks(1, "spec-args", bad_arguments), "1 rank: argument errors");
   expect(run_ranks(2, "spec-groups-2", groups_and_splits), "2 ranks: groups and splits");
@@ -458,6 +523,8 @@ int main(void) {
   expect(run_ranks(2, "spec-reuse", quick_sum) && run_ranks(2, "spec-reuse", quick_sum),
          "a job id can be used again after a clean destroy");
   stale_segments();
+  sigterm_while_joining();
+  remove_job_segments();
   dt_store_client *s = NULL;
   dt_comm *c = NULL;
   dt_store_connect("127.0.0.1", store_port, TOKEN, 2000, &s);

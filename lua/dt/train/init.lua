@@ -22,7 +22,8 @@ local train = {
 
 -- Create the run directory (config.run_dir, else the launcher's DT_RUN_DIR, else
 -- runs/<recipe>-<YYYYmmdd-HHMMSS>[-n] for the recipe in arg[0]) with logs/ and checkpoints/, write
--- the resolved config to config.lua, print "run dir: <path>" (rank 0 only) and return the path.
+-- the resolved config to config.lua, print "run dir: <path>" (rank 0 only; not under the launcher, whose agent
+-- printed that path already) and return the path.
 -- opts: name (instead of the recipe's file name), root (instead of "runs"), quiet.
 function train.run_dir(cfg, opts)
    opts = opts or {}
@@ -39,7 +40,7 @@ function train.run_dir(cfg, opts)
    fs.mkdir(fs.join(path, "checkpoints"))
    if (tonumber(os.getenv("RANK")) or 0) == 0 then -- one writer and one console line per job
       fs.write_atomic(fs.join(path, "config.lua"), config.to_lua(cfg))
-      if not opts.quiet then print("run dir: " .. path) end
+      if not opts.quiet and path ~= rundir.from_launcher() then print("run dir: " .. path) end
    end
    return path
 end

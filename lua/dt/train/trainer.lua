@@ -226,7 +226,8 @@ function Trainer:run()
    local saves = main or self.strategy.save_checkpoint ~= nil
    local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
    local first, t_start, result = self.step, dt.time(), nil
-   -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint.
+   -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
+   -- exits 143 (dt.exit_status).
    dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
    local ok, err = pcall(function()
       while self.step < cfg.steps do
@@ -235,6 +236,7 @@ function Trainer:run()
             if saves and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
             self.print(("stopping after step %d: SIGTERM received"):format(result.step))
             self.stopped = true
+            dt.exit_status = 128 + SIGTERM -- once end_run below has made the checkpoint durable
             break
          end
          if log then log:write(metrics.record(result)) end
