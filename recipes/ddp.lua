@@ -18,6 +18,7 @@ local cfg = train.config {
    model = { dim = 192, layers = 4, heads = 6, dropout = 0 },
    ddp = { bucket_mb = 25 },                    -- gradients are all_reduced in buckets of this size as backward runs
    eval_batches = 8,                            -- val batches for the final val loss
+   sample = 200,                                -- bytes to generate at the end (0: skip)
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()                      -- rank and world size from the launcher (1 rank alone)
@@ -60,4 +61,17 @@ local val = trainer:evaluate(cfg.eval_batches) -- every rank: with FSDP this is 
 if last then
    say(("done: step %d  train loss %.4f  val loss %.4f  best train loss %.4f  %d tokens"):format(last.step, last.loss,
       val, best, last.metrics.tokens_seen))
+end
+
+-- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40). Every rank generates the same bytes (the same
+-- generator): with FSDP each forward is a collective.
+if cfg.sample > 0 and not trainer.stopped then
+   local idx = dt.tensor({ { ("The "):byte(1, -1) } }, { dtype = "i64" })
+   local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })
+   local bytes = {}
+   for i = 1, out:numel() do
+      local b = out:get(i)
+      bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
+   end
+   say("sample:\n" .. table.concat(bytes))
 end

@@ -218,7 +218,7 @@ describe("recipes/fsdp.lua", function()
 
    it("trains on 2 ranks, saves sharded checkpoints from every rank and resumes from them", function()
       local dir = require("spec.train_helpers").tmpdir()
-      local small = "model.dim=32 model.layers=2 model.heads=2 batch=2 seq=32 eval_batches=1 log_every=2 "
+      local small = "model.dim=32 model.layers=2 model.heads=2 batch=2 seq=32 eval_batches=1 log_every=2 sample=0 "
          .. "checkpoint_every=2 run_dir=" .. dir
       local r = helpers.dtrun("recipes/fsdp.lua --nproc 2 steps=4 " .. small)
       helpers.remove_run(r.run_dir)
@@ -239,7 +239,7 @@ describe("recipes/fsdp.lua", function()
 
    it("takes an HSDP mesh and mixed precision from the config", function()
       local r = helpers.dtrun("recipes/fsdp.lua --nproc 4 steps=2 model.dim=32 model.layers=2 model.heads=2 batch=2 "
-         .. "seq=32 eval_batches=1 fsdp.param_dtype=bf16 'mesh_shape={{2,2},{\"replicate\",\"fsdp\"}}'")
+         .. "seq=32 eval_batches=1 sample=0 fsdp.param_dtype=bf16 'mesh_shape={{2,2},{\"replicate\",\"fsdp\"}}'")
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("4 rank%(s%), 2 shard%(s%), bf16 compute"), r.out)

@@ -115,11 +115,11 @@ describe("every recipe", function()
 
    it("keeps steps=N and seed=N, prints the run dir first and logs metrics.jsonl (2 ranks)", function()
       local dir = tmpdir()
-      local losses = {}
+      local losses, samples = {}, {}
       for _, name in ipairs(names) do
          local run_dir = fs.join(dir, name)
-         local r = dh.dtrun(("recipes/%s.lua --nproc 2 steps=2 seed=3 run_dir=%s %s"):format(name, run_dir,
-            TINY:gsub("log_every=1", "log_every=0")))
+         local r = dh.dtrun(("recipes/%s.lua --nproc 2 steps=2 seed=3 run_dir=%s %s %s"):format(name, run_dir,
+            TINY:gsub("log_every=1", "log_every=0"), name == "zero3_offload" and "" or "sample=8"))
          dh.remove_run(r.run_dir)
          assert.equal(0, r.code, r.out)
          assert.matches("^run dir: ", r.lines[1])
@@ -127,12 +127,15 @@ describe("every recipe", function()
          local m = metrics(run_dir)
          assert.same({ 1, 2 }, { m[1].step, m[2].step }, name)
          losses[name] = { m[1].loss, m[2].loss }
+         samples[name] = r.out:match("sample:\n(%[0%] [^\n]*)")
          if name == "ddp" or name == "fsdp" then -- their step callback
             for i = 1, 2 do assert.equal(i * 2 * 16 * 2, m[i].tokens_seen, name) end
          end
       end
       -- fsdp.lua is ddp.lua with fsdp.wrap: the same training, f32 rounding apart
       for i = 1, 2 do assert.near(losses.ddp[i], losses.fsdp[i], 1e-5) end
+      assert.equal(("[0] The "):len() + 8, #samples.ddp)
+      assert.equal(samples.ddp, samples.fsdp)
       assert.is_true(#names >= 4, table.concat(names, " "))
       fs.remove_tree(dir)
    end)

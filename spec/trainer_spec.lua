@@ -124,13 +124,13 @@ describe("train.Trainer", function()
 
    describe("with a non-finite gradient at step 2", function()
       -- A strategy hook after the last backward poisons one gradient, as an overflow in backward would.
-      local function poisoned(mode, out)
+      local function poisoned(mode, out, value, clip)
          local strategy = {}
          function strategy.before_optimizer(_, t)
-            if t.step + 1 == 2 then t.model.blocks[1].mlp.fc.weight.grad:fill_(0 / 0) end
+            if t.step + 1 == 2 then t.model.blocks[1].mlp.fc.weight.grad:fill_(value or 0 / 0) end
          end
          local say = function(s) out[#out + 1] = s end
-         local t, model = setup({ nonfinite = mode }, { strategy = strategy, print = say })
+         local t, model = setup({ nonfinite = mode, clip = clip }, { strategy = strategy, print = say })
          local after = {}
          t:add_step_callback(function(r) after[r.step] = { flat = flat_params(model), metrics = r.metrics } end)
          return t, after
@@ -142,6 +142,10 @@ describe("train.Trainer", function()
             .. "nan); lower the learning rate (lr 0.01) or check the data (nonfinite=skip skips such steps, "
             .. "nonfinite=ignore steps anyway)", errmsg(t.run, t):gsub("%-nan", "nan"))
          assert.equal(1, t.step)
+         -- finite but huge: the sum of squares overflows, and clipping (by 1 / inf) would zero the evidence
+         t = poisoned(nil, {}, 1e30, 1.0)
+         assert.matches("^train: step 2: the gradient of 'blocks.1.mlp.fc.weight' went non%-finite %(global gradient "
+            .. "norm inf%)", errmsg(t.run, t))
       end)
 
       it("skips the optimizer step with nonfinite=skip, counting it in the metrics", function()

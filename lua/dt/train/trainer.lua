@@ -148,10 +148,17 @@ function Trainer:train_step()
    self:hook("before_optimizer")
    local loss = loss_sum / n_micro
    if self.strategy.reduce_loss then loss = self:hook("reduce_loss", loss) end
-   local reduce = self.strategy.reduce_grad_sumsq and function(s) return self:hook("reduce_grad_sumsq", s) end
+   -- The global sum of squares, and the non-finite check on it before clipping scales (an inf norm would zero the
+   -- gradients that say which parameter overflowed).
+   local steps
+   local function reduce(s)
+      if self.strategy.reduce_grad_sumsq then s = self:hook("reduce_grad_sumsq", s) end
+      steps = self:may_step(step, loss, math.sqrt(s))
+      return s
+   end
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
    local extra = { gc_seconds = gc_s }
-   if self:may_step(step, loss, grad_norm) then
+   if steps then
       opt:step()
    else
       self.skipped_steps = self.skipped_steps + 1
