@@ -1,10 +1,14 @@
--- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch, and GFLOP/s vs measured sgemm.
+-- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch at its best configuration, and
+-- GFLOP/s vs the measured sgemm rate (roofline_fraction).
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
 local common = require "dt.bench.common"
 
 local M = {}
+
+-- OpenBLAS's threads under the peer: its default (one per core) or one (torch's threads then own the cores).
+local BLAS_THREADS = { { "blas=default", "" }, { "blas=1", "", "OPENBLAS_NUM_THREADS=1" } }
 
 -- ref-gpt (shared/peers/torch_gpt.py): byte vocab, context 256, width 384, 6 layers, 6 heads.
 local REF = { vocab = 256, seq = 256, dim = 384, layers = 6, heads = 6, batch = 8 }
@@ -64,14 +68,16 @@ function M.main(args)
 
    local peer, why = nil, "skipped (peer=no)"
    if o.peer ~= "no" then
-      peer, why = common.run_peer("torch_gpt.py", ("--threads %d --steps %d"):format(threads, o.steps))
+      peer, why = common.run_peer_best("torch_gpt.py", "--steps " .. o.steps,
+         common.peer_configs { common.torch_threads(threads), BLAS_THREADS }, "tokens_per_second")
    end
    local fields = { { "tokens_per_second", tps }, { "step_ms", step_s * 1e3 }, { "gflops", gflops },
-      { "sgemm_gflops", peak }, { "mfu_vs_sgemm", gflops / peak } }
+      { "sgemm_gflops", peak }, { "roofline_fraction", gflops / peak } }
    if peer then
-      print(("peer: torch %.0f tokens/s"):format(peer.tokens_per_second))
+      print(("peer: torch %.0f tokens/s (%s)"):format(peer.tokens_per_second, peer.config))
       table.insert(fields, 2, { "peer_tokens_per_second", peer.tokens_per_second })
       fields[#fields + 1] = { "ratio", tps / peer.tokens_per_second }
+      fields[#fields + 1] = { "peer_config", peer.config }
    else
       print("peer: " .. why)
       fields[#fields + 1] = { "ratio", "n/a" }
