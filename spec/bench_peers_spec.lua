@@ -90,11 +90,13 @@ LINE = "tokens_per_second=RATE step_ms=1"]],
          end
       end
       assert.truthy(r.out:find("peer: torch 170 tokens/s (threads=default,blas=1)", 1, true), r.out)
-      local tps, ratio = r.lines[#r.lines]:match("^bench train: tokens_per_second=(%d+) peer_tokens_per_second=170 "
-         .. "step_ms=%d+ gflops=[%d.]+ sgemm_gflops=[%d.]+ roofline_fraction=[%d.]+ ratio=([%d.]+) "
-         .. "peer_config=threads=default,blas=1$")
+      local tps, gflops, sgemm, roof, ratio = r.lines[#r.lines]:match("^bench train: tokens_per_second=(%d+) "
+         .. "peer_tokens_per_second=170 step_ms=%d+ gflops=([%d.]+) sgemm_gflops=([%d.]+) roofline_fraction=([%d.]+) "
+         .. "ratio=([%d.]+) peer_config=threads=default,blas=1$")
       assert.is_not_nil(ratio, r.lines[#r.lines])
       assert.is_true(math.abs(tonumber(ratio) / (tonumber(tps) / 170) - 1) < 0.01, r.lines[#r.lines])
+      -- the roofline is the measured sgemm rate (3 significant digits each)
+      assert.is_true(math.abs(tonumber(roof) / (tonumber(gflops) / tonumber(sgemm)) - 1) < 0.01, r.lines[#r.lines])
    end)
 
    with_python("says which peer is missing rather than reporting a ratio", function()
