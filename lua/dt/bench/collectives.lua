@@ -8,7 +8,7 @@
 -- bytes the full buffer (all_gather's output, reduce_scatter's input); busbw = algbw x 2(n-1)/n for
 -- all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
 --
--- Each row's roofline is the time the op would take if each rank moved only the bytes it must (min_traffic below)
+-- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
 -- at the copy bandwidth measured in the same run: a memcpy of the same size on every rank at once (read S, write S:
 -- 2S bytes per rank; the fastest iteration of the slowest rank), so the ranks share the memory bus as in the op.
 -- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time.
@@ -33,17 +33,17 @@ local function busbw_factor(op, n)
    return (n - 1) / n
 end
 
--- The fewest bytes one rank must move through memory (reads + writes) in op on S bytes (nccl-tests' size: the full
--- buffer) over n ranks, as a multiple of S, if each rank could read the others' buffers directly (no staging):
---   all_reduce      reduce its 1/n slice of all n buffers (read S, write S/n), then copy in the n - 1 other reduced
---                   slices (read and write (n-1)/n S): (3n-1)/n S; 2.5 S on 2 ranks
---   reduce_scatter  read its block of all n inputs (S), write it (S/n): (n+1)/n S
---   all_gather      read all n blocks (S), write them (S): 2 S
---   broadcast       a non-root rank reads the root's buffer and writes its own (S each): 2 S
+-- The fewest bytes the op moves through memory, per rank (all ranks' total / n, since they share the memory bus), as
+-- a multiple of S (nccl-tests' size: the full buffer), for buffers larger than the caches: every input byte read once
+-- and every output byte written once, whatever the algorithm (staging buffers of cache size are not counted):
+--   all_reduce      each rank reads its S and writes its S: 2 S
+--   reduce_scatter  reads n S, writes n blocks of S/n: (n+1)/n S
+--   all_gather      reads n blocks of S/n, writes n S: (n+1)/n S
+--   broadcast       the root reads S, n - 1 ranks write S: S
 local function min_traffic(op, n)
-   if op == "all_reduce" then return (3 * n - 1) / n end
-   if op == "reduce_scatter" then return (n + 1) / n end
-   return 2
+   if op == "all_reduce" then return 2 end
+   if op == "broadcast" then return 1 end
+   return (n + 1) / n
 end
 
 local function size_name(bytes)
