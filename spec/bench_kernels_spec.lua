@@ -21,8 +21,8 @@ describe("dtrun bench kernels", function()
          assert.is_not_nil(v, k .. " missing from: " .. last)
          assert.is_true(v > 0, k .. " must be a positive rate: " .. last)
       end
-      local ratio = tonumber(last:match(" ratio=([%d.e%-+]+)$"))
-      assert.is_true(ratio ~= nil and ratio > 0 and ratio <= 1.5, "ratio is a fraction of the peak: " .. last)
+      local frac = tonumber(last:match(" roofline_fraction=([%d.e%-+]+) ratio=n/a$"))
+      assert.is_true(frac ~= nil and frac > 0 and frac <= 1.5, "roofline_fraction is a fraction of the peak: " .. last)
       assert.truthy(last:match(" emulated=" .. (dt.cuda_device_info(0).emulated and "yes" or "no") .. " "), last)
    end)
 

@@ -51,12 +51,14 @@ describe("dtrun bench memory", function()
          assert.is_true(near_ratio(df, ddp, fsdp) and near_ratio(dz, ddp, zd), row.rest)
          last = { ddp = ddp, fsdp = fsdp, zero = zd }
       end
-      local ddp, fsdp, zero, ratio = r.lines[#r.lines]:match("^bench memory: ranks=" .. RANKS
+      local ddp, fsdp, zero, roof, ratio = r.lines[#r.lines]:match("^bench memory: ranks=" .. RANKS
          .. " pool=device ddp_peak_mib=" .. NUM .. " fsdp_peak_mib=" .. NUM .. " zero3_device_peak_mib=" .. NUM
-         .. " ratio=" .. NUM .. "$")
+         .. " roofline_fraction=" .. NUM .. " ratio=" .. NUM .. "$")
       assert.is_not_nil(ratio, r.lines[#r.lines])
       assert.is_true(near(ddp, last.ddp, 0.1) and near(fsdp, last.fsdp, 0.1), r.out)
       assert.is_true(near(zero, last.zero, 0.1) and near(ratio, ddp / zero, 0.05), r.out)
+      -- FSDP's peak holds at least its shard of the model state: the bound never exceeds it
+      assert.is_true(tonumber(roof) > 0 and tonumber(roof) <= 1, r.lines[#r.lines])
    end)
 
    local on_cpu = have_cuda and function(name) pending(name .. " (skipped: this machine has a cuda device)") end or it
@@ -73,10 +75,11 @@ describe("dtrun bench memory", function()
          assert.equal("skipped: " .. why, skipped, row.rest)
          assert.is_true(near_ratio(df, ddp, fsdp), row.rest)
       end
-      local ddp, fsdp, ratio = r.lines[#r.lines]:match("^bench memory: ranks=2 pool=host ddp_peak_mib=" .. NUM
-         .. " fsdp_peak_mib=" .. NUM .. " ratio=" .. NUM .. "$")
+      local ddp, fsdp, roof, ratio = r.lines[#r.lines]:match("^bench memory: ranks=2 pool=host ddp_peak_mib=" .. NUM
+         .. " fsdp_peak_mib=" .. NUM .. " roofline_fraction=" .. NUM .. " ratio=" .. NUM .. "$")
       assert.is_not_nil(ratio, r.lines[#r.lines])
       assert.is_true(near(ratio, ddp / fsdp, 0.05), r.out)
+      assert.is_true(tonumber(roof) > 0 and tonumber(roof) <= 1, r.lines[#r.lines])
    end)
 
    it("names the valid options", function()

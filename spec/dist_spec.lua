@@ -147,14 +147,16 @@ describe("dtrun bench collectives", function()
       assert.equal(0, r.code, r.out)
       for _, op in ipairs { "all_reduce", "reduce_scatter", "all_gather", "broadcast" } do
          for _, size in ipairs { "1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB" } do
-            assert.matches(("%%[0%%] %s%%s+%s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+ GB/s"):format(op, size), r.out)
+            local row = "%%[0%%] %s%%s+%s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+ GB/s%%s+[%%d.]+%%%%\n"
+            assert.matches(row:format(op, size), r.out)
          end
       end
       local one = H.dtrun("bench collectives --nproc 1")
       assert.matches("bench collectives: needs at least 2 ranks", one.out)
       H.remove_run(one.run_dir)
       assert.matches("^bench collectives: allreduce_64mib_busbw_gbps=n/a peer_allreduce_64mib_busbw_gbps=n/a ratio=n/a "
-         .. "allreduce_1kib_us=[%d.]+ peer_allreduce_1kib_us=n/a latency_ratio=n/a$", r.lines[#r.lines])
+         .. "roofline_fraction=n/a allreduce_1kib_us=[%d.]+ peer_allreduce_1kib_us=n/a latency_ratio=n/a "
+         .. "peer_config=n/a$", r.lines[#r.lines])
       H.remove_run(r.run_dir)
    end)
 end)

@@ -62,17 +62,19 @@ function M.main(args)
    if o.dtype ~= "f32" then
       why = "skipped (torch's AdamW keeps bf16 state for bf16 params: not the same work)"
    elseif o.peer ~= "no" then
-      peer, why = common.run_peer("torch_adamw.py", ("--params %d --threads %d"):format(n, threads))
+      peer, why = common.run_peer_best("torch_adamw.py", "--params " .. n, common.peer_configs { common.torch_threads(
+         threads), { { "impl=foreach", "--impl foreach" }, { "impl=forloop", "--impl forloop" },
+         { "impl=fused", "--impl fused" } } }, "params_per_second")
    end
    local ratio = "n/a"
    if peer then
-      print(("peer: torch AdamW %.3f G params/s"):format(peer.params_per_second / 1e9))
+      print(("peer: torch AdamW %.3f G params/s (%s)"):format(peer.params_per_second / 1e9, peer.config))
       ratio = rate / peer.params_per_second
    else
       print("peer: " .. why)
    end
-   common.report("adamw",
-      { { "params_per_second", rate }, { "roofline_fraction", rate / roofline }, { "ratio", ratio } })
+   common.report("adamw", { { "params_per_second", rate }, { "roofline_fraction", rate / roofline }, { "ratio", ratio },
+      { "peer_config", peer and peer.config or "n/a" } })
    return 0
 end
 

@@ -7,6 +7,12 @@
 -- prints the final `bench collectives:` line. Bandwidths follow nccl-tests: algbw = bytes / time with
 -- bytes the full buffer (all_gather's output, reduce_scatter's input); busbw = algbw x 2(n-1)/n for
 -- all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
+--
+-- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
+-- at the copy bandwidth measured in the same run: a memcpy of the same size on every rank at once (read S, write S:
+-- 2S bytes per rank; the fastest iteration of the slowest rank), so the ranks share the memory bus as in the op.
+-- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time.
+local ffi = require "ffi"
 local dt = require "dt"
 local dist = require "dt.dist"
 local common = require "dt.bench.common"
@@ -17,12 +23,27 @@ local M = {}
 M.launch_defaults = { "--nproc", "2" }
 
 local RESULTS = "bench_collectives.txt"
+-- gloo's all_reduce runs on the calling thread: torch's thread settings do not change it (one configuration).
+local PEER_CONFIG = "gloo,threads=1"
 local OPS = { "all_reduce", "reduce_scatter", "all_gather", "broadcast" }
 
 local function busbw_factor(op, n)
    if op == "all_reduce" then return 2 * (n - 1) / n end
    if op == "broadcast" then return 1 end
    return (n - 1) / n
+end
+
+-- The fewest bytes the op moves through memory, per rank (all ranks' total / n, since they share the memory bus), as
+-- a multiple of S (nccl-tests' size: the full buffer), for buffers larger than the caches: every input byte read once
+-- and every output byte written once, whatever the algorithm (staging buffers of cache size are not counted):
+--   all_reduce      each rank reads its S and writes its S: 2 S
+--   reduce_scatter  reads n S, writes n blocks of S/n: (n+1)/n S
+--   all_gather      reads n blocks of S/n, writes n S: (n+1)/n S
+--   broadcast       the root reads S, n - 1 ranks write S: S
+local function min_traffic(op, n)
+   if op == "all_reduce" then return 2 end
+   if op == "broadcast" then return 1 end
+   return (n + 1) / n
 end
 
 local function size_name(bytes)
@@ -50,7 +71,7 @@ local function setup(comm, op, bytes)
    return function() comm:reduce_scatter(big, small) end, block * n * 4, { small, big }
 end
 
--- Median over iterations of the slowest rank's time for one call.
+-- Median and fastest over iterations of the slowest rank's time for one call.
 local function time_call(comm, call, warmup, iters)
    for _ = 1, warmup do call() end
    comm:barrier()
@@ -63,7 +84,18 @@ local function time_call(comm, call, warmup, iters)
    comm:all_reduce(times, "max")
    local ts = times:totable()
    times:free()
-   return common.median(ts)
+   return common.median(ts), math.min(unpack(ts))
+end
+
+-- Seconds of a memcpy of `bytes` on every rank at once: the fastest iteration (of the slowest rank), since a
+-- roofline is the best the memory system does.
+local function copy_seconds(comm, bytes, warmup, iters)
+   local src, dst = dt.ones({ bytes / 4 }), dt.zeros({ bytes / 4 })
+   local s, d = dt.C.dt_tensor_ptr(src.h), dt.C.dt_tensor_ptr(dst.h)
+   local _, fastest = time_call(comm, function() ffi.copy(d, s, bytes) end, warmup, iters)
+   src:free()
+   dst:free()
+   return fastest
 end
 
 function M.main(args)
@@ -78,9 +110,9 @@ function M.main(args)
    if main then
       print(("collectives benchmark: %d ranks (shm), f32, median of %d iterations (%d below 1 MiB) after %d warm-ups,"
          .. " slowest rank per iteration"):format(n, o.iters, 5 * o.iters, o.warmup))
-      print(("%-15s %8s %12s %12s %12s"):format("op", "size", "time", "algbw", "busbw"))
+      print(("%-15s %8s %12s %12s %12s %9s"):format("op", "size", "time", "algbw", "busbw", "roofline"))
    end
-   local headline = {}
+   local headline, copy = {}, {}
    for _, op in ipairs(OPS) do
       local bytes = 1024
       while bytes <= o.max_mib * 1048576 do
@@ -88,13 +120,19 @@ function M.main(args)
          local iters = bytes < 1048576 and 5 * o.iters or o.iters
          local t = time_call(comm, call, o.warmup, iters)
          for _, b in ipairs(bufs) do b:free() end
+         copy[moved] = copy[moved] or copy_seconds(comm, moved, o.warmup, iters)
          local algbw = moved / t / 1e9
          local busbw = algbw * busbw_factor(op, n)
+         local roofline = min_traffic(op, n) * copy[moved] / 2 / t
          if main then
-            print(("%-15s %8s %9.1f us %7.3f GB/s %7.3f GB/s"):format(op, size_name(bytes), t * 1e6, algbw, busbw))
+            print(("%-15s %8s %9.1f us %7.3f GB/s %7.3f GB/s %8.1f%%"):format(op, size_name(bytes), t * 1e6, algbw,
+               busbw, 100 * roofline))
          end
          if op == "all_reduce" and bytes == 1024 then headline.allreduce_1kib_us = t * 1e6 end
-         if op == "all_reduce" and bytes == 64 * 1048576 then headline.allreduce_64mib_busbw_gbps = busbw end
+         if op == "all_reduce" and bytes == 64 * 1048576 then
+            headline.allreduce_64mib_busbw_gbps = busbw
+            headline.roofline_fraction = roofline
+         end
          bytes = bytes * 4
       end
    end
@@ -127,8 +165,8 @@ function M.after_launch(run_dir)
       peer, why = res or {}, err
    end
    if peer.allreduce_1kib_us then
-      print(("peer: torch/gloo all_reduce, %d ranks: 1 KiB %.1f us, 64 MiB busbw %s GB/s"):format(ours.ranks,
-         peer.allreduce_1kib_us, tostring(peer.allreduce_64mib_busbw_gbps or "n/a")))
+      print(("peer: torch/gloo all_reduce (%s), %d ranks: 1 KiB %.1f us, 64 MiB busbw %s GB/s"):format(PEER_CONFIG,
+         ours.ranks, peer.allreduce_1kib_us, tostring(peer.allreduce_64mib_busbw_gbps or "n/a")))
    else
       print("peer: " .. tostring(why))
    end
@@ -138,9 +176,11 @@ function M.after_launch(run_dir)
       { "allreduce_64mib_busbw_gbps", bw or "n/a" },
       { "peer_allreduce_64mib_busbw_gbps", pbw or "n/a" },
       { "ratio", ratio(bw, pbw) },
+      { "roofline_fraction", ours.roofline_fraction or "n/a" },
       { "allreduce_1kib_us", us or "n/a" },
       { "peer_allreduce_1kib_us", pus or "n/a" },
       { "latency_ratio", ratio(pus, us) },
+      { "peer_config", peer.allreduce_1kib_us and PEER_CONFIG or "n/a" },
    })
    return 0
 end

@@ -73,28 +73,108 @@ function M.run_recipe(recipe, nproc, args, name, env)
    return records
 end
 
--- tools/bench beside this lua/ tree: the repo's, or <prefix>/share/dtrun/tools/bench when installed.
-local function bench_dir()
+-- The peer scripts: $DT_BENCH_PEER_DIR when set (a spec's stand-ins), else tools/bench beside this lua/ tree (the
+-- repo's, or <prefix>/share/dtrun/tools/bench when installed).
+local function peer_dir()
+   local dir = os.getenv("DT_BENCH_PEER_DIR")
+   if dir and dir ~= "" then return dir end
    local src = debug.getinfo(1, "S").source:sub(2)
    local root = src:match("^(.*)/lua/dt/bench/common%.lua$")
    return root and (root .. "/tools/bench") or "tools/bench"
 end
 
--- Run a PyTorch peer script with Debian's python3 and return its `key=value` fields, or nil and the reason.
-function M.run_peer(script, args)
-   local py = "/usr/bin/python3"
-   local probe = io.popen(py .. " -c 'import torch' 2>&1")
-   local err = probe:read("*a")
-   probe:close()
-   if err ~= "" then return nil, "python3-torch is not installed (apt-get install python3-torch)" end
-   local cmd = ("%s %s/%s %s 2>&1"):format(py, bench_dir(), script, args or "")
+-- Run a PyTorch peer script with Debian's python3 (`env`, optional: VAR=value words for its environment) and return
+-- its `key=value` fields, or nil and the reason.
+function M.run_peer(script, args, env)
+   local cmd = ("%s/usr/bin/python3 %s/%s %s 2>&1"):format(env and env ~= "" and env .. " " or "", peer_dir(), script,
+      args or "")
    local p = io.popen(cmd)
    local out = p:read("*a")
    p:close()
+   if out:find("No module named 'torch'", 1, true) then
+      return nil, "python3-torch is not installed (apt-get install python3-torch)"
+   end
    local fields = {}
    for k, v in out:gmatch("([%w_]+)=([%w%.%-]+)") do fields[k] = tonumber(v) or v end
    if next(fields) == nil then return nil, "peer produced no result: " .. out:sub(1, 400) end
    return fields
+end
+
+-- The configurations of a peer: every combination of one choice per setting. `settings` is a list of lists of
+-- { name, args, env } (env optional), e.g. {{ {"threads=default", "--threads 0"}, {"threads=2", "--threads 2"} }};
+-- a configuration's name joins its choices' names with commas.
+function M.peer_configs(settings)
+   local out = { { names = {}, args = {}, env = {} } }
+   for _, choices in ipairs(settings) do
+      local next_out = {}
+      for _, c in ipairs(out) do
+         for _, ch in ipairs(choices) do
+            local n = { names = { unpack(c.names) }, args = { unpack(c.args) }, env = { unpack(c.env) } }
+            n.names[#n.names + 1], n.args[#n.args + 1], n.env[#n.env + 1] = ch[1], ch[2], ch[3]
+            next_out[#next_out + 1] = n
+         end
+      end
+      out = next_out
+   end
+   for i, c in ipairs(out) do
+      out[i] = { name = table.concat(c.names, ","), args = table.concat(c.args, " "), env = table.concat(c.env, " ") }
+   end
+   return out
+end
+
+-- torch's intra-op thread settings: its own default, one, and one per core.
+function M.torch_threads(cores)
+   local out = { { "threads=default", "--threads 0" }, { "threads=1", "--threads 1" } }
+   if cores > 1 then out[3] = { "threads=" .. cores, "--threads " .. cores } end
+   return out
+end
+
+-- Run a peer once per configuration ({ name =, args =, env = }, added to `args`) and keep the one with the highest
+-- numeric field `key`: returns its fields with `config` set to its name, or nil and the first reason none gave `key`.
+-- Prints one line with every configuration's result, so the choice can be checked.
+function M.run_peer_best(script, args, configs, key)
+   local best, first_why, tried = nil, nil, {}
+   for _, c in ipairs(configs) do
+      local fields, why = M.run_peer(script, args .. " " .. (c.args or ""), c.env)
+      local v = fields and tonumber(fields[key])
+      if v then
+         tried[#tried + 1] = ("%s %s=%s"):format(c.name, key, fields[key])
+         if not best or v > best[key] then
+            best = fields
+            best.config = c.name
+         end
+      else
+         why = why or ("no %s in its output"):format(key)
+         first_why = first_why or why
+         tried[#tried + 1] = ("%s failed (%s)"):format(c.name, why:match("^[^\n]*"))
+      end
+   end
+   print("peer configurations: " .. table.concat(tried, "; "))
+   if not best then return nil, first_why end
+   return best
+end
+
+-- Matmul FLOPs of one training step of a GPT (cfg: vocab, seq, dim, layers) on `batch` sequences: forward + backward
+-- = 3x forward, attention included (causal: half).
+function M.step_flops(cfg, batch)
+   local tokens, d, L = batch * cfg.seq, cfg.dim, cfg.layers
+   local per_token = L * (2 * (3 * d * d + d * d + 8 * d * d)) + 2 * d * cfg.vocab
+   local attn = L * 2 * 2 * batch * cfg.seq * cfg.seq * d * 0.5 -- q.k and p.v, causal half
+   return 3 * (per_token * tokens + attn)
+end
+
+-- The machine's sgemm rate through OpenBLAS (n x n x n, all threads): the best of `reps` runs,
+-- since a peak rate is what the training rate is compared with.
+function M.sgemm_gflops(n, reps)
+   local dt = require "dt"
+   local a, b = dt.randn({ n, n }), dt.randn({ n, n })
+   local best = math.huge
+   for _ = 1, reps do
+      local t0 = dt.time()
+      dt.matmul(a, b):free()
+      best = math.min(best, dt.time() - t0)
+   end
+   return 2 * n ^ 3 / best / 1e9
 end
 
 -- The last line of every benchmark: `bench NAME: k=v ...` with fields in the given order.

@@ -12,6 +12,10 @@
 -- MiB, and DDP/FSDP and DDP/ZeRO-3 of the device peaks; ratio= is DDP's device peak / ZeRO-3 offload's at the largest
 -- rank count. Without one, DDP and FSDP run on the cpu (host pool), the ZeRO-3 cells say why they are skipped, and
 -- ratio= is DDP's host peak / FSDP's at the largest rank count.
+--
+-- roofline_fraction= is the physical bound over FSDP's peak at the largest rank count N: the model state split N ways
+-- (16 bytes per parameter / N), the least a rank can hold while it keeps its share of the parameters, gradients and
+-- AdamW moments in the measured pool (ZeRO-3 offload moves them to the host, so its device peak is not held to it).
 local dt = require "dt"
 local common = require "dt.bench.common"
 
@@ -77,13 +81,14 @@ function M.main(args)
          local zero = z and ("%14.1f %14.1f %12.1f %11.2f"):format(z.main, z.pinned, z.host, ddp.main / z.main)
          print(("%-6d %12.1f %12.1f %9.2f %s"):format(n, ddp.main, fsdp.main, ddp.main / fsdp.main,
             zero or where.skipped))
-         last = { n = n, ddp = ddp.main, fsdp = fsdp.main, zero = z and z.main }
+         last = { n = n, ddp = ddp.main, fsdp = fsdp.main, zero = z and z.main, bound = 16 * params / MIB / n }
       end
    end
    if not last then error("bench memory: no rank count could run here (see the table)", 0) end
    local fields = { { "ranks", last.n }, { "pool", pool }, { "ddp_peak_mib", last.ddp },
       { "fsdp_peak_mib", last.fsdp } }
    if last.zero then fields[#fields + 1] = { "zero3_device_peak_mib", last.zero } end
+   fields[#fields + 1] = { "roofline_fraction", last.bound / last.fsdp }
    fields[#fields + 1] = { "ratio", last.zero and last.ddp / last.zero or last.ddp / last.fsdp }
    common.report("memory", fields)
    return 0

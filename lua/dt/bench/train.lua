@@ -1,4 +1,5 @@
--- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch, and GFLOP/s vs measured sgemm.
+-- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch at its best configuration, and
+-- GFLOP/s vs the measured sgemm rate (roofline_fraction).
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
@@ -6,29 +7,11 @@ local common = require "dt.bench.common"
 
 local M = {}
 
+-- OpenBLAS's threads under the peer: its default (one per core) or one (torch's threads then own the cores).
+local BLAS_THREADS = { { "blas=default", "" }, { "blas=1", "", "OPENBLAS_NUM_THREADS=1" } }
+
 -- ref-gpt (shared/peers/torch_gpt.py): byte vocab, context 256, width 384, 6 layers, 6 heads.
 local REF = { vocab = 256, seq = 256, dim = 384, layers = 6, heads = 6, batch = 8 }
-
--- Matmul FLOPs of one training step (forward + backward = 3x forward), attention included (causal: half).
-local function step_flops(cfg, batch)
-   local tokens, d, L = batch * cfg.seq, cfg.dim, cfg.layers
-   local per_token = L * (2 * (3 * d * d + d * d + 8 * d * d)) + 2 * d * cfg.vocab
-   local attn = L * 2 * 2 * batch * cfg.seq * cfg.seq * d * 0.5 -- q.k and p.v, causal half
-   return 3 * (per_token * tokens + attn)
-end
-
--- The machine's sgemm rate through OpenBLAS (n x n x n, all threads): the best of `reps` runs,
--- since a peak rate is what the training rate is compared with.
-local function sgemm_gflops(n, reps)
-   local a, b = dt.randn({ n, n }), dt.randn({ n, n })
-   local best = math.huge
-   for _ = 1, reps do
-      local t0 = dt.time()
-      dt.matmul(a, b):free()
-      best = math.min(best, dt.time() - t0)
-   end
-   return 2 * n ^ 3 / best / 1e9
-end
 
 function M.main(args)
    local o = common.options(args, { steps = 7, warmup = 2, threads = 0, peer = "yes" }, "train")
@@ -57,21 +40,23 @@ function M.main(args)
    end
    local step_s = common.median(times)
    local tps = REF.batch * REF.seq / step_s
-   local gflops = step_flops(REF, REF.batch) / step_s / 1e9
-   local peak = sgemm_gflops(1024, 10)
+   local gflops = common.step_flops(REF, REF.batch) / step_s / 1e9
+   local peak = common.sgemm_gflops(1024, 10)
    print(("ours: %.0f tokens/s, step %.0f ms, %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s"):format(tps, step_s * 1e3,
       gflops, 100 * gflops / peak, peak))
 
    local peer, why = nil, "skipped (peer=no)"
    if o.peer ~= "no" then
-      peer, why = common.run_peer("torch_gpt.py", ("--threads %d --steps %d"):format(threads, o.steps))
+      peer, why = common.run_peer_best("torch_gpt.py", "--steps " .. o.steps,
+         common.peer_configs { common.torch_threads(threads), BLAS_THREADS }, "tokens_per_second")
    end
    local fields = { { "tokens_per_second", tps }, { "step_ms", step_s * 1e3 }, { "gflops", gflops },
-      { "sgemm_gflops", peak }, { "mfu_vs_sgemm", gflops / peak } }
+      { "sgemm_gflops", peak }, { "roofline_fraction", gflops / peak } }
    if peer then
-      print(("peer: torch %.0f tokens/s"):format(peer.tokens_per_second))
+      print(("peer: torch %.0f tokens/s (%s)"):format(peer.tokens_per_second, peer.config))
       table.insert(fields, 2, { "peer_tokens_per_second", peer.tokens_per_second })
       fields[#fields + 1] = { "ratio", tps / peer.tokens_per_second }
+      fields[#fields + 1] = { "peer_config", peer.config }
    else
       print("peer: " .. why)
       fields[#fields + 1] = { "ratio", "n/a" }
