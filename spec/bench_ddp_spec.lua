@@ -20,4 +20,12 @@ describe("dtrun bench ddp", function()
       assert.truthy(bad.out:find("bench ddp: unknown option '--width' (valid: batch, dim, heads, layers, nproc, seq, "
          .. "skip, steps)", 1, true), bad.out)
    end)
+
+   it("stops with the recipe's own error when a recipe run fails (not a missing metrics file)", function()
+      local common = require "dt.bench.common"
+      local ok, err = pcall(common.run_recipe, "recipes/ddp.lua", 1, "steps=1 no_such_key=1", "ddp")
+      assert.is_false(ok)
+      assert.truthy(err:find("bench ddp: recipes/ddp.lua on 1 rank(s) failed:", 1, true), err)
+      assert.truthy(err:find("unknown key 'no_such_key'", 1, true), err)
+   end)
 end)

@@ -60,11 +60,15 @@ end
 -- is removed afterwards.
 function M.run_recipe(recipe, nproc, args, name, env)
    local exe = require("ffi").string(require("dt").C.dt_exe_path())
-   local p = io.popen(("%s%s %s --nproc %d %s 2>&1"):format(env and env .. " " or "", exe, recipe, nproc, args))
+   -- LuaJIT's close() of a pipe does not report the exit status: the shell echoes it after the output
+   local p = io.popen(("%s%s %s --nproc %d %s 2>&1; echo \"exit=$?\""):format(env and env .. " " or "", exe, recipe,
+      nproc, args))
    local out = p:read("*a")
-   local ok = p:close()
+   p:close()
+   local status = tonumber(out:match("exit=(%d+)%s*$"))
+   out = out:gsub("exit=%d+%s*$", "")
    local run_dir = out:match("^run dir: ([^\n]+)")
-   if not ok or not run_dir then
+   if status ~= 0 or not run_dir then
       error(("bench %s: %s on %d rank(s) failed:\n%s"):format(name, recipe, nproc, out), 0)
    end
    local records = {}
