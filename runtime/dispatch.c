@@ -1,5 +1,4 @@
 /* dispatch.c: libdt's public op entry points: each validates its tensors' device once and calls that backend. */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "dispatch.h"

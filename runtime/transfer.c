@@ -1,6 +1,4 @@
 /* transfer.c: dt_tensor_copy on and across devices and dt_tensor_get/set anywhere, through the devices' backends. */
-#include <stdio.h>
-
 #include "dispatch.h"
 
 static bool contiguous_twins(const dt_tensor *a, const dt_tensor *b) {
