@@ -98,9 +98,8 @@ typedef enum { DT_BACKEND_OPS(DT_BACKEND_OP_ENUM) DT_BACKEND_OP_optim_stream, DT
 #define DT_BACKEND_OP_FIELD(name, params, args) dt_status(*name) DT_WITH_STREAM params;
 
 /* A backend: the device memory and the ops of one device type. NULL ops are not implemented (dispatch names the op
- * and the device); every other member is set. */
+ * and the device); copy_across is NULL on the CPU (the device side of a copy moves the bytes); the rest is set. */
 typedef struct dt_backend {
-  const char *name;
   int (*device_count)(void);
   /* nbytes of fresh memory (a live pointer even for none) on `device` for a tensor shaped like desc (named by an
    * out-of-memory error); free gives them back after the device's queued work; memset queues a fill. */

@@ -78,7 +78,6 @@ static dt_status cpu_optim_stream(dt_stream *stream, dt_tensor *a, dt_tensor *b,
 
 #define DT_CPU_FIELD(name, params, args) .name = cpu_##name,
 const dt_backend dt_cpu_backend = {
-    .name = "cpu",
     .device_count = device_count,
     .alloc = alloc,
     .free = release,

@@ -102,7 +102,6 @@ dt_status dt_cuda_copy_across(dt_tensor *dst, const dt_tensor *src) {
 
 #define DT_CUDA_FIELD(name, params, args) .name = dt_cuda_##name,
 const dt_backend dt_cuda_backend = {
-    .name = "cuda",
     .device_count = dt_cuda_device_count,
     .alloc = alloc,
     .free = release,
