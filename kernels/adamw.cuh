@@ -1,6 +1,6 @@
 /* adamw.cuh: launcher of the multi-tensor AdamW kernel (host code; included at the end of adamw.cu). */
 
-cudaError_t dt_k_adamw(cudaStream_t s, dt_k_adamw_args *a) {
+cudaError_t dt_k_adamw(cudaStream_t s, dt_k_adamw_args *a /* param[t], grad[t], m[t], v[t]: (numel[t]) each */) {
   if (a->count < 1 || a->count > DT_K_ADAMW_TENSORS) return cudaErrorInvalidValue;
   a->first_block[0] = 0;
   for (int t = 0; t < a->count; t++)

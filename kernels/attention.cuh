@@ -53,8 +53,14 @@ static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_
   return cudaSuccess;
 }
 
-cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,
-                               int ldtype, void *lse, const dt_k_attn_dims *a) {
+cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
+                               const void *q,           // (B, Hq, T, D)
+                               const void *k,           // (B, Hkv, Tk, D)
+                               const void *v,           // (B, Hkv, Tk, D)
+                               void *out,               // (B, Hq, T, D)
+                               int ldtype, void *lse,   // (B, Hq, T)
+                               const dt_k_attn_dims *a  // B, Hq, Hkv, T, Tk, D, scale, causal
+) {
   if (a->b * a->hq * a->t == 0) return cudaSuccess;
   dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.o = out;
@@ -68,9 +74,19 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const v
   });
 }
 
-cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, const void *out,
-                               const void *dout, int ldtype, const void *lse, void *dq, void *dk, void *dv,
-                               float *delta, const dt_k_attn_dims *a) {
+cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
+                               const void *q,                // (B, Hq, T, D)
+                               const void *k,                // (B, Hkv, Tk, D)
+                               const void *v,                // (B, Hkv, Tk, D)
+                               const void *out,              // (B, Hq, T, D)
+                               const void *dout,             // (B, Hq, T, D)
+                               int ldtype, const void *lse,  // (B, Hq, T)
+                               void *dq,                     // (B, Hq, T, D)
+                               void *dk,                     // (B, Hkv, Tk, D)
+                               void *dv,                     // (B, Hkv, Tk, D)
+                               float *delta,                 // (B, Hq, T) scratch: rowsum(out * dout)
+                               const dt_k_attn_dims *a       // B, Hq, Hkv, T, Tk, D, scale, causal
+) {
   dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.out = out;
   p.dout = dout;

@@ -8,7 +8,10 @@ static cudaError_t select_launch(cudaStream_t s, const void *x, int idtype, cons
   return cudaGetLastError();
 }
 
-cudaError_t dt_k_index_select(cudaStream_t s, int dtype, const void *x, int idtype, const void *idx, void *out,
+cudaError_t dt_k_index_select(cudaStream_t s, int dtype,
+                              const void *x,                // (outer, size, inner)
+                              int idtype, const void *idx,  // (nidx)
+                              void *out,                    // (outer, nidx, inner)
                               dt_k_error *err, int64_t outer, int64_t size, int64_t inner, int64_t nidx) {
   if (outer * nidx * inner == 0) return cudaSuccess;
   switch (dt_dtype_size(dtype)) {
@@ -19,7 +22,10 @@ cudaError_t dt_k_index_select(cudaStream_t s, int dtype, const void *x, int idty
   }
 }
 
-cudaError_t dt_k_index_add(cudaStream_t s, int dtype, int idtype, const void *idx, const void *src, void *out,
+cudaError_t dt_k_index_add(cudaStream_t s, int dtype,
+                           int idtype, const void *idx,  // (nidx)
+                           const void *src,              // (outer, nidx, inner)
+                           void *out,                    // (outer, size, inner)
                            dt_k_error *err, int64_t outer, int64_t size, int64_t inner, int64_t nidx) {
   if (nidx == 0) return cudaSuccess;
   DT_LAUNCH(dtk::check_indices, dtk::grid_for(nidx, 256), 256, 0, s, idx, idtype, err, (int)DT_KERR_INDEX_ADD, size,
@@ -51,7 +57,8 @@ static cudaError_t gather_launch(const dt_k_scatter_args *a, dt_k_error *err, cu
   return cudaGetLastError();
 }
 
-cudaError_t dt_k_gather(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err) {
+cudaError_t dt_k_gather(cudaStream_t s, const dt_k_scatter_args *a /* idx, walk: (shape); data: indexed on dim */,
+                        dt_k_error *err) {
   int64_t total = scatter_numel(a);
   if (total == 0) return cudaSuccess;
   switch (dt_dtype_size(a->dtype)) {
@@ -62,7 +69,8 @@ cudaError_t dt_k_gather(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *
   }
 }
 
-cudaError_t dt_k_scatter_add(cudaStream_t s, const dt_k_scatter_args *a, dt_k_error *err) {
+cudaError_t dt_k_scatter_add(cudaStream_t s, const dt_k_scatter_args *a /* idx, walk: (shape); data: indexed on dim */,
+                             dt_k_error *err) {
   int64_t total = scatter_numel(a);
   if (total == 0) return cudaSuccess;
   int64_t lines = total / a->shape[a->dim];

@@ -6,8 +6,13 @@ static int64_t norm_block_rows(int64_t n) {
   return b < 8 ? 8 : b;
 }
 
-cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype, const void *x, void *y, const void *w, const void *b, int sdtype,
-                          void *mean, void *rstd, int64_t n, int64_t c, double eps, bool center) {
+cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype,
+                          const void *x,                       // (N, C)
+                          void *y,                             // (N, C)
+                          const void *w,                       // (C) or NULL
+                          const void *b,                       // (C) or NULL
+                          int sdtype, void *mean, void *rstd,  // (N) each, or NULL
+                          int64_t n, int64_t c, double eps, bool center) {
   if (n == 0 || c == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
@@ -22,9 +27,16 @@ size_t dt_k_norm_bwd_scratch(int dtype, int64_t n, int64_t c) {
   return (size_t)(2 * nb * c) * (dtype == DT_DTYPE_F64 ? sizeof(double) : sizeof(float));
 }
 
-cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype, const void *dy, const void *x, int sdtype, const void *mean,
-                          const void *rstd, void *dx, const void *w, void *dw, void *db, void *scratch, int64_t n,
-                          int64_t c, bool center) {
+cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype,
+                          const void *dy,                     // (N, C)
+                          const void *x,                      // (N, C)
+                          int sdtype, const void *mean,       // (N), or NULL without center
+                          const void *rstd,                   // (N)
+                          void *dx,                           // (N, C)
+                          const void *w,                      // (C) or NULL
+                          void *dw, void *db,                 // (C) each, or NULL
+                          void *scratch,                      // dt_k_norm_bwd_scratch(dtype, N, C) bytes
+                          int64_t n, int64_t c, bool center) {
   if (n == 0 || c == 0) return cudaSuccess;
   int64_t br = norm_block_rows(n), nb = (n + br - 1) / br;
   return dtk::with_float_type(dtype, [&](auto tag) {

@@ -9,7 +9,10 @@ size_t dt_k_reduce_scratch(int64_t outer, int64_t len, int64_t inner) {
   return inner == 1 && chunks > 1 ? (size_t)(outer * chunks) * sizeof(dtk::racc<double>) : 0;
 }
 
-cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype, const void *x, int out_dtype, void *out, void *scratch,
+cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype,
+                        const void *x,               // (outer, len, inner)
+                        int out_dtype, void *out,    // (outer, inner)
+                        void *scratch,               // dt_k_reduce_scratch(outer, len, inner) bytes
                         int64_t outer, int64_t len, int64_t inner) {
   if (outer * inner == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {

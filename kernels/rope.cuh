@@ -1,7 +1,9 @@
 /* rope.cuh: launcher of the rotary-embedding kernel (host code; included at the end of rope.cu). */
 
-cudaError_t dt_k_rope(cudaStream_t s, int dtype, const void *x, void *y, int64_t b, int64_t t, int64_t h, int64_t d,
-                      double theta, int64_t pos_offset, double sign) {
+cudaError_t dt_k_rope(cudaStream_t s, int dtype,
+                      const void *x,  // (B, T, H, D)
+                      void *y,        // (B, T, H, D)
+                      int64_t b, int64_t t, int64_t h, int64_t d, double theta, int64_t pos_offset, double sign) {
   int64_t rows = b * t * h;
   if (rows * d == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {

@@ -1,6 +1,9 @@
 /* softmax.cuh: launchers of the softmax and cross-entropy kernels (host code; included at the end of softmax.cu). */
 
-cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype, const void *x, void *y, int64_t n, int64_t v, bool log) {
+cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype,
+                             const void *x,  // (N, V)
+                             void *y,        // (N, V)
+                             int64_t n, int64_t v, bool log) {
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
@@ -10,8 +13,11 @@ cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype, const void *x, void *y, 
   });
 }
 
-cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype, const void *y, const void *dy, void *dx, int64_t n, int64_t v,
-                             bool log) {
+cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype,
+                             const void *y,   // (N, V)
+                             const void *dy,  // (N, V)
+                             void *dx,        // (N, V)
+                             int64_t n, int64_t v, bool log) {
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
@@ -21,16 +27,23 @@ cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype, const void *y, const voi
   });
 }
 
-cudaError_t dt_k_ce_count(cudaStream_t s, int tdtype, const void *targets, int64_t *n_valid, dt_k_error *err, int64_t n,
-                          int64_t v, int64_t ignore) {
+cudaError_t dt_k_ce_count(cudaStream_t s,
+                          int tdtype, const void *targets,  // (N)
+                          int64_t *n_valid,                 // (1) device
+                          dt_k_error *err, int64_t n, int64_t v, int64_t ignore) {
   DT_LAUNCH(dtk::ce_count, 1, 1024, 0, s, targets, tdtype, n_valid, err, n, v, ignore);
   return cudaGetLastError();
 }
 
-cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype, const void *logits, int tdtype, const void *targets,
-                         const void *dlosses, int gdtype, const int64_t *n_valid, int ldtype, void *losses,
-                         double *row_loss, void *dlogits, int64_t n, int64_t v, int64_t ignore, double grad_scale,
-                         bool mean) {
+cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype,
+                         const void *logits,               // (N, V)
+                         int tdtype, const void *targets,  // (N)
+                         const void *dlosses, int gdtype,  // (N) or NULL
+                         const int64_t *n_valid,           // (1) device
+                         int ldtype, void *losses,         // (N) or NULL
+                         double *row_loss,                 // (N)
+                         void *dlogits,                    // (N, V) or NULL
+                         int64_t n, int64_t v, int64_t ignore, double grad_scale, bool mean) {
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
@@ -41,7 +54,10 @@ cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype, const void *logits, int tdty
   });
 }
 
-cudaError_t dt_k_sum_f64(cudaStream_t s, const double *x, double *out, int64_t n) {
+cudaError_t dt_k_sum_f64(cudaStream_t s,
+                         const double *x,  // (N)
+                         double *out,      // (1)
+                         int64_t n) {
   DT_LAUNCH(dtk::sum_f64, 1, 1024, 0, s, x, out, n);
   return cudaGetLastError();
 }

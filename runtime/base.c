@@ -10,7 +10,7 @@
 #include <omp.h>
 #endif
 
-#include "dispatch.h"
+#include "backend.h"
 
 static _Thread_local char dt_error_buf[1024];
 
@@ -45,16 +45,16 @@ const char *dt_dtype_name(int dtype) {
 bool dt_dtype_is_float(int dtype) { return dtype >= 0 && dtype < DT_DTYPE_COUNT && dtype_info[dtype].is_float; }
 
 int dt_device_count(int device_type) {
-  if (device_type == DT_DEVICE_CPU) return 1;
-#if DT_HAVE_CUDA
-  if (device_type == DT_DEVICE_CUDA) return dt_cuda_device_count();
-#endif
-  return 0;
+  const dt_backend *b = dt_backend_get(device_type);
+  return b ? b->device_count() : 0;
 }
 
-#if !DT_HAVE_CUDA
-int dt_cuda_build(void) { return DT_CUDA_BUILD_NONE; } /* the CUDA builds define it in runtime/cuda/device.c */
-#endif
+const char *dt_device_str(dt_device d, char *buf, size_t n) {
+  if (d.type == DT_DEVICE_CPU) snprintf(buf, n, "cpu");
+  else if (d.type == DT_DEVICE_CUDA) snprintf(buf, n, "cuda:%d", (int)d.index);
+  else snprintf(buf, n, "device type %d", (int)d.type);
+  return buf;
+}
 
 static int dt_threads = 0;
 

@@ -1,8 +1,26 @@
 /* checks.c: argument checks and rules shared by the CPU and CUDA backends (each check is written once, here). */
 #include <limits.h>
 
-#include "cpu/nn_common.h"
-#include "dispatch.h"
+#include "checks.h"
+
+static const char *const unary_names[DT_UNARY_COUNT] = {
+    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "abs", "sin", "cos", "square", "reciprocal",
+    "sign"};
+static const char *const binary_names[DT_BINARY_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                                          "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
+static const char *const ternary_names[DT_TERNARY_COUNT] = {"where", "lerp", "addcmul"};
+static const char *const reduce_names[DT_REDUCE_COUNT] = {"sum", "mean", "max", "min", "argmax", "norm", "sumsq"};
+
+const char *dt_unary_name(int op) { return op >= 0 && op < DT_UNARY_COUNT ? unary_names[op] : "unary (unknown op)"; }
+const char *dt_binary_name(int op) {
+  return op >= 0 && op < DT_BINARY_COUNT ? binary_names[op] : "binary (unknown op)";
+}
+const char *dt_ternary_name(int op) {
+  return op >= 0 && op < DT_TERNARY_COUNT ? ternary_names[op] : "ternary (unknown op)";
+}
+const char *dt_reduce_name(int op) {
+  return op >= 0 && op < DT_REDUCE_COUNT ? reduce_names[op] : "reduce (unknown op)";
+}
 
 /* Integer tensors with a fractional (or huge) scalar compute in f64 so that e.g. i < 2.5 is exact. */
 static bool int_scalar(double v) { return v == floor(v) && fabs(v) < 9.0e18; }
@@ -181,3 +199,129 @@ dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, doubl
   return DT_OK;
 }
 
+dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(t != NULL, DT_ERR_ARG, "%s: %s is NULL", op, name);
+  DT_CHECK(dt_dtype_is_float(t->dtype), DT_ERR_ARG, "%s: %s must be a float tensor (f32, f64, bf16, f16), got %s",
+           op, name, dt_shape_str(t, b, sizeof b));
+  DT_CHECK(t->data != NULL, DT_ERR_STATE, "%s: %s %s has released storage", op, name, dt_shape_str(t, b, sizeof b));
+  DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "%s: %s %s must be contiguous (call :contiguous() first)", op,
+           name, dt_shape_str(t, b, sizeof b));
+  return DT_OK;
+}
+
+dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
+                                 const char *nb) {
+  bool same = a->ndim == b->ndim;
+  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  char ba[DT_SHAPE_BUF], bb[DT_SHAPE_BUF];
+  DT_CHECK(same, DT_ERR_ARG, "%s: shape mismatch: %s is %s but %s is %s", op, na, dt_shape_str(a, ba, sizeof ba), nb,
+           dt_shape_str(b, bb, sizeof bb));
+  return DT_OK;
+}
+
+dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what) {
+  DT_TRY(dt_nn_check_float(t, op, name));
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(dt_tensor_numel(t) == n, DT_ERR_ARG, "%s: shape mismatch: %s is %s but needs %lld elements (%s)", op, name,
+           dt_shape_str(t, b, sizeof b), (long long)n, what);
+  return DT_OK;
+}
+
+dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, int64_t *rows, int64_t *cols) {
+  DT_TRY(dt_nn_check_float(t, op, name));
+  DT_CHECK(t->ndim >= 1, DT_ERR_ARG, "%s: %s must have at least one dimension, got a 0-d tensor", op, name);
+  *cols = t->shape[t->ndim - 1];
+  *rows = 1;
+  for (int d = 0; d < t->ndim - 1; d++) *rows *= t->shape[d];
+  return DT_OK;
+}
+
+static dt_status check_index_dtype(const char *what, const dt_tensor *idx) {
+  DT_CHECK(idx->dtype == DT_DTYPE_I32 || idx->dtype == DT_DTYPE_I64, DT_ERR_ARG,
+           "%s: indices must be i32 or i64, got %s", what, dt_dtype_name(idx->dtype));
+  return DT_OK;
+}
+
+dt_status dt_index_check_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, const dt_tensor *idx,
+                                int dim) {
+  DT_TRY(check_index_dtype(what, idx));
+  int64_t n = dt_tensor_numel(idx);
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+  DT_CHECK(big->ndim >= 1 && dim >= 0 && dim < big->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
+           dt_shape_str(big, b1, sizeof b1));
+  bool ok = small->ndim == big->ndim && big->dtype == small->dtype;
+  for (int d = 0; ok && d < big->ndim; d++) ok = small->shape[d] == (d == dim ? n : big->shape[d]);
+  DT_CHECK(ok, DT_ERR_ARG, "%s: %s and %s must match in dtype and in every dim but %d (which must be %lld)", what,
+           dt_shape_str(big, b1, sizeof b1), dt_shape_str(small, b2, sizeof b2), dim, (long long)n);
+  return DT_OK;
+}
+
+dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_tensor *a, const dt_tensor *b, int dim,
+                               bool b_exact) {
+  DT_TRY(check_index_dtype(what, idx));
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
+  DT_CHECK(dim >= 0 && dim < a->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
+           dt_shape_str(a, b1, sizeof b1));
+  bool ok = idx->ndim == a->ndim && b->ndim == a->ndim && a->dtype == b->dtype;
+  for (int d = 0; ok && d < a->ndim; d++)
+    ok = (d == dim || idx->shape[d] <= a->shape[d]) &&
+         (b_exact ? idx->shape[d] == b->shape[d] : idx->shape[d] <= b->shape[d]);
+  DT_CHECK(ok, DT_ERR_ARG,
+           "%s: index %s does not fit x/out %s and %s (same rank and dtype; index sizes within theirs outside dim %d)",
+           what, dt_shape_str(idx, b1, sizeof b1), dt_shape_str(a, b2, sizeof b2), dt_shape_str(b, b3, sizeof b3), dim);
+  return DT_OK;
+}
+
+dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out) {
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+  DT_CHECK(n >= 1, DT_ERR_ARG, "cat: needs at least one tensor, got %d", n);
+  DT_CHECK(dim >= 0 && dim < out->ndim, DT_ERR_ARG, "cat: dim %d out of range for out %s", dim,
+           dt_shape_str(out, b1, sizeof b1));
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    const dt_tensor *x = xs[i];
+    bool ok = x->ndim == out->ndim && x->dtype == out->dtype;
+    for (int d = 0; ok && d < x->ndim; d++) ok = d == dim || x->shape[d] == out->shape[d];
+    DT_CHECK(ok, DT_ERR_ARG, "cat: tensor %d %s does not match out %s outside dim %d (or in dtype)", i,
+             dt_shape_str(x, b1, sizeof b1), dt_shape_str(out, b2, sizeof b2), dim);
+    total += x->shape[dim];
+  }
+  DT_CHECK(total == out->shape[dim], DT_ERR_ARG, "cat: sizes along dim %d add up to %lld but out %s has %lld", dim,
+           (long long)total, dt_shape_str(out, b1, sizeof b1), (long long)out->shape[dim]);
+  return DT_OK;
+}
+
+static dt_status check_float_out(const dt_tensor *out, const char *op) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(dt_dtype_is_float(out->dtype), DT_ERR_ARG, "%s: out must be a float tensor, got %s", op,
+           dt_shape_str(out, b, sizeof b));
+  return DT_OK;
+}
+
+dt_status dt_random_check_uniform(const dt_tensor *out, double lo, double hi) {
+  DT_TRY(check_float_out(out, "dt_random_uniform"));
+  DT_CHECK(lo < hi && isfinite(lo) && isfinite(hi), DT_ERR_ARG,
+           "dt_random_uniform: need finite lo < hi, got [%g, %g)", lo, hi);
+  return DT_OK;
+}
+
+dt_status dt_random_check_normal(const dt_tensor *out, double mean, double std) {
+  DT_TRY(check_float_out(out, "dt_random_normal"));
+  DT_CHECK(std >= 0 && isfinite(std) && isfinite(mean), DT_ERR_ARG,
+           "dt_random_normal: need a finite mean and std >= 0, got mean %g std %g", mean, std);
+  return DT_OK;
+}
+
+dt_status dt_random_check_int(const dt_tensor *out, int64_t lo, int64_t hi) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(out->dtype != DT_DTYPE_BOOL, DT_ERR_ARG, "dt_random_int: out must not be bool, got %s",
+           dt_shape_str(out, b, sizeof b));
+  DT_CHECK(lo < hi, DT_ERR_ARG, "dt_random_int: need lo < hi, got [%lld, %lld)", (long long)lo, (long long)hi);
+  int64_t min = INT64_MIN, max = INT64_MAX; /* the dtype's representable range, inclusive */
+  if (out->dtype == DT_DTYPE_I32) min = INT32_MIN, max = INT32_MAX;
+  else if (out->dtype == DT_DTYPE_U8) min = 0, max = 255;
+  DT_CHECK(lo >= min && hi - 1 <= max, DT_ERR_ARG, "dt_random_int: [%lld, %lld) does not fit %s",
+           (long long)lo, (long long)hi, dt_dtype_name(out->dtype));
+  return DT_OK;
+}

@@ -21,6 +21,12 @@ dt_status dt_fail_at(dt_status code, const char *file, int line, const char *fmt
     if (dt_try_s_ != DT_OK) return dt_try_s_; \
   } while (0)
 
+/* One device: same type and (but for the one cpu) same index. */
+static inline bool dt_same_device(dt_device a, dt_device b) {
+  return a.type == b.type && (a.type == DT_DEVICE_CPU || a.index == b.index);
+}
+/* "cpu" or "cuda:N" into buf, for error messages. */
+const char *dt_device_str(dt_device d, char *buf, size_t n);
 /* "(2, 3, 4) f32" into buf, for error messages. */
 const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n);
 #define DT_SHAPE_BUF 96
@@ -83,14 +89,14 @@ static inline int64_t dt_strided_offset(int ndim, const int64_t *shape, const in
 /* Strides that read `t` broadcast to (ndim, shape): 0 on broadcast dims. Fails naming both shapes. */
 dt_status dt_broadcast_strides(const dt_tensor *t, int ndim, const int64_t *shape, int64_t *strides);
 
+/* Whether dims [0, nd) of a view (shape, strides) walk memory with one stride, row-major;
+ * if so *n gets their element count and *stride that stride (1 when n <= 1). */
+bool dt_dims_collapse(int nd, const int64_t *shape, const int64_t *strides, int64_t *n, int64_t *stride);
+
 /* The operands of an elementwise op walked together: the nin inputs' strides broadcast to out's shape, then out's own
  * (row nin of st); size-1 dims dropped and neighbouring dims merged where every operand walks them contiguously, so
  * the innermost dim is as long as possible (*ndim >= 1). Fails naming `op` and both shapes. */
 dt_status dt_broadcast_plan(const char *op, int nin, const dt_tensor *const *in, const dt_tensor *out, int *ndim,
                             int64_t *shape, int64_t (*st)[DT_MAX_DIMS]);
-
-/* Allocate/free accounted bytes in a pool (CPU pools only here; CUDA pools later). */
-void *dt_pool_alloc(int pool, size_t nbytes);
-void dt_pool_free(int pool, void *p, size_t nbytes);
 
 #endif

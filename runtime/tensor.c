@@ -1,78 +1,35 @@
-/* tensor.c: storage refcounting on host and cuda memory, pool accounting, views, CPU copy/fill, half conversion. */
-#include <malloc.h>
-#include <pthread.h>
+/* tensor.c: storage refcounting on any backend's memory, host pool accounting, views, broadcasting, half conversion. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dispatch.h"
+#include "backend.h"
 
 struct dt_storage {
   void *data;
   int64_t nbytes;
   _Atomic int refcount;
-  int pool;         /* DT_POOL_HOST, or DT_POOL_DEVICE for cuda memory */
-  dt_device device; /* where data lives: cuda memory goes back to that device's compute stream */
+  dt_device device; /* where data lives: its backend frees it */
   bool owned;       /* false for dt_tensor_wrap */
 };
 
-/* The host pool's counters (the CUDA pools are counted by the backend: runtime/cuda/memory.c). */
-static _Atomic int64_t pool_live[DT_POOL_COUNT], pool_peak[DT_POOL_COUNT], pool_count[DT_POOL_COUNT];
-
-static void pool_account(int pool, int64_t delta) {
-  int64_t live = atomic_fetch_add(&pool_live[pool], delta) + delta;
-  if (delta > 0) {
-    atomic_fetch_add(&pool_count[pool], 1);
-    int64_t peak = atomic_load(&pool_peak[pool]);
-    while (live > peak && !atomic_compare_exchange_weak(&pool_peak[pool], &peak, live)) {
-    }
-  }
-}
-
-/* Training allocates and frees the same large activation sizes every step. Keep freed memory in
- * the heap (no trimming, mmap only above 32 MiB) so pages are reused warm instead of being
- * unmapped and faulted in again; this is glibc tuning, not a caching allocator of our own. */
-static void tune_malloc(void) {
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
-
-void *dt_pool_alloc(int pool, size_t nbytes) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, tune_malloc);
-  size_t n = nbytes ? (nbytes + 63) & ~(size_t)63 : 64;
-  void *p = aligned_alloc(64, n);
-  if (p) pool_account(pool, (int64_t)nbytes);
-  return p;
-}
-
-void dt_pool_free(int pool, void *p, size_t nbytes) {
-  if (!p) return;
-  free(p);
-  pool_account(pool, -(int64_t)nbytes);
+/* The backend that counts `pool`: the CPU's the host pool, the cuda device type's the device and pinned pools; NULL
+ * when that backend is not in this build (its pools stay empty). */
+static const dt_backend *pool_owner(int pool) {
+  return dt_backend_get(pool == DT_POOL_HOST ? DT_DEVICE_CPU : DT_DEVICE_CUDA);
 }
 
 dt_status dt_pool_stats_get(int pool, dt_pool_stats *out) {
   DT_CHECK(pool >= 0 && pool < DT_POOL_COUNT, DT_ERR_ARG, "unknown memory pool %d", pool);
-  if (pool != DT_POOL_HOST) {
-#if DT_HAVE_CUDA
-    return dt_cuda_memory_stats(pool == DT_POOL_DEVICE ? -1 : 0, pool, out); /* device -1: all devices */
-#else
-    *out = (dt_pool_stats){0, 0, 0};
-    return DT_OK;
-#endif
-  }
-  out->live_bytes = atomic_load(&pool_live[pool]);
-  out->peak_bytes = atomic_load(&pool_peak[pool]);
-  out->alloc_count = atomic_load(&pool_count[pool]);
+  const dt_backend *b = pool_owner(pool);
+  if (b) return b->memory_stats(pool, out);
+  *out = (dt_pool_stats){0, 0, 0};
   return DT_OK;
 }
 
 void dt_pool_reset_peak(int pool) {
-  if (pool == DT_POOL_HOST) atomic_store(&pool_peak[pool], atomic_load(&pool_live[pool]));
-#if DT_HAVE_CUDA
-  else if (pool == DT_POOL_DEVICE || pool == DT_POOL_PINNED) dt_cuda_memory_reset_peak(-1, pool);
-#endif
+  const dt_backend *b = pool >= 0 && pool < DT_POOL_COUNT ? pool_owner(pool) : NULL;
+  if (b) b->memory_reset_peak(pool);
 }
 
 const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n) {
@@ -109,42 +66,11 @@ static dt_tensor *tensor_struct(int ndim, const int64_t *shape, int dtype) {
   return t;
 }
 
-/* nbytes of fresh memory on `device` from its pool for a tensor shaped like desc (named by an out-of-memory error). */
-static dt_status storage_alloc(dt_device device, size_t nbytes, const dt_tensor *desc, void **data, int *pool) {
-  *data = NULL;
-  char b[32];
-  if (device.type == DT_DEVICE_CPU) {
-    *pool = DT_POOL_HOST;
-    *data = dt_pool_alloc(DT_POOL_HOST, nbytes);
-    char sb[DT_SHAPE_BUF];
-    DT_CHECK(*data, DT_ERR_OOM, "out of host memory allocating %zu bytes for a %s tensor", nbytes,
-             dt_shape_str(desc, sb, sizeof sb));
-    return DT_OK;
-  }
-  dt_device_str(device, b, sizeof b);
-  DT_CHECK(device.type == DT_DEVICE_CUDA, DT_ERR_ARG, "unknown %s", b);
-#if DT_HAVE_CUDA
-  *pool = DT_POOL_DEVICE;
-  dt_stream *s;
-  DT_TRY(dt_compute_stream(device, &s));
-  /* at least one byte: an empty tensor still gets a live pointer (device ops refuse released storage) */
-  return dt_cuda_malloc_for(s, nbytes ? nbytes : 1, desc, "tensor", data);
-#else
-  return DT_FAIL(DT_ERR_UNSUPPORTED, "%s is not available in this build (CPU only)", b);
-#endif
-}
-
 static void storage_free(dt_storage *s) {
-  if (!s->owned || !s->data) return;
-  if (s->pool == DT_POOL_HOST) {
-    dt_pool_free(s->pool, s->data, (size_t)s->nbytes);
-    return;
-  }
-#if DT_HAVE_CUDA
-  dt_stream *st;
-  /* stream-ordered: the bytes return to the pool once the compute stream's queued work (which may read them) ran */
-  if (dt_compute_stream(s->device, &st) == DT_OK) dt_cuda_free(st, s->data);
-#endif
+  const dt_backend *b;
+  if (!s->owned || !s->data || dt_backend_of(s->device, "free", &b) != DT_OK) return;
+  b->free(s->device, s->data,
+          (size_t)s->nbytes); /* device memory: once the device's queued work (which may read it) ran */
 }
 
 dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out) {
@@ -154,22 +80,22 @@ dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device d
   DT_CHECK(dtype >= 0 && dtype < DT_DTYPE_COUNT, DT_ERR_ARG, "unknown dtype %d", dtype);
   size_t nbytes = (size_t)numel * dt_dtype_size(dtype);
   void *data;
-  int pool = DT_POOL_HOST;
+  const dt_backend *b;
+  DT_TRY(dt_backend_of(device, "tensor", &b));
   dt_tensor desc = {.ndim = ndim, .dtype = dtype};
   if (ndim > 0) memcpy(desc.shape, shape, sizeof *shape * (size_t)ndim);
-  DT_TRY(storage_alloc(device, nbytes, &desc, &data, &pool));
+  DT_TRY(b->alloc(device, nbytes, &desc, &data));
   dt_storage *s = calloc(1, sizeof *s);
   dt_tensor *t = tensor_struct(ndim, shape, dtype);
   if (!s || !t) {
     free(s);
     free(t);
-    storage_free(&(dt_storage){.data = data, .nbytes = (int64_t)nbytes, .pool = pool, .device = device, .owned = true});
+    b->free(device, data, nbytes);
     return DT_FAIL(DT_ERR_OOM, "out of host memory for a tensor");
   }
   s->data = data;
   s->nbytes = (int64_t)nbytes;
   s->refcount = 1;
-  s->pool = pool;
   s->device = device;
   s->owned = true;
   t->storage = s;
@@ -182,16 +108,9 @@ dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device d
 dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out) {
   DT_TRY(dt_tensor_empty(ndim, shape, dtype, device, out));
   dt_tensor *t = *out;
-  if (t->device.type == DT_DEVICE_CPU) {
-    memset(t->data, 0, (size_t)t->storage->nbytes);
-    return DT_OK;
-  }
-  dt_status st = DT_ERR_STATE;
-#if DT_HAVE_CUDA
-  dt_stream *s;
-  st = dt_compute_stream(t->device, &s);
-  if (st == DT_OK) st = dt_cuda_memset(s, t->data, 0, (size_t)t->storage->nbytes);
-#endif
+  const dt_backend *b;
+  dt_status st = dt_backend_of(t->device, "zeros", &b);
+  if (st == DT_OK) st = b->memset(t->device, t->data, 0, (size_t)t->storage->nbytes);
   if (st != DT_OK) {
     dt_tensor_free(t);
     *out = NULL;
@@ -214,7 +133,6 @@ dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, 
   s->data = data;
   s->nbytes = numel * (int64_t)dt_dtype_size(dtype);
   s->refcount = 1;
-  s->pool = DT_POOL_HOST;
   s->owned = false;
   t->storage = s;
   t->data = data;
@@ -314,6 +232,26 @@ dt_status dt_broadcast_strides(const dt_tensor *t, int ndim, const int64_t *shap
   return DT_OK;
 }
 
+bool dt_dims_collapse(int nd, const int64_t *shape, const int64_t *strides, int64_t *n, int64_t *stride) {
+  int64_t count = 1, st = 1;
+  bool any = false;
+  for (int d = nd - 1; d >= 0; d--) {
+    if (shape[d] == 1) continue;
+    if (shape[d] == 0) {
+      *n = 0;
+      *stride = 1;
+      return true;
+    }
+    if (!any) st = strides[d];
+    else if (strides[d] != st * count) return false;
+    any = true;
+    count *= shape[d];
+  }
+  *n = count;
+  *stride = st;
+  return true;
+}
+
 dt_status dt_broadcast_plan(const char *op, int nin, const dt_tensor *const *in, const dt_tensor *out, int *ndim,
                             int64_t *shape, int64_t (*st)[DT_MAX_DIMS]) {
   int nd = out->ndim, nargs = nin + 1;
@@ -342,46 +280,6 @@ dt_status dt_broadcast_plan(const char *op, int nin, const dt_tensor *const *in,
     m = 1;
   }
   *ndim = m;
-  return DT_OK;
-}
-
-dt_status dt_cpu_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
-  int64_t bs[DT_MAX_DIMS];
-  DT_TRY(dt_broadcast_strides(src, dst->ndim, dst->shape, bs));
-  int64_t n = dt_tensor_numel(dst);
-  char *dp = dt_tensor_ptr(dst);
-  const char *sp = dt_tensor_ptr(src);
-  size_t es = dt_dtype_size(dst->dtype);
-  if (src->dtype == dst->dtype && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src) &&
-      dt_tensor_numel(src) == n) {
-    if (dp != sp) memmove(dp, sp, (size_t)n * es);
-    return DT_OK;
-  }
-  int sd = src->dtype, dd = dst->dtype;
-  bool same = sd == dd;
-#pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; i++) {
-    int64_t so = dt_strided_offset(dst->ndim, dst->shape, bs, i);
-    int64_t doff = dt_strided_offset(dst->ndim, dst->shape, dst->strides, i);
-    if (same) memcpy(dp + doff * (int64_t)es, sp + so * (int64_t)es, es);
-    else dt_store(dp, dd, doff, dt_load(sp, sd, so));
-  }
-  return DT_OK;
-}
-
-dt_status dt_cpu_tensor_fill(dt_tensor *dst, double value) {
-  int64_t n = dt_tensor_numel(dst);
-  char *dp = dt_tensor_ptr(dst);
-  int dd = dst->dtype;
-  if (dt_tensor_is_contiguous(dst) && dd == DT_DTYPE_F32) {
-    float v = (float)value;
-    float *f = (float *)(void *)dp;
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) f[i] = v;
-    return DT_OK;
-  }
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) dt_store(dp, dd, dt_strided_offset(dst->ndim, dst->shape, dst->strides, i), value);
   return DT_OK;
 }
 

@@ -2,25 +2,6 @@
 #include "dt_ops.h"
 #include "ops_cpu.h"
 
-dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out) {
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-  DT_CHECK(n >= 1, DT_ERR_ARG, "cat: needs at least one tensor, got %d", n);
-  DT_CHECK(dim >= 0 && dim < out->ndim, DT_ERR_ARG, "cat: dim %d out of range for out %s", dim,
-           dt_shape_str(out, b1, sizeof b1));
-  int64_t total = 0;
-  for (int i = 0; i < n; i++) {
-    const dt_tensor *x = xs[i];
-    bool ok = x->ndim == out->ndim && x->dtype == out->dtype;
-    for (int d = 0; ok && d < x->ndim; d++) ok = d == dim || x->shape[d] == out->shape[d];
-    DT_CHECK(ok, DT_ERR_ARG, "cat: tensor %d %s does not match out %s outside dim %d (or in dtype)", i,
-             dt_shape_str(x, b1, sizeof b1), dt_shape_str(out, b2, sizeof b2), dim);
-    total += x->shape[dim];
-  }
-  DT_CHECK(total == out->shape[dim], DT_ERR_ARG, "cat: sizes along dim %d add up to %lld but out %s has %lld", dim,
-           (long long)total, dt_shape_str(out, b1, sizeof b1), (long long)out->shape[dim]);
-  return DT_OK;
-}
-
 dt_status dt_cpu_op_cat(int n, const dt_tensor *const *xs, int dim, dt_tensor *out) {
   DT_TRY(dt_op_cat_check(n, xs, dim, out));
   int64_t outer = 1, inner = 1, at = 0;

@@ -1,4 +1,4 @@
-/* convert.c: dtype <-> compute-type conversion of strided runs and dim collapsing for the CPU ops. */
+/* convert.c: dtype <-> compute-type conversion of strided runs, the generic CPU copy and fill. */
 #include "ops_cpu.h"
 
 int dt_ctype_dtype(int ctype) {
@@ -91,22 +91,42 @@ void dt_cpu_store(int ctype, void *dst, int dtype, int64_t stride, const void *s
   else store_i64(dst, dtype, stride, src, n);
 }
 
-bool dt_dims_collapse(int nd, const int64_t *shape, const int64_t *strides, int64_t *n, int64_t *stride) {
-  int64_t count = 1, st = 1;
-  bool any = false;
-  for (int d = nd - 1; d >= 0; d--) {
-    if (shape[d] == 1) continue;
-    if (shape[d] == 0) {
-      *n = 0;
-      *stride = 1;
-      return true;
-    }
-    if (!any) st = strides[d];
-    else if (strides[d] != st * count) return false;
-    any = true;
-    count *= shape[d];
+dt_status dt_cpu_tensor_copy(dt_tensor *dst, const dt_tensor *src) {
+  int64_t bs[DT_MAX_DIMS];
+  DT_TRY(dt_broadcast_strides(src, dst->ndim, dst->shape, bs));
+  int64_t n = dt_tensor_numel(dst);
+  char *dp = dt_tensor_ptr(dst);
+  const char *sp = dt_tensor_ptr(src);
+  size_t es = dt_dtype_size(dst->dtype);
+  if (src->dtype == dst->dtype && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src) &&
+      dt_tensor_numel(src) == n) {
+    if (dp != sp) memmove(dp, sp, (size_t)n * es);
+    return DT_OK;
   }
-  *n = count;
-  *stride = st;
-  return true;
+  int sd = src->dtype, dd = dst->dtype;
+  bool same = sd == dd;
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; i++) {
+    int64_t so = dt_strided_offset(dst->ndim, dst->shape, bs, i);
+    int64_t doff = dt_strided_offset(dst->ndim, dst->shape, dst->strides, i);
+    if (same) memcpy(dp + doff * (int64_t)es, sp + so * (int64_t)es, es);
+    else dt_store(dp, dd, doff, dt_load(sp, sd, so));
+  }
+  return DT_OK;
+}
+
+dt_status dt_cpu_tensor_fill(dt_tensor *dst, double value) {
+  int64_t n = dt_tensor_numel(dst);
+  char *dp = dt_tensor_ptr(dst);
+  int dd = dst->dtype;
+  if (dt_tensor_is_contiguous(dst) && dd == DT_DTYPE_F32) {
+    float v = (float)value;
+    float *f = (float *)(void *)dp;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) f[i] = v;
+    return DT_OK;
+  }
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) dt_store(dp, dd, dt_strided_offset(dst->ndim, dst->shape, dst->strides, i), value);
+  return DT_OK;
 }

@@ -44,26 +44,6 @@ static int64_t offset_of(const dt_tensor *t, int64_t flat) {
   return dt_strided_offset(t->ndim, t->shape, t->strides, flat);
 }
 
-static dt_status check_index_dtype(const char *what, const dt_tensor *idx) {
-  DT_CHECK(idx->dtype == DT_DTYPE_I32 || idx->dtype == DT_DTYPE_I64, DT_ERR_ARG,
-           "%s: indices must be i32 or i64, got %s", what, dt_dtype_name(idx->dtype));
-  return DT_OK;
-}
-
-dt_status dt_index_check_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, const dt_tensor *idx,
-                                int dim) {
-  DT_TRY(check_index_dtype(what, idx));
-  int64_t n = dt_tensor_numel(idx);
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
-  DT_CHECK(big->ndim >= 1 && dim >= 0 && dim < big->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
-           dt_shape_str(big, b1, sizeof b1));
-  bool ok = small->ndim == big->ndim && big->dtype == small->dtype;
-  for (int d = 0; ok && d < big->ndim; d++) ok = small->shape[d] == (d == dim ? n : big->shape[d]);
-  DT_CHECK(ok, DT_ERR_ARG, "%s: %s and %s must match in dtype and in every dim but %d (which must be %lld)", what,
-           dt_shape_str(big, b1, sizeof b1), dt_shape_str(small, b2, sizeof b2), dim, (long long)n);
-  return DT_OK;
-}
-
 dt_status dt_cpu_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   int64_t n = dt_tensor_numel(idx), *iv;
   DT_TRY(dt_index_check_shapes("index_select", x, out, idx, dim));
@@ -139,22 +119,6 @@ static void line_start(const line_walk *w, int64_t line, int64_t *ia, int64_t *i
     *ib += c * w->b->strides[d];
     *iflat += c * w->istride[d];
   }
-}
-
-dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_tensor *a, const dt_tensor *b, int dim,
-                               bool b_exact) {
-  DT_TRY(check_index_dtype(what, idx));
-  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
-  DT_CHECK(dim >= 0 && dim < a->ndim, DT_ERR_ARG, "%s: dim %d out of range for %s", what, dim,
-           dt_shape_str(a, b1, sizeof b1));
-  bool ok = idx->ndim == a->ndim && b->ndim == a->ndim && a->dtype == b->dtype;
-  for (int d = 0; ok && d < a->ndim; d++)
-    ok = (d == dim || idx->shape[d] <= a->shape[d]) &&
-         (b_exact ? idx->shape[d] == b->shape[d] : idx->shape[d] <= b->shape[d]);
-  DT_CHECK(ok, DT_ERR_ARG,
-           "%s: index %s does not fit x/out %s and %s (same rank and dtype; index sizes within theirs outside dim %d)",
-           what, dt_shape_str(idx, b1, sizeof b1), dt_shape_str(a, b2, sizeof b2), dt_shape_str(b, b3, sizeof b3), dim);
-  return DT_OK;
 }
 
 /* The checks, then idx's row-major strides. */

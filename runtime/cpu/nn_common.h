@@ -1,4 +1,4 @@
-/* nn_common.h: helpers shared by the fused NN kernels: checks, scratch, vectorisable f32 exp/erf, row helpers. */
+/* nn_common.h: helpers shared by the fused NN kernels: scratch, vectorisable f32 exp/erf, row helpers. */
 /* The generic row helpers of nn_rows_gen.h are instantiated here for f32 and f64 compute. */
 #ifndef DT_NN_COMMON_H
 #define DT_NN_COMMON_H
@@ -7,21 +7,11 @@
 #include <omp.h>
 #endif
 
-#include "dispatch.h"
+#include "cpu_backend.h"
 
 /* Parallelise a loop when it touches more elements than this; lane-wise reductions use DT_NN_LANES
  * independent accumulators (vectorisable, and a fixed order for any thread count). */
 enum { DT_NN_PAR_MIN = 16384, DT_NN_LANES = 16 };
-
-/* Fails unless t is a contiguous float tensor; `op` and `name` go into the message. */
-dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name);
-/* Fails unless a and b have the same shape. */
-dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
-                                 const char *nb);
-/* Fails unless t is a contiguous float tensor of n elements (a weight or a per-row statistic). */
-dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what);
-/* Rows (product of the leading dims) and columns (last dim) of a contiguous float tensor of rank >= 1. */
-dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, int64_t *rows, int64_t *cols);
 
 /* One allocation (free() it): a 64-byte aligned slice of `per_thread` bytes for each OpenMP thread,
  * `stride` bytes apart, then `shared` bytes at *shared_part. */

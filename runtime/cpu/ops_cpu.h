@@ -1,7 +1,7 @@
-/* ops_cpu.h: internal helpers of the generic CPU ops: compute types, strided dtype conversion, fast copies, dim merging. */
+/* ops_cpu.h: internal helpers of the generic CPU ops: compute types, strided dtype conversion, fast copies. */
 #ifndef DT_OPS_CPU_H
 #define DT_OPS_CPU_H
-#include "dispatch.h"
+#include "cpu_backend.h"
 
 /* Elements below which a kernel stays on one thread (OpenMP start-up costs more than it saves). */
 enum { DT_OPS_PAR_MIN = 32768 };
@@ -20,9 +20,5 @@ void dt_cpu_store(int ctype, void *dst, int dtype, int64_t stride, const void *s
 /* dst := src with broadcasting and dtype conversion, like dt_tensor_copy, but through the blocked,
  * threaded elementwise loops (much faster for strided views and conversions). */
 dt_status dt_cpu_copy(dt_tensor *dst, const dt_tensor *src);
-
-/* Whether dims [0, nd) of a view (shape, strides) walk memory with one stride, row-major;
- * if so *n gets their element count and *stride that stride (1 when n <= 1). */
-bool dt_dims_collapse(int nd, const int64_t *shape, const int64_t *strides, int64_t *n, int64_t *stride);
 
 #endif

@@ -1,7 +1,6 @@
 /* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype
  * path; the streaming probe that gives their memory roofline. */
-#include "dispatch.h"
-#include "dt_optim.h"
+#include "cpu_backend.h"
 
 enum { OPTIM_PAR_MIN = 32768 }; /* elements below which one thread is faster */
 

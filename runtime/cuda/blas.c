@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "cpu/ops_cpu.h"
 #include "cuda_internal.h"
 #include "dt_ops.h"
 
@@ -94,7 +93,7 @@ static dt_status mm_input(dt_stream *s, const dt_tensor *x, bool trans, int nb, 
                           dt_tensor **tmp) {
   if (dt_mm_arg_of(x, trans, nb, bshape, m)) return DT_OK;
   DT_TRY(dt_cuda_tensor_scratch(s, x->ndim, x->shape, x->dtype, tmp));
-  DT_TRY(dt_cuda_copy(s, *tmp, x));
+  DT_TRY(dt_cuda_tensor_copy(s, *tmp, x));
   dt_mm_arg_of(*tmp, trans, nb, bshape, m);
   return DT_OK;
 }
@@ -146,7 +145,7 @@ dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b
   DT_TRY(check_matmul(s, a, b, out, trans_a, trans_b, &M, &N, &K));
   int nb = out->ndim - 2;
   if (dt_tensor_numel(out) == 0) return DT_OK;
-  if (K == 0) return beta == 0 ? dt_cuda_fill(s, out, 0.0) : dt_cuda_op_binary_scalar(s, DT_BINARY_MUL, out, beta, out);
+  if (K == 0) return beta == 0 ? dt_cuda_tensor_fill(s, out, 0.0) : dt_cuda_op_binary_scalar(s, DT_BINARY_MUL, out, beta, out);
   cublasHandle_t h = NULL;
   DT_TRY(blas_get(s->device, &h));
   dt_tensor *ta = NULL, *tb = NULL, *tc = NULL;
@@ -157,7 +156,7 @@ dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b
   bool flip = false;
   if (st == DT_OK && (!dt_blas_view(M, N, out->strides[nb], out->strides[nb + 1], &flip, &mc.ld) || flip)) {
     st = dt_cuda_tensor_scratch(s, out->ndim, out->shape, out->dtype, &tc);
-    if (st == DT_OK && beta != 0) st = dt_cuda_copy(s, tc, out);
+    if (st == DT_OK && beta != 0) st = dt_cuda_tensor_copy(s, tc, out);
     mc.ld = N;
   }
   if (st == DT_OK) {
@@ -167,7 +166,7 @@ dt_status dt_cuda_op_matmul(dt_stream *s, const dt_tensor *a, const dt_tensor *b
     dt_matmul_batch_strides(c, nb, out->shape, mc.bst);
     st = mm_gemm(s, h, a->dtype, &ma, &mb, &mc, nb, out->shape, M, N, K, alpha, beta);
   }
-  if (st == DT_OK && tc) st = dt_cuda_copy(s, out, tc);
+  if (st == DT_OK && tc) st = dt_cuda_tensor_copy(s, out, tc);
   dt_cuda_tensor_scratch_free(s, ta);
   dt_cuda_tensor_scratch_free(s, tb);
   dt_cuda_tensor_scratch_free(s, tc);

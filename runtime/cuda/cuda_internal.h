@@ -4,8 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "dt_cuda.h"
-#include "dispatch.h"
+#include "cuda_backend.h"
 #include "dt_kernels.h"
 
 struct dt_stream {

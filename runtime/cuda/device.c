@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "cpu/nn_common.h"
 #include "cuda_internal.h"
 
 static dt_cuda_dev devs[DT_CUDA_MAX_DEVICES];

@@ -17,7 +17,7 @@ static dt_status fill_run(dt_stream *s, const char *op, dt_tensor *out, dt_k_fil
     cudaError_t e = dt_k_fill(s->s, a);
     st = e == cudaSuccess ? DT_OK : dt_cuda_kernel_fail(e, __FILE__, __LINE__, op);
   }
-  if (st == DT_OK && tmp) st = dt_cuda_copy(s, out, tmp);
+  if (st == DT_OK && tmp) st = dt_cuda_tensor_copy(s, out, tmp);
   dt_cuda_tensor_scratch_free(s, tmp);
   return st;
 }

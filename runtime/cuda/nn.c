@@ -1,7 +1,6 @@
 /* nn.c: fused NN ops on device tensors (dt_nn.h semantics): softmax/CE, norms, GELU/SwiGLU, dropout, RoPE, attention. */
 #include <stdio.h>
 
-#include "cpu/nn_common.h"
 #include "cuda_internal.h"
 
 /* x (N, C) on s's device, float; `other` tensors (NULL entries skipped) contiguous, x's dtype and shape. */

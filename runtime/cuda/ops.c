@@ -57,11 +57,11 @@ dt_status dt_cuda_op_axpby(dt_stream *s, double alpha, const dt_tensor *x, doubl
   return ew_run(s, &p, "axpby", beta == 0 ? 1 : 2, in, out);
 }
 
-dt_status dt_cuda_copy(dt_stream *s, dt_tensor *dst, const dt_tensor *src) {
+dt_status dt_cuda_tensor_copy(dt_stream *s, dt_tensor *dst, const dt_tensor *src) {
   return dt_cuda_op_axpby(s, 1.0, src, 0.0, dst);
 }
 
-dt_status dt_cuda_fill(dt_stream *s, dt_tensor *dst, double value) {
+dt_status dt_cuda_tensor_fill(dt_stream *s, dt_tensor *dst, double value) {
   dt_k_ew_plan p = {.kind = DT_K_EW_FILL, .alpha = value};
   DT_TRY(dt_ew_ctype(DT_EW_FILL, 0, 1, (const dt_tensor *const *)&dst, value, 0, &p.ctype));
   return ew_run(s, &p, "fill", 0, NULL, dst);
@@ -91,7 +91,7 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
   dt_status st = DT_OK;
   if (!dt_dtype_is_float(x->dtype) || !dt_tensor_is_contiguous(x)) {
     st = dt_cuda_tensor_scratch(s, x->ndim, x->shape, dt_dtype_is_float(x->dtype) ? x->dtype : DT_DTYPE_F64, &xc);
-    if (st == DT_OK) st = dt_cuda_copy(s, xc, x);
+    if (st == DT_OK) st = dt_cuda_tensor_copy(s, xc, x);
   }
   bool int_out = op != DT_REDUCE_ARGMAX && !dt_dtype_is_float(out->dtype);
   if (st == DT_OK && (int_out || !dt_tensor_is_contiguous(out)))
@@ -105,7 +105,7 @@ dt_status dt_cuda_op_reduce(dt_stream *s, int op, const dt_tensor *x, int dim, b
                                 len, inner);
     st = e == cudaSuccess ? DT_OK : dt_cuda_kernel_fail(e, __FILE__, __LINE__, dt_reduce_name(op));
   }
-  if (st == DT_OK && oc) st = dt_cuda_copy(s, out, oc);
+  if (st == DT_OK && oc) st = dt_cuda_tensor_copy(s, out, oc);
   dt_cuda_free(s, scratch);
   dt_cuda_tensor_scratch_free(s, xc);
   dt_cuda_tensor_scratch_free(s, oc);
@@ -145,7 +145,7 @@ static dt_status dense(dt_stream *s, const dt_tensor *t, dt_tensor **tmp, const 
   if (dt_tensor_is_contiguous(t)) return DT_OK;
   DT_TRY(dt_cuda_tensor_scratch(s, t->ndim, t->shape, t->dtype, tmp));
   *out = *tmp;
-  return dt_cuda_copy(s, *tmp, t);
+  return dt_cuda_tensor_copy(s, *tmp, t);
 }
 
 dt_status dt_cuda_op_index_select(dt_stream *s, const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
@@ -200,7 +200,7 @@ dt_status dt_cuda_op_cat(dt_stream *s, int n, const dt_tensor *const *xs, int di
     dt_tensor slice = *out; /* the part of out along dim that xs[i] fills */
     slice.shape[dim] = xs[i]->shape[dim];
     slice.offset = out->offset + at * out->strides[dim];
-    if (dt_tensor_numel(&slice) > 0) DT_TRY(dt_cuda_copy(s, &slice, xs[i]));
+    if (dt_tensor_numel(&slice) > 0) DT_TRY(dt_cuda_tensor_copy(s, &slice, xs[i]));
     at += xs[i]->shape[dim];
   }
   return DT_OK;

@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu/nn_common.h"
 #include "cuda_internal.h"
 
 /* A contiguous optimizer state tensor (m, v, momentum buffer) of param's shape, f32 (f64 for f64 params). */
@@ -73,7 +72,13 @@ dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, con
   return st;
 }
 
-dt_status dt_cuda_optim_sgd(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr,
+dt_status dt_cuda_optim_adamw_step(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v,
+                                   double lr, double beta1, double beta2, double eps, double weight_decay,
+                                   int64_t step) {
+  return dt_cuda_optim_adamw(s, 1, &param, &grad, &m, &v, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+dt_status dt_cuda_optim_sgd_step(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr,
                             double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) {
   DT_CHECK(s, DT_ERR_ARG, "sgd: NULL stream");
   DT_TRY(dt_optim_sgd_check(lr, momentum, dampening, weight_decay, nesterov, buf != NULL));

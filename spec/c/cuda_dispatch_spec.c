@@ -1,5 +1,6 @@
 /* cuda_dispatch_spec.c: cuda tensors through the generic C API: allocation and pool stats, copies between and on
- * devices, element access, op dispatch by device (CPU vs CUDA results), mixed-device and unsupported-op errors. */
+ * devices, element access, op dispatch by device (CPU vs CUDA results), the fallbacks for what the CUDA backend does
+ * not support, mixed-device and unsupported-op errors. */
 #include <stdlib.h>
 
 #include "cuda_spec_util.h"
@@ -148,6 +149,79 @@ static void test_dispatch(void) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
 }
 
+/* A device tensor of `dtype` holding t's values (converted). */
+static dt_tensor *gpu_as(const dt_tensor *t, int dtype) {
+  dt_tensor *g = gpu_empty(t->ndim, t->shape, dtype);
+  die_on(dt_tensor_copy(g, t), "copy with conversion");
+  return g;
+}
+
+/* Bitwise equality of two device tensors' values. */
+static bool gpu_bitwise_equal(const dt_tensor *a, const dt_tensor *b) {
+  dt_tensor *ha = to_host(a), *hb = to_host(b);
+  bool same = bitwise_equal(ha, hb);
+  dt_tensor_free(ha);
+  dt_tensor_free(hb);
+  return same;
+}
+
+/* f64 attention (the kernels are f32/bf16/f16) runs on host copies: the CPU's results, bit for bit. */
+static void test_attention_fallback(void) {
+  enum { N = 6 };
+  dt_tensor *h[N], *g[N]; /* q, k, v, dout, then out and lse written by the forward */
+  for (int i = 0; i < 4; i++) h[i] = host_sample(4, SHAPE(1, 2, 3, 4), DT_DTYPE_F64, 10 + (unsigned)i, 1.0);
+  h[4] = host_zeros(4, SHAPE(1, 2, 3, 4), DT_DTYPE_F64);
+  h[5] = host_zeros(1, SHAPE(6), DT_DTYPE_F64);
+  for (int i = 0; i < N; i++) g[i] = to_gpu(h[i]);
+  die_on(dt_nn_attention_fwd(h[0], h[1], h[2], 0.5, true, h[4], h[5]), "cpu attention");
+  expect_ok(dt_nn_attention_fwd(g[0], g[1], g[2], 0.5, true, g[4], g[5]), "f64 attention on cuda tensors");
+  dt_tensor *out = to_host(g[4]), *lse = to_host(g[5]);
+  expect(bitwise_equal(out, h[4]) && bitwise_equal(lse, h[5]), "f64 attention on cuda gives the CPU's out and lse");
+  dt_tensor *hd[3], *gd[3];
+  for (int i = 0; i < 3; i++) hd[i] = host_zeros(4, SHAPE(1, 2, 3, 4), DT_DTYPE_F64), gd[i] = to_gpu(hd[i]);
+  die_on(dt_nn_attention_bwd(h[0], h[1], h[2], h[4], h[3], h[5], 0.5, true, hd[0], hd[1], hd[2]), "cpu backward");
+  expect_ok(dt_nn_attention_bwd(g[0], g[1], g[2], g[4], g[3], g[5], 0.5, true, gd[0], gd[1], gd[2]),
+            "f64 attention backward on cuda tensors");
+  for (int i = 0; i < 3; i++) {
+    dt_tensor *d = to_host(gd[i]);
+    expect(bitwise_equal(d, hd[i]), "f64 attention backward on cuda gives the CPU's dq, dk, dv");
+    dt_tensor_free(d);
+    dt_tensor_free(hd[i]);
+    dt_tensor_free(gd[i]);
+  }
+  dt_tensor_free(out);
+  dt_tensor_free(lse);
+  for (int i = 0; i < N; i++) dt_tensor_free(h[i]), dt_tensor_free(g[i]);
+}
+
+/* bf16 activations beside f32 weights (the norm kernels take one dtype per call): normalised in f32, cast back on
+ * the device; the same bits as doing those casts by hand. */
+static void test_norm_fallback(void) {
+  dt_tensor *hx = host_sample(2, SHAPE(4, 6), DT_DTYPE_BF16, 20, 2.0);
+  dt_tensor *hdy = host_sample(2, SHAPE(4, 6), DT_DTYPE_BF16, 22, 1.0);
+  dt_tensor *hw = host_sample(1, SHAPE(6), DT_DTYPE_F32, 21, 1.0);
+  dt_tensor *x = to_gpu(hx), *w = to_gpu(hw), *dy = to_gpu(hdy), *xf = gpu_as(hx, DT_DTYPE_F32);
+  dt_tensor *dyf = gpu_as(hdy, DT_DTYPE_F32), *y = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_BF16);
+  dt_tensor *yf = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_F32), *y_ref = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_BF16);
+  dt_tensor *mean = gpu_empty(1, SHAPE(4), DT_DTYPE_F32), *rstd = gpu_empty(1, SHAPE(4), DT_DTYPE_F32);
+  expect_ok(dt_nn_layernorm_fwd(x, w, w, 1e-5, y, mean, rstd), "layer_norm of bf16 x with f32 weights on cuda");
+  die_on(dt_nn_layernorm_fwd(xf, w, w, 1e-5, yf, mean, rstd), "layer_norm in f32");
+  die_on(dt_tensor_copy(y_ref, yf), "cast back");
+  expect(gpu_bitwise_equal(y, y_ref), "mixed-dtype layer_norm on cuda normalises in the weights' dtype");
+  dt_tensor *dx = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_BF16), *dxf = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_F32);
+  dt_tensor *dx_ref = gpu_empty(2, SHAPE(4, 6), DT_DTYPE_BF16), *dw = NULL, *dw_ref = NULL;
+  die_on(dt_tensor_zeros(1, SHAPE(6), DT_DTYPE_F32, GPU, &dw), "dw");
+  die_on(dt_tensor_zeros(1, SHAPE(6), DT_DTYPE_F32, GPU, &dw_ref), "dw");
+  die_on(dt_nn_rmsnorm_fwd(xf, w, 1e-6, yf, rstd), "rms_norm in f32");
+  expect_ok(dt_nn_rmsnorm_bwd(dy, x, w, rstd, dx, dw), "rms_norm backward of bf16 x with f32 weights on cuda");
+  die_on(dt_nn_rmsnorm_bwd(dyf, xf, w, rstd, dxf, dw_ref), "rms_norm backward in f32");
+  die_on(dt_tensor_copy(dx_ref, dxf), "cast back");
+  expect(gpu_bitwise_equal(dx, dx_ref) && gpu_bitwise_equal(dw, dw_ref),
+         "mixed-dtype rms_norm backward on cuda runs in the weights' dtype");
+  dt_tensor *all[] = {hx, hw, hdy, x, w, dy, xf, dyf, y, yf, y_ref, mean, rstd, dx, dxf, dx_ref, dw, dw_ref};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+}
+
 /* cuda:0 <-> cuda:1, when there are two devices (the emulation is given two below). */
 static void test_two_devices(void) {
   if (dt_device_count(DT_DEVICE_CUDA) < 2) return;
@@ -181,6 +255,8 @@ int main(void) {
   test_alloc_and_stats();
   test_copies();
   test_dispatch();
+  test_attention_fallback();
+  test_norm_fallback();
   test_two_devices();
   die_on(dt_cuda_stream_synchronize(s), "final synchronize");
   return spec_finish();

@@ -177,7 +177,7 @@ static void test_lazy_streams(void) {
   float *pinned;
   die_on(dt_cuda_host_alloc(8 * sizeof(float), (void **)&pinned), "pinned");
   for (int i = 0; i < 8; i++) pinned[i] = -1;
-  expect_ok(dt_cuda_fill(S, a, 3.0), "fill on the compute stream");
+  expect_ok(dt_cuda_tensor_fill(S, a, 3.0), "fill on the compute stream");
   expect_ok(dt_cuda_event_record(ev, S), "record after the fill");
   expect_ok(dt_cuda_stream_wait(comm, ev), "the comm stream waits for it");
   expect_ok(dt_cuda_memcpy(comm, b->data, a->data, 8 * sizeof(float)), "device-to-device copy on comm");
@@ -186,7 +186,7 @@ static void test_lazy_streams(void) {
   expect_ok(dt_cuda_stream_synchronize(comm), "comm synchronises");
   expect(pinned[0] == 3 && pinned[7] == 3, "the event ordered the fill before the copy");
   if (emulated) {
-    dt_cuda_fill(S, a, 5.0); /* no event this time: comm must not see it */
+    dt_cuda_tensor_fill(S, a, 5.0); /* no event this time: comm must not see it */
     dt_cuda_memcpy(comm, pinned, a->data, 8 * sizeof(float));
     dt_cuda_stream_synchronize(comm);
     expect(pinned[0] == 3, "without an event the other stream's queued work is not visible");

@@ -109,7 +109,7 @@ static void test_streams_events(void) {
   expect_ok(dt_cuda_event_new(0, true, &e1), "another");
   dt_tensor *t = dev_empty(mine, 1, SHAPE(4096), DT_DTYPE_F32);
   expect_ok(dt_cuda_event_record(e0, mine), "record");
-  expect_ok(dt_cuda_fill(mine, t, 2.0), "work between the records");
+  expect_ok(dt_cuda_tensor_fill(mine, t, 2.0), "work between the records");
   expect_ok(dt_cuda_event_record(e1, mine), "record");
   expect_ok(dt_cuda_event_synchronize(e1), "wait for the second record");
   double ms = -1;

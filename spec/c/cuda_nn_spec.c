@@ -212,7 +212,7 @@ static void test_sgd(void) {
       die_on(dt_optim_sgd_step(hp, hg, mom ? hb : NULL, 0.1, cases[c].momentum, cases[c].dampening, cases[c].wd,
                                cases[c].nesterov, step == 1),
              "cpu sgd");
-      expect_ok(dt_cuda_optim_sgd(S, dp, dgr, mom ? db : NULL, 0.1, cases[c].momentum, cases[c].dampening,
+      expect_ok(dt_cuda_optim_sgd_step(S, dp, dgr, mom ? db : NULL, 0.1, cases[c].momentum, cases[c].dampening,
                                   cases[c].wd, cases[c].nesterov, step == 1),
                 "sgd runs");
     }
@@ -221,9 +221,9 @@ static void test_sgd(void) {
     release();
   }
   dt_tensor *hp = H(host_sample(1, SHAPE(8), DT_DTYPE_F32, 90, 1)), *dp = up(hp);
-  expect_error(dt_cuda_optim_sgd(S, dp, dp, NULL, 0.1, 0.9, 0, 0, false, true),
+  expect_error(dt_cuda_optim_sgd_step(S, dp, dp, NULL, 0.1, 0.9, 0, 0, false, true),
                "sgd: momentum 0.9 needs a momentum buffer", "momentum without a buffer is refused");
-  expect_error(dt_cuda_optim_sgd(S, dp, dp, dp, 0.1, 0.9, 0.5, 0, true, true),
+  expect_error(dt_cuda_optim_sgd_step(S, dp, dp, dp, 0.1, 0.9, 0.5, 0, true, true),
                "sgd: nesterov needs momentum > 0 and dampening 0", "nesterov with dampening is refused");
   release();
 }

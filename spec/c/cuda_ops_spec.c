@@ -108,10 +108,10 @@ static void test_ternary_copy_fill(void) {
   dt_tensor *ht = transposed(ha), *dt = transposed(da), *href = host_zeros(2, SHAPE(6, 4), DT_DTYPE_BF16);
   dt_tensor *dbf = dev_empty(S, 2, SHAPE(6, 4), DT_DTYPE_BF16);
   die_on(dt_tensor_copy(href, ht), "cpu copy");
-  expect_ok(dt_cuda_copy(S, dbf, dt), "copy from a transposed view with conversion runs");
+  expect_ok(dt_cuda_tensor_copy(S, dbf, dt), "copy from a transposed view with conversion runs");
   dt_tensor *got = host_from_dev(S, dbf);
   expect(bitwise_equal(got, href), "copy rounds to bf16 exactly like the CPU");
-  expect_ok(dt_cuda_fill(S, dbf, 1.25), "fill runs");
+  expect_ok(dt_cuda_tensor_fill(S, dbf, 1.25), "fill runs");
   dt_tensor *filled = host_from_dev(S, dbf);
   expect(at(filled, 0) == 1.25 && at(filled, 23) == 1.25, "fill writes the value everywhere");
   dt_tensor *hi = host_sample(1, SHAPE(5), DT_DTYPE_I64, 9, 5), *di = dev_from_host(S, hi);

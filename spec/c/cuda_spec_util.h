@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dt_cuda.h"
+#include "cuda/cuda_backend.h" /* the backend's own functions, called on explicit streams */
 #include "spec.h"
 
 /* Exit code ctest reports as skipped (SKIP_RETURN_CODE). */

@@ -8,7 +8,6 @@ local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local autograd = require "dt.autograd"
 local common = require "dt.ops.common"
-local device = require "dt.device"
 
 local C, check = dtffi.C, dtffi.check
 local record = autograd.record
@@ -114,16 +113,9 @@ return function(dt, Tensor)
       return nil
    end
 
-   -- The CUDA kernels take one float dtype per call: on cuda, activations of another dtype than the weights (bf16
-   -- beside f32) are normalised in the weights' dtype, as the CPU kernels do, and cast back (both casts recorded).
-   local function mixed_on_device(x, w)
-      return w ~= nil and w.dtype ~= x.dtype and not device.is_cpu(x.h.device)
-   end
-
    -- Over the last dim: (x - mean) / sqrt(var + eps) * w + b; w and b optional.
    function F.layer_norm(x, w, b, eps)
       need_tensor(x, "layer_norm", "x")
-      if mixed_on_device(x, w) then return F.layer_norm(x:to(w.dtype), w, b, eps):to(x.dtype) end
       eps = eps or 1e-5
       local xc, wc, bc = contiguous(x), w and contiguous(w), b and contiguous(b)
       local y, rows = like(x), row_shape(x)
@@ -141,7 +133,6 @@ return function(dt, Tensor)
    -- Over the last dim: x / sqrt(mean(x^2) + eps) * w; w optional.
    function F.rms_norm(x, w, eps)
       need_tensor(x, "rms_norm", "x")
-      if mixed_on_device(x, w) then return F.rms_norm(x:to(w.dtype), w, eps):to(x.dtype) end
       eps = eps or 1e-6
       local xc, wc = contiguous(x), w and contiguous(w)
       local y, rstd = like(x), empty(row_shape(x), stat_dtype(x), x)
@@ -204,10 +195,6 @@ return function(dt, Tensor)
       need_tensor(k, "attention", "k")
       need_tensor(v, "attention", "v")
       opts = opts or {}
-      -- The CUDA kernels are f32/bf16/f16: f64 attention (gradchecks) on a cuda device runs on the CPU (recorded moves)
-      if q.dtype == "f64" and not device.is_cpu(q.h.device) and k.device == q.device and v.device == q.device then
-         return F.attention(q:to("cpu"), k:to("cpu"), v:to("cpu"), opts):to(q.device)
-      end
       local causal = opts.causal ~= false
       local scale = opts.scale or 1 / math.sqrt(q.ndim > 0 and q:size(-1) or 1)
       local qc, kc, vc = contiguous(q), contiguous(k), contiguous(v)

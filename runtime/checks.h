@@ -1,0 +1,79 @@
+/* checks.h: device-neutral argument checks and op names, written once for every backend (checks.c). */
+#ifndef DT_CHECKS_H
+#define DT_CHECKS_H
+#include "dt_internal.h"
+#include "dt_nn.h"
+#include "dt_ops.h"
+#include "dt_optim.h"
+#include "dt_random.h"
+
+/* Names of the dt_ops.h op codes, for messages ("?" when out of range). */
+const char *dt_unary_name(int op);
+const char *dt_binary_name(int op);
+const char *dt_ternary_name(int op);
+const char *dt_reduce_name(int op);
+
+/* Elementwise compute types (the CPU's dt_ctype and the kernels' ctype) and op kinds, shared by both backends. */
+enum { DT_EW_CT_F32 = 0, DT_EW_CT_F64 = 1, DT_EW_CT_I64 = 2 };
+enum { DT_EW_UNARY, DT_EW_BINARY, DT_EW_SCALAR, DT_EW_TERNARY, DT_EW_AXPBY, DT_EW_FILL };
+/* The compute type of elementwise op `op` (dt_ops.h code of `kind`) over in[0..n): f64 if an input is f64, else f32 if
+ * one is a float dtype, else i64 (where's condition does not count); integers with a fractional scalar (SCALAR, FILL:
+ * alpha; AXPBY: alpha and beta) compute in f64. Fails for an unknown op or one undefined on integers. */
+dt_status dt_ew_ctype(int kind, int op, int n, const dt_tensor *const *in, double alpha, double beta, int *ctype);
+
+/* Shape checks. reduce: dim in -1..ndim-1, out of the reduced shape (argmax: i32 or i64). matmul: M, N, K of
+ * out = op(a) @ op(b) with broadcast batch dims, one float dtype, sizes in int range. attention: q (B, Hq, T, D), k and
+ * v (B, Hkv, Tk, D) with Hkv dividing Hq, a finite scale. */
+dt_status dt_op_reduce_check(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out);
+dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta, bool tb,
+                             int64_t *M, int64_t *N, int64_t *K);
+/* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on a mismatch. */
+bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst);
+dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+                                double scale);
+/* cross-entropy's targets: n contiguous i32/i64 values, one per row of logits. */
+dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n);
+
+/* One matrix operand as BLAS reads it: element 0, transpose flag, leading dim, batch strides. */
+typedef struct dt_mm_arg {
+  const char *p;
+  bool trans;
+  int64_t ld;
+  int64_t bst[DT_MAX_DIMS];
+} dt_mm_arg;
+/* How BLAS can read a (rows, cols) matrix with strides (s0, s1): row-major with leading dim s0, or column-major
+ * (flip: the transpose flag flips). False: neither. */
+bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld);
+/* An input operand x (trans: op(x) is x^T) with batch dims broadcast to (nb, bshape) as BLAS reads it in place; false
+ * when its strides need a contiguous copy first. */
+bool dt_mm_arg_of(const dt_tensor *x, bool trans, int nb, const int64_t *bshape, dt_mm_arg *m);
+
+/* The fused NN ops' tensor checks; `op` and the tensors' names go into the messages. check_float: a contiguous float
+ * tensor with storage. same_shape: a and b have one shape. check_vector: a contiguous float tensor of n elements (a
+ * weight or a per-row statistic; `what` says why n). rows_cols: rows (product of the leading dims) and columns (last
+ * dim) of a contiguous float tensor of rank >= 1. */
+dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name);
+dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
+                                 const char *nb);
+dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what);
+dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, int64_t *rows, int64_t *cols);
+
+/* The optimizers' hyperparameter checks. */
+dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+                             bool has_buf);
+/* Argument checks of the random fills. */
+dt_status dt_random_check_uniform(const dt_tensor *out, double lo, double hi);
+dt_status dt_random_check_normal(const dt_tensor *out, double mean, double std);
+dt_status dt_random_check_int(const dt_tensor *out, int64_t lo, int64_t hi);
+/* Index ops' argument checks. index_select/index_add: `big` has the shape of `small` except along dim, where `small`
+ * has numel(idx) entries; same dtype. gather/scatter_add: idx has a's rank, idx.shape[d] <= a.shape[d] for d != dim and
+ * <= b.shape[d] (== when b_exact) for every d; a and b share a dtype. */
+dt_status dt_index_check_shapes(const char *what, const dt_tensor *big, const dt_tensor *small, const dt_tensor *idx,
+                                int dim);
+dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_tensor *a, const dt_tensor *b, int dim,
+                               bool b_exact);
+/* cat's argument check. */
+dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out);
+
+#endif

@@ -1,0 +1,16 @@
+/* cpu_backend.h: the CPU backend's functions (private to runtime/cpu): every op of backend.h on host tensors. */
+#ifndef DT_CPU_BACKEND_H
+#define DT_CPU_BACKEND_H
+#include "backend.h"
+
+/* dt_cpu_<name>(parameters) for every op of DT_BACKEND_OPS: host tensors, no stream, no device checks. */
+#define DT_CPU_DECLARE(name, params, args) dt_status dt_cpu_##name params;
+DT_BACKEND_OPS(DT_CPU_DECLARE)
+#undef DT_CPU_DECLARE
+/* dt_optim_stream: the memory-roofline probe of `dtrun bench adamw` (host tensors only). */
+dt_status dt_cpu_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x);
+
+/* The table (cpu/backend.c). */
+extern const dt_backend dt_cpu_backend;
+
+#endif
