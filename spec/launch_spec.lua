@@ -124,6 +124,37 @@ describe("launcher", function()
       os.remove(log)
    end)
 
+   local function number_of(cmd)
+      local p = io.popen(cmd)
+      local n = tonumber(p:read("*a"):match("%d+"))
+      p:close()
+      return n
+   end
+
+   it("warns when ranks outnumber the cores, naming the threads each rank gets", function()
+      local cores = number_of("getconf _NPROCESSORS_ONLN")
+      if cores + 1 > 8 then pending("a machine with more than 7 cores") return end
+      local _, code, _, out = dtrun(("%s --nproc %d"):format(worker, cores + 1))
+      assert.equal(0, code, out)
+      assert.matches(("dtrun: warning: %d ranks on %d cores: they take turns on the cores, 1 thread%%(s%%) each")
+         :format(cores + 1, cores), out)
+   end)
+
+   it("refuses more ranks than the available memory holds, saying how it estimated, unless --force", function()
+      local avail_mib = number_of("grep MemAvailable /proc/meminfo") / 1024
+      local nproc = 1024
+      if nproc * dt.C.DT_LAUNCH_RANK_MIB <= avail_mib then pending("a machine with less than 150 GiB free") return end
+      local lines, code, _, out = dtrun(("%s --nproc %d"):format(worker, nproc))
+      assert.equal(2, code, out)
+      assert.is_nil(out:match("run dir:"), out)
+      assert.matches(("dtrun: %%-%%-nproc %d would need about %d MiB but %%d+ MiB are available %%([^;]*/proc/meminfo"
+         .. "[^;]*%%); the estimate is 150 MiB per rank.*or %%-%%-force to start them anyway")
+         :format(nproc, nproc * 150), lines[#lines])
+      -- --force starts them anyway: checked on the agent's own check, without starting 1024 ranks
+      local o = ffi.new("dt_launch_opts", { nproc = nproc, force = true })
+      assert.equal(0, dt.C.dt_launch_check(o))
+   end)
+
    it("fails with one line when the master port is in use", function()
       local srv = require("dt.dist").serve("127.0.0.1", 0, "") -- holds the port for the duration
       local lines, code = dtrun(("%s --nproc 1 --master-port %d"):format(worker, srv.port))
@@ -144,6 +175,7 @@ describe("launcher", function()
             dt.device_count("cuda")) .. ".*use %-%-nproc 8" },
          { "--master-port 70000 --nproc 1", "%-%-master%-port must be in 1..65535" },
          { "--timeout 0 --nproc 1", "%-%-timeout must be at least 0%.001, got 0" },
+         { "--force=yes --nproc 1", "%-%-force takes no value" },
       }
       for _, c in ipairs(cases) do
          local lines, code = dtrun(worker .. " " .. c[1])
