@@ -1,6 +1,7 @@
 /* shm_internal.h: the shm communicator's segment layout, per-process state and internal entry points. */
 #ifndef DT_SHM_INTERNAL_H
 #define DT_SHM_INTERNAL_H
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -85,7 +86,7 @@ struct dt_comm {
   int device;                         /* cuda device of dt_comm_enable_cuda, or -1 */
   dt_nccl *nccl;
   uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
-  int *pidfds;                        /* per peer: a pidfd of its process (-1 for this rank; -2: gone at rendezvous) */
+  struct pollfd *peers;               /* per rank: a pidfd of its process to poll (fd -1 for this one) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;

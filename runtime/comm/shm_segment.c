@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,20 +68,24 @@ static void abort_as(dt_comm *c, int r, const char *msg) {
   }
 }
 
-/* Did a peer's process end (exit, even with status 0, or a kill) without the others knowing? Its pidfd
- * turns readable when it does. The first rank to see it aborts the communicator for it, so every waiter
- * fails at once naming the dead rank (the message depends only on that rank: concurrent writers agree). */
+/* Abort the communicator on behalf of rank j, whose process ended without leaving it. The message depends only on
+ * that rank: concurrent reporters agree. */
+static void report_gone(dt_comm *c, int j) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
+           c->ranks[j].pid);
+  abort_as(c, j, msg);
+}
+
+/* Did a peer's process end (exit, even with status 0, or a kill)? Its pidfd turns readable when it does. The first
+ * rank to see it aborts the communicator for it, so every waiter fails at once naming the dead rank. */
 static bool peer_gone(dt_comm *c) {
-  for (int j = 0; c->pidfds && j < c->world; j++) {
-    if (c->pidfds[j] == -1) continue;
-    struct pollfd p = {.fd = c->pidfds[j], .events = POLLIN};
-    if (c->pidfds[j] >= 0 && poll(&p, 1, 0) != 1) continue;
-    char msg[200];
-    snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
-             c->ranks[j].pid);
-    abort_as(c, j, msg);
-    return true;
-  }
+  if (!c->peers || poll(c->peers, (nfds_t)c->world, 0) <= 0) return false;
+  for (int j = 0; j < c->world; j++)
+    if (c->peers[j].revents) {
+      report_gone(c, j);
+      return true;
+    }
   return false;
 }
 
@@ -333,18 +336,19 @@ static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, s
   snprintf(k_ready, n, "dtcomm/%s/ready", c->job);
 }
 
-/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone. */
+/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone; fd -1 (which
+ * poll skips) for this rank. A peer already gone is reported at once. */
 static dt_status watch_peers(dt_comm *c) {
-  c->pidfds = malloc((size_t)c->world * sizeof *c->pidfds);
-  DT_CHECK(c->pidfds, DT_ERR_OOM, "comm '%s': out of memory", c->job);
-  for (int j = 0; j < c->world; j++) c->pidfds[j] = -1;
+  c->peers = calloc((size_t)c->world, sizeof *c->peers);
+  DT_CHECK(c->peers, DT_ERR_OOM, "comm '%s': out of memory", c->job);
   for (int j = 0; j < c->world; j++) {
-    c->pidfds[j] = j == c->rank ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
-    if (c->pidfds[j] < 0 && j != c->rank) {
-      DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
-               c->ranks[j].pid, strerror(errno));
-      c->pidfds[j] = -2; /* gone already: the first wait reports it */
-    }
+    c->peers[j] = (struct pollfd){.fd = -1, .events = POLLIN};
+    if (j == c->rank) continue;
+    c->peers[j].fd = (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
+    if (c->peers[j].fd >= 0) continue;
+    DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
+             c->ranks[j].pid, strerror(errno));
+    report_gone(c, j);
   }
   return DT_OK;
 }
@@ -447,10 +451,10 @@ dt_status dt_comm_shm_remove_job(const char *job_id, int *removed) {
 }
 
 void shm_segment_close(dt_comm *c) {
-  for (int j = 0; c->pidfds && j < c->world; j++)
-    if (c->pidfds[j] >= 0) close(c->pidfds[j]);
-  free(c->pidfds);
-  c->pidfds = NULL;
+  for (int j = 0; c->peers && j < c->world; j++)
+    if (c->peers[j].fd >= 0) close(c->peers[j].fd);
+  free(c->peers);
+  c->peers = NULL;
   if (c->base) munmap(c->base, c->seg_bytes);
   if (c->rank == 0 && !c->unlinked && c->shm_name[0]) shm_unlink(c->shm_name);
   c->base = NULL;
