@@ -41,13 +41,16 @@ static long long cgroup_room_mib(void) {
   return max >= 0 && cur >= 0 ? (max > cur ? (max - cur) >> 20 : 0) : -1;
 }
 
-dt_status dt_launch_check(const dt_launch_opts *o) {
+dt_status dt_launch_check(const dt_launch_opts *o, char *warnings, size_t n) {
+  size_t used = 0;
+  if (n) warnings[0] = 0;
   DT_CHECK(o->nproc >= 1 && o->nproc <= DT_LAUNCH_MAX_LOCAL, DT_ERR_ARG, "--nproc must be 1..%d, got %d",
            DT_LAUNCH_MAX_LOCAL, o->nproc);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (o->nproc > cores)
-    fprintf(stderr, "dtrun: warning: %d ranks on %ld cores: they take turns on the cores, %d thread(s) each; fewer "
-            "ranks are usually faster\n", o->nproc, cores, dt_launch_threads(o));
+  if (o->nproc > cores && used < n)
+    used += (size_t)snprintf(warnings + used, n - used, "dtrun: warning: %d ranks on %ld cores: they take turns on "
+                             "the cores, %d thread(s) each; fewer ranks are usually faster\n", o->nproc, cores,
+                             dt_launch_threads(o));
   long long avail = meminfo_mib("MemAvailable"), room = cgroup_room_mib();
   const char *source = "MemAvailable in /proc/meminfo";
   if (room >= 0 && (avail < 0 || room < avail)) {
@@ -61,7 +64,8 @@ dt_status dt_launch_check(const dt_launch_opts *o) {
            "the resident size of a small model's rank (LuaJIT, libdt, OpenBLAS, data; a bigger model needs more). "
            "Use fewer ranks, or --force to start them anyway",
            o->nproc, need, avail, source, DT_LAUNCH_RANK_MIB);
-  fprintf(stderr, "dtrun: warning: starting %d ranks that may need about %lld MiB with %lld MiB available (--force)\n",
-          o->nproc, need, avail);
+  if (used < n)
+    snprintf(warnings + used, n - used, "dtrun: warning: starting %d ranks that may need about %lld MiB with %lld MiB "
+             "available (--force)\n", o->nproc, need, avail);
   return DT_OK;
 }

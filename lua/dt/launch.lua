@@ -192,10 +192,11 @@ function M.run(cmd, args, make_run_dir, passthrough)
          return 2
       end
    end
-   -- Ranks past the cores get a warning, past the memory a refusal (unless --force).
+   -- Ranks past the memory get a refusal (unless --force), past the cores a warning (after the run dir line).
    local probe = ffi.new("dt_launch_opts", { nproc = opts.nproc, threads_per_rank = opts.threads or 0,
       force = opts.force or false })
-   if C.dt_launch_check(probe) ~= 0 then
+   local warnings = ffi.new("char[1024]")
+   if C.dt_launch_check(probe, warnings, 1024) ~= 0 then
       io.stderr:write("dtrun: " .. ffi.string(C.dt_last_error()):gsub(" %([%w_]+%.c:%d+%)$", "") .. "\n")
       return 2
    end
@@ -240,6 +241,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    end
    print("run dir: " .. run_dir)
    io.stdout:flush()
+   io.stderr:write(ffi.string(warnings))
 
    local exe = ffi.string(C.dt_exe_path())
    local argv_list = { exe }

@@ -42,11 +42,12 @@ enum { DT_LAUNCH_RANK_MIB = 150, DT_LAUNCH_MAX_LOCAL = 1024 /* most ranks one ag
 /* Threads each worker uses: threads_per_rank, else online cores / nproc (at least 1). */
 int dt_launch_threads(const dt_launch_opts *opts);
 
-/* Size the launch against this machine before starting it: nproc must be 1..DT_LAUNCH_MAX_LOCAL; more ranks than online cores
- * prints a warning on stderr naming the threads per rank; more than the available memory (MemAvailable, or a
- * cgroup v2 limit's room when smaller) can hold at DT_LAUNCH_RANK_MIB per rank is refused (DT_ERR_ARG, saying how
- * it estimated) unless opts->force, which warns instead. */
-dt_status dt_launch_check(const dt_launch_opts *opts);
+/* Size the launch against this machine before starting it: nproc must be 1..DT_LAUNCH_MAX_LOCAL; more ranks than
+ * online cores adds a warning line naming the threads per rank to `warnings` (n bytes, for the caller to print
+ * after the run dir line); more than the available memory (MemAvailable, or a cgroup v2 limit's room when smaller)
+ * can hold at DT_LAUNCH_RANK_MIB per rank is refused (DT_ERR_ARG, saying how it estimated) unless opts->force,
+ * which adds a warning instead. */
+dt_status dt_launch_check(const dt_launch_opts *opts, char *warnings, size_t n);
 
 /* Run the job to completion. exit_code receives 0 when every worker exited 0, otherwise the
  * failing rank's exit code (128 + signal when killed; the other node's failing rank's when
