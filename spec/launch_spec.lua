@@ -28,13 +28,6 @@ local function read(path)
    return s
 end
 
-local function stray_workers()
-   local p = io.popen("pgrep -f 'launch_worker[.]lua' | wc -l") -- the bracket keeps this shell out of the match
-   local n = tonumber(p:read("*a"))
-   p:close()
-   return n
-end
-
 describe("launcher", function()
    after_each(function()
       for _, dir in ipairs(made) do
@@ -68,13 +61,14 @@ describe("launcher", function()
 
    it("stops the group when a rank fails and names the root cause", function()
       local t0 = dt.time()
-      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=1 code=7 sleep=30")
+      local tag = H.tag() -- names this job's workers (other jobs on the machine run launch_worker.lua too)
+      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=1 code=7 sleep=30 tag=" .. tag)
       assert.equal(7, code)
       assert.is_true(dt.time() - t0 < 10, "the other rank must be stopped, not awaited")
       assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7", out)
       assert.matches("rank 1 about to fail", out)
       assert.matches("rank 0 was killed by SIGTERM", out)
-      assert.equal(0, stray_workers())
+      assert.equal(0, H.count_procs(tag))
    end)
 
    it("reports a rank killed by SIGKILL", function()
@@ -91,14 +85,15 @@ describe("launcher", function()
    end)
 
    it("stops every rank cleanly on Ctrl-C (SIGINT to the agent)", function()
-      local p = io.popen(("%s %s --nproc 2 --grace 2 sleep=30 > /tmp/dt-ctrlc-spec.log 2>&1 & "
-         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker))
+      local tag, log = H.tag(), os.tmpname()
+      local p = io.popen(("%s %s --nproc 2 --grace 2 sleep=30 tag=%s > %s 2>&1 & "
+         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker, tag, log))
       local code = tonumber(p:read("*a"))
       p:close()
-      local first = io.open("/tmp/dt-ctrlc-spec.log"):read("*l")
-      made[#made + 1] = first and first:match("^run dir: (.*)$")
+      made[#made + 1] = read(log):match("^run dir: ([^\n]*)")
+      os.remove(log)
       assert.equal(130, code)
-      assert.equal(0, stray_workers())
+      assert.equal(0, H.count_procs(tag))
    end)
 
    it("takes every worker down within 2 s when the agent is killed with SIGKILL", function()
