@@ -120,9 +120,10 @@ dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dt
 /* Barrier over all ranks; the call's first one also compares fingerprints. */
 dt_status shm_sync(call_ctx *x);
 /* Wait until the futex word reaches target (wrapping compare). 0: reached; 1: deadline;
- * 2: the communicator was aborted (also when a peer's process is found gone: this rank aborts it on
- * the dead rank's behalf); 3: *stop became non-zero (stop may be NULL). */
-int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline);
+ * 2: the communicator was aborted (also when the process of `peer`, or of any rank with peer -1, is found gone:
+ * this rank aborts it on the dead rank's behalf); 3: *stop became non-zero (stop may be NULL). */
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, int peer,
+                   double deadline);
 void shm_wake(_Atomic uint32_t *w);
 /* Give up: make the communicator unusable here and wake every other rank with the reason. */
 dt_status shm_abort(dt_comm *c, dt_status code, const char *msg);

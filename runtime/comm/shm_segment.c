@@ -77,11 +77,14 @@ static void report_gone(dt_comm *c, int j) {
   abort_as(c, j, msg);
 }
 
-/* Did a peer's process end (exit, even with status 0, or a kill)? Its pidfd turns readable when it does. The first
- * rank to see it aborts the communicator for it, so every waiter fails at once naming the dead rank. */
-static bool peer_gone(dt_comm *c) {
-  if (!c->peers || poll(c->peers, (nfds_t)c->world, 0) <= 0) return false;
-  for (int j = 0; j < c->world; j++)
+/* Did the process of `peer` (-1: of any rank) end (exit, even with status 0, or a kill)? Its pidfd turns readable
+ * when it does. The first rank to see it aborts the communicator for it, so every waiter fails at once naming the dead
+ * rank. */
+static bool peer_gone(dt_comm *c, int peer) {
+  if (!c->peers) return false;
+  int lo = peer >= 0 ? peer : 0, n = peer >= 0 ? 1 : c->world;
+  if (poll(&c->peers[lo], (nfds_t)n, 0) <= 0) return false;
+  for (int j = lo; j < lo + n; j++)
     if (c->peers[j].revents) {
       report_gone(c, j);
       return true;
@@ -89,7 +92,8 @@ static bool peer_gone(dt_comm *c) {
   return false;
 }
 
-int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline) {
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, int peer,
+                   double deadline) {
   for (;;) {
     uint32_t v = atomic_load(w);
     if ((int32_t)(v - target) >= 0) return 0;
@@ -101,7 +105,7 @@ int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uin
      * dies wakes no one: sleep in slices, and after a slice that passed without a wake, check the peers */
     if (left > WAIT_SLICE_MS * 1e-3) left = WAIT_SLICE_MS * 1e-3;
     struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c))
+    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c, peer))
       return 2;
   }
 }
@@ -195,7 +199,7 @@ static dt_status barrier(call_ctx *x) {
     shm_wake(&c->hdr->gen);
     return DT_OK;
   }
-  int r = shm_wait_reach(c, &c->hdr->gen, (uint32_t)e, NULL, dt_time_now() + c->timeout_ms * 1e-3);
+  int r = shm_wait_reach(c, &c->hdr->gen, (uint32_t)e, NULL, -1, dt_time_now() + c->timeout_ms * 1e-3);
   if (r == 0) return DT_OK;
   if (r == 2) return shm_aborted_error(x);
   char msg[1024], what[160];
@@ -391,7 +395,8 @@ static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_re
     if (held[i]) dt_signal_restore(held_signals[i]);
   if (caught && shm_unlink(c->shm_name) == 0) c->unlinked = true;
   if (caught || other) raise(caught ? caught : other); /* caught: its default action ends the process here */
-  if (caught) st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
+  if (caught)
+    st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
   return st;
 }
 
