@@ -357,52 +357,63 @@ static dt_status watch_peers(dt_comm *c) {
   return DT_OK;
 }
 
-/* Wait (up to the communicator's timeout) until every rank has joined. Rank 0 holds the segment's name meanwhile:
- * a terminating signal then (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose
- * action is the default are caught while it waits in slices; on one it unlinks the name and raises the signal again,
- * ending as it would have. */
-static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready) {
-  static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
-  enum { NHELD = sizeof held_signals / sizeof *held_signals };
-  bool held[NHELD] = {false}, any = false;
-  for (int i = 0; c->rank == 0 && i < NHELD; i++) {
+/* Rank 0 holds the segment's name from its creation until every rank has mapped it: a terminating signal meanwhile
+ * (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose action is the default are
+ * caught over that span; on one, the name goes and the signal is raised again, ending the process as it would have. */
+static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
+enum { NHELD = sizeof held_signals / sizeof *held_signals };
+typedef struct held {
+  bool on[NHELD], any;
+  int caught, other; /* one of ours that arrived; another handler's (the trainer's), given back at release */
+} held;
+
+static void hold_signals(held *h) {
+  for (int i = 0; i < NHELD; i++) {
     struct sigaction sa;
-    held[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
-              dt_signal_watch(held_signals[i]) == DT_OK;
-    any |= held[i];
+    h->on[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
+               dt_signal_watch(held_signals[i]) == DT_OK;
+    h->any |= h->on[i];
   }
-  const char *keys[] = {k_ready};
-  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
-  int caught = 0, other = 0;
-  dt_status st;
-  for (;;) {
-    st = dt_store_wait(store, 1, keys, any ? WAIT_SLICE_MS : c->timeout_ms);
-    bool ready = st == DT_OK;
-    if (!ready && any && dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready) != DT_OK) break;
-    if (ready || !any) break; /* done, or failed (a wait without slices timed out or lost the store) */
-    int sig = dt_signal_take();
-    for (int i = 0; i < NHELD; i++)
-      if (held[i] && sig == held_signals[i]) caught = sig;
-    if (sig && !caught) other = sig; /* another handler's (the trainer's): given back below */
-    if (caught) break;
-    if (dt_time_now() > deadline) {
-      st = DT_FAIL(DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job, c->rank, c->world,
-                   c->timeout_ms * 1e-3);
-      break;
-    }
-  }
+}
+
+/* Whether one of the held signals has arrived. */
+static bool took_signal(held *h) {
+  int sig = h->any ? dt_signal_take() : 0;
   for (int i = 0; i < NHELD; i++)
-    if (held[i]) dt_signal_restore(held_signals[i]);
-  if (caught && shm_unlink(c->shm_name) == 0) c->unlinked = true;
-  if (caught || other) raise(caught ? caught : other); /* caught: its default action ends the process here */
-  if (caught)
-    st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
+    if (h->on[i] && sig == held_signals[i]) h->caught = sig;
+  if (sig && !h->caught) h->other = sig;
+  return h->caught != 0;
+}
+
+static dt_status release_signals(dt_comm *c, held *h, dt_status st) {
+  took_signal(h);
+  for (int i = 0; i < NHELD; i++)
+    if (h->on[i]) dt_signal_restore(held_signals[i]);
+  if (h->caught && !c->unlinked && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  if (h->caught || h->other) raise(h->caught ? h->caught : h->other); /* ours: its default action ends us here */
+  if (h->caught)
+    st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, h->caught);
   return st;
 }
 
-dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
-  char k_seg[200], k_joined[200], k_ready[200];
-  make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
+/* Wait (up to the communicator's timeout) until every rank has joined; while signals are held, in slices. */
+static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready, held *h) {
+  const char *keys[] = {k_ready};
+  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
+  for (;;) {
+    dt_status st = dt_store_wait(store, 1, keys, h->any ? WAIT_SLICE_MS : c->timeout_ms);
+    bool ready = st == DT_OK;
+    if (!ready && h->any) DT_TRY(dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready));
+    if (ready || !h->any) return st; /* done, or failed (a wait without slices timed out or lost the store) */
+    if (took_signal(h)) return DT_FAIL(DT_ERR_STATE, "comm %s: interrupted", c->job); /* release_signals says more */
+    DT_CHECK(dt_time_now() < deadline, DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job,
+             c->rank, c->world, c->timeout_ms * 1e-3);
+  }
+}
+
+/* Create (rank 0) or attach the segment, join, and watch the peers; rank 0 then drops the segment's name. */
+static dt_status join(dt_comm *c, dt_store_client *store, const char *k_seg, const char *k_joined,
+                      const char *k_ready, held *h) {
   if (c->rank == 0) {
     DT_TRY(create_segment(c));
     DT_TRY(dt_store_set(store, k_seg, c->shm_name, (int64_t)strlen(c->shm_name), DT_STORE_DEFAULT_TIMEOUT));
@@ -420,10 +431,19 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   int64_t joined = 0;
   DT_TRY(dt_store_add(store, k_joined, 1, DT_STORE_DEFAULT_TIMEOUT, &joined));
   if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
-  DT_TRY(wait_ready(c, store, k_ready));
+  DT_TRY(wait_ready(c, store, k_ready, h));
   DT_TRY(watch_peers(c));
   /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
   if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  return DT_OK;
+}
+
+dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
+  char k_seg[200], k_joined[200], k_ready[200];
+  make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
+  held h = {.any = false};
+  if (c->rank == 0) hold_signals(&h);
+  DT_TRY(release_signals(c, &h, join(c, store, k_seg, k_joined, k_ready, &h)));
   call_ctx x;
   comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
   DT_TRY(shm_begin(&x, c, &call, -1, 0));
