@@ -20,7 +20,8 @@
 
 extern char **environ;
 
-enum { TAIL_LINES = 12, LINE_MAX_BYTES = 4096, MAX_LOCAL = 1024, STORE_POLL_MS = 1000, STORE_CALL_MS = 5000 };
+enum { TAIL_LINES = 12, LINE_MAX_BYTES = 4096, MAX_LOCAL = DT_LAUNCH_MAX_LOCAL, STORE_POLL_MS = 1000,
+       STORE_CALL_MS = 5000 };
 
 typedef struct worker {
   int rank, local_rank;
@@ -172,11 +173,7 @@ static char **worker_env(const dt_launch_opts *o, int rank, int local_rank, int 
   int k = 0;
   for (int i = 0; i < n_env; i++)
     if (!is_managed(environ[i])) env[k++] = strdup(environ[i]);
-  int threads = o->threads_per_rank;
-  if (threads <= 0) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    threads = cores / o->nproc > 0 ? (int)(cores / o->nproc) : 1;
-  }
+  int threads = dt_launch_threads(o);
   env[k++] = fmt_env("RANK", "%d", rank);
   env[k++] = fmt_env("LOCAL_RANK", "%d", local_rank);
   env[k++] = fmt_env("WORLD_SIZE", "%d", o->nproc * o->nnodes);

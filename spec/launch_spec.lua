@@ -28,13 +28,6 @@ local function read(path)
    return s
 end
 
-local function stray_workers()
-   local p = io.popen("pgrep -f 'launch_worker[.]lua' | wc -l") -- the bracket keeps this shell out of the match
-   local n = tonumber(p:read("*a"))
-   p:close()
-   return n
-end
-
 describe("launcher", function()
    after_each(function()
       for _, dir in ipairs(made) do
@@ -68,13 +61,14 @@ describe("launcher", function()
 
    it("stops the group when a rank fails and names the root cause", function()
       local t0 = dt.time()
-      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=1 code=7 sleep=30")
+      local tag = H.tag() -- names this job's workers (other jobs on the machine run launch_worker.lua too)
+      local _, code, _, out = dtrun(worker .. " --nproc 2 --grace 1 fail_rank=1 code=7 sleep=30 tag=" .. tag)
       assert.equal(7, code)
       assert.is_true(dt.time() - t0 < 10, "the other rank must be stopped, not awaited")
       assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7", out)
       assert.matches("rank 1 about to fail", out)
       assert.matches("rank 0 was killed by SIGTERM", out)
-      assert.equal(0, stray_workers())
+      assert.equal(0, H.count_procs(tag))
    end)
 
    it("reports a rank killed by SIGKILL", function()
@@ -91,14 +85,15 @@ describe("launcher", function()
    end)
 
    it("stops every rank cleanly on Ctrl-C (SIGINT to the agent)", function()
-      local p = io.popen(("%s %s --nproc 2 --grace 2 sleep=30 > /tmp/dt-ctrlc-spec.log 2>&1 & "
-         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker))
+      local tag, log = H.tag(), os.tmpname()
+      local p = io.popen(("%s %s --nproc 2 --grace 2 sleep=30 tag=%s > %s 2>&1 & "
+         .. "pid=$!; sleep 1; kill -INT $pid; wait $pid; echo $?"):format(exe, worker, tag, log))
       local code = tonumber(p:read("*a"))
       p:close()
-      local first = io.open("/tmp/dt-ctrlc-spec.log"):read("*l")
-      made[#made + 1] = first and first:match("^run dir: (.*)$")
+      made[#made + 1] = read(log):match("^run dir: ([^\n]*)")
+      os.remove(log)
       assert.equal(130, code)
-      assert.equal(0, stray_workers())
+      assert.equal(0, H.count_procs(tag))
    end)
 
    it("takes every worker down within 2 s when the agent is killed with SIGKILL", function()
@@ -124,6 +119,41 @@ describe("launcher", function()
       os.remove(log)
    end)
 
+   local function number_of(cmd)
+      local p = io.popen(cmd)
+      local n = tonumber(p:read("*a"):match("%d+"))
+      p:close()
+      return n
+   end
+
+   it("warns when ranks outnumber the cores, naming the threads each rank gets", function()
+      local cores = number_of("getconf _NPROCESSORS_ONLN")
+      if cores + 1 > 8 then pending("a machine with more than 7 cores") return end
+      local lines, code, run_dir, out = dtrun(("%s --nproc %d"):format(worker, cores + 1))
+      assert.equal(0, code, out)
+      assert.is_not_nil(run_dir, "the run dir line comes first: " .. out)
+      assert.matches("^dtrun: warning: ", lines[2])
+      assert.matches(("dtrun: warning: %d ranks on %d cores: they take turns on the cores, 1 thread%%(s%%) each")
+         :format(cores + 1, cores), out)
+   end)
+
+   it("refuses more ranks than the available memory holds, saying how it estimated, unless --force", function()
+      local avail_mib = number_of("grep MemAvailable /proc/meminfo") / 1024
+      local nproc = 1024
+      if nproc * dt.C.DT_LAUNCH_RANK_MIB <= avail_mib then pending("a machine with less than 150 GiB free") return end
+      local lines, code, _, out = dtrun(("%s --nproc %d"):format(worker, nproc))
+      assert.equal(2, code, out)
+      assert.is_nil(out:match("run dir:"), out)
+      assert.matches(("dtrun: %%-%%-nproc %d would need about %d MiB but %%d+ MiB are available %%([^;]*/proc/meminfo"
+         .. "[^;]*%%); the estimate is 150 MiB per rank.*or %%-%%-force to start them anyway")
+         :format(nproc, nproc * 150), lines[#lines])
+      -- --force starts them anyway: checked on the agent's own check, without starting 1024 ranks
+      local o, warnings = ffi.new("dt_launch_opts", { nproc = nproc, force = true }), ffi.new("char[1024]")
+      assert.equal(0, dt.C.dt_launch_check(o, warnings, 1024))
+      assert.matches(("dtrun: warning: starting %d ranks that may need about %d MiB with %%d+ MiB available "
+         .. "%%(%%-%%-force%%)"):format(nproc, nproc * 150), ffi.string(warnings))
+   end)
+
    it("fails with one line when the master port is in use", function()
       local srv = require("dt.dist").serve("127.0.0.1", 0, "") -- holds the port for the duration
       local lines, code = dtrun(("%s --nproc 1 --master-port %d"):format(worker, srv.port))
@@ -144,6 +174,7 @@ describe("launcher", function()
             dt.device_count("cuda")) .. ".*use %-%-nproc 8" },
          { "--master-port 70000 --nproc 1", "%-%-master%-port must be in 1..65535" },
          { "--timeout 0 --nproc 1", "%-%-timeout must be at least 0%.001, got 0" },
+         { "--force=yes --nproc 1", "%-%-force takes no value" },
       }
       for _, c in ipairs(cases) do
          local lines, code = dtrun(worker .. " " .. c[1])

@@ -48,13 +48,15 @@ describe("restarts", function()
 
    it("SIGTERM finishes the current step, checkpoints and exits 143, alone and under the launcher", function()
       for _, launcher in ipairs { "", "--nproc 1" } do
+         local logfile = os.tmpname()
          local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua %s steps=1000 checkpoint_every=1000 "
-            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; "
-            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher)
+            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > %s 2>&1 & pid=$!; sleep 2; "
+            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher, logfile)
          local p = io.popen(cmd)
          local out = p:read("*a")
          p:close()
-         local log = io.open("/tmp/dt-sigterm-spec.log"):read("*a")
+         local log = io.open(logfile):read("*a")
+         os.remove(logfile)
          assert.matches("exit=143", out, log)
          local step = tonumber(log:match("stopping after step (%d+): SIGTERM received"))
          assert.is_not_nil(step, log)

@@ -35,6 +35,7 @@ local flags = {
    ["--ranks"] = { key = "ranks", kind = "string" },
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
    ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
+   ["--force"] = { key = "force", kind = "switch" },
 }
 
 local function flag_names()
@@ -74,7 +75,10 @@ function M.parse(args, passthrough)
       local name, inline = a:match("^(%-%-[%w%-]+)=(.*)$")
       name = name or a
       local spec = flags[name]
-      if spec then
+      if spec and spec.kind == "switch" then
+         if inline then fail(("%s takes no value"):format(name)) end
+         opts[spec.key] = true
+      elseif spec then
          local v = inline
          if v == nil then i = i + 1; v = args[i] end
          opts[spec.key] = coerce(name, spec, v)
@@ -188,6 +192,14 @@ function M.run(cmd, args, make_run_dir, passthrough)
          return 2
       end
    end
+   -- Ranks past the memory get a refusal (unless --force), past the cores a warning (after the run dir line).
+   local probe = ffi.new("dt_launch_opts", { nproc = opts.nproc, threads_per_rank = opts.threads or 0,
+      force = opts.force or false })
+   local warnings = ffi.new("char[1024]")
+   if C.dt_launch_check(probe, warnings, 1024) ~= 0 then
+      io.stderr:write("dtrun: " .. ffi.string(C.dt_last_error()):gsub(" %([%w_]+%.c:%d+%)$", "") .. "\n")
+      return 2
+   end
    -- The store: node 0's agent serves it on its own thread; every worker connects with the token.
    -- Block the agent's signals first so that thread inherits the mask and never takes them.
    C.dt_launch_block_signals(true)
@@ -229,6 +241,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    end
    print("run dir: " .. run_dir)
    io.stdout:flush()
+   io.stderr:write(ffi.string(warnings))
 
    local exe = ffi.string(C.dt_exe_path())
    local argv_list = { exe }
@@ -250,6 +263,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    o.grace_s = opts.grace or 10
    o.max_restarts = opts.max_restarts or 0
    o.threads_per_rank = opts.threads or 0
+   o.force = opts.force or false
    o.argc, o.argv = #argv_list, argv
    local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=dt-" .. token:sub(1, 12) }
    if opts.timeout then env_list[#env_list + 1] = "DT_COLLECTIVE_TIMEOUT=" .. opts.timeout end

@@ -1,6 +1,7 @@
 /* shm_internal.h: the shm communicator's segment layout, per-process state and internal entry points. */
 #ifndef DT_SHM_INTERNAL_H
 #define DT_SHM_INTERNAL_H
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -85,7 +86,7 @@ struct dt_comm {
   int device;                         /* cuda device of dt_comm_enable_cuda, or -1 */
   dt_nccl *nccl;
   uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
-  int *pidfds;                        /* per peer: a pidfd of its process (-1 for this rank; -2: gone at rendezvous) */
+  struct pollfd *peers;               /* per rank: a pidfd of its process to poll (fd -1 for this one) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -119,9 +120,10 @@ dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dt
 /* Barrier over all ranks; the call's first one also compares fingerprints. */
 dt_status shm_sync(call_ctx *x);
 /* Wait until the futex word reaches target (wrapping compare). 0: reached; 1: deadline;
- * 2: the communicator was aborted (also when a peer's process is found gone: this rank aborts it on
- * the dead rank's behalf); 3: *stop became non-zero (stop may be NULL). */
-int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline);
+ * 2: the communicator was aborted (also when the process of `peer`, or of any rank with peer -1, is found gone:
+ * this rank aborts it on the dead rank's behalf); 3: *stop became non-zero (stop may be NULL). */
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, int peer,
+                   double deadline);
 void shm_wake(_Atomic uint32_t *w);
 /* Give up: make the communicator unusable here and wake every other rank with the reason. */
 dt_status shm_abort(dt_comm *c, dt_status code, const char *msg);

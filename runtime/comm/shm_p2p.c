@@ -53,7 +53,7 @@ dt_status shm_send(call_ctx *x, const dt_tensor *t, int peer) {
     size_t n = bytes - off < c->chan_bytes ? bytes - off : c->chan_bytes;
     uint32_t g = c->send_chunks[peer];
     /* this chunk's buffer is free once the chunk two before it has been taken */
-    int r = shm_wait_reach(c, &ch->taken, g - 1, &ch->broken, deadline);
+    int r = shm_wait_reach(c, &ch->taken, g - 1, &ch->broken, peer, deadline);
     if (r == 3) return mismatch(c, c->rank, peer, &m, &ch->rx);
     if (r) return wait_failed(x, r, what, peer, true);
     m.bytes = (int64_t)n;
@@ -66,7 +66,7 @@ dt_status shm_send(call_ctx *x, const dt_tensor *t, int peer) {
   } while (off < bytes);
   /* complete only once the receiver has taken the last chunk (or refused the message), so a
    * mismatch fails both sides */
-  int r = shm_wait_reach(c, &ch->taken, c->send_chunks[peer], &ch->broken, deadline);
+  int r = shm_wait_reach(c, &ch->taken, c->send_chunks[peer], &ch->broken, peer, deadline);
   if (r == 3) return mismatch(c, c->rank, peer, &m, &ch->rx);
   return r ? wait_failed(x, r, what, peer, true) : DT_OK;
 }
@@ -87,7 +87,7 @@ dt_status shm_recv(call_ctx *x, dt_tensor *t, int peer) {
   do {
     size_t n = bytes - off < c->chan_bytes ? bytes - off : c->chan_bytes;
     uint32_t g = c->recv_chunks[peer];
-    int r = shm_wait_reach(c, &ch->posted, g + 1, NULL, deadline);
+    int r = shm_wait_reach(c, &ch->posted, g + 1, NULL, peer, deadline);
     if (r) return wait_failed(x, r, what, peer, false);
     shm_msg got = ch->hdr[g & 1];
     if (got.seq != want.seq || got.dtype != want.dtype || got.count != want.count || got.bytes != (int64_t)n) {

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,24 +68,32 @@ static void abort_as(dt_comm *c, int r, const char *msg) {
   }
 }
 
-/* Did a peer's process end (exit, even with status 0, or a kill) without the others knowing? Its pidfd
- * turns readable when it does. The first rank to see it aborts the communicator for it, so every waiter
- * fails at once naming the dead rank (the message depends only on that rank: concurrent writers agree). */
-static bool peer_gone(dt_comm *c) {
-  for (int j = 0; c->pidfds && j < c->world; j++) {
-    if (c->pidfds[j] == -1) continue;
-    struct pollfd p = {.fd = c->pidfds[j], .events = POLLIN};
-    if (c->pidfds[j] >= 0 && poll(&p, 1, 0) != 1) continue;
-    char msg[200];
-    snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
-             c->ranks[j].pid);
-    abort_as(c, j, msg);
-    return true;
-  }
+/* Abort the communicator on behalf of rank j, whose process ended without leaving it. The message depends only on
+ * that rank: concurrent reporters agree. */
+static void report_gone(dt_comm *c, int j) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "its process (pid %d) ended while the others waited for it (it exited or was killed)",
+           c->ranks[j].pid);
+  abort_as(c, j, msg);
+}
+
+/* Did the process of `peer` (-1: of any rank) end (exit, even with status 0, or a kill)? Its pidfd turns readable
+ * when it does. The first rank to see it aborts the communicator for it, so every waiter fails at once naming the dead
+ * rank. */
+static bool peer_gone(dt_comm *c, int peer) {
+  if (!c->peers) return false;
+  int lo = peer >= 0 ? peer : 0, n = peer >= 0 ? 1 : c->world;
+  if (poll(&c->peers[lo], (nfds_t)n, 0) <= 0) return false;
+  for (int j = lo; j < lo + n; j++)
+    if (c->peers[j].revents) {
+      report_gone(c, j);
+      return true;
+    }
   return false;
 }
 
-int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, double deadline) {
+int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uint32_t *stop, int peer,
+                   double deadline) {
   for (;;) {
     uint32_t v = atomic_load(w);
     if ((int32_t)(v - target) >= 0) return 0;
@@ -98,7 +105,7 @@ int shm_wait_reach(dt_comm *c, _Atomic uint32_t *w, uint32_t target, _Atomic uin
      * dies wakes no one: sleep in slices, and after a slice that passed without a wake, check the peers */
     if (left > WAIT_SLICE_MS * 1e-3) left = WAIT_SLICE_MS * 1e-3;
     struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c))
+    if (syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, v, &ts, NULL, 0) != 0 && errno == ETIMEDOUT && peer_gone(c, peer))
       return 2;
   }
 }
@@ -192,7 +199,7 @@ static dt_status barrier(call_ctx *x) {
     shm_wake(&c->hdr->gen);
     return DT_OK;
   }
-  int r = shm_wait_reach(c, &c->hdr->gen, (uint32_t)e, NULL, dt_time_now() + c->timeout_ms * 1e-3);
+  int r = shm_wait_reach(c, &c->hdr->gen, (uint32_t)e, NULL, -1, dt_time_now() + c->timeout_ms * 1e-3);
   if (r == 0) return DT_OK;
   if (r == 2) return shm_aborted_error(x);
   char msg[1024], what[160];
@@ -333,67 +340,80 @@ static void make_names(dt_comm *c, char *k_seg, char *k_joined, char *k_ready, s
   snprintf(k_ready, n, "dtcomm/%s/ready", c->job);
 }
 
-/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone. */
+/* A pidfd per peer (its pid is in the segment: every rank wrote its own before joining), for peer_gone; fd -1 (which
+ * poll skips) for this rank. A peer already gone is reported at once. */
 static dt_status watch_peers(dt_comm *c) {
-  c->pidfds = malloc((size_t)c->world * sizeof *c->pidfds);
-  DT_CHECK(c->pidfds, DT_ERR_OOM, "comm '%s': out of memory", c->job);
-  for (int j = 0; j < c->world; j++) c->pidfds[j] = -1;
+  c->peers = calloc((size_t)c->world, sizeof *c->peers);
+  DT_CHECK(c->peers, DT_ERR_OOM, "comm '%s': out of memory", c->job);
   for (int j = 0; j < c->world; j++) {
-    c->pidfds[j] = j == c->rank ? -1 : (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
-    if (c->pidfds[j] < 0 && j != c->rank) {
-      DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
-               c->ranks[j].pid, strerror(errno));
-      c->pidfds[j] = -2; /* gone already: the first wait reports it */
-    }
+    c->peers[j] = (struct pollfd){.fd = -1, .events = POLLIN};
+    if (j == c->rank) continue;
+    c->peers[j].fd = (int)syscall(SYS_pidfd_open, (pid_t)c->ranks[j].pid, 0);
+    if (c->peers[j].fd >= 0) continue;
+    DT_CHECK(errno == ESRCH, DT_ERR_IO, "comm '%s' rank %d: cannot watch rank %d (pid %d): %s", c->job, c->rank, j,
+             c->ranks[j].pid, strerror(errno));
+    report_gone(c, j);
   }
   return DT_OK;
 }
 
-/* Wait (up to the communicator's timeout) until every rank has joined. Rank 0 holds the segment's name meanwhile:
- * a terminating signal then (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose
- * action is the default are caught while it waits in slices; on one it unlinks the name and raises the signal again,
- * ending as it would have. */
-static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready) {
-  static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
-  enum { NHELD = sizeof held_signals / sizeof *held_signals };
-  bool held[NHELD] = {false}, any = false;
-  for (int i = 0; c->rank == 0 && i < NHELD; i++) {
+/* Rank 0 holds the segment's name from its creation until every rank has mapped it: a terminating signal meanwhile
+ * (the agent's SIGTERM after another rank failed, Ctrl-C) must not leak it. Those whose action is the default are
+ * caught over that span; on one, the name goes and the signal is raised again, ending the process as it would have. */
+static const int held_signals[] = {SIGTERM, SIGINT, SIGHUP};
+enum { NHELD = sizeof held_signals / sizeof *held_signals };
+typedef struct held {
+  bool on[NHELD], any;
+  int caught, other; /* one of ours that arrived; another handler's (the trainer's), given back at release */
+} held;
+
+static void hold_signals(held *h) {
+  for (int i = 0; i < NHELD; i++) {
     struct sigaction sa;
-    held[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
-              dt_signal_watch(held_signals[i]) == DT_OK;
-    any |= held[i];
+    h->on[i] = sigaction(held_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_DFL &&
+               dt_signal_watch(held_signals[i]) == DT_OK;
+    h->any |= h->on[i];
   }
-  const char *keys[] = {k_ready};
-  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
-  int caught = 0, other = 0;
-  dt_status st;
-  for (;;) {
-    st = dt_store_wait(store, 1, keys, any ? WAIT_SLICE_MS : c->timeout_ms);
-    bool ready = st == DT_OK;
-    if (!ready && any && dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready) != DT_OK) break;
-    if (ready || !any) break; /* done, or failed (a wait without slices timed out or lost the store) */
-    int sig = dt_signal_take();
-    for (int i = 0; i < NHELD; i++)
-      if (held[i] && sig == held_signals[i]) caught = sig;
-    if (sig && !caught) other = sig; /* another handler's (the trainer's): given back below */
-    if (caught) break;
-    if (dt_time_now() > deadline) {
-      st = DT_FAIL(DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job, c->rank, c->world,
-                   c->timeout_ms * 1e-3);
-      break;
-    }
-  }
+}
+
+/* Whether one of the held signals has arrived. */
+static bool took_signal(held *h) {
+  int sig = h->any ? dt_signal_take() : 0;
   for (int i = 0; i < NHELD; i++)
-    if (held[i]) dt_signal_restore(held_signals[i]);
-  if (caught && shm_unlink(c->shm_name) == 0) c->unlinked = true;
-  if (caught || other) raise(caught ? caught : other); /* caught: its default action ends the process here */
-  if (caught) st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, caught);
+    if (h->on[i] && sig == held_signals[i]) h->caught = sig;
+  if (sig && !h->caught) h->other = sig;
+  return h->caught != 0;
+}
+
+static dt_status release_signals(dt_comm *c, held *h, dt_status st) {
+  took_signal(h);
+  for (int i = 0; i < NHELD; i++)
+    if (h->on[i]) dt_signal_restore(held_signals[i]);
+  if (h->caught && !c->unlinked && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  if (h->caught || h->other) raise(h->caught ? h->caught : h->other); /* ours: its default action ends us here */
+  if (h->caught)
+    st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank 0: signal %d while waiting for the ranks to join", c->job, h->caught);
   return st;
 }
 
-dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
-  char k_seg[200], k_joined[200], k_ready[200];
-  make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
+/* Wait (up to the communicator's timeout) until every rank has joined; while signals are held, in slices. */
+static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_ready, held *h) {
+  const char *keys[] = {k_ready};
+  double deadline = dt_time_now() + c->timeout_ms * 1e-3;
+  for (;;) {
+    dt_status st = dt_store_wait(store, 1, keys, h->any ? WAIT_SLICE_MS : c->timeout_ms);
+    bool ready = st == DT_OK;
+    if (!ready && h->any) DT_TRY(dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready));
+    if (ready || !h->any) return st; /* done, or failed (a wait without slices timed out or lost the store) */
+    if (took_signal(h)) return DT_FAIL(DT_ERR_STATE, "comm %s: interrupted", c->job); /* release_signals says more */
+    DT_CHECK(dt_time_now() < deadline, DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job,
+             c->rank, c->world, c->timeout_ms * 1e-3);
+  }
+}
+
+/* Create (rank 0) or attach the segment, join, and watch the peers; rank 0 then drops the segment's name. */
+static dt_status join(dt_comm *c, dt_store_client *store, const char *k_seg, const char *k_joined,
+                      const char *k_ready, held *h) {
   if (c->rank == 0) {
     DT_TRY(create_segment(c));
     DT_TRY(dt_store_set(store, k_seg, c->shm_name, (int64_t)strlen(c->shm_name), DT_STORE_DEFAULT_TIMEOUT));
@@ -411,10 +431,19 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   int64_t joined = 0;
   DT_TRY(dt_store_add(store, k_joined, 1, DT_STORE_DEFAULT_TIMEOUT, &joined));
   if (joined == c->world) DT_TRY(dt_store_set(store, k_ready, "1", 1, DT_STORE_DEFAULT_TIMEOUT));
-  DT_TRY(wait_ready(c, store, k_ready));
+  DT_TRY(wait_ready(c, store, k_ready, h));
   DT_TRY(watch_peers(c));
   /* every rank has the segment mapped: drop its name now so a crash later cannot leak it */
   if (c->rank == 0 && shm_unlink(c->shm_name) == 0) c->unlinked = true;
+  return DT_OK;
+}
+
+dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
+  char k_seg[200], k_joined[200], k_ready[200];
+  make_names(c, k_seg, k_joined, k_ready, sizeof k_seg);
+  held h = {.any = false};
+  if (c->rank == 0) hold_signals(&h);
+  DT_TRY(release_signals(c, &h, join(c, store, k_seg, k_joined, k_ready, &h)));
   call_ctx x;
   comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
   DT_TRY(shm_begin(&x, c, &call, -1, 0));
@@ -447,10 +476,10 @@ dt_status dt_comm_shm_remove_job(const char *job_id, int *removed) {
 }
 
 void shm_segment_close(dt_comm *c) {
-  for (int j = 0; c->pidfds && j < c->world; j++)
-    if (c->pidfds[j] >= 0) close(c->pidfds[j]);
-  free(c->pidfds);
-  c->pidfds = NULL;
+  for (int j = 0; c->peers && j < c->world; j++)
+    if (c->peers[j].fd >= 0) close(c->peers[j].fd);
+  free(c->peers);
+  c->peers = NULL;
   if (c->base) munmap(c->base, c->seg_bytes);
   if (c->rank == 0 && !c->unlinked && c->shm_name[0]) shm_unlink(c->shm_name);
   c->base = NULL;

@@ -15,7 +15,9 @@ typedef struct dt_comm_work dt_comm_work; /* an asynchronous call in flight */
  * nothing is left behind even if a rank dies later. job_id must be unique per communicator
  * among live jobs on the host (1..128 bytes). DT_SHM_SLOT_BYTES (environment of rank 0, 4 KiB..
  * 64 MiB, default 1 MiB) sets the bytes each rank stages per pipeline step. DT_COLLECTIVE_TIMEOUT (seconds,
- * default 300) sets the timeout (see dt_comm_set_timeout), which also bounds the wait for every rank to join. */
+ * default 300) sets the timeout (see dt_comm_set_timeout), which also bounds the wait for every rank to join. While
+ * rank 0 waits for them, SIGTERM, SIGINT and SIGHUP (those at their default action) unlink the segment before they
+ * end the process. Every rank then watches the others' processes (pidfds): one that ends fails the waiting calls. */
 dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out);
 /* Remove this user's shm segments of every communicator whose id starts with `job_id` followed by '-' (the world
  * "<job_id>-r<restart>-world" and its splits): what an agent does when a job ends, whatever happened, since a rank

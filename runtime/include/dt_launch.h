@@ -16,6 +16,7 @@ typedef struct dt_launch_opts {
   double grace_s;          /* SIGTERM -> SIGKILL delay when stopping workers */
   int max_restarts;        /* whole-group restarts after a failure */
   int threads_per_rank;    /* 0: cores / nproc */
+  bool force;              /* dt_launch_check starts more ranks than the memory estimate allows (with a warning) */
   int argc;                /* worker command: argv[0] is the program to exec */
   const char *const *argv;
   const char *const *extra_env; /* NULL-terminated "KEY=VALUE" list added to every worker, or NULL */
@@ -33,6 +34,20 @@ typedef struct dt_launch_opts {
  * instead of being swallowed by another thread. Unblock after dt_launch_run to make Ctrl-C end
  * the process again. */
 void dt_launch_block_signals(bool block);
+
+/* The estimate of one rank's resident memory that dt_launch_check uses (a small model's rank: LuaJIT, libdt,
+ * OpenBLAS and its data; measured at 150-330 MiB for the tiny recipes). */
+enum { DT_LAUNCH_RANK_MIB = 150, DT_LAUNCH_MAX_LOCAL = 1024 /* most ranks one agent starts */ };
+
+/* Threads each worker uses: threads_per_rank, else online cores / nproc (at least 1). */
+int dt_launch_threads(const dt_launch_opts *opts);
+
+/* Size the launch against this machine before starting it: nproc must be 1..DT_LAUNCH_MAX_LOCAL; more ranks than
+ * online cores adds a warning line naming the threads per rank to `warnings` (n bytes, for the caller to print
+ * after the run dir line); more than the available memory (MemAvailable, or a cgroup v2 limit's room when smaller)
+ * can hold at DT_LAUNCH_RANK_MIB per rank is refused (DT_ERR_ARG, saying how it estimated) unless opts->force,
+ * which adds a warning instead. */
+dt_status dt_launch_check(const dt_launch_opts *opts, char *warnings, size_t n);
 
 /* Run the job to completion. exit_code receives 0 when every worker exited 0, otherwise the
  * failing rank's exit code (128 + signal when killed; the other node's failing rank's when

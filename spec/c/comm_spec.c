@@ -327,6 +327,20 @@ static void departed_rank(dt_comm *c, int rank, int world) {
   expect_status(dt_comm_barrier(c, NULL), DT_OK, NEEDLES("unusable after an earlier failure", "ended"), "the communicator is unusable after a peer ended");
 }
 
+/* Rank 2 exits while ranks 0 and 1 exchange a message: a point-to-point wait watches only its peer. */
+static void p2p_after_departure(dt_comm *c, int rank, int world) {
+  (void)world;
+  if (rank == 2) return;
+  dt_tensor *t = make(4, DT_DTYPE_F32);
+  if (rank == 1) {
+    usleep(400 * 1000); /* the receiver waits several slices meanwhile, and rank 2 is gone */
+    expect_ok(dt_comm_send(c, t, 0, NULL), "a send to a live rank after another rank exited");
+  } else {
+    expect_ok(dt_comm_recv(c, t, 1, NULL), "a recv from a live rank succeeds although another rank exited");
+  }
+  dt_tensor_free(t);
+}
+
 static void absent_sender(dt_comm *c, int rank, int world) {
   (void)world;
   if (rank == 0) {
@@ -516,6 +530,7 @@ int main(void) {
   expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");
   expect(run_ranks(3, "spec-absent", absent_rank), "3 ranks: absent rank");
   expect(run_ranks(3, "spec-departed", departed_rank), "3 ranks: a rank that exits while the others wait");
+  expect(run_ranks(3, "spec-departed-p2p", p2p_after_departure), "3 ranks: p2p between two after the third exited");
   expect(run_ranks(2, "spec-absent-p2p", absent_sender), "2 ranks: absent sender");
   expect(run_ranks(1, "spec-args", bad_arguments), "1 rank: argument errors");
   expect(run_ranks(2, "spec-groups-2", groups_and_splits), "2 ranks: groups and splits");
