@@ -27,6 +27,38 @@ describe("restarts", function()
       helpers.remove_run(crashed.run_dir)
    end)
 
+   it("keep_last prunes old checkpoints; resume=true stops at a damaged latest, resume=auto takes the newest intact",
+      function()
+         local dir = "runs/restart-spec-keep"
+         local args = "spec/fixtures/restart_recipe.lua --nproc 1 checkpoint_every=2 run_dir=" .. dir
+         local function dtrun(more) -- the agent keeps its logs in a run dir of its own
+            local r = helpers.dtrun(args .. more)
+            if r.run_dir ~= dir then helpers.remove_run(r.run_dir) end
+            return r
+         end
+         local r = dtrun(" steps=6 keep_last=2")
+         assert.equal(0, r.code, r.out)
+         local ckpts = ("%s/%s/checkpoints"):format(helpers.root, dir)
+         local left = io.popen("ls " .. ckpts):read("*a")
+         assert.equal("latest\nstep-4\nstep-6\n", left)
+         local index = ckpts .. "/step-6/index.json"
+         local f = io.open(index)
+         local text = f:read("*a")
+         f:close()
+         f = io.open(index, "w")
+         f:write((text:gsub('"step":6', '"step":9')))
+         f:close()
+         r = dtrun(" steps=8 resume=true")
+         assert.are_not.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("step-6/index.json: CRC32", 1, true), r.out)
+         assert.truthy(r.out:find("the newest intact checkpoint is [^\n]*step%-4: resume=auto resumes from it"), r.out)
+         r = dtrun(" steps=8 resume=auto")
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("resume=auto: resuming from the newest intact checkpoint, [^\n]*step%-4"), r.out)
+         assert.truthy(r.out:find("resumed from [^\n]*step%-4 at step 4"), r.out)
+         helpers.remove_run(dir)
+   end)
+
    it("SIGTERM finishes the current step, checkpoints and exits cleanly", function()
       local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua steps=1000 checkpoint_every=1000 step_sleep=0.2 "
          .. "run_dir=runs/sigterm-spec > /tmp/dt-sigterm-spec.log 2>&1 & pid=$!; sleep 2; kill -TERM $pid; wait $pid; "

@@ -36,11 +36,10 @@ local function load_model(dir)
    return sharded.load(dir, wants)
 end
 
-local function edit_index(dir, fn)
-   local path = fs.join(dir, "index.json")
-   local index = cjson.decode(fs.read(path))
+local function edit_index(dir, fn) -- a consistent index (index.crc32 rewritten) that disagrees with the shards
+   local index = cjson.decode(fs.read(fs.join(dir, "index.json")))
    fn(index)
-   fs.write(path, cjson.encode(index))
+   train.checkpoint.write_index(dir, index)
 end
 
 describe("sharded checkpoints (FSDP, GPT)", function()
@@ -95,7 +94,7 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       assert.equal(0, r.code, r.out)
       local files = {}
       for _, e in ipairs(fs.list(fs.join(hsdp, "checkpoints", "step-2"))) do files[#files + 1] = e.name end
-      assert.same({ "index.json", "shard-00000.safetensors", "shard-00001.safetensors" }, files)
+      assert.same({ "index.crc32", "index.json", "shard-00000.safetensors", "shard-00001.safetensors" }, files)
    end)
 
    it("saves the same bytes synchronously and on the background writer", function()
@@ -122,6 +121,7 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       local r = helpers.dtrun("ckpt inspect " .. run_dir)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("dtrun%-sharded%-checkpoint, step 10, saved by 4 ranks"), r.out)
+      assert.truthy(r.out:find("index%.json: crc32 %x+ ok %(index%.crc32%)"), r.out)
       assert.truthy(r.out:find("shard%-00003%.safetensors%s+%d+ bytes%s+crc32 %x+%s+ok"), r.out)
       assert.truthy(r.out:find("model%.wte%.weight%s+F32 %[256, 32%]%s+2 shard%(s%): "
          .. "shard%-00000 %[0, %d+%), shard%-00001"), r.out)
@@ -160,6 +160,28 @@ describe("sharded checkpoints (FSDP, GPT)", function()
          local at = #bytes - 100
          fs.write(path, bytes:sub(1, at - 1) .. string.char((bytes:byte(at) + 1) % 256) .. bytes:sub(at + 1))
          fails_naming(path .. ": CRC32")
+      end)
+
+      it("an edited index.json: one digit of the step", function()
+         local path = fs.join(dir, "index.json")
+         local text = fs.read(path)
+         assert.truthy(text:find('"step":10', 1, true), text)
+         fs.write(path, (text:gsub('"step":10', '"step":18')))
+         local needle = path .. ": CRC32 "
+         testing.expect_error(function() load_model(dir) end, needle)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.are_not.equal(0, r.code, r.out)
+         assert.truthy(r.out:find(needle, 1, true), r.out)
+         assert.truthy(r.out:find("does not match index.crc32", 1, true), r.out)
+      end)
+
+      it("an old checkpoint without index.crc32: loads, and inspect says it is not verified", function()
+         os.remove(fs.join(dir, "index.crc32"))
+         assert.equal(10, load_model(dir).step)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("index.json: not verified (no index.crc32: saved by an older dtrun)", 1, true), r.out)
+         assert.equal(1, select(2, r.out:gsub("has no index%.crc32", ""))) -- one warning line
       end)
 
       it("an index whose slices disagree with the shards", function()

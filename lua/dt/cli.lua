@@ -68,7 +68,7 @@ function commands.bench(args)
       for _, a in ipairs(mod.launch_defaults) do largs[#largs + 1] = a end
       for _, a in ipairs(bargs) do largs[#largs + 1] = a end
       local code, run_dir = require("dt.launch").run({ "bench", name }, largs,
-         function(n) return require("dt.rundir").new_path(n) end, true)
+         require("dt.rundir").for_launch, true)
       if code ~= 0 or not mod.after_launch then return code end
       return mod.after_launch(run_dir) or 0
    end
@@ -122,7 +122,7 @@ local function run_recipe(args)
    f:close()
    local launch = require "dt.launch"
    if launch.is_launch(args) then
-      return (launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end))
+      return (launch.run(path, rest(args, 2), require("dt.rundir").for_launch))
    end
    local chunk, err = loadfile(path)
    if not chunk then error(err, 0) end

@@ -1,4 +1,12 @@
 -- dt/rundir.lua: names run directories: runs/<recipe>-<YYYYmmdd-HHMMSS>[-n] (unique), or DT_RUN_DIR from the launcher.
+--
+-- Runs are private by default (config key `private`, default true): the process that makes a run dir
+-- (a single process, or the launcher's agent for all its workers) sets umask 077 first, so the run dir,
+-- logs, metrics, checkpoints and shared-memory segments are its owner's only. private=false keeps the
+-- user's umask.
+local dtffi = require "dt.ffi"
+local config = require "dt.train.config"
+
 local M = {}
 
 local function exists(path)
@@ -17,6 +25,18 @@ function M.new_path(recipe, base)
       path = ("%s-%d"):format(stem, n)
    end
    return path
+end
+
+-- Make what this process (and every process it starts) creates from now on private, unless private == false.
+function M.set_private(private)
+   if private ~= false then dtffi.C.dt_io_make_private() end
+end
+
+-- The agent's run dir for a launch of `name` whose recipe words are `args`: a new path, with this process
+-- made private unless the words say private=false.
+function M.for_launch(name, args)
+   M.set_private(config.peek(args or {}, "private"))
+   return M.new_path(name)
 end
 
 -- The launcher's run dir when running under dtrun's agent, else nil.
