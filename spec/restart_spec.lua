@@ -1,6 +1,7 @@
 -- spec/restart_spec.lua: --max-restarts resumes from the latest checkpoint on the same trajectory; SIGTERM checkpoints
 -- and stops.
 local cjson = require "cjson"
+local fs = require "dt.train.fs"
 local helpers = require "spec.dist_helpers"
 
 local function losses(run_dir)
@@ -39,15 +40,9 @@ describe("restarts", function()
          local r = dtrun(" steps=6 keep_last=2")
          assert.equal(0, r.code, r.out)
          local ckpts = ("%s/%s/checkpoints"):format(helpers.root, dir)
-         local left = io.popen("ls " .. ckpts):read("*a")
-         assert.equal("latest\nstep-4\nstep-6\n", left)
+         assert.equal("latest\nstep-4\nstep-6\n", helpers.sh("ls " .. ckpts))
          local index = ckpts .. "/step-6/index.json"
-         local f = io.open(index)
-         local text = f:read("*a")
-         f:close()
-         f = io.open(index, "w")
-         f:write((text:gsub('"step":6', '"step":9')))
-         f:close()
+         fs.write(index, (fs.read(index):gsub('"step":6', '"step":9')))
          r = dtrun(" steps=8 resume=true")
          assert.are_not.equal(0, r.code, r.out)
          assert.truthy(r.out:find("step-6/index.json: CRC32", 1, true), r.out)

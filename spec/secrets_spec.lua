@@ -2,12 +2,7 @@
 local dist = require "dt.dist"
 local helpers = require "spec.dist_helpers"
 
-local function sh(cmd)
-   local p = io.popen(cmd)
-   local out = p:read("*a")
-   p:close()
-   return out
-end
+local sh = helpers.sh
 
 local function mode(path) return sh(("stat -c %%a '%s/%s'"):format(helpers.root, path)):match("%d+") end
 
