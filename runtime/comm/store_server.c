@@ -362,7 +362,7 @@ static ptrdiff_t oldest_pending(const dt_store_server *s, size_t *count) {
 }
 
 static void drop_pending(dt_store_server *s, size_t i, const char *why) {
-  reply_error(s->conns[i], WIRE_ERR, "store: %s; send the hello with the job token at once", why);
+  reply_error(s->conns[i], WIRE_RETRY, "store: %s; send the hello with the job token at once", why);
   conn_close(s, i);
 }
 

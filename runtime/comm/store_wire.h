@@ -35,7 +35,8 @@ typedef enum {
   WIRE_NUM_KEYS,  /* Reply num: key count */
   WIRE_OK = 0x80,
   WIRE_ERR = 0x81,    /* args: message */
-  WIRE_TIMEOUT = 0x82 /* args: message */
+  WIRE_TIMEOUT = 0x82, /* args: message */
+  WIRE_RETRY = 0x83    /* args: message; before the hello only: the server dropped the connection, try again */
 } wire_code;
 
 typedef struct wire_arg {

@@ -468,6 +468,12 @@ static void test_idle_flood(void) {
   bool said = false;
   for (size_t i = 0; i + 16 <= have; i++) said |= !memcmp(buf + i, "no hello within", 15);
   expect(said, "an idle connection is closed at the hello deadline, naming the reason");
+  have = 0;
+  for (ssize_t k; have < sizeof buf - 1 && (k = recv(idle[0], buf + have, sizeof buf - 1 - have, 0)) > 0;)
+    have += (size_t)k;
+  said = false;
+  for (size_t i = 0; i + 20 <= have; i++) said |= !memcmp(buf + i, "too many connections", 20);
+  expect(said, "the oldest idle connections make way for new ones, naming the reason");
   for (int i = 0; i < IDLE; i++) close(idle[i]);
   dt_store_close(in);
   dt_store_close(late);
@@ -476,6 +482,49 @@ static void test_idle_flood(void) {
   int st = 0;
   waitpid(pid, &st, 0);
   expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the flooded server stops cleanly");
+}
+
+/* A server that drops the first hello with a retry reply (as a flooded server does) and accepts the second. */
+static void *retrying_server(void *arg) {
+  int lfd = *(int *)arg;
+  for (int i = 0; i < 2; i++) {
+    struct pollfd q = {.fd = lfd, .events = POLLIN};
+    if (poll(&q, 1, 5000) != 1) return NULL; /* a client that does not come back */
+    int fd = accept(lfd, NULL, NULL);
+    uint8_t in[256], msg[256];
+    q.fd = fd;
+    if (fd < 0 || poll(&q, 1, 5000) != 1 || recv(fd, in, sizeof in, 0) <= 0) {
+      if (fd >= 0) close(fd);
+      return NULL;
+    }
+    const char *why = "store: too many connections without a hello";
+    uint32_t len = (uint32_t)strlen(why);
+    size_t n = i == 0 ? make_msg(msg, 0x83, 0, 1, &len, &why) : make_msg(msg, 0x80, 0, 0, NULL, NULL);
+    send(fd, msg, n, MSG_NOSIGNAL);
+    if (i == 0) close(fd);
+    else poll(&q, 1, 5000); /* until the client hangs up */
+  }
+  return NULL;
+}
+
+static void test_hello_retry(void) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  bool up = bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0 &&
+            getsockname(lfd, (struct sockaddr *)&sa, &len) == 0;
+  pthread_t th;
+  if (!up || pthread_create(&th, NULL, retrying_server, &lfd) != 0) {
+    expect(false, "a fake server for the retry test");
+    close(lfd);
+    return;
+  }
+  dt_store_client *c = NULL;
+  expect_ok(dt_store_connect("127.0.0.1", ntohs(sa.sin_port), TOKEN, 5000, &c),
+            "a client whose hello a flooded server dropped connects again and gets in");
+  dt_store_close(c);
+  pthread_join(th, NULL);
+  close(lfd);
 }
 
 int main(void) {
@@ -494,6 +543,7 @@ int main(void) {
   test_fuzz();
   test_raw_errors();
   test_idle_flood();
+  test_hello_retry();
   dt_store_server_stop(srv);
   return spec_finish();
 }
