@@ -52,6 +52,12 @@ describe("secrets", function()
       end
       assert.equal("700", mode(r.run_dir .. "/checkpoints/step-2"))
       helpers.remove_run(r.run_dir)
+      r = helpers.dtrun("spec/fixtures/restart_recipe.lua --nproc 1 steps=1 private=false", "umask 022;")
+      assert.equal(0, r.code, r.out)
+      assert.equal("755", mode(r.run_dir)) -- the agent read private=false from the recipe's words
+      assert.equal("644", mode(r.run_dir .. "/logs/rank0.log"))
+      assert.equal("644", mode(r.run_dir .. "/metrics.jsonl"))
+      helpers.remove_run(r.run_dir)
       -- a single process (no launcher) with its own run_dir, shared on request
       local shared = "runs/secrets-spec-shared"
       r = helpers.dtrun("spec/fixtures/restart_recipe.lua steps=2 checkpoint_every=2 private=false run_dir=" .. shared,

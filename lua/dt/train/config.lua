@@ -118,7 +118,7 @@ local function coerce(key, value, default, root, current)
       return n
    elseif want == "boolean" then
       local b = booleans[value:lower()]
-      if b == nil then bad_value(key, value, "a boolean (true/false)") end
+      if b == nil then bad_value(key, value, "a boolean (true/false)" .. (M.also[key] and " or auto" or "")) end
       return b
    end
    bad_value(key, value, "a " .. want)
