@@ -408,27 +408,37 @@ end
 
 -- Resume from the checkpoints dir `dir` through load(path) -> info (the strategy's loader). When the latest
 -- checkpoint is damaged, mode "auto" loads the newest intact one instead (saying so through say(text));
--- other modes raise naming the damaged file and the newest intact checkpoint.
+-- other modes raise naming the damaged file and the newest intact checkpoint. "auto" verifies every file of
+-- the checkpoint it loads first (a sharded load reads only this rank's files), so that all ranks choose alike.
 function M.resume(dir, mode, load, say)
-   local ok, info = pcall(load, dir)
-   if ok then return info end
+   local function damage(path) -- nil when intact, else what is wrong
+      local ok, err = pcall(verify, path)
+      return not ok and tostring(err) or nil
+   end
    local rok, latest = pcall(M.resolve, dir)
-   if rok and latest and pcall(verify, latest) then error(info, 0) end -- intact: the load failed for another reason
+   local why
+   if mode == "auto" then
+      why = rok and damage(latest) or (not rok and tostring(latest))
+      if not why then return load(dir) end
+   else
+      local ok, info = pcall(load, dir)
+      if ok then return info end
+      if rok and not damage(latest) then error(info, 0) end -- intact: the load failed for another reason
+      why = tostring(info)
+   end
    local skip = rok and latest and latest:match("([^/]+)$")
    for _, step in ipairs(M.steps(dir)) do
       local name = ("step-%d"):format(step)
       local path = fs.join(dir, name)
-      if name ~= skip and pcall(verify, path) then
+      if name ~= skip and not damage(path) then
          if mode ~= "auto" then
-            error(("%s\nthe newest intact checkpoint is %s: resume=auto resumes from it"):format(tostring(info),
-               path), 0)
+            error(("%s\nthe newest intact checkpoint is %s: resume=auto resumes from it"):format(why, path), 0)
          end
-         say(("resume=auto: %s\nresume=auto: resuming from the newest intact checkpoint, %s"):format(tostring(info),
-            path))
+         say(("resume=auto: %s\nresume=auto: resuming from the newest intact checkpoint, %s"):format(why, path))
          return load(path)
       end
    end
-   error(("%s\n(no intact checkpoint to fall back on in %s)"):format(tostring(info), dir), 0)
+   error(("%s\n(no intact checkpoint to fall back on in %s)"):format(why, dir), 0)
 end
 
 -- Pieces for other checkpoint layouts (dt.train.sharded).
