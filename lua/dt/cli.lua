@@ -67,8 +67,9 @@ function commands.bench(args)
       local largs = {}
       for _, a in ipairs(mod.launch_defaults) do largs[#largs + 1] = a end
       for _, a in ipairs(bargs) do largs[#largs + 1] = a end
+      require("dt.rundir").set_private_from(largs)
       local code, run_dir = require("dt.launch").run({ "bench", name }, largs,
-         require("dt.rundir").for_launch, true)
+         function(n) return require("dt.rundir").new_path(n) end, true)
       if code ~= 0 or not mod.after_launch then return code end
       return mod.after_launch(run_dir) or 0
    end
@@ -122,7 +123,8 @@ local function run_recipe(args)
    f:close()
    local launch = require "dt.launch"
    if launch.is_launch(args) then
-      return (launch.run(path, rest(args, 2), require("dt.rundir").for_launch))
+      require("dt.rundir").set_private_from(rest(args, 2))
+      return (launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end))
    end
    local chunk, err = loadfile(path)
    if not chunk then error(err, 0) end

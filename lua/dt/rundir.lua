@@ -32,12 +32,8 @@ function M.set_private(private)
    if private ~= false then dtffi.C.dt_io_make_private() end
 end
 
--- The agent's run dir for a launch of `name` whose recipe words are `args`: a new path, with this process
--- made private unless the words say private=false.
-function M.for_launch(name, args)
-   M.set_private(config.peek(args or {}, "private"))
-   return M.new_path(name)
-end
+-- The launcher's agent, before it makes the run dir: private unless the recipe's words `args` say private=false.
+function M.set_private_from(args) M.set_private(config.peek(args, "private")) end
 
 -- The launcher's run dir when running under dtrun's agent, else nil.
 function M.from_launcher() return os.getenv("DT_RUN_DIR") end
