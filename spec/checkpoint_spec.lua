@@ -363,6 +363,17 @@ describe("checkpoint", function()
          end
       end)
 
+      it("an index whose step is not its directory's, even without index.crc32", function()
+         os.remove(fs.join(step_dir, "index.crc32"))
+         local path = fs.join(step_dir, "index.json")
+         fs.write(path, (fs.read(path):gsub('"step":3', '"step":8')))
+         local stderr = io.stderr
+         io.stderr = { write = function() end } -- luacheck: ignore 122 (the missing index.crc32 warning)
+         local err = load_err()
+         io.stderr = stderr -- luacheck: ignore 122
+         assert.matches("index%.json: says step 8 but lies in the directory of step 3", err)
+      end)
+
       it("an old checkpoint without index.crc32 loads with a one-line warning", function()
          os.remove(fs.join(step_dir, "index.crc32"))
          local warnings, stderr = {}, io.stderr

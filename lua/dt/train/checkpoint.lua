@@ -337,6 +337,11 @@ local function read_index(dir, format)
    if type(index.step) ~= "number" or type(index.files) ~= "table" then
       error(("%s: missing step or files"):format(path), 0)
    end
+   local base = dir:match("([^/]+)/*$") or ""
+   local named = tonumber(base:match("^step%-(%d+)$") or base:match("^step%-(%d+)%.old%-"))
+   if named and named ~= index.step then
+      error(("%s: says step %d but lies in the directory of step %d"):format(path, index.step, named), 0)
+   end
    return index, crc
 end
 
