@@ -291,6 +291,11 @@ dt_status dt_io_list_dir(const char *path, char **text, int64_t *size) {
 
 int64_t dt_io_pid(void) { return (int64_t)getpid(); }
 
+void dt_io_make_private(void) {
+  mode_t old = umask(077);
+  umask(old | 077);
+}
+
 dt_status dt_io_mmap(const char *path, dt_mmap **out) {
   *out = NULL;
   int fd;

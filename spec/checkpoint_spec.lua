@@ -225,6 +225,78 @@ describe("checkpoint", function()
       assert.equal(0, testing.max_abs_diff(a.model.w, b.model.w))
    end)
 
+   it("a re-save killed between its two renames leaves a loadable old copy, which the next save cleans up", function()
+      save(3)
+      a.model.w:fill_(7)
+      local rename = fs.rename
+      fs.rename = function(from, to) -- the "kill": after the old copy moved away, before the new one moves in
+         if from:match("%.tmp%-") then error("killed between the renames", 0) end
+         return rename(from, to)
+      end
+      local ok, err = pcall(save, 3)
+      fs.rename = rename
+      assert.is_false(ok)
+      assert.equal("killed between the renames", err)
+      assert.is_nil(fs.stat(fs.join(ckdir, "step-3")))
+      local info = checkpoint.load(root, b) -- `latest` names step-3: its old copy is read
+      assert.equal(3, info.step)
+      assert.equal(0, testing.max_abs_diff(b.model.w, fixture(1).model.w))
+      save(4)
+      local names = {}
+      for _, e in ipairs(fs.list(ckdir)) do names[#names + 1] = e.name end
+      assert.same({ "latest", "step-3", "step-4" }, names) -- the old copy went back, the temp dir is gone
+      assert.equal(3, checkpoint.load(fs.join(ckdir, "step-3"), b).step)
+   end)
+
+   it("keep_last keeps the newest N complete checkpoints and never the one `latest` names", function()
+      local function names()
+         local n = {}
+         for _, e in ipairs(fs.list(ckdir)) do n[#n + 1] = e.name end
+         return n
+      end
+      local function save_keep(step)
+         return checkpoint.save(ckdir, { model = a.model, step = step, keep_last = 2 })
+      end
+      for step = 1, 4 do save_keep(step) end
+      assert.same({ "latest", "step-3", "step-4" }, names())
+      save_keep(2) -- e.g. a run resumed from an older checkpoint: `latest` names step-2, which stays
+      assert.same({ "latest", "step-2", "step-3", "step-4" }, names())
+      assert.equal(2, checkpoint.load(root, { model = fixture(50).model }).step)
+      checkpoint.save(ckdir, { model = a.model, step = 5 }) -- no keep_last: nothing is deleted
+      assert.same({ "latest", "step-2", "step-3", "step-4", "step-5" }, names())
+   end)
+
+   it("resume with a damaged latest checkpoint names the file and offers the newest intact one; auto takes it",
+      function()
+         save(3)
+         save(4)
+         save(5)
+         local model_file = fs.join(ckdir, "step-5", "model.safetensors")
+         local s = raw(model_file)
+         put(model_file, s:sub(1, -2) .. string.char((s:byte(-1) + 1) % 256))
+         local load = function(p) return checkpoint.load(p, b) end
+         local said = {}
+         local err = errmsg(checkpoint.resume, ckdir, true, load, function(t) said[#said + 1] = t end)
+         assert.matches("step%-5/model%.safetensors: CRC32 %x+ does not match index%.json", err)
+         assert.matches("the newest intact checkpoint is " .. fs.join(ckdir, "step-4"):gsub("%p", "%%%0")
+            .. ": resume=auto resumes from it", err)
+         assert.same({}, said)
+         assert.equal(0, b.data:position()) -- nothing loaded
+         local info = checkpoint.resume(ckdir, "auto", load, function(t) said[#said + 1] = t end)
+         assert.equal(4, info.step)
+         assert.equal(37, b.data:position())
+         assert.equal(1, #said)
+         assert.matches("resuming from the newest intact checkpoint, .*step%-4", said[1])
+         -- an intact checkpoint that does not fit is not "damaged": its error stands, with nothing offered
+         b.model.extra = dt.zeros({ 2 })
+         os.remove(model_file)
+         fs.remove_tree(fs.join(ckdir, "step-5"))
+         fs.write(fs.join(ckdir, "latest"), "step-4\n")
+         err = errmsg(checkpoint.resume, ckdir, "auto", load, function(t) said[#said + 1] = t end)
+         assert.matches("model tensor 'extra' is missing", err)
+         assert.is_nil(err:find("intact", 1, true))
+   end)
+
    it("re-saving a step replaces it", function()
       save(3)
       a.model.w:fill_(7)
@@ -273,12 +345,48 @@ describe("checkpoint", function()
             load_err())
       end)
 
-      local function edit_index(fn)
-         local path = fs.join(step_dir, "index.json")
-         local index = cjson.decode(fs.read(path))
+      local function edit_index(fn) -- a consistent index (index.crc32 rewritten) that disagrees with the files
+         local index = cjson.decode(fs.read(fs.join(step_dir, "index.json")))
          fn(index)
-         fs.write(path, cjson.encode(index))
+         checkpoint.write_index(step_dir, index)
       end
+
+      it("an edited index.json (one digit of the step or a hyper-parameter)", function()
+         local path = fs.join(step_dir, "index.json")
+         local text = fs.read(path)
+         local edits = { { '"step":3', '"step":8' }, { '"f64":"0.33333333333333331"', '"f64":"0.93333333333333331"' } }
+         for _, edit in ipairs(edits) do
+            assert.truthy(text:find(edit[1], 1, true), text)
+            fs.write(path, (text:gsub(edit[1]:gsub("%p", "%%%0"), edit[2])))
+            assert.matches("index%.json: CRC32 %x+ %(%d+ bytes%) does not match index%.crc32 %(%x+, %d+ bytes%): the "
+               .. "index is corrupt or was edited", load_err())
+         end
+      end)
+
+      it("an index whose step is not its directory's, even without index.crc32", function()
+         os.remove(fs.join(step_dir, "index.crc32"))
+         local path = fs.join(step_dir, "index.json")
+         fs.write(path, (fs.read(path):gsub('"step":3', '"step":8')))
+         local stderr = io.stderr
+         io.stderr = { write = function() end } -- luacheck: ignore 122 (the missing index.crc32 warning)
+         local err = load_err()
+         io.stderr = stderr -- luacheck: ignore 122
+         assert.matches("index%.json: says step 8 but lies in the directory of step 3", err)
+      end)
+
+      it("an old checkpoint without index.crc32 loads with a one-line warning", function()
+         os.remove(fs.join(step_dir, "index.crc32"))
+         local warnings, stderr = {}, io.stderr
+         io.stderr = { write = function(_, text) warnings[#warnings + 1] = text end } -- luacheck: ignore 122
+         local ok, info = pcall(checkpoint.load, root, b)
+         checkpoint.load(root, b) -- warned once per checkpoint
+         io.stderr = stderr -- luacheck: ignore 122
+         assert.is_true(ok, tostring(info))
+         assert.equal(3, info.step)
+         assert.equal(1, #warnings)
+         assert.matches("^warning: .*step%-3 has no index%.crc32 %(saved by an older dtrun%): index%.json is not "
+            .. "verified\n$", warnings[1])
+      end)
 
       it("index and shard disagree", function()
          edit_index(function(index) index.files["model.safetensors"].tensors.w.shape = { 3, 4 } end)
@@ -305,6 +413,7 @@ describe("checkpoint", function()
       end)
 
       it("bad index and no checkpoint at all", function()
+         os.remove(fs.join(step_dir, "index.crc32"))
          fs.write(fs.join(step_dir, "index.json"), "{oops")
          assert.matches("index%.json: invalid JSON", load_err())
          assert.matches("no checkpoint in " .. fs.join(root, "logs"), errmsg(checkpoint.load, fs.join(root, "logs"), b))

@@ -7,12 +7,14 @@ local M = {}
 M.exe = ffi.string(dt.C.dt_exe_path())
 M.root = io.popen("pwd"):read("*l") -- the working directory (ctest's, from any $PWD), the repo root
 
+-- The output of a shell command.
 local function sh(cmd)
    local p = io.popen(cmd)
    local out = p:read("*a")
    p:close()
    return out
 end
+M.sh = sh
 
 local function lines_of(out)
    local lines = {}

@@ -36,11 +36,10 @@ local function load_model(dir)
    return sharded.load(dir, wants)
 end
 
-local function edit_index(dir, fn)
-   local path = fs.join(dir, "index.json")
-   local index = cjson.decode(fs.read(path))
+local function edit_index(dir, fn) -- a consistent index (index.crc32 rewritten) that disagrees with the shards
+   local index = cjson.decode(fs.read(fs.join(dir, "index.json")))
    fn(index)
-   fs.write(path, cjson.encode(index))
+   train.checkpoint.write_index(dir, index)
 end
 
 describe("sharded checkpoints (FSDP, GPT)", function()
@@ -95,7 +94,7 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       assert.equal(0, r.code, r.out)
       local files = {}
       for _, e in ipairs(fs.list(fs.join(hsdp, "checkpoints", "step-2"))) do files[#files + 1] = e.name end
-      assert.same({ "index.json", "shard-00000.safetensors", "shard-00001.safetensors" }, files)
+      assert.same({ "index.crc32", "index.json", "shard-00000.safetensors", "shard-00001.safetensors" }, files)
    end)
 
    it("saves the same bytes synchronously and on the background writer", function()
@@ -122,6 +121,7 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       local r = helpers.dtrun("ckpt inspect " .. run_dir)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("dtrun%-sharded%-checkpoint, step 10, saved by 4 ranks"), r.out)
+      assert.truthy(r.out:find("index%.json: crc32 %x+ ok %(index%.crc32%)"), r.out)
       assert.truthy(r.out:find("shard%-00003%.safetensors%s+%d+ bytes%s+crc32 %x+%s+ok"), r.out)
       assert.truthy(r.out:find("model%.wte%.weight%s+F32 %[256, 32%]%s+2 shard%(s%): "
          .. "shard%-00000 %[0, %d+%), shard%-00001"), r.out)
@@ -160,6 +160,28 @@ describe("sharded checkpoints (FSDP, GPT)", function()
          local at = #bytes - 100
          fs.write(path, bytes:sub(1, at - 1) .. string.char((bytes:byte(at) + 1) % 256) .. bytes:sub(at + 1))
          fails_naming(path .. ": CRC32")
+      end)
+
+      it("an edited index.json: one digit of the step", function()
+         local path = fs.join(dir, "index.json")
+         local text = fs.read(path)
+         assert.truthy(text:find('"step":10', 1, true), text)
+         fs.write(path, (text:gsub('"step":10', '"step":18')))
+         local needle = path .. ": CRC32 "
+         testing.expect_error(function() load_model(dir) end, needle)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.are_not.equal(0, r.code, r.out)
+         assert.truthy(r.out:find(needle, 1, true), r.out)
+         assert.truthy(r.out:find("does not match index.crc32", 1, true), r.out)
+      end)
+
+      it("an old checkpoint without index.crc32: loads, and inspect says it is not verified", function()
+         os.remove(fs.join(dir, "index.crc32"))
+         assert.equal(10, load_model(dir).step)
+         local r = helpers.dtrun("ckpt inspect " .. dir)
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("index.json: not verified (no index.crc32: saved by an older dtrun)", 1, true), r.out)
+         assert.equal(1, select(2, r.out:gsub("has no index%.crc32", ""))) -- one warning line
       end)
 
       it("an index whose slices disagree with the shards", function()
@@ -204,6 +226,27 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       -- the next save removed the killed save's temp dir
       assert.same({}, train.checkpoint.stale(ckpts))
       assert.equal("step-8\n", fs.read(fs.join(ckpts, "latest")))
+   end)
+
+   it("keep_last prunes old sharded checkpoints; resume=auto passes over a damaged latest one", function()
+      local dir = fs.join(root, "kept")
+      local r = run(("--nproc 2 steps=15 save_every=5 keep_last=2 run_dir=%s"):format(dir))
+      assert.equal(0, r.code, r.out)
+      local ckpts = fs.join(dir, "checkpoints")
+      assert.same({ 15, 10 }, train.checkpoint.steps(ckpts))
+      local shard = fs.join(ckpts, "step-15", "shard-00001.safetensors")
+      local bytes = fs.read(shard)
+      fs.write(shard, bytes:sub(1, -2) .. string.char((bytes:byte(-1) + 1) % 256))
+      r = run(("--nproc 2 steps=16 resume=true run_dir=%s"):format(dir))
+      assert.are_not.equal(0, r.code, r.out)
+      assert.truthy(r.out:find(shard .. ": CRC32", 1, true), r.out)
+      assert.truthy(r.out:find("the newest intact checkpoint is " .. fs.join(ckpts, "step-10"), 1, true), r.out)
+      r = run(("--nproc 2 steps=16 resume=auto run_dir=%s"):format(dir))
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("resuming from the newest intact checkpoint, " .. fs.join(ckpts, "step-10"), 1, true),
+         r.out)
+      assert.truthy(r.out:find("resumed from [^\n]*step%-10 at step 10"), r.out)
+      for step = 11, 16 do assert.is_true(math.abs(r.losses[step] - uninterrupted.losses[step]) <= 1e-5) end
    end)
 
    it("the next save removes temp dirs and files that killed saves left behind", function()

@@ -111,6 +111,28 @@ describe("train.config", function()
          errmsg(train.config, defaults, { "steps" }))
    end)
 
+   it("takes resume=auto besides booleans, keep_last and private", function()
+      local cfg = train.config(defaults, { "resume=auto", "keep_last=3", "private=false" })
+      assert.equal("auto", cfg.resume)
+      assert.equal(3, cfg.keep_last)
+      assert.is_false(cfg.private)
+      assert.is_true(train.config(defaults, { "resume=true" }).resume)
+      assert.equal("config: bad value for 'resume': 'maybe' is not a boolean (true/false) or auto",
+         errmsg(train.config, defaults, { "resume=maybe" }))
+      assert.equal("config: bad value for 'fast': 'auto' is not a boolean (true/false)",
+         errmsg(train.config, defaults, { "fast=auto" }))
+   end)
+
+   it("peek reads one base key from recipe words and --config files, before the recipe parses them", function()
+      assert.is_true(config.peek({ "steps=3", "model.dim=8", "--fast" }, "private"))
+      assert.is_false(config.peek({ "steps=3", "private=no" }, "private"))
+      local file = os.tmpname()
+      fs.write(file, "return { private = false, whatever = 1 }")
+      assert.is_false(config.peek({ "--config", file }, "private"))
+      assert.is_true(config.peek({ "--config", file, "private=true" }, "private")) -- later words win
+      os.remove(file)
+   end)
+
    it("writes the resolved config as Lua that reads back identically", function()
       local cfg = train.config(defaults, { "lr=3e-4", "model.dim=96", "name=it's \"quoted\"" })
       cfg.model.ratio = 1 / 3

@@ -1,6 +1,5 @@
 -- dt/ckpt_cli.lua: `dtrun ckpt inspect|consolidate`: list and verify a checkpoint, or write its weights to one file.
 local cjson = require "cjson"
-local fs = require "dt.train.fs"
 local checkpoint = require "dt.train.checkpoint"
 local sharded = require "dt.train.sharded"
 local safetensors = require "dt.train.safetensors"
@@ -8,7 +7,8 @@ local safetensors = require "dt.train.safetensors"
 local M = {}
 
 local usage = [[
-usage: dtrun ckpt inspect DIR                      list tensors, shapes and shards; verify every file's size and CRC32
+usage: dtrun ckpt inspect DIR                      list tensors, shapes and shards; verify index.json and every file's
+                                                   size and CRC32
        dtrun ckpt consolidate DIR OUT.safetensors  write the model's full weights into one file
 DIR: a step dir, a checkpoints dir (its `latest`) or a run dir.]]
 
@@ -21,22 +21,29 @@ end
 
 local function dims(shape) return "[" .. table.concat(shape, ", ") .. "]" end
 
--- The step dir and its index (either format), or raises naming what is missing.
+-- The step dir, its index (either format, checked against index.crc32), whether it is sharded and the index's
+-- CRC32 (nil for checkpoints older than index.crc32), or raises naming what is missing or damaged.
 local function open(path)
    local dir = checkpoint.resolve(path)
    if not dir then
       error(("no checkpoint in %s (looked for index.json, latest and checkpoints/latest)"):format(path), 0)
    end
-   local ok, index = pcall(cjson.decode, fs.read(fs.join(dir, "index.json")))
+   local ok, index = pcall(cjson.decode, (checkpoint.index_text(dir)))
    if not ok or type(index) ~= "table" then error(("%s: index.json is not valid JSON"):format(dir), 0) end
-   if index.format == sharded.FORMAT then return dir, select(2, sharded.open_index(dir)), true end
-   return dir, checkpoint.read_index(dir), false
+   if index.format == sharded.FORMAT then
+      local _, sharded_index, crc = sharded.open_index(dir)
+      return dir, sharded_index, true, crc
+   end
+   local plain_index, crc = checkpoint.read_index(dir)
+   return dir, plain_index, false, crc
 end
 
 local function inspect(path)
-   local dir, index, is_sharded = open(path)
+   local dir, index, is_sharded, index_crc = open(path)
    print(("%s: %s, step %d%s"):format(dir, index.format, index.step,
       is_sharded and (", saved by %d ranks"):format(index.world or 0) or ""))
+   print(index_crc and ("index.json: crc32 %08x ok (index.crc32)"):format(index_crc)
+      or "index.json: not verified (no index.crc32: saved by an older dtrun)")
    local bad = 0
    print("files:")
    for _, file in ipairs(sorted_keys(index.files)) do

@@ -71,6 +71,7 @@ function commands.bench(args)
       local largs = {}
       for _, a in ipairs(mod.launch_defaults) do largs[#largs + 1] = a end
       for _, a in ipairs(bargs) do largs[#largs + 1] = a end
+      require("dt.rundir").set_private_from(largs)
       local code, run_dir = require("dt.launch").run({ "bench", name }, largs,
          function(n) return require("dt.rundir").new_path(n) end, true)
       if code ~= 0 or not mod.after_launch then return code end
@@ -163,6 +164,7 @@ local function run_recipe(args)
    f:close()
    local launch = require "dt.launch"
    if launch.is_launch(args) then
+      require("dt.rundir").set_private_from(rest(args, 2))
       return (launch.run(path, rest(args, 2), function(recipe) return require("dt.rundir").new_path(recipe) end))
    end
    local chunk, err = loadfile(path)

@@ -247,8 +247,9 @@ function M.init(opts)
       store = Store.connect(os.getenv("MASTER_ADDR") or "127.0.0.1", env_int("MASTER_PORT"),
          os.getenv("DT_STORE_TOKEN"))
    else
-      server = M.serve("127.0.0.1", 0, "")
-      store = Store.connect("127.0.0.1", server.port, "")
+      local token = require("dt.secret").random_hex(16) -- other local users must not reach the store
+      server = M.serve("127.0.0.1", 0, token)
+      store = Store.connect("127.0.0.1", server.port, token)
    end
    -- shm segment names must be unique among live jobs on the host, restarts included.
    local job = os.getenv("DT_JOB_ID") and (os.getenv("DT_JOB_ID") .. "-r" .. env_int("DT_RESTART_COUNT", 0))

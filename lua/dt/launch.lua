@@ -10,16 +10,10 @@
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local dist = require "dt.dist"
+local secret = require "dt.secret"
 
 local C = dtffi.C
 local M = {}
-
-local function random_hex(nbytes)
-   local f = assert(io.open("/dev/urandom", "rb"))
-   local bytes = f:read(nbytes)
-   f:close()
-   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
-end
 
 -- Flags the launcher owns; everything else after the recipe goes to the recipe.
 local flags = {
@@ -209,7 +203,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
          .. "set DT_JOB_TOKEN to the same value on every node\n")
       return 2
    end
-   token = token or random_hex(16)
+   token = token or secret.random_hex(16)
    local port = opts.master_port or (opts.nnodes == 1 and 0 or 29500)
    local master = opts.master_addr or "127.0.0.1"
    local server
@@ -265,7 +259,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    o.threads_per_rank = opts.threads or 0
    o.force = opts.force or false
    o.argc, o.argv = #argv_list, argv
-   local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=dt-" .. token:sub(1, 12) }
+   local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=" .. secret.job_id(token) }
    if opts.timeout then env_list[#env_list + 1] = "DT_COLLECTIVE_TIMEOUT=" .. opts.timeout end
    local env = ffi.new("const char*[?]", #env_list + 1)
    for i, e in ipairs(env_list) do env[i - 1] = e end

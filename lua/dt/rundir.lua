@@ -1,4 +1,12 @@
 -- dt/rundir.lua: names run directories: runs/<recipe>-<YYYYmmdd-HHMMSS>[-n] (unique), or DT_RUN_DIR from the launcher.
+--
+-- Runs are private by default (config key `private`, default true): the process that makes a run dir
+-- (a single process, or the launcher's agent for all its workers) sets umask 077 first, so the run dir,
+-- logs, metrics, checkpoints and shared-memory segments are its owner's only. private=false keeps the
+-- user's umask.
+local dtffi = require "dt.ffi"
+local config = require "dt.train.config"
+
 local M = {}
 
 local function exists(path)
@@ -18,6 +26,14 @@ function M.new_path(recipe, base)
    end
    return path
 end
+
+-- Make what this process (and every process it starts) creates from now on private, unless private == false.
+function M.set_private(private)
+   if private ~= false then dtffi.C.dt_io_make_private() end
+end
+
+-- The launcher's agent, before it makes the run dir: private unless the recipe's words `args` say private=false.
+function M.set_private_from(args) M.set_private(config.peek(args, "private")) end
 
 -- The launcher's run dir when running under dtrun's agent, else nil.
 function M.from_launcher() return os.getenv("DT_RUN_DIR") end

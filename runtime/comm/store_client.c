@@ -103,8 +103,9 @@ static dt_status roundtrip(dt_store_client *s, const char *what, uint8_t code, i
   if (r->code == WIRE_OK) return DT_OK;
   int n = r->nargs ? (int)r->args[0].len : 0;
   const char *m = r->nargs ? (const char *)r->args[0].p : "";
-  if (r->code == WIRE_TIMEOUT)
-    return DT_FAIL(DT_ERR_IO, "store %s at %s:%d timed out: %.*s", what, s->host, s->port, n, m);
+  if (r->code == WIRE_TIMEOUT || r->code == WIRE_RETRY)
+    return DT_FAIL(DT_ERR_IO, "store %s at %s:%d %s: %.*s", what, s->host, s->port,
+                   r->code == WIRE_TIMEOUT ? "timed out" : "was dropped", n, m);
   return DT_FAIL(DT_ERR_ARG, "store %s at %s:%d refused: %.*s", what, s->host, s->port, n, m);
 }
 
@@ -169,25 +170,32 @@ dt_status dt_store_connect(const char *host, int port, const char *token, int ti
   s->port = port;
   s->timeout_ms = timeout_ms;
   double deadline = dt_time_now() + timeout_ms * 1e-3;
-  int err = ETIMEDOUT;
-  /* the server may not be listening yet (workers start alongside the agent): retry until the deadline */
-  for (;;) {
-    s->fd = connect_once(host, port, deadline, &err);
-    if (s->fd >= 0 || ms_left(deadline) == 0) break;
-    struct timespec ts = {0, CONNECT_RETRY_MS * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  if (s->fd < 0) {
-    dt_store_close(s);
-    return DT_FAIL(DT_ERR_IO, "cannot connect to store at %s:%d within %d ms: %s", host, port, timeout_ms,
-                   strerror(err));
-  }
   wire_arg tok = {(const uint8_t *)(token ? token : ""), (uint32_t)tlen};
-  reply_t r;
-  dt_status st = roundtrip(s, "hello", WIRE_HELLO, WIRE_VERSION, 1, &tok, deadline, &r);
-  if (st != DT_OK) {
-    dt_store_close(s);
-    return st;
+  struct timespec pause = {0, CONNECT_RETRY_MS * 1000000L};
+  for (;;) {
+    int err = ETIMEDOUT;
+    /* the server may not be listening yet (workers start alongside the agent): retry until the deadline */
+    for (;;) {
+      s->fd = connect_once(host, port, deadline, &err);
+      if (s->fd >= 0 || ms_left(deadline) == 0) break;
+      nanosleep(&pause, NULL);
+    }
+    if (s->fd < 0) {
+      dt_store_close(s);
+      return DT_FAIL(DT_ERR_IO, "cannot connect to store at %s:%d within %d ms: %s", host, port, timeout_ms,
+                     strerror(err));
+    }
+    reply_t r = {0};
+    dt_status st = roundtrip(s, "hello", WIRE_HELLO, WIRE_VERSION, 1, &tok, deadline, &r);
+    if (st == DT_OK) break;
+    /* a server flooded with connections that never say hello dropped this one too: connect again */
+    if (r.code != WIRE_RETRY || ms_left(deadline) == 0) {
+      dt_store_close(s);
+      return st;
+    }
+    close(s->fd);
+    s->fd = -1;
+    nanosleep(&pause, NULL);
   }
   *out = s;
   return DT_OK;

@@ -15,17 +15,22 @@
 #include <unistd.h>
 
 #include "dt_internal.h"
+#include "store_table.h"
 #include "store_wire.h"
 
-typedef struct entry {
-  struct entry *next;
-  uint8_t *key, *val; /* val is NUL-terminated one past vlen (for integer parsing) */
-  uint32_t klen, vlen;
-} entry;
+/* Connections that have not presented the token are bounded: at most MAX_PENDING at a time (a new one
+ * closes the oldest) and each must say hello within HELLO_TIMEOUT_S, so idle or hostile local sockets
+ * cannot use up the server's file descriptors. When accept() fails anyway (EMFILE: the process is out of
+ * descriptors) the oldest pending connection is dropped, or, with none, the listening socket rests for
+ * ACCEPT_BACKOFF_S instead of waking poll() again at once. */
+enum { MAX_PENDING = 32 };
+#define HELLO_TIMEOUT_S 3.0
+#define ACCEPT_BACKOFF_S 0.1
 
 typedef struct conn {
   int fd;
   bool authed, closing; /* closing: drop the connection once `out` is flushed */
+  double hello_deadline; /* until authed */
   uint8_t hdr[WIRE_HEADER];
   uint32_t hdr_got, body_len, body_got, body_cap;
   uint8_t *body;
@@ -43,53 +48,13 @@ struct dt_store_server {
   int listen_fd, wake_rd, wake_wr, port;
   char token[DT_STORE_MAX_TOKEN + 1];
   pthread_t thread;
-  entry **buckets;
-  size_t nbuckets, nkeys;
+  store_table table;
   conn **conns;
   size_t nconns, cap_conns;
   struct pollfd *pfds;
+  double accept_resume; /* accept() failed for want of descriptors: listen again from this time */
   wire_arg args[WIRE_MAX_ARGS];
 };
-
-/* ---- key table: chained hash, doubled when the load factor passes 1 ---- */
-
-static uint64_t hash_key(const uint8_t *k, uint32_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint32_t i = 0; i < n; i++) h = (h ^ k[i]) * 1099511628211ull;
-  return h;
-}
-
-static entry **find_slot(dt_store_server *s, const uint8_t *k, uint32_t n) {
-  entry **e = &s->buckets[hash_key(k, n) & (s->nbuckets - 1)];
-  while (*e && ((*e)->klen != n || memcmp((*e)->key, k, n))) e = &(*e)->next;
-  return e;
-}
-
-static entry *lookup(dt_store_server *s, wire_arg k) { return *find_slot(s, k.p, k.len); }
-
-static bool grow_table(dt_store_server *s) {
-  size_t n = s->nbuckets * 2;
-  entry **b = calloc(n, sizeof *b);
-  if (!b) return false;
-  for (size_t i = 0; i < s->nbuckets; i++) {
-    for (entry *e = s->buckets[i], *next; e; e = next) {
-      next = e->next;
-      entry **slot = &b[hash_key(e->key, e->klen) & (n - 1)];
-      e->next = *slot;
-      *slot = e;
-    }
-  }
-  free(s->buckets);
-  s->buckets = b;
-  s->nbuckets = n;
-  return true;
-}
-
-static void free_entry(entry *e) {
-  free(e->key);
-  free(e->val);
-  free(e);
-}
 
 /* ---- connections ---- */
 
@@ -135,40 +100,12 @@ static void reply_error(conn *c, uint8_t code, const char *fmt, ...) {
 
 /* Insert or replace. Out of memory: reply with an error, leave the table unchanged, return false. */
 static bool put(dt_store_server *s, conn *c, wire_arg k, const uint8_t *v, uint32_t vlen) {
-  uint8_t *val = malloc((size_t)vlen + 1);
-  if (!val) {
-    reply_error(c, WIRE_ERR, "store server out of memory for a %u-byte value", vlen);
-    return false;
-  }
-  if (vlen) memcpy(val, v, vlen);
-  val[vlen] = 0;
-  entry **slot = find_slot(s, k.p, k.len);
-  if (*slot) {
-    free((*slot)->val);
-    (*slot)->val = val;
-    (*slot)->vlen = vlen;
-    return true;
-  }
-  entry *e = calloc(1, sizeof *e);
-  uint8_t *key = malloc(k.len);
-  if (!e || !key) {
-    free(e);
-    free(key);
-    free(val);
-    reply_error(c, WIRE_ERR, "store server out of memory for a new key");
-    return false;
-  }
-  memcpy(key, k.p, k.len);
-  e->key = key;
-  e->klen = k.len;
-  e->val = val;
-  e->vlen = vlen;
-  e->next = *slot;
-  *slot = e;
-  s->nkeys++;
-  if (s->nkeys > s->nbuckets) grow_table(s); /* on failure the chains just get longer */
-  return true;
+  if (store_table_put(&s->table, k.p, k.len, v, vlen)) return true;
+  reply_error(c, WIRE_ERR, "store server out of memory for a %u-byte value", vlen);
+  return false;
 }
+
+static store_entry *lookup(dt_store_server *s, wire_arg k) { return store_table_get(&s->table, k.p, k.len); }
 
 static bool all_exist(dt_store_server *s, int n, const wire_arg *keys) {
   for (int i = 0; i < n; i++)
@@ -179,7 +116,7 @@ static bool all_exist(dt_store_server *s, int n, const wire_arg *keys) {
 /* Answer a get/wait whose keys all exist. */
 static void answer_wait(dt_store_server *s, conn *c, uint8_t code, const wire_arg *keys) {
   if (code == WIRE_GET) {
-    entry *e = lookup(s, keys[0]);
+    store_entry *e = lookup(s, keys[0]);
     wire_arg v = {e->val, e->vlen};
     reply(c, WIRE_OK, 0, 1, &v);
   } else {
@@ -230,7 +167,7 @@ static bool valid_value(conn *c, wire_arg v) {
 }
 
 /* Strict decimal int64 (optional '-', digits only); a missing value counts as 0. */
-static bool parse_int(const entry *e, int64_t *out) {
+static bool parse_int(const store_entry *e, int64_t *out) {
   *out = 0;
   if (!e) return true;
   const uint8_t *p = e->val;
@@ -272,7 +209,7 @@ static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n
     } else if (num != WIRE_VERSION) {
       c->closing = true;
       reply_error(c, WIRE_ERR, "protocol version %lld is not the server's %d", (long long)num, WIRE_VERSION);
-    } else if (a[0].len != strlen(s->token) || memcmp(a[0].p, s->token, a[0].len)) {
+    } else if (!wire_token_equal(a[0], s->token)) {
       c->closing = true;
       reply_error(c, WIRE_ERR, "wrong job token");
     } else {
@@ -316,7 +253,7 @@ static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n
       reply(c, WIRE_OK, all_exist(s, n, a), 0, NULL);
       return;
     case WIRE_ADD: {
-      entry *e = lookup(s, a[0]);
+      store_entry *e = lookup(s, a[0]);
       int64_t v;
       wire_show(a[0].p, a[0].len, shown, sizeof shown);
       if (!parse_int(e, &v)) {
@@ -337,7 +274,7 @@ static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n
     }
     case WIRE_CAS: {
       if (!valid_value(c, a[1]) || !valid_value(c, a[2])) return;
-      entry *e = lookup(s, a[0]);
+      store_entry *e = lookup(s, a[0]);
       bool match = e ? (e->vlen == a[1].len && !memcmp(e->val, a[1].p, a[1].len)) : a[1].len == 0;
       if (match && !put(s, c, a[0], a[2].p, a[2].len)) return;
       reply(c, WIRE_OK, match, 0, NULL);
@@ -345,18 +282,11 @@ static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n
       return;
     }
     case WIRE_DELETE: {
-      entry **slot = find_slot(s, a[0].p, a[0].len);
-      entry *e = *slot;
-      if (e) {
-        *slot = e->next;
-        free_entry(e);
-        s->nkeys--;
-      }
-      reply(c, WIRE_OK, e != NULL, 0, NULL);
+      reply(c, WIRE_OK, store_table_delete(&s->table, a[0].p, a[0].len), 0, NULL);
       return;
     }
     default: /* WIRE_NUM_KEYS */
-      reply(c, WIRE_OK, (int64_t)s->nkeys, 0, NULL);
+      reply(c, WIRE_OK, (int64_t)s->table.nkeys, 0, NULL);
       return;
   }
 }
@@ -418,12 +348,56 @@ static bool conn_read(dt_store_server *s, conn *c) {
   return true;
 }
 
+/* The pending (not yet authed) connection with the earliest hello deadline, or -1; *count: how many. */
+static ptrdiff_t oldest_pending(const dt_store_server *s, size_t *count) {
+  ptrdiff_t oldest = -1;
+  size_t n = 0;
+  for (size_t i = 0; i < s->nconns; i++) {
+    if (s->conns[i]->authed) continue;
+    n++;
+    if (oldest < 0 || s->conns[i]->hello_deadline < s->conns[oldest]->hello_deadline) oldest = (ptrdiff_t)i;
+  }
+  if (count) *count = n;
+  return oldest;
+}
+
+static void drop_pending(dt_store_server *s, size_t i, const char *why) {
+  reply_error(s->conns[i], WIRE_RETRY, "store: %s; send the hello with the job token at once", why);
+  conn_close(s, i);
+}
+
+/* Close connections that did not say hello in time; returns the earliest remaining hello deadline (or -1). */
+static double expire_pending(dt_store_server *s, double now) {
+  double next = -1;
+  for (size_t i = s->nconns; i-- > 0;) {
+    conn *c = s->conns[i];
+    if (c->authed) continue;
+    if (now >= c->hello_deadline) drop_pending(s, i, "no hello within the deadline");
+    else if (next < 0 || c->hello_deadline < next) next = c->hello_deadline;
+  }
+  return next;
+}
+
 static void accept_clients(dt_store_server *s) {
   for (;;) {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      /* out of descriptors or memory: make room by dropping the oldest pending connection, else rest */
+      ptrdiff_t old = oldest_pending(s, NULL);
+      if (old >= 0) {
+        drop_pending(s, (size_t)old, "too many connections without a hello");
+        continue;
+      }
+      s->accept_resume = dt_time_now() + ACCEPT_BACKOFF_S;
+      return;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    size_t pending;
+    ptrdiff_t old = oldest_pending(s, &pending);
+    if (pending >= MAX_PENDING) drop_pending(s, (size_t)old, "too many connections without a hello");
     if (s->nconns == s->cap_conns) {
       size_t cap = s->cap_conns ? s->cap_conns * 2 : 16;
       conn **cs = realloc(s->conns, cap * sizeof *cs);
@@ -442,6 +416,7 @@ static void accept_clients(dt_store_server *s) {
       return;
     }
     c->fd = fd;
+    c->hello_deadline = dt_time_now() + HELLO_TIMEOUT_S;
     s->conns[s->nconns++] = c;
   }
 }
@@ -449,10 +424,12 @@ static void accept_clients(dt_store_server *s) {
 static void *server_main(void *arg) {
   dt_store_server *s = arg;
   for (;;) {
-    double now = dt_time_now(), next = -1;
+    double now = dt_time_now(), next = expire_pending(s, now);
     expire_waiters(s, now);
+    bool resting = now < s->accept_resume;
+    if (resting && (next < 0 || s->accept_resume < next)) next = s->accept_resume;
     s->pfds[0] = (struct pollfd){.fd = s->wake_rd, .events = POLLIN};
-    s->pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
+    s->pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = resting ? 0 : POLLIN};
     for (size_t i = 0; i < s->nconns; i++) {
       conn *c = s->conns[i];
       /* read the next request only when the previous one is answered: bounds memory per client */
@@ -485,16 +462,10 @@ static void *server_main(void *arg) {
 
 static void server_free(dt_store_server *s) {
   while (s->nconns) conn_close(s, s->nconns - 1);
-  for (size_t i = 0; s->buckets && i < s->nbuckets; i++) {
-    for (entry *e = s->buckets[i], *next; e; e = next) {
-      next = e->next;
-      free_entry(e);
-    }
-  }
+  store_table_free(&s->table);
   if (s->listen_fd >= 0) close(s->listen_fd);
   if (s->wake_rd >= 0) close(s->wake_rd);
   if (s->wake_wr >= 0) close(s->wake_wr);
-  free(s->buckets);
   free(s->conns);
   free(s->pfds);
   free(s);
@@ -540,11 +511,10 @@ dt_status dt_store_server_start(const char *host, int port, const char *token, d
   DT_CHECK(s, DT_ERR_OOM, "out of memory starting the store server");
   s->listen_fd = s->wake_rd = s->wake_wr = -1;
   if (tlen) memcpy(s->token, token, tlen);
-  s->nbuckets = 64;
-  s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
+  bool table = store_table_init(&s->table);
   s->pfds = calloc(2, sizeof *s->pfds);
   int p[2];
-  if (!s->buckets || !s->pfds || pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
+  if (!table || !s->pfds || pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0) {
     server_free(s);
     return DT_FAIL(DT_ERR_OOM, "store server: out of memory or file descriptors");
   }

@@ -120,3 +120,14 @@ const char *wire_show(const uint8_t *p, size_t len, char *buf, size_t n) {
   buf[o < n ? o : n - 1] = 0;
   return buf;
 }
+
+bool wire_token_equal(wire_arg given, const char *token) {
+  /* every byte up to the longest legal token is compared: the time taken tells nothing about the token */
+  size_t n = strlen(token);
+  unsigned diff = given.len != n || given.len > DT_STORE_MAX_TOKEN;
+  for (size_t i = 0; i < DT_STORE_MAX_TOKEN; i++) {
+    uint8_t g = i < given.len ? given.p[i] : 0, t = i < n ? (uint8_t)token[i] : 0;
+    diff |= (unsigned)(g ^ t);
+  }
+  return diff == 0;
+}

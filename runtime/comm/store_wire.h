@@ -35,7 +35,8 @@ typedef enum {
   WIRE_NUM_KEYS,  /* Reply num: key count */
   WIRE_OK = 0x80,
   WIRE_ERR = 0x81,    /* args: message */
-  WIRE_TIMEOUT = 0x82 /* args: message */
+  WIRE_TIMEOUT = 0x82, /* args: message */
+  WIRE_RETRY = 0x83    /* args: message; before the hello only: the server dropped the connection, try again */
 } wire_code;
 
 typedef struct wire_arg {
@@ -59,6 +60,8 @@ bool wire_encode(wire_buf *b, uint8_t code, int64_t num, int nargs, const wire_a
 void wire_buf_free(wire_buf *b);
 /* Argument from a C string (length via strlen). */
 wire_arg wire_str(const char *s);
+/* Whether the token a client presented equals the server's, in time independent of their contents. */
+bool wire_token_equal(wire_arg given, const char *token);
 /* Printable, truncated copy of an argument (a key) for error messages. */
 const char *wire_show(const uint8_t *p, size_t len, char *buf, size_t n);
 

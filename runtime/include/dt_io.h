@@ -51,6 +51,9 @@ dt_status dt_io_remove_tree(const char *path);
 dt_status dt_io_list_dir(const char *path, char **text, int64_t *size);
 /* Process id, for temp names unique to this process. */
 int64_t dt_io_pid(void);
+/* Make what this process and the processes it starts create from now on private to its owner
+ * (umask |= 077: directories 0700, files 0600). */
+void dt_io_make_private(void);
 
 /* Read-only memory map of a whole file (data is NULL for an empty file). */
 typedef struct dt_mmap {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -221,9 +222,9 @@ static uint32_t rnd(void) {
   return (uint32_t)(rng >> 11);
 }
 
-static int raw_connect(void) {
+static int raw_connect_to(int p) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     close(fd);
@@ -231,6 +232,8 @@ static int raw_connect(void) {
   }
   return fd;
 }
+
+static int raw_connect(void) { return raw_connect_to(port); }
 
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
@@ -390,6 +393,140 @@ static void test_raw_errors(void) {
   dt_store_close(c);
 }
 
+/* ---- a flood of idle connections against a server short of file descriptors ---- */
+
+/* Child: a server limited to 64 descriptors; writes its port, then its CPU seconds for each byte it reads. */
+static void flood_server(int up, int down) {
+  struct rlimit rl = {64, 64};
+  setrlimit(RLIMIT_NOFILE, &rl);
+  dt_store_server *s = NULL;
+  int p = dt_store_server_start("127.0.0.1", 0, TOKEN, &s) == DT_OK ? dt_store_server_port(s) : -1;
+  bool ok = write(up, &p, sizeof p) == sizeof p;
+  char c;
+  while (ok && read(down, &c, 1) == 1) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                 ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) * 1e-6;
+    ok = write(up, &cpu, sizeof cpu) == sizeof cpu;
+  }
+  dt_store_server_stop(s);
+  _exit(0);
+}
+
+static double server_cpu(int up, int down) {
+  double cpu = -1;
+  if (write(down, "?", 1) != 1 || read(up, &cpu, sizeof cpu) != sizeof cpu) return -1;
+  return cpu;
+}
+
+/* 100 connections that never say hello, against a server with 64 descriptors: the rank already in keeps
+ * being served, a new client still gets in, idle connections are closed at the hello deadline, and the server
+ * does not spin (its CPU time stays far below the seconds the flood lasts, whatever the machine's load). */
+static void test_idle_flood(void) {
+  enum { IDLE = 100 };
+  int up[2], down[2];
+  if (pipe(up) != 0 || pipe(down) != 0) {
+    expect(false, "pipes for the flood test");
+    return;
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    flood_server(up[1], down[0]);
+  }
+  close(up[1]);
+  close(down[0]);
+  int p = -1;
+  expect(read(up[0], &p, sizeof p) == sizeof p && p > 0, "the fd-limited server starts");
+  dt_store_client *in = NULL;
+  expect_ok(dt_store_connect("127.0.0.1", p, TOKEN, 5000, &in), "a rank joins before the flood");
+  double cpu0 = server_cpu(up[0], down[1]);
+  int idle[IDLE];
+  for (int i = 0; i < IDLE; i++) idle[i] = raw_connect_to(p);
+  poll(NULL, 0, 1000); /* the flood sits there for a second */
+  expect(in && dt_store_set(in, "during-flood", "x", 1, -1) == DT_OK && get_eq(in, "during-flood", "x"),
+         "the rank already in is still served during the flood");
+  dt_store_client *late = NULL;
+  expect_ok(dt_store_connect("127.0.0.1", p, TOKEN, 5000, &late), "a new client gets in during the flood");
+  expect(late && get_eq(late, "during-flood", "x"), "and is served");
+  double cpu1 = server_cpu(up[0], down[1]);
+  printf("  server CPU during the flood: %.3f s\n", cpu1 - cpu0);
+  expect(cpu0 >= 0 && cpu1 - cpu0 < 0.5, "the server does not spin while out of descriptors");
+  /* the newest idle connection outlives the count limit; the hello deadline (3 s) closes it, with a reason */
+  char buf[512];
+  size_t have = 0;
+  for (;;) {
+    struct pollfd q = {.fd = idle[IDLE - 1], .events = POLLIN};
+    if (poll(&q, 1, 10000) != 1) break;
+    ssize_t k = recv(idle[IDLE - 1], buf + have, sizeof buf - 1 - have, 0);
+    if (k <= 0) break;
+    have += (size_t)k;
+  }
+  buf[have] = 0;
+  bool said = false;
+  for (size_t i = 0; i + 16 <= have; i++) said |= !memcmp(buf + i, "no hello within", 15);
+  expect(said, "an idle connection is closed at the hello deadline, naming the reason");
+  have = 0;
+  for (ssize_t k; have < sizeof buf - 1 && (k = recv(idle[0], buf + have, sizeof buf - 1 - have, 0)) > 0;)
+    have += (size_t)k;
+  said = false;
+  for (size_t i = 0; i + 20 <= have; i++) said |= !memcmp(buf + i, "too many connections", 20);
+  expect(said, "the oldest idle connections make way for new ones, naming the reason");
+  for (int i = 0; i < IDLE; i++) close(idle[i]);
+  dt_store_close(in);
+  dt_store_close(late);
+  close(down[1]);
+  close(up[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the flooded server stops cleanly");
+}
+
+/* A server that drops the first hello with a retry reply (as a flooded server does) and accepts the second. */
+static void *retrying_server(void *arg) {
+  int lfd = *(int *)arg;
+  for (int i = 0; i < 2; i++) {
+    struct pollfd q = {.fd = lfd, .events = POLLIN};
+    if (poll(&q, 1, 5000) != 1) return NULL; /* a client that does not come back */
+    int fd = accept(lfd, NULL, NULL);
+    uint8_t in[256], msg[256];
+    q.fd = fd;
+    if (fd < 0 || poll(&q, 1, 5000) != 1 || recv(fd, in, sizeof in, 0) <= 0) {
+      if (fd >= 0) close(fd);
+      return NULL;
+    }
+    const char *why = "store: too many connections without a hello";
+    uint32_t len = (uint32_t)strlen(why);
+    size_t n = i == 0 ? make_msg(msg, 0x83, 0, 1, &len, &why) : make_msg(msg, 0x80, 0, 0, NULL, NULL);
+    send(fd, msg, n, MSG_NOSIGNAL);
+    if (i == 0) close(fd);
+    else poll(&q, 1, 5000); /* until the client hangs up */
+  }
+  return NULL;
+}
+
+static void test_hello_retry(void) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  bool up = bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(lfd, 4) == 0 &&
+            getsockname(lfd, (struct sockaddr *)&sa, &len) == 0;
+  pthread_t th;
+  if (!up || pthread_create(&th, NULL, retrying_server, &lfd) != 0) {
+    expect(false, "a fake server for the retry test");
+    close(lfd);
+    return;
+  }
+  dt_store_client *c = NULL;
+  expect_ok(dt_store_connect("127.0.0.1", ntohs(sa.sin_port), TOKEN, 5000, &c),
+            "a client whose hello a flooded server dropped connects again and gets in");
+  dt_store_close(c);
+  pthread_join(th, NULL);
+  close(lfd);
+}
+
 int main(void) {
   dt_store_server *srv = NULL;
   expect_ok(dt_store_server_start("127.0.0.1", 0, TOKEN, &srv), "server starts on a free port");
@@ -405,6 +542,8 @@ int main(void) {
   test_tokens_and_connect();
   test_fuzz();
   test_raw_errors();
+  test_idle_flood();
+  test_hello_retry();
   dt_store_server_stop(srv);
   return spec_finish();
 }

@@ -54,7 +54,7 @@ return function(FSDP)
    end
 
    -- Save a sharded checkpoint of state.step under dir (collective). state: optimizer, data, rng, config,
-   -- async. Returns the step dir for synchronous saves, nil while an async save is in flight.
+   -- async, keep_last. Returns the step dir for synchronous saves, nil while an async save is in flight.
    function FSDP:save(dir, state)
       local opt = state.optimizer
       local slices, steps = {}, {}
@@ -74,7 +74,8 @@ return function(FSDP)
       if state.config then meta.config = state.config end
       return sharded.save(dir, { step = state.step, store = self.world.store, rank = self.world.rank,
          world = self.world.size, writer = not self.rep or self.rep.rank == 0, writers = self:writers(),
-         slices = slices, meta = meta, rank_meta = { steps = steps }, async = state.async })
+         slices = slices, meta = meta, rank_meta = { steps = steps }, async = state.async,
+         keep_last = state.keep_last })
    end
 
    -- Restore parameters (and state.optimizer / data / rng) from a sharded checkpoint saved by any layout.
@@ -137,7 +138,8 @@ return function(FSDP)
    -- Trainer hooks: every rank takes part in sharded saves (the strategy decides who writes).
    function FSDP:save_checkpoint(trainer)
       return self:save(trainer:checkpoint_dir(), { step = trainer.step, optimizer = trainer.optimizer,
-         data = trainer.data, rng = trainer.rng, config = trainer.config, async = self.async_save })
+         data = trainer.data, rng = trainer.rng, config = trainer.config, async = self.async_save,
+         keep_last = trainer.config.keep_last })
    end
 
    function FSDP:load_checkpoint(trainer, path)

@@ -5,11 +5,15 @@
 --    local info = checkpoint.load("runs/x", { model = m, optimizer = opt, data = d, rng = gen })
 --    -- info.step, info.config
 --
--- On disk: <dir>/step-N/{model.safetensors, optimizer.safetensors, index.json} and <dir>/latest ("step-N").
--- A save writes into step-N.tmp-<pid>, fsyncs every file and the directory, renames it to step-N, then
--- replaces `latest` atomically. index.json holds the step, data position, RNG state, config, and each
--- file's size, CRC32 and tensor list. Non-tensor state (optimizer hyper-parameters, RNG, config) is kept
--- as a typed JSON tree, so numbers round-trip exactly and nothing is executed on load.
+-- On disk: <dir>/step-N/{model.safetensors, optimizer.safetensors, index.json, index.crc32} and <dir>/latest
+-- ("step-N"). A save writes into step-N.tmp-<pid>, fsyncs every file and the directory, renames it to step-N,
+-- then replaces `latest` atomically. index.json holds the step, data position, RNG state, config, and each
+-- file's size, CRC32 and tensor list; index.crc32 holds index.json's own CRC32, so every byte that decides
+-- what is loaded is checked. Non-tensor state (optimizer hyper-parameters, RNG, config) is kept as a typed
+-- JSON tree, so numbers round-trip exactly and nothing is executed on load.
+-- Re-saving a step that exists moves the old copy to step-N.old-<pid> first; a save killed before the new
+-- copy is in place leaves that old copy, which loads read instead and the next save puts back (M.recover).
+-- `keep_last` (M.prune) deletes older complete checkpoints once a new one is in place.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local Tensor = require "dt.tensor"
@@ -114,6 +118,33 @@ function M.stale(dir)
    return out
 end
 
+-- The old copy (step-N.old-<pid>) a re-save of step-N killed between its two renames left, or nil.
+local function old_copy(dir, name)
+   if not fs.is_dir(dir) then return nil end
+   for _, e in ipairs(fs.list(dir)) do
+      if e.kind == "d" and e.name:sub(1, #name + 5) == name .. ".old-" then return fs.join(dir, e.name) end
+   end
+   return nil
+end
+
+-- Repair what a killed re-save left: an old copy goes back to step-N when step-N is missing, else it is
+-- deleted. Only the saving process calls this (one save at a time per dir). Returns the names removed.
+function M.recover(dir)
+   local removed = {}
+   for _, e in ipairs(fs.is_dir(dir) and fs.list(dir) or {}) do
+      local name = e.name:match("^(step%-%d+)%.old%-")
+      if name then
+         if fs.stat(fs.join(dir, name)) then
+            fs.remove_tree(fs.join(dir, e.name))
+            removed[#removed + 1] = e.name
+         else
+            fs.rename(fs.join(dir, e.name), fs.join(dir, name))
+         end
+      end
+   end
+   return removed
+end
+
 -- Start a save of `step` under dir: a fresh, empty temp directory step-N.tmp-<token> (token: this
 -- process's pid unless given, e.g. one agreed by every rank). Leftovers of killed saves (M.stale) are removed
 -- first: one save runs at a time per checkpoint dir. Returns tmp, name ("step-N"), the removed names.
@@ -126,28 +157,62 @@ function M.begin(dir, step, token)
    fs.mkdir(dir)
    local removed = M.stale(dir)
    for _, stale in ipairs(removed) do fs.remove_tree(fs.join(dir, stale)) end
+   for _, old in ipairs(M.recover(dir)) do removed[#removed + 1] = old end
    fs.mkdir(tmp, false)
    return tmp, name, removed
 end
 
--- Finish a save: fsync tmp, rename it to dir/name (swapping out an older copy of the same step), then
--- point dir/latest at it. Returns the step dir.
-function M.publish(dir, tmp, name)
+-- Step numbers of the complete checkpoints (step-N directories) in dir, newest first.
+function M.steps(dir)
+   local out = {}
+   for _, e in ipairs(fs.is_dir(dir) and fs.list(dir) or {}) do
+      local n = e.kind == "d" and e.name:match("^step%-(%d+)$")
+      if n then out[#out + 1] = tonumber(n) end
+   end
+   table.sort(out, function(a, b) return a > b end)
+   return out
+end
+
+-- Delete all but the newest keep_last complete checkpoints in dir (never the one `latest` names).
+-- keep_last 0 or nil keeps everything. Returns the names deleted.
+function M.prune(dir, keep_last)
+   local deleted = {}
+   if not keep_last or keep_last <= 0 then return deleted end
+   local latest = fs.is_file(fs.join(dir, "latest")) and fs.read(fs.join(dir, "latest")):match("^%s*(.-)%s*$")
+   for i, step in ipairs(M.steps(dir)) do
+      local name = ("step-%d"):format(step)
+      if i > keep_last and name ~= latest then
+         fs.remove_tree(fs.join(dir, name))
+         deleted[#deleted + 1] = name
+      end
+   end
+   return deleted
+end
+
+-- Write index.json into a step dir being saved, then index.crc32 (its CRC32 and size) beside it.
+function M.write_index(dir, index)
+   local path = fs.join(dir, "index.json")
+   local text = cjson.encode(index)
+   fs.write(path, text)
+   fs.write(fs.join(dir, "index.crc32"), ("%08x %d\n"):format(fs.crc32(path), #text))
+end
+
+-- Finish a save: fsync tmp, rename it to dir/name (swapping out an older copy of the same step), point
+-- dir/latest at it, then prune to keep_last checkpoints (nil: keep all). Returns the step dir.
+function M.publish(dir, tmp, name, keep_last)
    fs.fsync_dir(tmp)
    local final = fs.join(dir, name)
-   if fs.stat(final) then -- re-saving a step (e.g. after a resume): swap the old copy out first
-      local old = ("%s.old-%d"):format(final, fs.pid())
-      fs.rename(final, old)
-      fs.rename(tmp, final)
-      fs.remove_tree(old)
-   else
-      fs.rename(tmp, final)
-   end
+   local old = fs.stat(final) and ("%s.old-%d"):format(final, fs.pid())
+   if old then fs.rename(final, old) end -- re-saving a step (e.g. after a resume); a kill here: see M.recover
+   fs.rename(tmp, final)
    fs.write_atomic(fs.join(dir, "latest"), name .. "\n")
+   if old then fs.remove_tree(old) end
+   M.prune(dir, keep_last)
    return final
 end
 
--- Save a checkpoint for state.step into dir/step-N and point dir/latest at it. Returns the step dir.
+-- Save a checkpoint for state.step into dir/step-N and point dir/latest at it; state.keep_last: see M.prune.
+-- Returns the step dir.
 function M.save(dir, state)
    local step = state.step
    local tmp, name = M.begin(dir, step)
@@ -163,13 +228,13 @@ function M.save(dir, state)
       if state.rng then index.rng = encode(state.rng:state(), { "rng" }) end
       if state.config then index.config = encode(state.config, { "config" }) end
       index.files = files
-      fs.write(fs.join(tmp, "index.json"), cjson.encode(index))
+      M.write_index(tmp, index)
    end)
    if not ok then
       fs.remove_tree(tmp)
       error(err, 0)
    end
-   return M.publish(dir, tmp, name)
+   return M.publish(dir, tmp, name, state.keep_last)
 end
 
 -- The step directory for a step dir, a checkpoints dir (via `latest`) or a run dir (checkpoints/latest).
@@ -183,8 +248,11 @@ function M.resolve(path)
             error(("%s: 'latest' names '%s', not a step-N directory"):format(base, name), 0)
          end
          local step_dir = fs.join(base, name)
-         if not fs.is_dir(step_dir) then error(("%s: 'latest' names %s, which is missing"):format(base, name), 0) end
-         return step_dir
+         if fs.is_dir(step_dir) then return step_dir end
+         -- a re-save of this step was killed between its renames: the old copy is intact
+         local old = old_copy(base, name)
+         if old then return old end
+         error(("%s: 'latest' names %s, which is missing"):format(base, name), 0)
       end
    end
    return nil
@@ -224,12 +292,39 @@ local function open_shard(dir, file, entry)
    return reader
 end
 
--- index.json of a step dir, checked to be of `format` (default: this module's single-process format).
+local warned = {} -- step dirs already warned about (once per process)
+
+-- index.json's text, checked against index.crc32, and its CRC32 (nil, with a one-line warning on stderr, for
+-- checkpoints saved before index.crc32 existed).
+function M.index_text(dir)
+   local path = fs.join(dir, "index.json")
+   if not fs.is_file(path) then error(("%s: missing"):format(path), 0) end
+   local text, sum_path = fs.read(path), fs.join(dir, "index.crc32")
+   if not fs.is_file(sum_path) then
+      if not warned[dir] then
+         io.stderr:write(("warning: %s has no index.crc32 (saved by an older dtrun): index.json is not verified\n")
+            :format(dir))
+         warned[dir] = true
+      end
+      return text, nil
+   end
+   local want, size = fs.read(sum_path):match("^(%x%x%x%x%x%x%x%x) (%d+)\n$")
+   if not want then error(("%s: malformed (expected '<crc32 hex> <size>')"):format(sum_path), 0) end
+   local crc = fs.crc32(path)
+   if #text ~= tonumber(size) or crc ~= tonumber(want, 16) then
+      error(("%s: CRC32 %08x (%d bytes) does not match index.crc32 (%s, %s bytes): the index is corrupt or was "
+         .. "edited"):format(path, crc, #text, want, size), 0)
+   end
+   return text, crc
+end
+
+-- index.json of a step dir, checked against index.crc32 and to be of `format` (default: this module's
+-- single-process format). Returns the index and its CRC32 (nil when the checkpoint predates index.crc32).
 local function read_index(dir, format)
    format = format or FORMAT
    local path = fs.join(dir, "index.json")
-   if not fs.is_file(path) then error(("%s: missing"):format(path), 0) end
-   local ok, index = pcall(cjson.decode, fs.read(path))
+   local text, crc = M.index_text(dir)
+   local ok, index = pcall(cjson.decode, text)
    if not ok then error(("%s: invalid JSON: %s"):format(path, tostring(index)), 0) end
    if type(index) ~= "table" or index.format ~= format then
       local what = type(index) == "table" and index.format
@@ -242,7 +337,12 @@ local function read_index(dir, format)
    if type(index.step) ~= "number" or type(index.files) ~= "table" then
       error(("%s: missing step or files"):format(path), 0)
    end
-   return index
+   local base = dir:match("([^/]+)/*$") or ""
+   local named = tonumber(base:match("^step%-(%d+)$") or base:match("^step%-(%d+)%.old%-"))
+   if named and named ~= index.step then
+      error(("%s: says step %d but lies in the directory of step %d"):format(path, index.step, named), 0)
+   end
+   return index, crc
 end
 
 local function needs_file(dir, index, file)
@@ -299,6 +399,51 @@ function M.load(path, state)
    if not ok then error(err, 0) end
    return { step = index.step, path = dir, config = index.config and decode(index.config),
       data_position = index.data and index.data.position }
+end
+
+-- Check a step dir of either layout without loading it: index.json against index.crc32, then every file it
+-- lists (size, CRC32, header). Raises naming the first damaged file.
+local function verify(dir)
+   local ok, index = pcall(cjson.decode, (M.index_text(dir)))
+   if not ok or type(index) ~= "table" or type(index.files) ~= "table" then
+      error(("%s: not a valid checkpoint index"):format(fs.join(dir, "index.json")), 0)
+   end
+   for file, entry in pairs(index.files) do open_shard(dir, file, entry):close() end
+end
+
+-- Resume from the checkpoints dir `dir` through load(path) -> info (the strategy's loader). When the latest
+-- checkpoint is damaged, mode "auto" loads the newest intact one instead (saying so through say(text));
+-- other modes raise naming the damaged file and the newest intact checkpoint. "auto" verifies every file of
+-- the checkpoint it loads first (a sharded load reads only this rank's files), so that all ranks choose alike.
+function M.resume(dir, mode, load, say)
+   local function damage(path) -- nil when intact, else what is wrong
+      local ok, err = pcall(verify, path)
+      return not ok and tostring(err) or nil
+   end
+   local rok, latest = pcall(M.resolve, dir)
+   local why
+   if mode == "auto" then
+      why = rok and damage(latest) or (not rok and tostring(latest))
+      if not why then return load(dir) end
+   else
+      local ok, info = pcall(load, dir)
+      if ok then return info end
+      if rok and not damage(latest) then error(info, 0) end -- intact: the load failed for another reason
+      why = tostring(info)
+   end
+   local skip = rok and latest and latest:match("([^/]+)$")
+   for _, step in ipairs(M.steps(dir)) do
+      local name = ("step-%d"):format(step)
+      local path = fs.join(dir, name)
+      if name ~= skip and not damage(path) then
+         if mode ~= "auto" then
+            error(("%s\nthe newest intact checkpoint is %s: resume=auto resumes from it"):format(why, path), 0)
+         end
+         say(("resume=auto: %s\nresume=auto: resuming from the newest intact checkpoint, %s"):format(why, path))
+         return load(path)
+      end
+   end
+   error(("%s\n(no intact checkpoint to fall back on in %s)"):format(why, dir), 0)
 end
 
 -- Pieces for other checkpoint layouts (dt.train.sharded).

@@ -18,9 +18,15 @@ M.base = {
    nonfinite = "error",   -- a non-finite loss or grad norm: "error" (stop), "skip" (no optimizer step), "ignore"
    log_every = 10,        -- console progress line every N steps (0: never)
    checkpoint_every = 0,  -- save a checkpoint every N steps and at the end (0: never)
-   resume = false,        -- continue from the run dir's latest checkpoint when there is one
+   keep_last = 0,         -- keep only the newest N checkpoints, deleting older ones after each save (0: all)
+   resume = false,        -- continue from the run dir's latest checkpoint when there is one; "auto": and when
+                          -- it is damaged, from the newest intact one (true: stop, naming both)
    run_dir = "",          -- "" picks runs/<recipe>-<timestamp>
+   private = true,        -- new run dirs (and every file the run writes) readable by their owner only
 }
+
+-- Words a key takes besides values of its default's type.
+M.also = { resume = { auto = true } }
 
 local function is_list(t) return next(t) == nil or t[1] ~= nil end
 
@@ -106,13 +112,14 @@ local function coerce(key, value, default, root, current)
    end
    if type(value) == want then return value end
    if type(value) ~= "string" then bad_value(key, value, "a " .. want) end
+   if M.also[key] and M.also[key][value] then return value end
    if want == "number" then
       local n = tonumber(value)
       if n == nil then bad_value(key, value, "a number") end
       return n
    elseif want == "boolean" then
       local b = booleans[value:lower()]
-      if b == nil then bad_value(key, value, "a boolean (true/false)") end
+      if b == nil then bad_value(key, value, "a boolean (true/false)" .. (M.also[key] and " or auto" or "")) end
       return b
    end
    bad_value(key, value, "a " .. want)
@@ -156,12 +163,8 @@ local function load_file(path)
    return v
 end
 
--- The resolved config: defaults (plus config.base) with the overrides in `args` (default: the global arg).
-function M.parse(defaults, args)
-   args = args or _G.arg or {}
-   local schema = deep_copy(M.base)
-   for k, v in pairs(defaults or {}) do schema[k] = deep_copy(v) end
-   local cfg = deep_copy(schema)
+-- Walk the override words: on_file(path) for each --config file, on_word(word) for every other word.
+local function each_override(args, on_file, on_word)
    local i = 1
    while i <= #args do
       local a = args[i]
@@ -171,16 +174,37 @@ function M.parse(defaults, args)
          if file == nil then error("config: --config needs a file name", 0) end
          i = i + 1
       end
-      if file then
-         merge(cfg, load_file(file), schema, "", schema)
-      else
-         local key, value = a:match("^([%w_][%w_.]*)=(.*)$")
-         if not key then error(("config: cannot parse '%s' (expected key=value or --config FILE.lua)"):format(a), 0) end
-         set_dotted(cfg, schema, key, value)
-      end
+      if file then on_file(file) else on_word(a) end
       i = i + 1
    end
+end
+
+-- The resolved config: defaults (plus config.base) with the overrides in `args` (default: the global arg).
+function M.parse(defaults, args)
+   args = args or _G.arg or {}
+   local schema = deep_copy(M.base)
+   for k, v in pairs(defaults or {}) do schema[k] = deep_copy(v) end
+   local cfg = deep_copy(schema)
+   each_override(args, function(file) merge(cfg, load_file(file), schema, "", schema) end, function(a)
+      local key, value = a:match("^([%w_][%w_.]*)=(.*)$")
+      if not key then error(("config: cannot parse '%s' (expected key=value or --config FILE.lua)"):format(a), 0) end
+      set_dotted(cfg, schema, key, value)
+   end)
    return cfg
+end
+
+-- The value that `args` (a recipe's words) give the base key `key`, else its default: for the launcher's
+-- agent, which acts before the recipe parses its config. Other words are left to the recipe to check.
+function M.peek(args, key)
+   local value = M.base[key]
+   each_override(args, function(file)
+      local v = load_file(file)[key]
+      if v ~= nil then value = coerce(key, v, M.base[key], M.base) end
+   end, function(a)
+      local v = a:match("^" .. key .. "=(.*)$")
+      if v then value = coerce(key, v, M.base[key], M.base) end
+   end)
+   return value
 end
 
 -- Lua source for a config (sorted keys, exact numbers) that `--config` reads back to the same table.

@@ -27,6 +27,7 @@ local train = {
 -- opts: name (instead of the recipe's file name), root (instead of "runs"), quiet.
 function train.run_dir(cfg, opts)
    opts = opts or {}
+   rundir.set_private(cfg.private)
    local path = (cfg.run_dir ~= "" and cfg.run_dir) or rundir.from_launcher()
    if path then
       fs.mkdir(path)

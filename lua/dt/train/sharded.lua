@@ -4,11 +4,13 @@
 --    { name = "model.blocks.1.mlp.fc.weight", shape = { 128, 32 } (the whole tensor's), start = 0-based element,
 --      tensor = a 1-D local tensor }
 --    sharded.save(dir, { step =, store =, rank =, world =, writer =, writers = { ranks }, slices = {...},
---                        meta = { plain values (rank 0's) }, rank_meta = { JSON-able (each writer's) }, async = })
+--                        meta = { plain values (rank 0's) }, rank_meta = { JSON-able (each writer's) }, async =,
+--                        keep_last = (rank 0's: see checkpoint.prune) })
 --    local info = sharded.load(path, { { name =, shape =, start =, numel = }, ... })  -- info.tensors[i]: 1-D f32
 --
--- On disk: <dir>/step-N/{shard-<rank>.safetensors ..., index.json} and <dir>/latest, as dt.train.checkpoint
--- lays out single-process checkpoints (its temp-dir/rename/`latest` steps and CRC-checked shard reader are reused).
+-- On disk: <dir>/step-N/{shard-<rank>.safetensors ..., index.json, index.crc32} and <dir>/latest, as
+-- dt.train.checkpoint lays out single-process checkpoints (its temp-dir/rename/`latest` steps, index checksum and
+-- CRC-checked shard reader are reused).
 -- index.json: { format, version, step, world, files = { [file] = { size, crc32, rank, tensors } },
 --   tensors = { [name] = { shape, dtype, slices = { { file, start, numel }, ... } } }, ranks = { { rank, meta } },
 --   meta = typed tree }.
@@ -66,8 +68,8 @@ local function publish(s)
    for _, t in pairs(tensors) do table.sort(t.slices, function(a, b) return a.start < b.start end) end
    local index = { format = FORMAT, version = VERSION, step = s.step, world = s.world, files = files,
       tensors = tensors, ranks = ranks, meta = s.meta }
-   fs.write(fs.join(s.tmp, "index.json"), cjson.encode(index))
-   local final = checkpoint.publish(s.dir, s.tmp, s.name)
+   checkpoint.write_index(s.tmp, index)
+   local final = checkpoint.publish(s.dir, s.tmp, s.name, s.keep_last)
    s.store:set(s.key .. "/done", final)
    s.store:delete(s.key .. "/tmp")
    s.store:delete(s.key .. "/posted")
@@ -105,7 +107,7 @@ function M.save(dir, state)
    seq = seq + 1
    local store, rank = state.store, state.rank
    local s = { dir = dir, key = ("dt.ckpt/%s/%d"):format(dir, seq), store = store, rank = rank, step = state.step,
-      world = state.world, writers = state.writers, async = state.async }
+      world = state.world, writers = state.writers, async = state.async, keep_last = state.keep_last }
    if rank == 0 then
       s.tmp, s.name = checkpoint.begin(dir, state.step, ("%d-%d"):format(fs.pid(), seq))
       s.meta = checkpoint.encode(state.meta or {}, { "meta" })
@@ -139,17 +141,18 @@ function M.save(dir, state)
    if not state.async then return M.wait() end
 end
 
--- The step dir and index of a sharded checkpoint (path: step dir, checkpoints dir or run dir).
+-- The step dir and index of a sharded checkpoint (path: step dir, checkpoints dir or run dir), and the index's
+-- CRC32 (nil when it predates index.crc32).
 function M.open_index(path)
    local dir = checkpoint.resolve(path)
    if not dir then
       error(("no checkpoint in %s (looked for index.json, latest and checkpoints/latest)"):format(path), 0)
    end
-   local index = checkpoint.read_index(dir, FORMAT)
+   local index, crc = checkpoint.read_index(dir, FORMAT)
    if type(index.tensors) ~= "table" or type(index.files) ~= "table" then
       error(("%s: index.json lacks tensors or files"):format(dir), 0)
    end
-   return dir, index
+   return dir, index, crc
 end
 
 -- The slices of tensor `name` must cover its elements exactly once, in files the index lists.

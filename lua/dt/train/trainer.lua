@@ -94,7 +94,7 @@ function Trainer:checkpoint_dir() return fs.join(self.run_dir, "checkpoints") en
 function Trainer:save_checkpoint()
    if self.strategy.save_checkpoint then return self:hook("save_checkpoint") end
    return checkpoint.save(self:checkpoint_dir(), { model = self.model, optimizer = self.optimizer, step = self.step,
-      data = self.data, rng = self.rng, config = self.config })
+      data = self.data, rng = self.rng, config = self.config, keep_last = self.config.keep_last })
 end
 
 -- Restore model, optimizer, data position, RNG and step from a checkpoint (path: step, checkpoints or run dir).
@@ -224,7 +224,8 @@ function Trainer:run()
    -- A group restarted by the launcher (--max-restarts) resumes from the run dir's latest checkpoint.
    local restarted = (tonumber(os.getenv("DT_RESTART_COUNT")) or 0) > 0
    if (cfg.resume or restarted) and self.run_dir and checkpoint.resolve(self:checkpoint_dir()) then
-      local info = self:load_checkpoint(self.run_dir)
+      local info = checkpoint.resume(self:checkpoint_dir(), cfg.resume, function(p) return self:load_checkpoint(p) end,
+         self.print)
       self.print(("resumed from %s at step %d"):format(info.path, info.step))
    end
    -- One writer per job: under the launcher only rank 0 logs metrics and saves replicated checkpoints;
