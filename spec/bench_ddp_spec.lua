@@ -22,7 +22,7 @@ describe("dtrun bench ddp", function()
    end)
 
    it("stops with the recipe's own error when a recipe run fails (not a missing metrics file)", function()
-      local common = require "dt.bench.common"
+      local common = require "dtrun.bench.common"
       local ok, err = pcall(common.run_recipe, "recipes/ddp.lua", 1, "steps=1 no_such_key=1", "ddp")
       assert.is_false(ok)
       assert.truthy(err:find("bench ddp: recipes/ddp.lua on 1 rank(s) failed:", 1, true), err)

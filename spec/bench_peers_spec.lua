@@ -1,6 +1,6 @@
 -- spec/bench_peers_spec.lua: the benchmarks run their PyTorch peer in every configuration and keep the best (stand-in
 -- peers in DT_BENCH_PEER_DIR whose rate depends on the configuration: no torch, no timing).
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 local helpers = require "spec.dist_helpers"
 
 -- A stand-in peer: python that prints `line` with RATE replaced by rate(args, env) written in python.

@@ -6,7 +6,7 @@ local dt = require "dt"
 local optim = require "dt.optim"
 local testing = require "dt.testing"
 local train = require "dt.train"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local tmpdir, errmsg = helpers.tmpdir, helpers.errmsg
 

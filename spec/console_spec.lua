@@ -1,7 +1,7 @@
 -- spec/console_spec.lua: what a user sees on the console: lines arrive as printed, in order with stderr; errors name
 -- the user's line.
 local dh = require "spec.dist_helpers"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 
 describe("console output", function()

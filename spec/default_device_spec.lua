@@ -1,7 +1,7 @@
 -- spec/default_device_spec.lua: DT_DEVICE picks the default device of a process (cuda = cuda:LOCAL_RANK), a bad one
 -- is an error naming it, and `dtrun test` exits 77 (ctest: skipped) when it asks for a cuda device there is none of.
 local dt = require "dt"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
 

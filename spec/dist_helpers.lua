@@ -89,7 +89,7 @@ function M.shm_entries(word)
    return found
 end
 
-M.free_port = require("dt.bench.common").free_port
+M.free_port = require("dtrun.bench.common").free_port
 
 M.errmsg = require("dt.testing").errmsg
 

@@ -214,7 +214,7 @@ describe("fsdp in one process", function()
 end)
 
 describe("recipes/fsdp.lua", function()
-   local fs = require "dt.train.fs"
+   local fs = require "dt.fs"
 
    it("trains on 2 ranks, saves sharded checkpoints from every rank and resumes from them", function()
       local dir = require("spec.train_helpers").tmpdir()

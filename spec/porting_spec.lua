@@ -3,7 +3,7 @@
 local dt = require "dt"
 local nn = require "dt.nn"
 local train = require "dt.train"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local testing = require "dt.testing"
 

@@ -2,7 +2,7 @@
 -- errors.
 local cjson = require "cjson"
 local dt = require "dt"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local tmpdir = helpers.tmpdir
 

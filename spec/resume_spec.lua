@@ -1,5 +1,5 @@
 -- spec/resume_spec.lua: keep_last retention and resume=true|auto over a damaged latest checkpoint, through dtrun.
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.dist_helpers"
 
 describe("resume", function()

@@ -2,8 +2,8 @@
 local cjson = require "cjson"
 local dt = require "dt"
 local train = require "dt.train"
-local fs = require "dt.train.fs"
-local sharded = require "dt.train.sharded"
+local fs = require "dt.fs"
+local sharded = require "dt.ckpt.sharded"
 local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir

@@ -2,7 +2,7 @@
 -- directories.
 local train = require "dt.train"
 local config = require "dt.train.config"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local tmpdir, errmsg = helpers.tmpdir, helpers.errmsg
 

@@ -3,7 +3,7 @@
 local ffi = require "ffi"
 local train = require "dt.train"
 local data = require "dt.train.data"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local tmpdir, errmsg = helpers.tmpdir, helpers.errmsg
 

@@ -1,5 +1,5 @@
 -- spec/train_helpers.lua: helpers shared by the trainer-area specs: temp directories and caught error messages.
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 
 local M = {}
 

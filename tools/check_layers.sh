@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tools/check_layers.sh [root]: fails, naming file and line, where the C op layer calls up or sideways (backend.h).
+# tools/check_layers.sh [root]: fails, naming file and line, where the C op layer calls up or sideways (backend.h), or
+# where Lua library code requires the CLI's or the trainer's modules from below.
 # Neutral files name no backend, the dispatcher only through the tables; cpu/ and cuda/ never include each other's
 # headers or the dispatcher's; the public headers (the FFI cdef) declare no backend op.
 set -uo pipefail
@@ -42,5 +43,20 @@ rule "cuda/ includes the CPU backend's or the dispatcher's headers" \
 rule "cuda/ names the CPU backend" '\bdt_cpu_[a-z_0-9]+' cuda/*.c cuda/*.h
 rule "public headers (the FFI cdef) declare backend ops" \
   '\bdt_(cpu_[a-z_0-9]+|cuda_(op|nn|optim|random)_[a-z_0-9]+|cuda_(tensor_)?(copy|fill))\b' include/*.h
+
+# The Lua side: the library (lua/dt) never requires the command line's code (lua/dtrun: CLI, benchmarks), and what
+# lies below the trainer (strategies, modules, optimizers, the checkpoint format) never requires dt.train.
+lua_rule() {
+  local what="$1" pattern="$2" hits
+  shift 2
+  hits=$(grep -nE -- "$pattern" "$@" | grep -vE '^[^:]+:[0-9]+: *--')
+  if [ -n "$hits" ]; then
+    printf 'layering: %s:\n%s\n' "$what" "$hits"
+    status=1
+  fi
+}
+lua_rule "lua/dt requires the command line's modules (dtrun.*)" 'require[ (]*"dtrun[."]' $(find ../lua/dt -name '*.lua')
+lua_rule "strategies, modules, optimizers or the checkpoint format require dt.train" 'require[ (]*"dt\.train[."]' \
+  $(find ../lua/dt/parallel ../lua/dt/nn ../lua/dt/optim ../lua/dt/ckpt -name '*.lua')
 [ $status -eq 0 ] && echo "layering: ok"
 exit $status

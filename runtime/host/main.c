@@ -1,4 +1,4 @@
-/* main.c: the dtrun executable: a LuaJIT host that finds lua/ and hands argv to dt.cli. */
+/* main.c: the dtrun executable: a LuaJIT host that finds lua/ and hands argv to dtrun.cli. */
 #define _GNU_SOURCE
 #include <lauxlib.h>
 #include <limits.h>
@@ -26,7 +26,7 @@ static void lua_roots(char *buf, size_t n) {
     char *slash = strrchr(exe, '/');
     if (slash) *slash = 0;
     char probe[PATH_MAX + 64];
-    snprintf(probe, sizeof probe, "%s/../share/dtrun/lua/dt/cli.lua", exe);
+    snprintf(probe, sizeof probe, "%s/../share/dtrun/lua/dtrun/cli.lua", exe);
     if (file_exists(probe)) {
       snprintf(buf, n, "%s/../share/dtrun/lua", exe);
       return;
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
 
   lua_pushcfunction(L, traceback);
   lua_getglobal(L, "require");
-  lua_pushstring(L, "dt.cli");
+  lua_pushstring(L, "dtrun.cli");
   int status = lua_pcall(L, 1, 1, 1);
   if (status == 0) {
     lua_getfield(L, -1, "main");

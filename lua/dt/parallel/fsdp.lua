@@ -44,8 +44,8 @@ local meshmod = require "dt.mesh"
 local device = require "dt.device"
 local flat = require "dt.parallel.flat"
 local offload = require "dt.parallel.offload"
-local sharded = require "dt.train.sharded"
-local metrics = require "dt.train.metrics"
+local sharded = require "dt.ckpt.sharded"
+local memory = require "dt.memory"
 
 local M = {}
 local FSDP = {}
@@ -428,7 +428,7 @@ end
 -- Report every rank's memory by pool (result.metrics.memory_ranks) and throughput over every rank; land finished
 -- async checkpoint writes.
 function FSDP:end_step(_, result)
-   result.metrics.memory_ranks = metrics.memory_ranks(self.world.comm, result.memory)
+   result.metrics.memory_ranks = memory.ranks(self.world.comm, result.memory)
    local n = self.comm.size * (self.rep and self.rep.size or 1)
    result.samples_per_second = result.samples_per_second * n
    result.tokens_per_second = result.tokens_per_second * n

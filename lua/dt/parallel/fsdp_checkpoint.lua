@@ -5,7 +5,7 @@
 -- ranks at coordinate 0 of the replicate axes write). Rank 0's index also keeps the data position, RNG
 -- state, config and the optimizer's lr and step count; each writer's entry the optimizer step of its slices.
 local Tensor = require "dt.tensor"
-local sharded = require "dt.train.sharded"
+local sharded = require "dt.ckpt.sharded"
 
 -- Sorted names of the tensors in one optimizer state table.
 local function tensor_keys(st)

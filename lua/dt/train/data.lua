@@ -10,7 +10,7 @@
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 
 local C, check = dtffi.C, dtffi.check
 local M = {}

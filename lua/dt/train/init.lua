@@ -6,7 +6,7 @@
 --    train.Trainer { model = m, optimizer = opt, data = data, config = cfg, run_dir = dir }:run()
 local config = require "dt.train.config"
 local data = require "dt.train.data"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local rundir = require "dt.rundir"
 
 local train = {
@@ -14,8 +14,8 @@ local train = {
    text = data.text,
    tokens = data.tokens,
    jsonl = require("dt.train.jsonl").read,
-   checkpoint = require "dt.train.checkpoint",
-   safetensors = require "dt.train.safetensors",
+   checkpoint = require "dt.ckpt.checkpoint",
+   safetensors = require "dt.ckpt.safetensors",
    Trainer = require "dt.train.trainer",
    DistributedSampler = require("dt.train.sampler").new,
 }

@@ -3,7 +3,7 @@
 --    for obj, line in jsonl.read("prompts.jsonl.gz") do ... end   -- malformed lines raise "file:line: ..."
 --    local log = jsonl.open("metrics.jsonl"); log:write({ step = 1, loss = 2.5 }); log:close()
 local cjson = require "cjson"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 
 local M = {}
 

@@ -1,5 +1,5 @@
 -- dt/train/metrics.lua: step results as metrics.jsonl records and as the console progress line.
-local dt = require "dt"
+local memory = require "dt.memory"
 
 local M = {}
 
@@ -14,44 +14,12 @@ function M.duration(s)
    return ("%dh%02dm"):format(math.floor(s / 3600), math.floor(s % 3600 / 60))
 end
 
-local POOLS = { "device", "pinned", "host" }
-
--- { device = { live =, peak = }, pinned = ..., host = ... } in bytes from dt.memory_stats().
-local function by_pool(memory)
-   local out = {}
-   for _, pool in ipairs(POOLS) do out[pool] = { live = memory[pool].live, peak = memory[pool].peak } end
-   return out
-end
-
--- Every rank's live and peak bytes by pool, { [1] = rank 0's by_pool table, ... } on every rank of comm
--- (collective: one all_gather of 6 numbers per rank, in host memory).
-function M.memory_ranks(comm, memory)
-   local mine = dt.empty({ 2 * #POOLS }, { dtype = "f64", device = "cpu" })
-   for i, pool in ipairs(POOLS) do
-      mine:set(2 * i - 1, memory[pool].live)
-      mine:set(2 * i, memory[pool].peak)
-   end
-   local all = comm:all_gather(mine)
-   local out = {}
-   for r = 1, comm.size do
-      local rec = {}
-      for i, pool in ipairs(POOLS) do
-         local at = (r - 1) * 2 * #POOLS + 2 * i
-         rec[pool] = { live = all:get(at - 1), peak = all:get(at) }
-      end
-      out[r] = rec
-   end
-   mine:free()
-   all:free()
-   return out
-end
-
 -- One JSON record: the scalar fields of a step result, memory (bytes by pool: device, pinned, host; host also in
 -- MiB), then result.metrics merged in (strategies add memory_ranks: every rank's bytes by pool).
 function M.record(r)
    local rec = { step = r.step, loss = r.loss, lr = r.lr, grad_norm = r.grad_norm, step_seconds = r.step_seconds,
       samples_per_second = r.samples_per_second, tokens_per_second = r.tokens_per_second,
-      live_mib = r.memory.host.live / MIB, peak_mib = r.memory.host.peak / MIB, memory = by_pool(r.memory) }
+      live_mib = r.memory.host.live / MIB, peak_mib = r.memory.host.peak / MIB, memory = memory.by_pool(r.memory) }
    for k, v in pairs(r.metrics) do
       if rec[k] == nil then rec[k] = v end
    end

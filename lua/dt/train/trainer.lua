@@ -36,10 +36,10 @@
 local dt = require "dt"
 local optim = require "dt.optim"
 local config = require "dt.train.config"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
-local checkpoint = require "dt.train.checkpoint"
+local checkpoint = require "dt.ckpt.checkpoint"
 local dtffi = require "dt.ffi"
 
 local SIGTERM = 15

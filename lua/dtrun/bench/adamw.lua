@@ -1,4 +1,4 @@
--- dt/bench/adamw.lua: `dtrun bench adamw`: fused CPU AdamW params/s vs PyTorch and vs a memory roofline measured here.
+-- dtrun/bench/adamw.lua: `dtrun bench adamw`: fused CPU AdamW params/s vs PyTorch and vs a memory roofline (measured)
 --
 -- AdamW reads p, g, m, v and writes p, m, v: 28 bytes per parameter (22 with dtype=bf16 params and grads, f32
 -- state), so its ceiling is bandwidth / 28 (or / 22). The
@@ -6,7 +6,7 @@
 -- cores, exactly AdamW's 28 bytes per element and no arithmetic. Rounds interleave the optimizer and the
 -- probe so that both see the same load on a shared machine; each rate is the best over the rounds.
 local dt = require "dt"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local C, check = dt.C, dt.check
 local M = {}

@@ -1,5 +1,5 @@
--- dt/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives per size,
--- vs PyTorch/gloo all_reduce.
+-- dtrun/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives
+-- per size, vs PyTorch/gloo all_reduce.
 --
 -- The agent runs main() on every rank; rank 0 prints the table and leaves the headline numbers in
 -- <run dir>/bench_collectives.txt. Then after_launch() (in the agent, once the ranks are gone, so the
@@ -15,7 +15,7 @@
 local ffi = require "ffi"
 local dt = require "dt"
 local dist = require "dt.dist"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local M = {}
 

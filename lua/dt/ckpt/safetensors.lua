@@ -1,4 +1,4 @@
--- dt/train/safetensors.lua: safetensors: CRC32'd writes (inline or on a background thread), checked mmap reads.
+-- dt/ckpt/safetensors.lua: safetensors: CRC32'd writes (inline or on a background thread), checked mmap reads.
 --
 -- Layout (https://huggingface.co/docs/safetensors): 8-byte little-endian header size N, N bytes of JSON
 -- {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}} padded

@@ -1,4 +1,4 @@
--- dt/bench/memory.lua: `dtrun bench memory`: per-rank peak memory by pool of DDP, FSDP and ZeRO-3 offload training.
+-- dtrun/bench/memory.lua: `dtrun bench memory`: per-rank peak memory by pool of DDP, FSDP and ZeRO-3 offload training.
 --
 -- Runs recipes/ddp.lua, recipes/fsdp.lua and recipes/zero3_offload.lua for a few steps at 1, 2 and 4 ranks on the
 -- same device, on a model whose state (parameters, gradients, AdamW moments: 16 bytes per parameter) outweighs its
@@ -17,7 +17,7 @@
 -- (16 bytes per parameter / N), the least a rank can hold while it keeps its share of the parameters, gradients and
 -- AdamW moments in the measured pool (ZeRO-3 offload moves them to the host, so its device peak is not held to it).
 local dt = require "dt"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local M = {}
 local MIB = 2 ^ 20

@@ -1,8 +1,8 @@
--- dt/ckpt_cli.lua: `dtrun ckpt inspect|consolidate`: list and verify a checkpoint, or write its weights to one file.
+-- dtrun/ckpt.lua: `dtrun ckpt inspect|consolidate`: list and verify a checkpoint, or write its weights to one file.
 local cjson = require "cjson"
-local checkpoint = require "dt.train.checkpoint"
-local sharded = require "dt.train.sharded"
-local safetensors = require "dt.train.safetensors"
+local checkpoint = require "dt.ckpt.checkpoint"
+local sharded = require "dt.ckpt.sharded"
+local safetensors = require "dt.ckpt.safetensors"
 
 local M = {}
 

@@ -1,4 +1,4 @@
--- dt/bench/kernels.lua: `dtrun bench kernels`: each CUDA kernel family's GB/s or TFLOP/s against the device's peak.
+-- dtrun/bench/kernels.lua: `dtrun bench kernels`: each CUDA kernel family's GB/s or TFLOP/s against the device's peak.
 --
 -- Memory-bound kernels are scored by the bytes they must move (each input read once, each output written once) per
 -- second, against the peak DRAM bandwidth from the device's memory clock and bus width (2 transfers per clock).
@@ -8,7 +8,7 @@
 -- others 256). Times are host wall clock over `iters` launches between two device synchronisations, best of `rounds`.
 -- On the emulation (kernels on CPU fibers) the figures mean nothing: sizes shrink and it only checks that it runs.
 local dt = require "dt"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local C, check = dt.C, dt.check
 local M = {}

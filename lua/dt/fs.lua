@@ -1,4 +1,4 @@
--- dt/train/fs.lua: Lua face of dt_io.h: whole-file reads (gzip-aware), durable and atomic writes, directories, CRC32.
+-- dt/fs.lua: Lua face of dt_io.h: whole-file reads (gzip-aware), durable and atomic writes, directories, CRC32.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 

@@ -1,4 +1,4 @@
--- dt/train/sharded.lua: sharded checkpoints: per-rank slices of named tensors, an index, async saves, any-layout loads.
+-- dt/ckpt/sharded.lua: sharded checkpoints: per-rank slices of named tensors, an index, async saves, any-layout loads.
 --
 -- A slice is a contiguous run of a named tensor's row-major elements held by one rank:
 --    { name = "model.blocks.1.mlp.fc.weight", shape = { 128, 32 } (the whole tensor's), start = 0-based element,
@@ -9,7 +9,7 @@
 --    local info = sharded.load(path, { { name =, shape =, start =, numel = }, ... })  -- info.tensors[i]: 1-D f32
 --
 -- On disk: <dir>/step-N/{shard-<rank>.safetensors ..., index.json, index.crc32} and <dir>/latest, as
--- dt.train.checkpoint lays out single-process checkpoints (its temp-dir/rename/`latest` steps, index checksum and
+-- dt.ckpt.checkpoint lays out single-process checkpoints (its temp-dir/rename/`latest` steps, index checksum and
 -- CRC-checked shard reader are reused).
 -- index.json: { format, version, step, world, files = { [file] = { size, crc32, rank, tensors } },
 --   tensors = { [name] = { shape, dtype, slices = { { file, start, numel }, ... } } }, ranks = { { rank, meta } },
@@ -24,9 +24,9 @@
 -- finishes the save in flight (before the next save, and at the end of a run).
 local cjson = require "cjson"
 local Tensor = require "dt.tensor"
-local fs = require "dt.train.fs"
-local safetensors = require "dt.train.safetensors"
-local checkpoint = require "dt.train.checkpoint"
+local fs = require "dt.fs"
+local safetensors = require "dt.ckpt.safetensors"
+local checkpoint = require "dt.ckpt.checkpoint"
 
 local M = {}
 local FORMAT, VERSION = "dtrun-sharded-checkpoint", 1

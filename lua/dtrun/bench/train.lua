@@ -1,9 +1,9 @@
--- dt/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch at its best configuration, and
+-- dtrun/bench/train.lua: `dtrun bench train`: ref-gpt training tokens/s vs PyTorch at its best configuration, and
 -- GFLOP/s vs the measured sgemm rate (roofline_fraction).
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local M = {}
 

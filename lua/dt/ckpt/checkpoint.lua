@@ -1,4 +1,4 @@
--- dt/train/checkpoint.lua: single-process checkpoints: safetensors shards plus a CRC-checked index, saved atomically.
+-- dt/ckpt/checkpoint.lua: single-process checkpoints: safetensors shards plus a CRC-checked index, saved atomically.
 --
 --    checkpoint.save("runs/x/checkpoints",
 --       { model = m, optimizer = opt, step = 100, data = d, rng = gen, config = cfg })
@@ -17,8 +17,8 @@
 local ffi = require "ffi"
 local cjson = require "cjson"
 local Tensor = require "dt.tensor"
-local fs = require "dt.train.fs"
-local safetensors = require "dt.train.safetensors"
+local fs = require "dt.fs"
+local safetensors = require "dt.ckpt.safetensors"
 
 local M = {}
 local FORMAT, VERSION = "dtrun-checkpoint", 1
@@ -446,6 +446,6 @@ function M.resume(dir, mode, load, say)
    error(("%s\n(no intact checkpoint to fall back on in %s)"):format(why, dir), 0)
 end
 
--- Pieces for other checkpoint layouts (dt.train.sharded).
+-- Pieces for other checkpoint layouts (dt.ckpt.sharded).
 M.encode, M.decode, M.open_shard, M.read_index, M.tensor_list = encode, decode, open_shard, read_index, tensor_list
 return M

@@ -1,4 +1,4 @@
--- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
+-- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
 local M = {}
 
 local usage = [[
@@ -56,9 +56,9 @@ function commands.bench(args)
       io.stderr:write("dtrun bench: name a benchmark, e.g. `dtrun bench train`\n")
       return 2
    end
-   local ok, mod = pcall(require, "dt.bench." .. name)
+   local ok, mod = pcall(require, "dtrun.bench." .. name)
    if not ok then
-      if tostring(mod):find("module 'dt.bench." .. name .. "' not found", 1, true) then
+      if tostring(mod):find("module 'dtrun.bench." .. name .. "' not found", 1, true) then
          io.stderr:write(("dtrun bench: unknown benchmark '%s'\n"):format(name))
          return 2
       end
@@ -80,7 +80,7 @@ function commands.bench(args)
    return mod.main(bargs) or 0
 end
 
-function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) end
+function commands.ckpt(args) return require("dtrun.ckpt").main(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
@@ -122,12 +122,15 @@ local function library_prefixes()
    local out = {}
    for entry in package.path:gmatch("[^;]+") do
       local root = entry:match("^(.*)%?%.lua$")
-      if root then out[#out + 1] = "@" .. root .. "dt/" end
+      if root then
+         out[#out + 1] = "@" .. root .. "dt/"
+         out[#out + 1] = "@" .. root .. "dtrun/"
+      end
    end
    return out
 end
 
--- xpcall handler for a recipe: an error raised in library code (dt/...) reports the innermost frame outside the
+-- xpcall handler for a recipe: an error raised in library code (dt/, dtrun/) reports the innermost frame outside the
 -- library, the user's line that made the call, in place of the position the library gave (any frame's: error levels
 -- miscount through metamethods and tail calls) or where the message has none. DT_TRACEBACK=1 skips this handler: the
 -- host prints the message and the whole stack.

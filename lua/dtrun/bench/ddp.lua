@@ -1,4 +1,4 @@
--- dt/bench/ddp.lua: `dtrun bench ddp`: tokens/s of recipes/ddp.lua on 1 rank and on N ranks of this machine, the
+-- dtrun/bench/ddp.lua: `dtrun bench ddp`: tokens/s of recipes/ddp.lua on 1 rank and on N ranks of this machine, the
 -- scaling efficiency, and the N-rank rate against the sgemm-bound limit (roofline_fraction).
 --
 -- Both runs use every core (1 rank x all threads, N ranks x cores/N threads), so on one machine the
@@ -6,7 +6,7 @@
 -- one `bench train` uses: the model's matmul FLOPs per token at the sgemm rate measured here on all cores,
 -- whatever the split into ranks. There is no peer here; the line's ratio= is the efficiency.
 local dt = require "dt"
-local common = require "dt.bench.common"
+local common = require "dtrun.bench.common"
 
 local M = {}
 

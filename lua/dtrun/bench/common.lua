@@ -1,4 +1,4 @@
--- dt/bench/common.lua: shared benchmark plumbing: option parsing, medians, peer scripts, the final `bench` line.
+-- dtrun/bench/common.lua: shared benchmark plumbing: option parsing, medians, peer scripts, the final `bench` line.
 local M = {}
 
 -- Parse `--key value` / `--key=value` / `key=value` words into a table over `defaults` (numbers coerced).
@@ -83,7 +83,7 @@ local function peer_dir()
    local dir = os.getenv("DT_BENCH_PEER_DIR")
    if dir and dir ~= "" then return dir end
    local src = debug.getinfo(1, "S").source:sub(2)
-   local root = src:match("^(.*)/lua/dt/bench/common%.lua$")
+   local root = src:match("^(.*)/lua/dtrun/bench/common%.lua$")
    return root and (root .. "/tools/bench") or "tools/bench"
 end
 
