@@ -6,6 +6,7 @@ describe("resume", function()
    it("keep_last prunes old checkpoints; resume=true stops at a damaged latest, resume=auto takes the newest intact",
       function()
          local dir = "runs/restart-spec-keep"
+         finally(function() helpers.remove_run(dir) end)
          local args = "spec/fixtures/restart_recipe.lua --nproc 1 checkpoint_every=2 run_dir=" .. dir
          local function dtrun(more) -- the agent keeps its logs in a run dir of its own
             local r = helpers.dtrun(args .. more)
@@ -26,6 +27,15 @@ describe("resume", function()
          assert.equal(0, r.code, r.out)
          assert.truthy(r.out:find("resume=auto: resuming from the newest intact checkpoint, [^\n]*step%-4"), r.out)
          assert.truthy(r.out:find("resumed from [^\n]*step%-4 at step 4"), r.out)
-         helpers.remove_run(dir)
+         -- `latest` naming a step directory that is gone (and no old copy of it): the same choice
+         assert.equal("latest\nstep-4\nstep-6\nstep-8\n", helpers.sh("ls " .. ckpts)) -- keep_last was for that run
+         helpers.sh("rm -r " .. ckpts .. "/step-8")
+         r = dtrun(" steps=10 resume=true")
+         assert.are_not.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("'latest' names step-8, which is missing", 1, true), r.out)
+         assert.truthy(r.out:find("the newest intact checkpoint is [^\n]*step%-6: resume=auto resumes from it"), r.out)
+         r = dtrun(" steps=10 resume=auto")
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("resumed from [^\n]*step%-6 at step 6"), r.out)
    end)
 end)

@@ -223,7 +223,9 @@ function Trainer:run()
    local cfg = self.config
    -- A group restarted by the launcher (--max-restarts) resumes from the run dir's latest checkpoint.
    local restarted = (tonumber(os.getenv("DT_RESTART_COUNT")) or 0) > 0
-   if (cfg.resume or restarted) and self.run_dir and checkpoint.resolve(self:checkpoint_dir()) then
+   -- resolve raises where `latest` names a missing step: checkpoint.resume then reports it or falls back
+   local intact, latest = pcall(checkpoint.resolve, self.run_dir and self:checkpoint_dir())
+   if (cfg.resume or restarted) and self.run_dir and (latest or not intact) then
       local info = checkpoint.resume(self:checkpoint_dir(), cfg.resume, function(p) return self:load_checkpoint(p) end,
          self.print)
       self.print(("resumed from %s at step %d"):format(info.path, info.step))
