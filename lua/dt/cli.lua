@@ -1,4 +1,4 @@
--- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
+-- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info and attach subcommands.
 local M = {}
 
 local usage = [[
@@ -13,6 +13,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
                                                                adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
+       dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
        dtrun --help | --version]]
 
 local function rest(args, from)
@@ -78,6 +79,8 @@ function commands.bench(args)
 end
 
 function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) end
+
+function commands.attach(args) return require("dt.repl.attach").main(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }

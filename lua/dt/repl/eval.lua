@@ -1,0 +1,157 @@
+-- dt/repl/eval.lua: evaluates one REPL request on a rank: the chunk's environment, its time limit, printing results,
+-- and refusing a change to job-wide settings made on only some ranks.
+--
+-- Request (after the control socket's framing): "e <targeted ranks, comma-separated>\n<chunk>", or "w" (where).
+-- Reply: "o" .. text (done) or "e" .. text (failed: a syntax error, an error with its traceback, a time-out, a
+-- refused change).
+local dt = require "dt"
+local show = require "dt.repl.show"
+
+local M = {}
+
+local function rank() return tonumber(os.getenv("RANK")) or 0 end
+local function world_size() return tonumber(os.getenv("WORLD_SIZE")) or 1 end
+
+-- The names a chunk sees besides the globals; ctx = { trainer =, exposed = { name = value }, limits = { timeout = } }.
+local function lookup(ctx, name)
+   local v = ctx.exposed[name]
+   if v ~= nil then return v end
+   local t = ctx.trainer
+   if name == "trainer" then return t end
+   if name == "model" then return t and t.model end
+   if name == "optimizer" then return t and t.optimizer end
+   if name == "world" then return t and t.strategy.world end -- FSDP's; other recipes expose theirs
+   if name == "rank" then return rank() end
+   if name == "dt" then return dt end
+   return _G[name]
+end
+
+-- One environment per rank for the whole run: a global a chunk sets is there for the next chunk (any client's).
+local env, current_print
+local function environment(ctx)
+   if not env then
+      env = setmetatable({}, { __index = function(_, name)
+         if name == "print" then return current_print end
+         return lookup(ctx, name)
+      end })
+   end
+   return env
+end
+
+-- The settings every rank must agree on (under DDP/FSDP a learning rate on one rank alone would let the replicas
+-- drift apart): the optimizer's lr and per-group hyper-parameters, and the trainer's config values.
+local function global_settings(ctx)
+   local out, t = {}, ctx.trainer
+   local function add(name, tbl)
+      for k, v in pairs(tbl) do
+         if type(v) == "number" or type(v) == "boolean" or type(v) == "string" then
+            out[#out + 1] = { name = name .. "." .. tostring(k), tbl = tbl, key = k, value = v }
+         end
+      end
+   end
+   if not t then return out end
+   local opt = t.optimizer
+   if opt then
+      out[#out + 1] = { name = "optimizer.lr", tbl = opt, key = "lr", value = opt.lr }
+      for i, g in ipairs(opt.param_groups or {}) do add(("optimizer.param_groups[%d]"):format(i), g) end
+   end
+   add("trainer.config", t.config or {})
+   return out
+end
+
+-- Undo the changes to settings of `before`; returns the names of those that had changed.
+local function revert_changes(before)
+   local changed = {}
+   for _, s in ipairs(before) do
+      if s.tbl[s.key] ~= s.value then
+         changed[#changed + 1] = s.name
+         s.tbl[s.key] = s.value
+      end
+   end
+   return changed
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- Run fn (a chunk) with a deadline: a count hook raises an error once it has passed. The chunk and the functions it
+-- defines run interpreted (jit.off), where the hook fires; library code it calls runs as usual.
+local function run_limited(fn, seconds)
+   jit.off(fn, true)
+   local deadline = dt.time() + seconds
+   debug.sethook(function()
+      if dt.time() > deadline then
+         error(("interrupted: the chunk ran longer than %g s (DT_REPL_TIMEOUT=S, or dt.repl.timeout on the rank, "
+            .. "sets the limit)"):format(seconds), 2)
+      end
+   end, "", 1000)
+   local res = pack(xpcall(fn, debug.traceback))
+   debug.sethook()
+   return res
+end
+
+-- The traceback without the frames of this file and below (the REPL's own).
+local function trim_traceback(msg)
+   local keep = {}
+   for line in tostring(msg):gmatch("[^\n]+") do
+      if line:find("dt/repl/eval.lua", 1, true) or line:find("^%s*%[C%]: in function 'xpcall'") then break end
+      keep[#keep + 1] = line
+   end
+   return table.concat(keep, "\n")
+end
+
+local function compile(src)
+   local fn = loadstring("return " .. src, "=repl")
+   if fn then return fn end
+   return loadstring(src, "=repl")
+end
+
+-- Evaluate `src` for the ranks `targets` (a list); returns the reply ("o"/"e" .. text).
+local function evaluate(ctx, src, targets)
+   local fn, err = compile(src)
+   if not fn then return "e" .. err end
+   local out = {}
+   current_print = function(...)
+      local parts = {}
+      for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
+      out[#out + 1] = table.concat(parts, "\t")
+   end
+   setfenv(fn, environment(ctx))
+   local before = global_settings(ctx)
+   local res = run_limited(fn, ctx.limits.timeout)
+   if not res[1] then
+      out[#out + 1] = trim_traceback(res[2])
+      return "e" .. table.concat(out, "\n")
+   end
+   if #targets < world_size() then
+      local changed = revert_changes(before)
+      if #changed > 0 then
+         out[#out + 1] = ("refused: %s changed on %d of %d ranks; every rank must agree on it (data-parallel "
+            .. "replicas would drift apart), so the change was undone: attach with --all to change it everywhere")
+            :format(table.concat(changed, ", "), #targets, world_size())
+         return "e" .. table.concat(out, "\n")
+      end
+   end
+   local vals = {}
+   for i = 2, res.n do vals[#vals + 1] = show.value(res[i]) end
+   if #vals > 0 then out[#out + 1] = table.concat(vals, "\t") end
+   return "o" .. table.concat(out, "\n")
+end
+
+-- Where this rank is: its step (a rank answers at a safe point, so between steps).
+local function where(ctx)
+   local t = ctx.trainer
+   if not t then return "o" .. "at a safe point outside a trainer (dt.repl.safe_point)" end
+   return ("ostep %d of %d, between steps"):format(t.step, t.config.steps)
+end
+
+-- The reply to one request.
+function M.handle(ctx, req)
+   if req == "w" then return where(ctx) end
+   local ranks, src = req:match("^e ([%d,]*)\n(.*)$")
+   if not ranks then return "emalformed request (expected \"e RANKS\\nCHUNK\" or \"w\")" end
+   local targets = {}
+   for r in ranks:gmatch("%d+") do targets[#targets + 1] = tonumber(r) end
+   return evaluate(ctx, src, targets)
+end
+
+return M

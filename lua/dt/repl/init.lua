@@ -1,0 +1,71 @@
+-- dt/repl/init.lua: the live REPL's worker side: each rank's control socket, served only at safe points.
+--
+--    dt.repl.expose("data", data)   -- chunks see `data` (besides trainer, model, optimizer, world, rank)
+--    dt.repl.safe_point()           -- a recipe's own safe point (the Trainer has one after every step)
+--
+-- A rank listens on <run dir>/control/rank<RANK>.sock (dir 0700, socket 0600, peers checked to run as this uid) from
+-- its first safe point on, when it has a run dir (the launcher's DT_RUN_DIR, else the trainer's run_dir) and
+-- DT_REPL is not "0". A C thread receives requests; this Lua state evaluates them only here, between steps, so a
+-- chunk never runs inside a forward, a backward or a collective. With nothing pending a safe point costs one atomic
+-- read. See dt/repl/eval.lua for what a chunk sees, and `dtrun attach` (dt/repl/attach.lua) for the client.
+local ffi = require "ffi"
+local dtffi = require "dt.ffi"
+local fs = require "dt.train.fs"
+
+local C, check = dtffi.C, dtffi.check
+local M = {}
+
+-- Seconds a chunk may run before it is interrupted (default DT_REPL_TIMEOUT, else 5); a rank may change it.
+M.timeout = tonumber(os.getenv("DT_REPL_TIMEOUT")) or 5
+
+local ctx = { exposed = {}, trainer = nil, limits = M }
+local server -- the dt_control handle once listening
+local tried = false -- a safe point has decided whether to listen
+
+-- The socket of `rank` in run dir `run_dir`.
+function M.socket_path(run_dir, rank) return fs.join(run_dir, "control", ("rank%d.sock"):format(rank)) end
+
+-- Let chunks see `value` as `name` (nil removes it).
+function M.expose(name, value)
+   if type(name) ~= "string" then error("dt.repl.expose: the name must be a string", 2) end
+   ctx.exposed[name] = value
+end
+
+-- Listen on this rank's socket in `run_dir` (safe points do so by themselves when they know a run dir).
+function M.listen(run_dir)
+   tried = true
+   if server then return end
+   local out = ffi.new("dt_control*[1]")
+   check(C.dt_control_open(M.socket_path(run_dir, tonumber(os.getenv("RANK")) or 0), out), 2)
+   server = ffi.gc(out[0], C.dt_control_close)
+end
+
+local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("size_t[1]")
+
+local function serve()
+   local eval, show = require "dt.repl.eval", require "dt.repl.show" -- here: `dtrun attach` needs neither
+   show.strategy = ctx.trainer and ctx.trainer.strategy
+   while C.dt_control_pending(server) > 0 do
+      check(C.dt_control_take(server, client, data, len))
+      local req = ffi.string(data[0], len[0])
+      C.dt_io_buffer_free(data[0])
+      local reply = eval.handle(ctx, req)
+      if #reply > C.DT_CONTROL_MAX_MESSAGE then reply = reply:sub(1, C.DT_CONTROL_MAX_MESSAGE - 40) .. "\n(cut)" end
+      check(C.dt_control_reply(server, client[0], reply, #reply))
+   end
+end
+
+-- Serve what attached clients asked for. trainer (optional): the Trainer whose step just ended.
+function M.safe_point(trainer)
+   if trainer then ctx.trainer = trainer end
+   if not server then
+      if tried then return end
+      tried = true
+      local dir = os.getenv("DT_RUN_DIR") or (ctx.trainer and ctx.trainer.run_dir)
+      if not dir or os.getenv("DT_REPL") == "0" then return end
+      M.listen(dir)
+   end
+   if C.dt_control_pending(server) > 0 then serve() end
+end
+
+return M

@@ -1,0 +1,194 @@
+-- spec/repl_spec.lua: `dtrun attach` on live 2-rank jobs: results per rank, errors, time-outs, hang-ups, two clients,
+-- live lr changes (refused on a subset), tensor summaries and FSDP shard placement, and the job ending while attached.
+local helpers = require "spec.dist_helpers"
+
+local function sh(cmd)
+   local p = io.popen(cmd)
+   local out = p:read("*a")
+   p:close()
+   return out
+end
+
+local function alive(pid) return sh(("kill -0 %d 2>/dev/null && echo yes"):format(pid)):match("yes") ~= nil end
+
+-- Start the fixture job (2 ranks) in the background; returns once both ranks listen. env: variables for the job.
+local function start(args, env)
+   local dir = os.tmpname()
+   os.remove(dir)
+   sh(("cd %s && (%s %s spec/fixtures/repl_recipe.lua --nproc 2 run_dir=%s %s > %s.log 2>&1 & echo $! > %s.pid)")
+      :format(helpers.root, env or "", helpers.exe, dir, args or "", dir, dir))
+   local job = { dir = dir, pid = tonumber(io.open(dir .. ".pid"):read("*l")) }
+   for _ = 1, 600 do
+      if sh(("test -S %s/control/rank0.sock && test -S %s/control/rank1.sock && echo up"):format(dir, dir)):match("up")
+         then return job end
+      assert(alive(job.pid), "the job ended before listening:\n" .. sh("cat " .. dir .. ".log"))
+      sh("sleep 0.1")
+   end
+   error("the job's control sockets never appeared:\n" .. sh("cat " .. dir .. ".log"))
+end
+
+local function stop(job)
+   sh(("kill -TERM %d 2>/dev/null"):format(job.pid))
+   for _ = 1, 300 do
+      if not alive(job.pid) then break end
+      sh("sleep 0.1")
+   end
+   sh(("rm -rf %s %s.log %s.pid"):format(job.dir, job.dir, job.dir))
+end
+
+local function attach(job, args, env) return helpers.dtrun(("attach %s %s"):format(job.dir, args), env) end
+
+-- `-e chunk` quoted for the shell
+local function e(chunk) return "-e '" .. chunk:gsub("'", "'\\''") .. "'" end
+
+-- Each rank's step as the ranks report it now.
+local function steps(job)
+   local r = attach(job, e("return rank, trainer.step"))
+   assert.equal(0, r.code, r.out)
+   local out = {}
+   for rank, step in r.out:gmatch("rank (%d): %d\t(%d+)") do out[tonumber(rank)] = tonumber(step) end
+   return out
+end
+
+-- The rank has gone on training: its step went past `before`.
+local function advances(job, before)
+   for _ = 1, 100 do
+      local now = steps(job)
+      if now[0] and now[1] and now[0] > before[0] and now[1] > before[1] then return true end
+      sh("sleep 0.1")
+   end
+   return false
+end
+
+describe("dtrun attach", function()
+   local job
+   lazy_setup(function() job = start("", "DT_REPL_TIMEOUT=1") end)
+   lazy_teardown(function() if job then stop(job) end end)
+
+   it("-e evaluates on every rank at a safe point and prints per-rank results, identical ones collapsed", function()
+      local s = steps(job)
+      assert.is_true(s[0] >= 0 and s[1] >= 0)
+      local r = attach(job, e("return world.size, rank < 2"))
+      assert.equal(0, r.code, r.out)
+      assert.equal("ranks 0-1: 2\ttrue", r.lines[1])
+      r = attach(job, "--rank 1 " .. e('print("hello from", rank) return model ~= nil and optimizer ~= nil'))
+      assert.equal(0, r.code, r.out)
+      assert.equal("rank 1:", r.lines[1], r.out)
+      assert.equal("  hello from\t1", r.lines[2], r.out)
+      assert.equal("  true", r.lines[3], r.out)
+      r = attach(job, e("return nil, rank"))
+      assert.equal("rank 0: nil\t0", r.lines[1], r.out)
+   end)
+
+   it("a chunk that errors returns the error with a traceback; the job runs on", function()
+      local before = steps(job)
+      local r = attach(job, e('local function f() error("boom") end\nf()'))
+      assert.equal(1, r.code, r.out)
+      assert.matches("ranks 0%-1:\n  error: repl:1: boom\n  stack traceback:", r.out)
+      assert.matches("repl:2: in main chunk", r.out)
+      assert.not_matches("dt/repl/eval.lua", r.out)
+      r = attach(job, e("return +"))
+      assert.equal(1, r.code, r.out)
+      assert.matches("ranks 0%-1: error: repl:1: unexpected symbol", r.out)
+      assert.is_true(advances(job, before))
+   end)
+
+   it("a chunk that loops is interrupted after the time limit; the job runs on", function()
+      local before = steps(job)
+      local r = attach(job, e("local n = 0 while true do n = n + 1 end"))
+      assert.equal(1, r.code, r.out)
+      assert.matches("ranks 0%-1:\n  error: repl:1: interrupted: the chunk ran longer than 1 s", r.out)
+      assert.is_true(advances(job, before))
+   end)
+
+   it("a client that hangs up mid-request does not stall the job", function()
+      local before = steps(job)
+      -- killed while its chunk runs (a rank answers to nobody), then one that sends half a request and leaves
+      local r = helpers.dtrun(("attach %s %s & sleep 0.3; kill -9 $!"):format(job.dir, e('os.execute("sleep 0.6")')))
+      assert.equal(0, r.code, r.out)
+      local ffi = require "ffi"
+      local C = require("dt").C
+      local fd = ffi.new("int[1]")
+      assert.equal(0, C.dt_control_connect(job.dir .. "/control/rank0.sock", fd))
+      local half = ffi.new("uint32_t[1]", 100)
+      pcall(ffi.cdef, "long write(int fd, const void *buf, unsigned long n);")
+      assert.equal(4, tonumber(ffi.C.write(fd[0], half, 4)))
+      C.dt_control_disconnect(fd[0])
+      assert.is_true(advances(job, before))
+   end)
+
+   it("two clients at once are both served, one after the other", function()
+      local chunk = e("served = (served or 0) + 1 return served")
+      local rs = helpers.dtrun_parallel { { args = ("attach %s %s"):format(job.dir, chunk) },
+         { args = ("attach %s %s"):format(job.dir, chunk) } }
+      local got = {}
+      for _, r in ipairs(rs) do
+         assert.equal(0, r.code, r.out)
+         got[#got + 1] = tonumber(r.out:match("^ranks 0%-1: (%d+)\n$"))
+      end
+      table.sort(got)
+      assert.same({ got[1], got[1] + 1 }, got)
+   end)
+
+   it("an lr change on every rank is applied at the next step; on some ranks only it is refused and undone", function()
+      local r = attach(job, "--rank 0 " .. e("trainer.optimizer.lr = 5"))
+      assert.equal(1, r.code, r.out)
+      assert.matches("rank 0: error: refused: optimizer.lr changed on 1 of 2 ranks; every rank must agree", r.out)
+      r = attach(job, "--all " .. e("return trainer.optimizer.lr"))
+      assert.equal("ranks 0-1: 0.003", r.lines[1], r.out)
+      r = attach(job, "--ranks 0-1 " .. e("trainer.optimizer.lr = 1e-4 trainer.config.clip = 0.5"))
+      assert.equal(0, r.code, r.out)
+      local before = steps(job)
+      assert.is_true(advances(job, before))
+      r = attach(job, e("return trainer.optimizer.lr, trainer.config.clip"))
+      assert.equal("ranks 0-1: 0.0001\t0.5", r.lines[1], r.out)
+      local last
+      for line in io.lines(job.dir .. "/metrics.jsonl") do last = line end
+      assert.matches('"lr":0.0001', last)
+   end)
+
+   it("tensors print as summaries with NaN/Inf counts", function()
+      local r = attach(job, "--rank 0 " .. e("return model.blocks[1].mlp.fc.weight"))
+      assert.equal(0, r.code, r.out)
+      assert.matches("^rank 0: dt.Tensor%(128, 32%) f32 cpu  norm [%d.]+  min %-[%d.]+  max [%d.]+  mean %S+  nan 0  "
+         .. "inf 0", r.out)
+      r = attach(job, "--rank 0 " .. e("local t = dt.ones({10, 10}) t[1] = 0/0 t[2] = 1/0 t[3] = -1/0 return t"))
+      assert.matches("^rank 0: dt.Tensor%(10, 10%) f32 cpu  norm 8.367  min 1  max 1  mean 1  nan 10  inf 20  %[nan ",
+         r.out)
+   end)
+
+   it("says which ranks listen, and refuses a rank that does not", function()
+      local r = attach(job, "--rank 5 " .. e("return 1"))
+      assert.equal(1, r.code, r.out)
+      assert.matches("rank 5 has no control socket in .*/control %(listening: 0%-1%)", r.out)
+      r = helpers.dtrun("attach /nonexistent/run " .. e("return 1"))
+      assert.equal(1, r.code, r.out)
+      assert.matches("no rank of /nonexistent/run is listening", r.out)
+   end)
+end)
+
+describe("dtrun attach to an FSDP job", function()
+   it("shows a parameter's shard placement, and p:local_shard() is this rank's slice", function()
+      local job = start("fsdp=true")
+      local r = attach(job, e("local p = model.blocks[2].mlp.fc.weight return p:local_shard():numel() > 0, p"))
+      stop(job)
+      assert.equal(0, r.code, r.out)
+      assert.matches("rank 0: true\tdt.Tensor%(0%) f32 cpu %[%]  shard 1/2 of %(128, 32%) %(fsdp unit blocks.2, "
+         .. "parameter blocks.2.mlp.fc.weight%): elements %d+%-%d+ here", r.out)
+      assert.matches("rank 1: true\tdt.Tensor%(0%) f32 cpu %[%]  shard 2/2 of %(128, 32%)", r.out)
+   end)
+end)
+
+describe("dtrun attach while the job ends", function()
+   it("tells the client the job ended, and exits non-zero", function()
+      local job = start("steps=10 step_sleep=0.2")
+      -- interactive: one chunk, then (stdin still open) the job ends, then another chunk
+      local out = sh(("cd %s && (echo 'return rank'; while kill -0 %d 2>/dev/null; do sleep 0.1; done; "
+         .. "echo 'return rank') | %s attach %s --rank 0 2>&1; echo \"exit=$?\""):format(helpers.root, job.pid,
+         helpers.exe, job.dir))
+      stop(job)
+      assert.matches("rank 0> rank 0: 0\n", out)
+      assert.matches("the job ended", out)
+      assert.matches("exit=1", out)
+   end)
+end)
