@@ -98,6 +98,7 @@ describe("dtrun attach", function()
       local r = attach(job, e("local n = 0 while true do n = n + 1 end"))
       assert.equal(1, r.code, r.out)
       assert.matches("ranks 0%-1:\n  error: repl:1: interrupted: the chunk ran longer than 1 s", r.out)
+      assert.matches("repl:1: in main chunk", r.out)
       assert.is_true(advances(job, before))
    end)
 

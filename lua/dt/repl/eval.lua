@@ -12,11 +12,12 @@ local M = {}
 local function rank() return tonumber(os.getenv("RANK")) or 0 end
 local function world_size() return tonumber(os.getenv("WORLD_SIZE")) or 1 end
 
--- The names a chunk sees besides the globals; ctx = { trainer =, exposed = { name = value }, limits = { timeout = } }.
+-- The names a chunk sees besides the globals; ctx = { now = { trainer = }, exposed = { name = value },
+-- limits = { timeout = } }.
 local function lookup(ctx, name)
    local v = ctx.exposed[name]
    if v ~= nil then return v end
-   local t = ctx.trainer
+   local t = ctx.now.trainer
    if name == "trainer" then return t end
    if name == "model" then return t and t.model end
    if name == "optimizer" then return t and t.optimizer end
@@ -41,7 +42,7 @@ end
 -- The settings every rank must agree on (under DDP/FSDP a learning rate on one rank alone would let the replicas
 -- drift apart): the optimizer's lr and per-group hyper-parameters, and the trainer's config values.
 local function global_settings(ctx)
-   local out, t = {}, ctx.trainer
+   local out, t = {}, ctx.now.trainer
    local function add(name, tbl)
       for k, v in pairs(tbl) do
          if type(v) == "number" or type(v) == "boolean" or type(v) == "string" then
@@ -89,12 +90,12 @@ local function run_limited(fn, seconds)
    return res
 end
 
--- The traceback without the frames of this file and below (the REPL's own).
+-- The traceback without the frames of this file and below it (the REPL's own).
 local function trim_traceback(msg)
    local keep = {}
    for line in tostring(msg):gmatch("[^\n]+") do
-      if line:find("dt/repl/eval.lua", 1, true) or line:find("^%s*%[C%]: in function 'xpcall'") then break end
-      keep[#keep + 1] = line
+      if line:find("^%s*%[C%]: in function 'xpcall'") then break end
+      if not line:find("dt/repl/eval.lua", 1, true) then keep[#keep + 1] = line end -- the time limit's hook
    end
    return table.concat(keep, "\n")
 end
@@ -139,7 +140,7 @@ end
 
 -- Where this rank is: its step (a rank answers at a safe point, so between steps).
 local function where(ctx)
-   local t = ctx.trainer
+   local t = ctx.now.trainer
    if not t then return "o" .. "at a safe point outside a trainer (dt.repl.safe_point)" end
    return ("ostep %d of %d, between steps"):format(t.step, t.config.steps)
 end

@@ -18,7 +18,9 @@ local M = {}
 -- Seconds a chunk may run before it is interrupted (default DT_REPL_TIMEOUT, else 5); a rank may change it.
 M.timeout = tonumber(os.getenv("DT_REPL_TIMEOUT")) or 5
 
-local ctx = { exposed = {}, trainer = nil, limits = M }
+-- What chunks see. The trainer is held weakly: the REPL must not keep a finished trainer's model and optimizer
+-- state (device memory) alive.
+local ctx = { exposed = {}, limits = M, now = setmetatable({}, { __mode = "v" }) }
 local server -- the dt_control handle once listening
 local tried = false -- a safe point has decided whether to listen
 
@@ -44,7 +46,7 @@ local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("
 
 local function serve()
    local eval, show = require "dt.repl.eval", require "dt.repl.show" -- here: `dtrun attach` needs neither
-   show.strategy = ctx.trainer and ctx.trainer.strategy
+   show.strategy = ctx.now.trainer and ctx.now.trainer.strategy
    while C.dt_control_pending(server) > 0 do
       check(C.dt_control_take(server, client, data, len))
       local req = ffi.string(data[0], len[0])
@@ -53,15 +55,16 @@ local function serve()
       if #reply > C.DT_CONTROL_MAX_MESSAGE then reply = reply:sub(1, C.DT_CONTROL_MAX_MESSAGE - 40) .. "\n(cut)" end
       check(C.dt_control_reply(server, client[0], reply, #reply))
    end
+   show.strategy = nil
 end
 
 -- Serve what attached clients asked for. trainer (optional): the Trainer whose step just ended.
 function M.safe_point(trainer)
-   if trainer then ctx.trainer = trainer end
+   if trainer then ctx.now.trainer = trainer end
    if not server then
       if tried then return end
       tried = true
-      local dir = os.getenv("DT_RUN_DIR") or (ctx.trainer and ctx.trainer.run_dir)
+      local dir = os.getenv("DT_RUN_DIR") or (ctx.now.trainer and ctx.now.trainer.run_dir)
       if not dir or os.getenv("DT_REPL") == "0" then return end
       M.listen(dir)
    end
