@@ -133,10 +133,17 @@ function Session:ask(request)
    return ok
 end
 
+-- A request id unique in the job (the ranks agree on job-wide changes under it: dt/repl/agree.lua).
+local requests = 0
+local function request_id()
+   requests = requests + 1
+   return ("%xp%xt%d"):format(fs.pid(), os.time(), requests)
+end
+
 function Session:eval(chunk)
    local targets = {}
    for i, r in ipairs(self.ranks) do targets[i] = tostring(r) end
-   return self:ask(("e %s\n%s"):format(table.concat(targets, ","), chunk))
+   return self:ask(("e %s %s\n%s"):format(table.concat(targets, ","), request_id(), chunk))
 end
 
 function Session:close()

@@ -1,11 +1,13 @@
 -- dt/repl/eval.lua: evaluates one REPL request on a rank: the chunk's environment, its time limit, printing results,
--- and refusing a change to job-wide settings made on only some ranks.
+-- and job-wide settings: a change on only some ranks is refused, one on every rank is set where all ranks agree.
 --
--- Request (after the control socket's framing): "e <targeted ranks, comma-separated>\n<chunk>", or "w" (where).
+-- Request (after the control socket's framing): "e <targeted ranks, comma-separated> <request id>\n<chunk>", or "w"
+-- (where).
 -- Reply: "o" .. text (done) or "e" .. text (failed: a syntax error, an error with its traceback, a time-out, a
 -- refused change).
 local dt = require "dt"
 local show = require "dt.repl.show"
+local agree = require "dt.repl.agree"
 
 local M = {}
 
@@ -60,16 +62,23 @@ local function global_settings(ctx)
    return out
 end
 
--- Undo the changes to settings of `before`; returns the names of those that had changed.
+-- Undo the changes to settings of `before`; returns those that had changed, with their new values.
 local function revert_changes(before)
    local changed = {}
    for _, s in ipairs(before) do
-      if s.tbl[s.key] ~= s.value then
-         changed[#changed + 1] = s.name
+      local now = s.tbl[s.key]
+      if now ~= s.value then
+         changed[#changed + 1] = { name = s.name, tbl = s.tbl, key = s.key, value = now }
          s.tbl[s.key] = s.value
       end
    end
    return changed
+end
+
+local function names(changed)
+   local out = {}
+   for i, c in ipairs(changed) do out[i] = c.name end
+   return table.concat(out, ", ")
 end
 
 local function pack(...) return { n = select("#", ...), ... } end
@@ -106,8 +115,8 @@ local function compile(src)
    return loadstring(src, "=repl")
 end
 
--- Evaluate `src` for the ranks `targets` (a list); returns the reply ("o"/"e" .. text).
-local function evaluate(ctx, src, targets)
+-- Evaluate `src`, request `id` sent to the ranks `targets` (a list); returns the reply ("o"/"e" .. text).
+local function evaluate(ctx, src, targets, id)
    local fn, err = compile(src)
    if not fn then return "e" .. err end
    local out = {}
@@ -121,16 +130,21 @@ local function evaluate(ctx, src, targets)
    local res = run_limited(fn, ctx.limits.timeout)
    if not res[1] then
       out[#out + 1] = trim_traceback(res[2])
+      local undone = revert_changes(before) -- half a change to job-wide settings is worse than none
+      if #undone > 0 then out[#out + 1] = ("(%s: changed before the error, undone)"):format(names(undone)) end
       return "e" .. table.concat(out, "\n")
    end
-   if #targets < world_size() then
-      local changed = revert_changes(before)
-      if #changed > 0 then
-         out[#out + 1] = ("refused: %s changed on %d of %d ranks; every rank must agree on it (data-parallel "
-            .. "replicas would drift apart), so the change was undone: attach with --all to change it everywhere")
-            :format(table.concat(changed, ", "), #targets, world_size())
-         return "e" .. table.concat(out, "\n")
-      end
+   -- job-wide settings: refused on some ranks; on all, set at a safe point the ranks agree on (dt/repl/agree.lua)
+   local changed = world_size() > 1 and revert_changes(before) or {}
+   if #changed > 0 and #targets < world_size() then
+      out[#out + 1] = ("refused: %s changed on %d of %d ranks; every rank must agree on it (data-parallel replicas "
+         .. "would drift apart), so the change was undone: attach with --all to change it everywhere")
+         :format(names(changed), #targets, world_size())
+      return "e" .. table.concat(out, "\n")
+   elseif #changed > 0 then
+      agree.queue(id, changed, targets)
+      out[#out + 1] = ("(%s: set on every rank at the same step boundary, agreed through the job's store)")
+         :format(names(changed))
    end
    local vals = {}
    for i = 2, res.n do vals[#vals + 1] = show.value(res[i]) end
@@ -148,11 +162,11 @@ end
 -- The reply to one request.
 function M.handle(ctx, req)
    if req == "w" then return where(ctx) end
-   local ranks, src = req:match("^e ([%d,]*)\n(.*)$")
-   if not ranks then return "emalformed request (expected \"e RANKS\\nCHUNK\" or \"w\")" end
+   local ranks, id, src = req:match("^e ([%d,]+) (%w+)\n(.*)$")
+   if not ranks then return "emalformed request (expected \"e RANKS ID\\nCHUNK\" or \"w\")" end
    local targets = {}
    for r in ranks:gmatch("%d+") do targets[#targets + 1] = tonumber(r) end
-   return evaluate(ctx, src, targets)
+   return evaluate(ctx, src, targets, id)
 end
 
 return M

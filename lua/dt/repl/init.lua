@@ -11,6 +11,7 @@
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local fs = require "dt.train.fs"
+local agree = require "dt.repl.agree"
 
 local C, check = dtffi.C, dtffi.check
 local M = {}
@@ -68,6 +69,7 @@ function M.safe_point(trainer)
       if not dir or os.getenv("DT_REPL") == "0" then return end
       M.listen(dir)
    end
+   agree.safe_point()
    if C.dt_control_pending(server) > 0 then serve() end
 end
 
