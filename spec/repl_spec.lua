@@ -11,16 +11,17 @@ end
 
 local function alive(pid) return sh(("kill -0 %d 2>/dev/null && echo yes"):format(pid)):match("yes") ~= nil end
 
--- Start the fixture job (2 ranks) in the background; returns once both ranks listen. env: variables for the job.
-local function start(args, env)
+-- Start the fixture job in the background (2 ranks under the launcher, or with solo one process alone); returns
+-- once its ranks listen. env: variables for the job.
+local function start(args, env, solo)
    local dir = os.tmpname()
    os.remove(dir)
-   sh(("cd %s && (%s %s spec/fixtures/repl_recipe.lua --nproc 2 run_dir=%s %s > %s.log 2>&1 & echo $! > %s.pid)")
-      :format(helpers.root, env or "", helpers.exe, dir, args or "", dir, dir))
+   sh(("cd %s && (%s %s spec/fixtures/repl_recipe.lua %s run_dir=%s %s > %s.log 2>&1 & echo $! > %s.pid)")
+      :format(helpers.root, env or "", helpers.exe, solo and "" or "--nproc 2", dir, args or "", dir, dir))
    local job = { dir = dir, pid = tonumber(io.open(dir .. ".pid"):read("*l")) }
+   local want = solo and "test -S %s/control/rank0.sock" or "test -S %s/control/rank0.sock -a -S %s/control/rank1.sock"
    for _ = 1, 600 do
-      if sh(("test -S %s/control/rank0.sock && test -S %s/control/rank1.sock && echo up"):format(dir, dir)):match("up")
-         then return job end
+      if sh((want .. " && echo up"):format(dir, dir)):match("up") then return job end
       assert(alive(job.pid), "the job ended before listening:\n" .. sh("cat " .. dir .. ".log"))
       sh("sleep 0.1")
    end
@@ -188,6 +189,16 @@ describe("dtrun attach to an FSDP job", function()
       assert.matches("rank 0: true\tdt.Tensor%(0%) f32 cpu %[%]  shard 1/2 of %(128, 32%) %(fsdp unit blocks.2, "
          .. "parameter blocks.2.mlp.fc.weight%): elements %d+%-%d+ here", r.out)
       assert.matches("rank 1: true\tdt.Tensor%(0%) f32 cpu %[%]  shard 2/2 of %(128, 32%)", r.out)
+   end)
+end)
+
+describe("dtrun attach to a single process", function()
+   it("reaches rank 0 of a run without the launcher, and changes its lr at once", function()
+      local job = start("", nil, true)
+      local r = attach(job, e("trainer.optimizer.lr = 2e-4 return rank, world.size, trainer.optimizer.lr"))
+      stop(job)
+      assert.equal(0, r.code, r.out)
+      assert.equal("rank 0: 0\t1\t0.0002", r.lines[1], r.out)
    end)
 end)
 
