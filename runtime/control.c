@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dt_control.h"
@@ -37,6 +38,7 @@ struct dt_control {
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   pthread_t thread;
   pthread_mutex_t mu;             /* guards the two queues */
+  pthread_cond_t arrived;         /* signalled with each queued request (dt_control_wait) */
   msg *in_head, *in_tail;         /* requests for the owner */
   msg *out_head, *out_tail;       /* replies for the thread */
   atomic_int pending;
@@ -169,8 +171,9 @@ static bool read_client(dt_control *s, conn *c) {
     c->hdr_got = 0;
     pthread_mutex_lock(&s->mu);
     push(&s->in_head, &s->in_tail, m);
-    pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->pending, 1);
+    pthread_cond_broadcast(&s->arrived);
+    pthread_mutex_unlock(&s->mu);
   }
 }
 
@@ -266,11 +269,13 @@ dt_status dt_control_open(const char *path, dt_control **out) {
   s->wake_rd = pipefd[0];
   s->wake_wr = pipefd[1];
   pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->arrived, NULL);
   int e = pthread_create(&s->thread, NULL, serve, s);
   if (e != 0) {
     close(s->listen_fd), close(s->wake_rd), close(s->wake_wr);
     unlink(path);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->arrived);
     free(s);
     return DT_FAIL(DT_ERR_STATE, "control socket: cannot start its thread: %s", strerror(e));
   }
@@ -279,6 +284,19 @@ dt_status dt_control_open(const char *path, dt_control **out) {
 }
 
 int dt_control_pending(const dt_control *c) { return atomic_load(&((dt_control *)c)->pending); }
+
+int dt_control_wait(dt_control *c, int timeout_ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += timeout_ms / 1000;
+  until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&c->mu);
+  /* a paused rank sleeps here until a request comes (no polling loop) */
+  while (atomic_load(&c->pending) == 0 && pthread_cond_timedwait(&c->arrived, &c->mu, &until) == 0) {}
+  pthread_mutex_unlock(&c->mu);
+  return atomic_load(&c->pending);
+}
 
 dt_status dt_control_take(dt_control *c, uint64_t *client, char **data, size_t *len) {
   pthread_mutex_lock(&c->mu);
@@ -327,6 +345,7 @@ void dt_control_close(dt_control *c) {
   free_msgs(c->in_head);
   free_msgs(c->out_head);
   pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->arrived);
   free(c);
 }
 

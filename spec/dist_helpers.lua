@@ -14,6 +14,8 @@ local function sh(cmd)
    return out
 end
 
+M.sh = sh -- a shell command's output
+
 local function lines_of(out)
    local lines = {}
    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end

@@ -2,12 +2,7 @@
 -- live lr changes (refused on a subset), tensor summaries and FSDP shard placement, and the job ending while attached.
 local helpers = require "spec.dist_helpers"
 
-local function sh(cmd)
-   local p = io.popen(cmd)
-   local out = p:read("*a")
-   p:close()
-   return out
-end
+local sh = helpers.sh
 
 local function alive(pid) return sh(("kill -0 %d 2>/dev/null && echo yes"):format(pid)):match("yes") ~= nil end
 
@@ -178,6 +173,47 @@ describe("dtrun attach", function()
       assert.equal(1, r.code, r.out)
       assert.matches("no rank of /nonexistent/run is listening", r.out)
    end)
+end)
+
+-- An interactive session fed `lines` (without single quotes); its output and exit status.
+local function session(job, lines, args)
+   return sh(("cd %s && printf '%%s\\n' '%s' | %s attach %s %s 2>&1; echo \"exit=$?\""):format(helpers.root,
+      table.concat(lines, "' '"), helpers.exe, job.dir, args or ""))
+end
+
+describe("dtrun attach :pause", function()
+   it("holds every rank at the same step past the collective timeout; :step N runs N steps; :resume goes on",
+      function()
+         local job = start("step_sleep=0.01", "DT_COLLECTIVE_TIMEOUT=3")
+         local out = session(job, { ":pause" })
+         assert.matches("ranks 0%-1: pausing at the next step boundary all ranks agree on", out)
+         local step
+         for _ = 1, 100 do -- the pause is agreed within a few steps
+            step = session(job, { ":where" }):match("ranks 0%-1: step (%d+) of 100000, paused")
+            if step then break end
+            sh("sleep 0.1")
+         end
+         assert.is_not_nil(step, session(job, { ":where" }))
+         sh("sleep 4") -- longer than a collective may wait: no rank is inside one
+         out = session(job, { ":where", ":step 2" })
+         assert.matches("ranks 0%-1: step " .. step .. " of 100000, paused", out)
+         assert.matches("ranks 0%-1: running 2 step%(s%), then pausing", out)
+         local held
+         for _ = 1, 100 do
+            held = session(job, { ":where" }):match("ranks 0%-1: step (%d+) of 100000, paused")
+            if held and tonumber(held) > tonumber(step) then break end
+            sh("sleep 0.1")
+         end
+         assert.equal(tonumber(step) + 2, tonumber(held))
+         out = session(job, { ":pause" }, "--rank 0")
+         assert.matches("rank 0: error: refused: :pause holds every rank", out)
+         out = session(job, { ":resume" })
+         assert.matches("ranks 0%-1: resumed", out)
+         assert.is_true(advances(job, { [0] = tonumber(held), [1] = tonumber(held) }))
+         local log = sh("cat " .. job.dir .. ".log")
+         stop(job)
+         assert.not_matches("timed out", log)
+      end)
 end)
 
 describe("dtrun attach to an FSDP job", function()

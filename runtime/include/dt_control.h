@@ -18,6 +18,8 @@ typedef struct dt_control dt_control;
 dt_status dt_control_open(const char *path, dt_control **out);
 /* Requests waiting to be taken: an atomic read, no system call (the idle cost of a safe point). */
 int dt_control_pending(const dt_control *c);
+/* Sleep until a request is waiting or timeout_ms passed (a paused rank's wait); returns dt_control_pending. */
+int dt_control_wait(dt_control *c, int timeout_ms);
 /* The oldest waiting request: its client's id and a copy of its bytes (free it with dt_io_buffer_free). */
 dt_status dt_control_take(dt_control *c, uint64_t *client, char **data, size_t *len);
 /* Queue a reply to `client`; the server thread sends it without blocking this thread. */

@@ -1,21 +1,21 @@
--- dt/repl/agree.lua: job-wide settings changed from the REPL take effect on every rank at the same safe point, agreed
--- through the job's store without any rank waiting.
+-- dt/repl/agree.lua: job-wide settings changed from the REPL, and :pause, take effect on every rank at the same safe
+-- point, agreed through the job's store without any rank waiting.
 --
 -- A chunk sent to every rank of a multi-rank job that changes settings all ranks must share (dt/repl/eval.lua) has
--- those changes undone at once and queued here under the request's id. Each rank publishes the number of the safe
--- point where it queued them (key dtrun/repl/<id>/<rank>); a rank that has read every rank's number sets the values
--- at safe point T = max + 1. Why + 1 is enough: ranks meet in the collectives of every step, so a rank that reaches
--- safe point T has waited inside step T for every other rank, which had published at a safe point <= max < T; every
--- rank therefore knows T before it gets there. (Ranks that share no collective may apply at different safe points,
--- but then they share nothing that could drift apart.) A rank never blocks here: it carries the changes on to a later
--- safe point, one store round trip per safe point while a change is pending.
+-- those changes undone at once and queued here under the request's id (so is a pause). Each rank publishes the
+-- number of the safe point where it queued them (key dtrun/repl/<id>/<rank>); a rank that has read every rank's
+-- number applies them at safe point T = max + 1. Why + 1 is enough: ranks meet in the collectives of every step, so a
+-- rank that reaches safe point T has waited inside step T for every other rank, which had published at a safe point
+-- <= max < T; every rank therefore knows T before it gets there. (Ranks that share no collective may apply at
+-- different safe points, but then they share nothing that could drift apart.) A rank never blocks here: it carries
+-- the changes on to a later safe point, one store round trip per safe point while a change is pending.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 
 local C, check = dtffi.C, dtffi.check
 local M = {}
 
-local pending = {} -- { id =, changes = { {tbl =, key =, value =}, ... }, ranks = {...}, at = T or nil }, queue order
+local pending = {} -- { id =, apply = function, ranks = {...}, at = T or nil }, in queue order
 local count = 0 -- safe points this rank has passed
 local store
 
@@ -32,11 +32,14 @@ end
 -- Whether this process has a job store to agree through (under the launcher).
 function M.available() return os.getenv("MASTER_PORT") ~= nil end
 
--- Queue `changes` (the new values) of request `id`, sent to `ranks`, for the agreed safe point.
-function M.queue(id, changes, ranks)
+-- Run apply() at the safe point agreed for request `id`, sent to `ranks`.
+function M.queue(id, apply, ranks)
    job_store():set(key(id, tonumber(os.getenv("RANK")) or 0), tostring(count))
-   pending[#pending + 1] = { id = id, changes = changes, ranks = ranks }
+   pending[#pending + 1] = { id = id, apply = apply, ranks = ranks }
 end
+
+-- Safe points this rank has passed.
+function M.count() return count end
 
 -- T for p once every rank has published, else nil (asks the store without waiting).
 local function agreed_point(p)
@@ -54,7 +57,7 @@ local function agreed_point(p)
    return max + 1
 end
 
--- Called at every safe point before requests are served: sets the changes whose safe point has come.
+-- Called at every safe point before requests are served: runs what is due.
 function M.safe_point()
    count = count + 1
    if #pending == 0 then return end
@@ -62,7 +65,7 @@ function M.safe_point()
    for _, p in ipairs(pending) do
       p.at = p.at or agreed_point(p)
       if p.at and count >= p.at then
-         for _, c in ipairs(p.changes) do c.tbl[c.key] = c.value end
+         p.apply()
       else
          keep[#keep + 1] = p
       end

@@ -4,7 +4,8 @@
 -- and replies; identical replies are printed once ("ranks 0-1: ..."). -e evaluates one chunk and exits (status 1 when
 -- a rank reported an error). Without -e, lines are read from stdin: a chunk that is not complete yet continues on the
 -- next line; :ranks lists the ranks, :rank R / :ranks 0,2-3 / :all choose, :where asks each rank where it is,
--- :quit (or end of input) detaches. Detaching leaves the job running.
+-- :pause holds every rank at one step boundary, :step [N] lets N steps run and holds again, :resume lets the job go
+-- on, :quit (or end of input) detaches. Detaching leaves the job running (or paused).
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local fs = require "dt.train.fs"
@@ -140,11 +141,14 @@ local function request_id()
    return ("%xp%xt%d"):format(fs.pid(), os.time(), requests)
 end
 
-function Session:eval(chunk)
-   local targets = {}
-   for i, r in ipairs(self.ranks) do targets[i] = tostring(r) end
-   return self:ask(("e %s %s\n%s"):format(table.concat(targets, ","), request_id(), chunk))
+-- {0, 1, 3} -> "0,1,3" (how requests name their ranks)
+local function format_list(ranks)
+   local out = {}
+   for i, r in ipairs(ranks) do out[i] = tostring(r) end
+   return table.concat(out, ",")
 end
+
+function Session:eval(chunk) return self:ask(("e %s %s\n%s"):format(format_list(self.ranks), request_id(), chunk)) end
 
 function Session:close()
    for r, fd in pairs(self.fds) do
@@ -196,6 +200,9 @@ local commands = {
       return true
    end,
    [":where"] = function(s) return s:ask("w") end,
+   [":pause"] = function(s) return s:ask(("p %s %s"):format(format_list(s.ranks), request_id())) end,
+   [":resume"] = function(s) return s:ask("r") end,
+   [":step"] = function(s, arg) return s:ask("s " .. (tonumber(arg) or 1)) end,
 }
 
 local function interactive(s)
@@ -209,7 +216,8 @@ local function interactive(s)
          local cmd, arg = line:match("^%s*(:%a+)%s*(.-)%s*$")
          local fn = commands[cmd]
          if not fn then
-            print(("unknown command %s (:ranks, :rank R, :ranks 0,2-3, :all, :where, :quit)"):format(tostring(cmd)))
+            print(("unknown command %s (:ranks, :rank R, :ranks 0,2-3, :all, :where, :pause, :step [N], :resume, "
+               .. ":quit)"):format(tostring(cmd)))
          else
             local res, err = fn(s, arg)
             if res == "quit" then break end

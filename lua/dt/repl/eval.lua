@@ -1,8 +1,8 @@
 -- dt/repl/eval.lua: evaluates one REPL request on a rank: the chunk's environment, its time limit, printing results,
 -- and job-wide settings: a change on only some ranks is refused, one on every rank is set where all ranks agree.
 --
--- Request (after the control socket's framing): "e <targeted ranks, comma-separated> <request id>\n<chunk>", or "w"
--- (where).
+-- Request (after the control socket's framing): "e <targeted ranks, comma-separated> <request id>\n<chunk>" (the
+-- commands :pause, :where, ... are dt/repl/init.lua's).
 -- Reply: "o" .. text (done) or "e" .. text (failed: a syntax error, an error with its traceback, a time-out, a
 -- refused change).
 local dt = require "dt"
@@ -13,6 +13,7 @@ local M = {}
 
 local function rank() return tonumber(os.getenv("RANK")) or 0 end
 local function world_size() return tonumber(os.getenv("WORLD_SIZE")) or 1 end
+M.world_size = world_size
 
 -- The names a chunk sees besides the globals; ctx = { now = { trainer = }, exposed = { name = value },
 -- limits = { timeout = } }.
@@ -142,7 +143,9 @@ local function evaluate(ctx, src, targets, id)
          :format(names(changed), #targets, world_size())
       return "e" .. table.concat(out, "\n")
    elseif #changed > 0 then
-      agree.queue(id, changed, targets)
+      agree.queue(id, function()
+         for _, c in ipairs(changed) do c.tbl[c.key] = c.value end
+      end, targets)
       out[#out + 1] = ("(%s: set on every rank at the same step boundary, agreed through the job's store)")
          :format(names(changed))
    end
@@ -152,18 +155,10 @@ local function evaluate(ctx, src, targets, id)
    return "o" .. table.concat(out, "\n")
 end
 
--- Where this rank is: its step (a rank answers at a safe point, so between steps).
-local function where(ctx)
-   local t = ctx.now.trainer
-   if not t then return "o" .. "at a safe point outside a trainer (dt.repl.safe_point)" end
-   return ("ostep %d of %d, between steps"):format(t.step, t.config.steps)
-end
-
 -- The reply to one request.
 function M.handle(ctx, req)
-   if req == "w" then return where(ctx) end
    local ranks, id, src = req:match("^e ([%d,]+) (%w+)\n(.*)$")
-   if not ranks then return "emalformed request (expected \"e RANKS ID\\nCHUNK\" or \"w\")" end
+   if not ranks then return "emalformed request (expected \"e RANKS ID\\nCHUNK\")" end
    local targets = {}
    for r in ranks:gmatch("%d+") do targets[#targets + 1] = tonumber(r) end
    return evaluate(ctx, src, targets, id)

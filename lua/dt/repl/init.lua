@@ -45,6 +45,48 @@ end
 
 local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("size_t[1]")
 
+-- :pause holds every rank at one safe point (agreed through the store: no rank then waits inside a collective, so
+-- none times out), serving requests while held; :step N lets N more safe points pass, then holds again (all ranks
+-- were held at the same one, so they hold again together); :resume lets the job go on. A held job stays held when
+-- its client detaches, until a client resumes it.
+local held, hold_at = false, nil -- holding now; the safe point (agree.count()) at which to hold
+
+local function where()
+   local t = ctx.now.trainer
+   local at = t and ("step %d of %d"):format(t.step, t.config.steps) or "a safe point outside a trainer"
+   return ("o%s, %s"):format(at, held and "paused" or "running (answering between steps)")
+end
+
+-- The reply to a command request (:pause, :resume, :step, :where), or nil for a chunk.
+local function command(req, eval)
+   if req == "w" then return where() end
+   if req == "r" then
+      held, hold_at = false, nil
+      return "oresumed"
+   end
+   local n = tonumber(req:match("^s (%d+)$"))
+   if n then
+      if not held then return "enot paused: :pause first (ranks running freely are at different steps)" end
+      held, hold_at = false, agree.count() + n
+      return ("orunning %d step(s), then pausing"):format(n)
+   end
+   local ranks, id = req:match("^p ([%d,]+) (%w+)$")
+   if not ranks then return nil end
+   local targets, size = select(2, ranks:gsub("%d+", "")), eval.world_size()
+   if size == 1 then
+      held = true
+      return "opaused"
+   end
+   if targets < size then
+      return ("erefused: :pause holds every rank (%d of %d ranks held alone would keep the others waiting inside a "
+         .. "collective until it times out): attach with --all"):format(targets, size)
+   end
+   local list = {}
+   for r in ranks:gmatch("%d+") do list[#list + 1] = tonumber(r) end
+   agree.queue(id, function() held = true end, list)
+   return "opausing at the next step boundary all ranks agree on"
+end
+
 local function serve()
    local eval, show = require "dt.repl.eval", require "dt.repl.show" -- here: `dtrun attach` needs neither
    show.strategy = ctx.now.trainer and ctx.now.trainer.strategy
@@ -52,7 +94,7 @@ local function serve()
       check(C.dt_control_take(server, client, data, len))
       local req = ffi.string(data[0], len[0])
       C.dt_io_buffer_free(data[0])
-      local reply = eval.handle(ctx, req)
+      local reply = command(req, eval) or eval.handle(ctx, req)
       if #reply > C.DT_CONTROL_MAX_MESSAGE then reply = reply:sub(1, C.DT_CONTROL_MAX_MESSAGE - 40) .. "\n(cut)" end
       check(C.dt_control_reply(server, client[0], reply, #reply))
    end
@@ -70,7 +112,11 @@ function M.safe_point(trainer)
       M.listen(dir)
    end
    agree.safe_point()
+   if hold_at == agree.count() then held, hold_at = true, nil end
    if C.dt_control_pending(server) > 0 then serve() end
+   while held do
+      if C.dt_control_wait(server, 1000) > 0 then serve() end
+   end
 end
 
 return M
