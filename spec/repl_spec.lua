@@ -23,13 +23,16 @@ local function start(args, env, solo)
    error("the job's control sockets never appeared:\n" .. sh("cat " .. dir .. ".log"))
 end
 
+-- Stop the job with SIGTERM, wait for it, remove its files; returns its console output.
 local function stop(job)
    sh(("kill -TERM %d 2>/dev/null"):format(job.pid))
    for _ = 1, 300 do
       if not alive(job.pid) then break end
       sh("sleep 0.1")
    end
+   local log = sh("cat " .. job.dir .. ".log")
    sh(("rm -rf %s %s.log %s.pid"):format(job.dir, job.dir, job.dir))
+   return log
 end
 
 local function attach(job, args, env) return helpers.dtrun(("attach %s %s"):format(job.dir, args), env) end
@@ -210,9 +213,16 @@ describe("dtrun attach :pause", function()
          out = session(job, { ":resume" })
          assert.matches("ranks 0%-1: resumed", out)
          assert.is_true(advances(job, { [0] = tonumber(held), [1] = tonumber(held) }))
-         local log = sh("cat " .. job.dir .. ".log")
-         stop(job)
+         -- SIGTERM ends a pause: the ranks finish as the trainer does on SIGTERM
+         assert.matches("pausing", session(job, { ":pause" }))
+         for _ = 1, 100 do
+            if session(job, { ":where" }):match("paused") then break end
+            sh("sleep 0.1")
+         end
+         local log = stop(job)
          assert.not_matches("timed out", log)
+         assert.matches("%[0%] stopping after step %d+: SIGTERM received", log)
+         assert.matches("%[1%] stopping after step %d+: SIGTERM received", log)
       end)
 end)
 

@@ -116,6 +116,11 @@ function M.safe_point(trainer)
    if C.dt_control_pending(server) > 0 then serve() end
    while held do
       if C.dt_control_wait(server, 1000) > 0 then serve() end
+      local sig = C.dt_signal_take()
+      if sig ~= 0 then -- a signal the trainer watches (SIGTERM: checkpoint and stop) ends the pause; the trainer
+         held = false -- reads it after its step, so it is raised again (rare: a shell rather than a declaration)
+         os.execute(("kill -%d %d"):format(sig, fs.pid()))
+      end
    end
 end
 
