@@ -43,6 +43,11 @@ struct dt_control {
   msg *out_head, *out_tail;       /* replies for the thread */
   atomic_int pending;
   atomic_bool stop;
+  /* the owner's last dt_control_mark, read by the thread to answer "w" at once */
+  pthread_mutex_t mark_mu;
+  int64_t mark_step, mark_total;
+  bool mark_paused;
+  double mark_time;
   conn conns[DT_CONTROL_MAX_CLIENTS];
   int nconns;
   uint64_t next_id;
@@ -141,6 +146,21 @@ static void accept_client(dt_control *s) {
   s->conns[s->nconns++] = (conn){ .fd = fd, .id = ++s->next_id };
 }
 
+/* "o" + where the owner is, from its last mark, onto c's output. False: out of memory. */
+static bool answer_where(dt_control *s, conn *c) {
+  char text[160], of[40] = "";
+  pthread_mutex_lock(&s->mark_mu);
+  int64_t step = s->mark_step, total = s->mark_total;
+  bool paused = s->mark_paused;
+  double since = dt_time_now() - s->mark_time;
+  pthread_mutex_unlock(&s->mark_mu);
+  if (total > 0) snprintf(of, sizeof of, " of %lld", (long long)total);
+  int n = paused ? snprintf(text, sizeof text, "ostep %lld%s, paused", (long long)step, of)
+                 : snprintf(text, sizeof text, "ostep %lld%s done, in the next step for %.1f s", (long long)step, of,
+                            since);
+  return frame_out(c, text, (size_t)n);
+}
+
 /* Read what is there; queue each complete request. False: hang up (closed, error, oversized request). */
 static bool read_client(dt_control *s, conn *c) {
   for (;;) {
@@ -164,6 +184,13 @@ static bool read_client(dt_control *s, conn *c) {
       c->body_got += (uint32_t)n;
     }
     if (c->body_got < c->body_len) continue;
+    if (c->body_len == 1 && c->body[0] == 'w') { /* where: answered here, even while the owner is inside a step */
+      free(c->body);
+      c->body = NULL;
+      c->hdr_got = 0;
+      if (!answer_where(s, c)) return false;
+      continue;
+    }
     msg *m = malloc(sizeof *m);
     if (!m) return false;
     *m = (msg){ .client = c->id, .len = c->body_len, .data = c->body };
@@ -269,12 +296,15 @@ dt_status dt_control_open(const char *path, dt_control **out) {
   s->wake_rd = pipefd[0];
   s->wake_wr = pipefd[1];
   pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->mark_mu, NULL);
   pthread_cond_init(&s->arrived, NULL);
+  s->mark_time = dt_time_now();
   int e = pthread_create(&s->thread, NULL, serve, s);
   if (e != 0) {
     close(s->listen_fd), close(s->wake_rd), close(s->wake_wr);
     unlink(path);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->mark_mu);
     pthread_cond_destroy(&s->arrived);
     free(s);
     return DT_FAIL(DT_ERR_STATE, "control socket: cannot start its thread: %s", strerror(e));
@@ -284,6 +314,13 @@ dt_status dt_control_open(const char *path, dt_control **out) {
 }
 
 int dt_control_pending(const dt_control *c) { return atomic_load(&((dt_control *)c)->pending); }
+
+void dt_control_mark(dt_control *c, int64_t step, int64_t total, bool paused) {
+  pthread_mutex_lock(&c->mark_mu);
+  c->mark_step = step, c->mark_total = total, c->mark_paused = paused;
+  c->mark_time = dt_time_now();
+  pthread_mutex_unlock(&c->mark_mu);
+}
 
 int dt_control_wait(dt_control *c, int timeout_ms) {
   struct timespec until;
@@ -345,6 +382,7 @@ void dt_control_close(dt_control *c) {
   free_msgs(c->in_head);
   free_msgs(c->out_head);
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->mark_mu);
   pthread_cond_destroy(&c->arrived);
   free(c);
 }

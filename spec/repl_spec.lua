@@ -208,8 +208,10 @@ describe("dtrun attach :pause", function()
             sh("sleep 0.1")
          end
          assert.equal(tonumber(step) + 2, tonumber(held))
-         out = session(job, { ":pause" }, "--rank 0")
-         assert.matches("rank 0: error: refused: :pause holds every rank", out)
+         out = session(job, { ":pause", ":step 1", ":resume" }, "--rank 0")
+         assert.matches("rank 0: error: refused: :pause holds or releases every rank", out)
+         assert.matches("rank 0: error: refused: :step holds or releases every rank", out)
+         assert.matches("rank 0: error: refused: :resume holds or releases every rank", out)
          out = session(job, { ":resume" })
          assert.matches("ranks 0%-1: resumed", out)
          assert.is_true(advances(job, { [0] = tonumber(held), [1] = tonumber(held) }))
@@ -227,10 +229,28 @@ describe("dtrun attach :pause", function()
 end)
 
 describe("dtrun attach to an FSDP job", function()
-   it("shows a parameter's shard placement, and p:local_shard() is this rank's slice", function()
+   it("shows a parameter's shard placement; p:local_shard() is this rank's slice, p:full_tensor() gathers it while "
+      .. "the job is paused", function()
       local job = start("fsdp=true")
-      local r = attach(job, e("local p = model.blocks[2].mlp.fc.weight return p:local_shard():numel() > 0, p"))
+      local chunk = e("p = model.blocks[2].mlp.fc.weight return p:local_shard():numel() > 0, p")
+      local r = attach(job, chunk)
+      local early = attach(job, e("return p:full_tensor()"))
+      assert.matches("pausing", session(job, { ":pause" }))
+      for _ = 1, 100 do
+         if session(job, { ":where" }):match("paused") then break end
+         sh("sleep 0.1")
+      end
+      local full = attach(job, e("local f, n = p:full_tensor(), p:local_shard():norm():item() "
+         .. "return f, f:norm():item()^2 - world.comm:all_reduce(dt.tensor({n * n}), \"sum\"):item()"))
       stop(job)
+      assert.equal(1, early.code, early.out)
+      assert.matches("full_tensor%(%) gathers across the shard group, a collective every rank must join", early.out)
+      assert.equal(0, full.code, full.out)
+      -- the same full tensor on both ranks, whose squared norm is the sum of the shards'
+      assert.matches("^ranks 0%-1:\n  %(full_tensor: gathering %d+ KiB of unit blocks.2 over 2 ranks%)\n  "
+         .. "dt.Tensor%(128, 32%) f32 cpu  norm [%d.]+ .*\t%-?[%d.e%-]+\n", full.out)
+      local diff = tonumber(full.out:match("\t(%S+)\n"))
+      assert.is_true(math.abs(diff) < 1e-3, full.out)
       assert.equal(0, r.code, r.out)
       assert.matches("rank 0: true\tdt.Tensor%(0%) f32 cpu %[%]  shard 1/2 of %(128, 32%) %(fsdp unit blocks.2, "
          .. "parameter blocks.2.mlp.fc.weight%): elements %d+%-%d+ here", r.out)

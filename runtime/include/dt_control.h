@@ -18,6 +18,10 @@ typedef struct dt_control dt_control;
 dt_status dt_control_open(const char *path, dt_control **out);
 /* Requests waiting to be taken: an atomic read, no system call (the idle cost of a safe point). */
 int dt_control_pending(const dt_control *c);
+/* Where the owner is, said at each safe point: the thread answers a "w" request (where) from it at once, even while
+ * the owner is inside a step ("step 12 of 100 done, in the next step for 3.2 s", or "step 12 of 100, paused");
+ * total 0: no " of N". */
+void dt_control_mark(dt_control *c, int64_t step, int64_t total, bool paused);
 /* Sleep until a request is waiting or timeout_ms passed (a paused rank's wait); returns dt_control_pending. */
 int dt_control_wait(dt_control *c, int timeout_ms);
 /* The oldest waiting request: its client's id and a copy of its bytes (free it with dt_io_buffer_free). */

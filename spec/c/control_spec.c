@@ -65,6 +65,21 @@ static void round_trip(void) {
   expect(strcmp(ra, "ofor a") == 0 && strcmp(rb, "ofor b") == 0, "each client gets its own reply");
   free(ra), free(rb);
 
+  /* where: answered by the server thread from the owner's last mark, without the owner taking a request */
+  dt_control_mark(c, 12, 100, false);
+  expect_ok(dt_control_send(a, "w", 1), "a asks where the rank is");
+  char *w = reply_of(a);
+  const char *want = "ostep 12 of 100 done, in the next step for ";
+  if (w && strncmp(w, want, strlen(want)) != 0) printf("  got: %s\n", w);
+  expect(strncmp(w, want, strlen(want)) == 0 && dt_control_pending(c) == 0,
+         "where is answered at once from the mark (nothing queued)");
+  free(w);
+  dt_control_mark(c, 13, 0, true);
+  expect_ok(dt_control_send(a, "w", 1), "again, paused");
+  w = reply_of(a);
+  expect(strcmp(w, "ostep 13, paused") == 0, "a paused rank says so");
+  free(w);
+
   /* a client that hangs up mid-request (half a message) is dropped; its reply, if any, goes nowhere */
   uint32_t n = 100;
   expect(send(a, &n, 4, 0) == 4 && send(a, "half", 4, 0) == 4, "a sends half a request");

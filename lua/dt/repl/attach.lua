@@ -201,8 +201,8 @@ local commands = {
    end,
    [":where"] = function(s) return s:ask("w") end,
    [":pause"] = function(s) return s:ask(("p %s %s"):format(format_list(s.ranks), request_id())) end,
-   [":resume"] = function(s) return s:ask("r") end,
-   [":step"] = function(s, arg) return s:ask("s " .. (tonumber(arg) or 1)) end,
+   [":resume"] = function(s) return s:ask("r " .. format_list(s.ranks)) end,
+   [":step"] = function(s, arg) return s:ask(("s %d %s"):format(tonumber(arg) or 1, format_list(s.ranks))) end,
 }
 
 local function interactive(s)

@@ -16,7 +16,7 @@ local function world_size() return tonumber(os.getenv("WORLD_SIZE")) or 1 end
 M.world_size = world_size
 
 -- The names a chunk sees besides the globals; ctx = { now = { trainer = }, exposed = { name = value },
--- limits = { timeout = } }.
+-- limits = { timeout = }, held = function: whether this rank is paused }.
 local function lookup(ctx, name)
    local v = ctx.exposed[name]
    if v ~= nil then return v end
@@ -126,6 +126,8 @@ local function evaluate(ctx, src, targets, id)
       for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
       out[#out + 1] = table.concat(parts, "\t")
    end
+   show.say = current_print
+   show.collectives_ok = ctx.held() and #targets == world_size()
    setfenv(fn, environment(ctx))
    local before = global_settings(ctx)
    local res = run_limited(fn, ctx.limits.timeout)

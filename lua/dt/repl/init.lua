@@ -50,36 +50,39 @@ local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("
 -- were held at the same one, so they hold again together); :resume lets the job go on. A held job stays held when
 -- its client detaches, until a client resumes it.
 local held, hold_at = false, nil -- holding now; the safe point (agree.count()) at which to hold
+ctx.held = function() return held end
 
-local function where()
+-- Tell the control thread where this rank is: it answers :where from that, even while the rank is inside a step.
+local function mark()
    local t = ctx.now.trainer
-   local at = t and ("step %d of %d"):format(t.step, t.config.steps) or "a safe point outside a trainer"
-   return ("o%s, %s"):format(at, held and "paused" or "running (answering between steps)")
+   C.dt_control_mark(server, t and t.step or agree.count(), t and t.config.steps or 0, held)
 end
 
--- The reply to a command request (:pause, :resume, :step, :where), or nil for a chunk.
+-- A command for every rank refused on some: "" when `ranks` (a request's list) holds every rank, else why not.
+local function all_ranks(what, ranks, size)
+   local n = select(2, ranks:gsub("%d+", ""))
+   if n == size then return "" end
+   return ("erefused: %s holds or releases every rank (%d of %d ranks alone would keep the others waiting inside "
+      .. "a collective until it times out): attach with --all"):format(what, n, size)
+end
+
+-- The reply to a command request (:resume "r RANKS", :step "s N RANKS", :pause "p RANKS ID"), or nil for a chunk.
 local function command(req, eval)
-   if req == "w" then return where() end
-   if req == "r" then
+   local kind, n, ranks, id = req:match("^([rsp]) ?(%d*) ([%d,]+) ?(%w*)$")
+   if not kind then return nil end
+   local size = eval.world_size()
+   local refused = all_ranks(({ r = ":resume", s = ":step", p = ":pause" })[kind], ranks, size)
+   if refused ~= "" then return refused end
+   if kind == "r" then
       held, hold_at = false, nil
       return "oresumed"
-   end
-   local n = tonumber(req:match("^s (%d+)$"))
-   if n then
+   elseif kind == "s" then
       if not held then return "enot paused: :pause first (ranks running freely are at different steps)" end
-      held, hold_at = false, agree.count() + n
+      held, hold_at = false, agree.count() + tonumber(n)
       return ("orunning %d step(s), then pausing"):format(n)
-   end
-   local ranks, id = req:match("^p ([%d,]+) (%w+)$")
-   if not ranks then return nil end
-   local targets, size = select(2, ranks:gsub("%d+", "")), eval.world_size()
-   if size == 1 then
+   elseif size == 1 then
       held = true
       return "opaused"
-   end
-   if targets < size then
-      return ("erefused: :pause holds every rank (%d of %d ranks held alone would keep the others waiting inside a "
-         .. "collective until it times out): attach with --all"):format(targets, size)
    end
    local list = {}
    for r in ranks:gmatch("%d+") do list[#list + 1] = tonumber(r) end
@@ -114,6 +117,8 @@ function M.safe_point(trainer)
    agree.safe_point()
    if hold_at == agree.count() then held, hold_at = true, nil end
    if C.dt_control_pending(server) > 0 then serve() end
+   mark()
+   if not held then return end
    while held do
       if C.dt_control_wait(server, 1000) > 0 then serve() end
       local sig = C.dt_signal_take()
@@ -122,6 +127,7 @@ function M.safe_point(trainer)
          os.execute(("kill -%d %d"):format(sig, fs.pid()))
       end
    end
+   mark()
 end
 
 return M

@@ -1,4 +1,5 @@
--- dt/repl/show.lua: how REPL results print (tensor summaries with their shard placement) and p:local_shard().
+-- dt/repl/show.lua: how REPL results print (tensor summaries with their shard placement), p:local_shard() and
+-- p:full_tensor().
 --
 -- A tensor prints as tostring gives it (shape, dtype, device; values when small, else norm, min, max, mean and the
 -- NaN/Inf counts), plus, for a parameter of a sharded strategy (FSDP: the trainer's strategy with flat units), where
@@ -55,6 +56,29 @@ function Tensor:local_shard()
    v = v or view_of(u, e.name)
    if v then return v.t end
    return Tensor.zeros({ 0 }, { dtype = "f32", device = u.device })
+end
+
+-- Set by dt/repl while it evaluates a chunk: whether collectives may run (every rank is paused at the same safe
+-- point and the chunk went to all of them), and the chunk's print.
+M.collectives_ok, M.say = false, print
+
+-- The whole of a sharded parameter on this rank (f32, a copy): all_gathers its unit across the shard group, so
+-- every rank of it must run this at the same point: only while the job is paused (:pause) and the chunk went to
+-- every rank. (Tensor.full is the constructor, hence DTensor's name.) An unsharded tensor is returned as it is.
+function Tensor:full_tensor()
+   local u, e, v = find(self)
+   if not u then return self end
+   if not M.collectives_ok then
+      error("full_tensor() gathers across the shard group, a collective every rank must join at the same point: "
+         .. ":pause the job and send the chunk to every rank (--all)", 2)
+   end
+   local s, name = M.strategy, e and e.name or v.name
+   M.say(("(full_tensor: gathering %d KiB of unit %s over %d ranks)"):format(math.ceil(u.padded * 4 / 1024),
+      unit_name(u), s.comm.size))
+   local full = s.comm.size == 1 and u.shard:clone() or s.comm:all_gather(u.shard)
+   local out = u:split(full)[name]
+   full:free()
+   return out
 end
 
 local function show_table(t)
