@@ -268,6 +268,25 @@ describe("dtrun attach to a single process", function()
    end)
 end)
 
+describe("dtrun repl", function()
+   it("runs each line on N fresh ranks with a world ready (collectives work), and stops them at the end", function()
+      local function repl(lines, args)
+         return sh(("cd %s && printf '%%s\\n' '%s' | %s repl %s 2>&1; echo \"exit=$?\""):format(helpers.root,
+            table.concat(lines, "' '"), helpers.exe, args))
+      end
+      local out = repl({ "return rank", 'return world.comm:all_reduce(dt.ones({2}), "sum")', "x = rank",
+         "return x * 10" }, "--nproc 2")
+      assert.matches("rank 0: 0\nrank 1: 1\n", out)
+      assert.matches("ranks 0%-1: dt.Tensor%(2%) f32 cpu %[2 2%]", out)
+      assert.matches("rank 0: 0\nrank 1: 10\n", out)
+      assert.matches("exit=0", out)
+      assert.equal(0, helpers.count_procs("dt/repl/worker.lua"))
+      out = repl({ "return world.size, rank" }, "")
+      assert.matches("rank 0: 1\t0\n", out)
+      assert.equal(0, helpers.count_procs("dt/repl/worker.lua"))
+   end)
+end)
+
 describe("dtrun attach while the job ends", function()
    it("tells the client the job ended, and exits non-zero", function()
       local job = start("steps=10 step_sleep=0.2")

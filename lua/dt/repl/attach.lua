@@ -235,6 +235,44 @@ local function interactive(s)
    end
 end
 
+-- `dtrun repl [--nproc N]`: N fresh ranks (dt/repl/worker.lua, under the launcher when N > 1) in the background,
+-- with a world ready, and an interactive session on all of them; the ranks stop when it ends.
+function M.repl(args)
+   local n = 1
+   if args[1] == "--nproc" and tonumber(args[2]) and #args == 2 then
+      n = tonumber(args[2])
+   elseif #args > 0 then
+      io.stderr:write("usage: dtrun repl [--nproc N]\n")
+      return 2
+   end
+   local dir = require("dt.rundir").new_path("repl")
+   local log, worker = dir .. ".log", package.searchpath("dt.repl.worker", package.path)
+   local pid = io.popen(("%s %s %s run_dir=%s > %s 2>&1 & echo $!"):format(ffi.string(C.dt_exe_path()), worker,
+      n > 1 and ("--nproc " .. n) or "", dir, log)):read("*l")
+   local s = setmetatable({ run_dir = dir, fds = {}, ranks = {}, out = io.stdout }, Session)
+   local up
+   for _ = 1, 600 do
+      up = #live_ranks(dir) == n
+      if up or os.execute(("kill -0 %s 2>/dev/null"):format(pid)) ~= 0 then break end
+      os.execute("sleep 0.1")
+   end
+   local status = 1
+   if up and s:choose("all") then
+      local ok, err = pcall(interactive, s)
+      s:close()
+      status = ok and 0 or 1
+      if not ok then io.stderr:write("dtrun repl: ", tostring(err), "\n") end
+   else
+      local f = io.open(log)
+      io.stderr:write("dtrun repl: the ranks did not start:\n", f and f:read("*a") or "", "\n")
+      if f then f:close() end
+   end
+   os.execute(("kill -TERM %s 2>/dev/null; while kill -0 %s 2>/dev/null; do sleep 0.1; done"):format(pid, pid))
+   os.remove(log)
+   if fs.is_dir(dir) then fs.remove_tree(dir) end
+   return status
+end
+
 function M.main(args)
    local run_dir, spec, chunk = nil, "all", nil
    local i = 1

@@ -130,4 +130,10 @@ function M.safe_point(trainer)
    mark()
 end
 
+-- Hold here serving requests until :resume or a signal (a `dtrun repl` rank; dt/repl/worker.lua).
+function M.serve_forever()
+   held = true
+   M.safe_point()
+end
+
 return M
