@@ -59,6 +59,12 @@ local function advances(job, before)
    return false
 end
 
+-- An interactive session fed `lines` (without single quotes); its output and exit status.
+local function session(job, lines, args)
+   return sh(("cd %s && printf '%%s\\n' '%s' | %s attach %s %s 2>&1; echo \"exit=$?\""):format(helpers.root,
+      table.concat(lines, "' '"), helpers.exe, job.dir, args or ""))
+end
+
 describe("dtrun attach", function()
    local job
    lazy_setup(function() job = start("", "DT_REPL_TIMEOUT=1") end)
@@ -168,6 +174,25 @@ describe("dtrun attach", function()
          r.out)
    end)
 
+   it(":checkpoint saves at a step boundary all ranks agree on; the job runs on", function()
+      local out = session(job, { ":checkpoint" }, "--rank 1")
+      assert.matches("rank 1: error: refused: :checkpoint acts on every rank together", out)
+      out = session(job, { ":checkpoint" })
+      assert.matches("ranks 0%-1: checkpointing at the next step boundary all ranks agree on", out)
+      local latest
+      for _ = 1, 100 do
+         local f = io.open(job.dir .. "/checkpoints/latest")
+         if f then
+            latest = f:read("*a")
+            f:close()
+            break
+         end
+         sh("sleep 0.1")
+      end
+      assert.matches("step%-%d+", latest)
+      assert.is_true(advances(job, steps(job)))
+   end)
+
    it("says which ranks listen, and refuses a rank that does not", function()
       local r = attach(job, "--rank 5 " .. e("return 1"))
       assert.equal(1, r.code, r.out)
@@ -177,12 +202,6 @@ describe("dtrun attach", function()
       assert.matches("no rank of /nonexistent/run is listening", r.out)
    end)
 end)
-
--- An interactive session fed `lines` (without single quotes); its output and exit status.
-local function session(job, lines, args)
-   return sh(("cd %s && printf '%%s\\n' '%s' | %s attach %s %s 2>&1; echo \"exit=$?\""):format(helpers.root,
-      table.concat(lines, "' '"), helpers.exe, job.dir, args or ""))
-end
 
 describe("dtrun attach :pause", function()
    it("holds every rank at the same step past the collective timeout; :step N runs N steps; :resume goes on",
@@ -209,9 +228,9 @@ describe("dtrun attach :pause", function()
          end
          assert.equal(tonumber(step) + 2, tonumber(held))
          out = session(job, { ":pause", ":step 1", ":resume" }, "--rank 0")
-         assert.matches("rank 0: error: refused: :pause holds or releases every rank", out)
-         assert.matches("rank 0: error: refused: :step holds or releases every rank", out)
-         assert.matches("rank 0: error: refused: :resume holds or releases every rank", out)
+         assert.matches("rank 0: error: refused: :pause acts on every rank together", out)
+         assert.matches("rank 0: error: refused: :step acts on every rank together", out)
+         assert.matches("rank 0: error: refused: :resume acts on every rank together", out)
          out = session(job, { ":resume" })
          assert.matches("ranks 0%-1: resumed", out)
          assert.is_true(advances(job, { [0] = tonumber(held), [1] = tonumber(held) }))

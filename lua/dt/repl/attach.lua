@@ -5,7 +5,8 @@
 -- a rank reported an error). Without -e, lines are read from stdin: a chunk that is not complete yet continues on the
 -- next line; :ranks lists the ranks, :rank R / :ranks 0,2-3 / :all choose, :where asks each rank where it is,
 -- :pause holds every rank at one step boundary, :step [N] lets N steps run and holds again, :resume lets the job go
--- on, :quit (or end of input) detaches. Detaching leaves the job running (or paused).
+-- on, :checkpoint saves at one step boundary, :quit (or end of input) detaches. Detaching leaves the job running
+-- (or paused). `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local fs = require "dt.train.fs"
@@ -201,6 +202,7 @@ local commands = {
    end,
    [":where"] = function(s) return s:ask("w") end,
    [":pause"] = function(s) return s:ask(("p %s %s"):format(format_list(s.ranks), request_id())) end,
+   [":checkpoint"] = function(s) return s:ask(("c %s %s"):format(format_list(s.ranks), request_id())) end,
    [":resume"] = function(s) return s:ask("r " .. format_list(s.ranks)) end,
    [":step"] = function(s, arg) return s:ask(("s %d %s"):format(tonumber(arg) or 1, format_list(s.ranks))) end,
 }
@@ -217,7 +219,7 @@ local function interactive(s)
          local fn = commands[cmd]
          if not fn then
             print(("unknown command %s (:ranks, :rank R, :ranks 0,2-3, :all, :where, :pause, :step [N], :resume, "
-               .. ":quit)"):format(tostring(cmd)))
+               .. ":checkpoint, :quit)"):format(tostring(cmd)))
          else
             local res, err = fn(s, arg)
             if res == "quit" then break end

@@ -62,17 +62,32 @@ end
 local function all_ranks(what, ranks, size)
    local n = select(2, ranks:gsub("%d+", ""))
    if n == size then return "" end
-   return ("erefused: %s holds or releases every rank (%d of %d ranks alone would keep the others waiting inside "
+   return ("erefused: %s acts on every rank together (%d of %d ranks alone would keep the others waiting inside "
       .. "a collective until it times out): attach with --all"):format(what, n, size)
 end
 
--- The reply to a command request (:resume "r RANKS", :step "s N RANKS", :pause "p RANKS ID"), or nil for a chunk.
+-- :checkpoint: the trainer saves as at its checkpoint_every steps (rank 0, or every rank of a sharded strategy). A
+-- failure is reported, not raised: a REPL command must not end the job. Returns nil or the error.
+local function save_checkpoint()
+   local t = ctx.now.trainer
+   if (tonumber(os.getenv("RANK")) or 0) ~= 0 and not t.strategy.save_checkpoint then return nil end
+   local ok, err = pcall(t.save_checkpoint, t)
+   if ok then return nil end
+   print(("dt.repl: :checkpoint failed at step %d: %s"):format(t.step, tostring(err)))
+   return tostring(err)
+end
+
+local names = { r = ":resume", s = ":step", p = ":pause", c = ":checkpoint" }
+
+-- The reply to a command request (:resume "r RANKS", :step "s N RANKS", :pause "p RANKS ID", :checkpoint
+-- "c RANKS ID"), or nil for a chunk.
 local function command(req, eval)
-   local kind, n, ranks, id = req:match("^([rsp]) ?(%d*) ([%d,]+) ?(%w*)$")
+   local kind, n, ranks, id = req:match("^([rspc]) ?(%d*) ([%d,]+) ?(%w*)$")
    if not kind then return nil end
    local size = eval.world_size()
-   local refused = all_ranks(({ r = ":resume", s = ":step", p = ":pause" })[kind], ranks, size)
+   local refused = all_ranks(names[kind], ranks, size)
    if refused ~= "" then return refused end
+   local t = ctx.now.trainer
    if kind == "r" then
       held, hold_at = false, nil
       return "oresumed"
@@ -80,14 +95,19 @@ local function command(req, eval)
       if not held then return "enot paused: :pause first (ranks running freely are at different steps)" end
       held, hold_at = false, agree.count() + tonumber(n)
       return ("orunning %d step(s), then pausing"):format(n)
-   elseif size == 1 then
-      held = true
-      return "opaused"
+   elseif kind == "c" and not (t and t.run_dir) then
+      return "e:checkpoint needs a trainer with a run_dir (train.Trainer{ ..., run_dir = dir }) at this safe point"
+   end
+   local action = kind == "p" and function() held = true end or save_checkpoint
+   if size == 1 then
+      local err = action()
+      if err then return "e:checkpoint failed: " .. err end
+      return kind == "p" and "opaused" or ("ocheckpoint of step %d saved in %s/checkpoints"):format(t.step, t.run_dir)
    end
    local list = {}
    for r in ranks:gmatch("%d+") do list[#list + 1] = tonumber(r) end
-   agree.queue(id, function() held = true end, list)
-   return "opausing at the next step boundary all ranks agree on"
+   agree.queue(id, action, list)
+   return ("o%s at the next step boundary all ranks agree on"):format(kind == "p" and "pausing" or "checkpointing")
 end
 
 local function serve()
