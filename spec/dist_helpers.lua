@@ -16,6 +16,8 @@ local function sh(cmd)
 end
 M.sh = sh
 
+M.sh = sh -- a shell command's output
+
 local function lines_of(out)
    local lines = {}
    for l in out:gmatch("[^\n]+") do lines[#lines + 1] = l end

@@ -104,4 +104,11 @@ function dt.mesh(spec)
    return dist.mesh(dist.init(), spec)
 end
 
+-- dt.repl (the live REPL's safe points and expose; dt/repl/init.lua) loads on first use: it requires dt itself.
+setmetatable(dt, { __index = function(t, k)
+   if k ~= "repl" then return nil end
+   rawset(t, k, require "dt.repl")
+   return t[k]
+end })
+
 return dt

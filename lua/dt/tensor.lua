@@ -469,7 +469,8 @@ function Tensor:requires_grad_(flag)
 end
 function Tensor:zero_grad() self.grad = nil end
 
--- Printing: small tensors in full, large ones summarised.
+-- Printing: small tensors in full, large ones summarised (norm, min, max and mean of the finite values; NaN and Inf
+-- counts).
 local function fmt(v)
    if v ~= v then return "nan" end
    if v == math.floor(v) and math.abs(v) < 1e15 then return ("%d"):format(v) end
@@ -487,20 +488,22 @@ function mt.__tostring(t)
       return head .. " [" .. table.concat(vals, " ") .. "]"
    end
    local first, lo, hi, sum, sumsq = {}, math.huge, -math.huge, 0, 0
-   local nan = 0
+   local nan, inf = 0, 0
    for i = 1, n do
       local v = t:get(i)
       if i <= 6 then first[i] = fmt(v) end
       if v ~= v then
          nan = nan + 1
+      elseif v == math.huge or v == -math.huge then
+         inf = inf + 1
       else
          if v < lo then lo = v end
          if v > hi then hi = v end
          sum, sumsq = sum + v, sumsq + v * v
       end
    end
-   return ("%s  norm %.4g  min %s  max %s  mean %.4g  nan %d  [%s ...]"):format(head, math.sqrt(sumsq), fmt(lo),
-      fmt(hi), sum / math.max(1, n - nan), nan, table.concat(first, " "))
+   return ("%s  norm %.4g  min %s  max %s  mean %.4g  nan %d  inf %d  [%s ...]"):format(head, math.sqrt(sumsq),
+      fmt(lo), fmt(hi), sum / math.max(1, n - nan - inf), nan, inf, table.concat(first, " "))
 end
 
 Tensor.mt = mt

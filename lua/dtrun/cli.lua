@@ -1,4 +1,4 @@
--- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
+-- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info, attach and repl subcommands.
 local M = {}
 
 local usage = [[
@@ -15,6 +15,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
                                                                adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
+       dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
+       dtrun repl [--nproc N]                                  each line runs on N fresh ranks (a world is ready)
        dtrun --help | --version]]
 
 local function rest(args, from)
@@ -81,6 +83,9 @@ function commands.bench(args)
 end
 
 function commands.ckpt(args) return require("dtrun.ckpt").main(rest(args, 2)) end
+
+function commands.attach(args) return require("dt.repl.attach").main(rest(args, 2)) end
+function commands.repl(args) return require("dt.repl.attach").repl(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }

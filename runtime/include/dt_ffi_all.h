@@ -6,6 +6,7 @@
 #include "dt_random.h"
 #include "dt_optim.h"
 #include "dt_io.h"
+#include "dt_control.h"
 #include "dt_launch.h"
 #include "dt_store.h"
 #include "dt_comm.h"

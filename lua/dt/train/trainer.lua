@@ -41,6 +41,7 @@ local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.ckpt.checkpoint"
 local dtffi = require "dt.ffi"
+local repl = require "dt.repl"
 
 local SIGTERM = 15
 
@@ -240,6 +241,7 @@ function Trainer:run()
    -- exits 143 (dt.exit_status).
    dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
    local ok, err = pcall(function()
+      repl.safe_point(self) -- attached clients are served between steps (dt/repl), from before the first one
       while self.step < cfg.steps do
          result = self:train_step()
          if dtffi.C.dt_signal_take() == SIGTERM then
@@ -258,6 +260,7 @@ function Trainer:run()
          if saves and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
             self:save_checkpoint()
          end
+         repl.safe_point(self)
       end
       self:hook("end_run")
    end)
