@@ -84,8 +84,8 @@ end
 
 function commands.ckpt(args) return require("dtrun.ckpt").main(rest(args, 2)) end
 
-function commands.attach(args) return require("dt.repl.attach").main(rest(args, 2)) end
-function commands.repl(args) return require("dt.repl.attach").repl(rest(args, 2)) end
+function commands.attach(args) return require("dtrun.attach").main(rest(args, 2)) end
+function commands.repl(args) return require("dtrun.attach").repl(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }

@@ -7,10 +7,10 @@
 -- its first safe point on, when it has a run dir (the launcher's DT_RUN_DIR, else the trainer's run_dir) and
 -- DT_REPL is not "0". A C thread receives requests; this Lua state evaluates them only here, between steps, so a
 -- chunk never runs inside a forward, a backward or a collective. With nothing pending a safe point costs one atomic
--- read. See dt/repl/eval.lua for what a chunk sees, and `dtrun attach` (dt/repl/attach.lua) for the client.
+-- read. See dt/repl/eval.lua for what a chunk sees, and `dtrun attach` (dtrun/attach.lua) for the client.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local agree = require "dt.repl.agree"
 
 local C, check = dtffi.C, dtffi.check

@@ -1,4 +1,4 @@
--- dt/repl/attach.lua: `dtrun attach RUN_DIR [--rank R | --ranks 0,2-3 | --all] [-e CHUNK]`: the live REPL's client.
+-- dtrun/attach.lua: `dtrun attach RUN_DIR [--rank R | --ranks 0,2-3 | --all] [-e CHUNK]`: the live REPL's client.
 --
 -- Each chunk goes to the chosen ranks' control sockets; a rank evaluates it at its next safe point (between steps)
 -- and replies; identical replies are printed once ("ranks 0-1: ..."). -e evaluates one chunk and exits (status 1 when
@@ -9,7 +9,7 @@
 -- (or paused). `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local repl = require "dt.repl"
 
 local C, check = dtffi.C, dtffi.check
