@@ -404,7 +404,8 @@ static dt_status wait_ready(dt_comm *c, dt_store_client *store, const char *k_re
     dt_status st = dt_store_wait(store, 1, keys, h->any ? WAIT_SLICE_MS : c->timeout_ms);
     bool ready = st == DT_OK;
     if (!ready && h->any) DT_TRY(dt_store_check(store, 1, keys, DT_STORE_DEFAULT_TIMEOUT, &ready));
-    if (ready || !h->any) return st; /* done, or failed (a wait without slices timed out or lost the store) */
+    if (ready) return DT_OK; /* the key may have come after a slice ran out: st is that slice's timeout then */
+    if (!h->any) return st;  /* a wait without slices timed out or lost the store */
     if (took_signal(h)) return DT_FAIL(DT_ERR_STATE, "comm %s: interrupted", c->job); /* release_signals says more */
     DT_CHECK(dt_time_now() < deadline, DT_ERR_IO, "comm '%s' rank %d/%d: not every rank joined within %.1f s", c->job,
              c->rank, c->world, c->timeout_ms * 1e-3);
