@@ -16,9 +16,11 @@ local rollouts = require "dt.rl.rollouts"
 
 local M = {}
 
-M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = false,
-   top_p = 1, min_p = 0, stop = false, scale_rewards = "group", epsilon = 0.2, epsilon_high = false, beta = 0,
-   loss_type = "dapo", num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0 }
+-- Config keys (numbers keep their type for key=value overrides): top_k 0 = off, stop -1 = no stop token (else a
+-- token id), epsilon_high 0 = epsilon, slots 0 = every completion of the batch generates at once.
+M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = 0, top_p = 1,
+   min_p = 0, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0, loss_type = "dapo",
+   num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0 }
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
 -- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards.
@@ -72,7 +74,8 @@ end
 -- adv (B, 1), mask (B, T) 1 on the tokens that count. opts: epsilon, epsilon_high, beta, loss_type, max_new_tokens.
 -- Returns the loss and { clip_fraction, kl } (token means over the mask).
 function M.loss(logp, old, ref, adv, mask, opts)
-   local lo, hi = 1 - opts.epsilon, 1 + (opts.epsilon_high or opts.epsilon)
+   local high = opts.epsilon_high or 0
+   local lo, hi = 1 - opts.epsilon, 1 + (high > 0 and high or opts.epsilon)
    local ratio = (logp - old):exp()
    local clipped = dt.minimum(dt.maximum(ratio, lo), hi)
    local per_token = -dt.minimum(ratio * adv, clipped * adv)

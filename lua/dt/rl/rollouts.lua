@@ -39,8 +39,9 @@ function Rollouts:collect()
       end
    end
    local t0 = dt.time()
-   local out = generate(self.model, prompts, { max_new_tokens = cfg.max_new_tokens, stop = cfg.stop or nil,
-      slots = cfg.slots > 0 and cfg.slots or nil, temperature = cfg.temperature, top_k = cfg.top_k or nil,
+   local out = generate(self.model, prompts, { max_new_tokens = cfg.max_new_tokens, stop = cfg.stop,
+      slots = cfg.slots > 0 and cfg.slots or nil, temperature = cfg.temperature,
+      top_k = cfg.top_k > 0 and cfg.top_k or nil,
       top_p = cfg.top_p, min_p = cfg.min_p, generator = self.generator })
    local seconds, n_tokens = dt.time() - t0, 0
    for i, s in ipairs(samples) do
