@@ -180,3 +180,51 @@ describe("grpo prompts and config", function()
       assert.has_error(function() setup { group = 4 } end, "grpo: unknown config key 'group'")
    end)
 end)
+
+describe("grpo.setup", function()
+   local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2, seed = 2 }
+   local function setup(rewards, cfg)
+      local c = { group_size = 4, prompts_per_step = 2, max_new_tokens = 3 }
+      for k, v in pairs(cfg or {}) do c[k] = v end
+      return grpo.setup { model = model, prompts = { { prompt = "1+1=" }, { prompt = "2+3=" } }, rewards = rewards,
+         config = c, generator = dt.Generator(4) }
+   end
+   local function metrics(g)
+      local r = { metrics = {} }
+      g.metrics(r)
+      return r.metrics
+   end
+
+   it("serves one batch num_iterations times; its behaviour log-probs are the generating policy's", function()
+      local g = setup({ function(_, c) return #c end }, { num_iterations = 2 })
+      local x1, y1 = g.data:next()
+      local x2, y2 = g.data:next()
+      local x3 = g.data:next()
+      assert.equal(x1, x2)
+      assert.equal(y1, y2)
+      assert.are_not.equal(x1, x3)
+      local logp = dt.no_grad(grpo.token_logprobs, model, x1, 1)
+      assert.is_true(((logp - y1.old) * y1.mask):abs():max():item() < 1e-4)
+      assert.equal(2 * 4 * 3, y1.mask:sum():item()) -- no stop token: every completion has 3 tokens
+   end)
+
+   it("drops the samples whose reward raised (no loss), counts them and equal-reward groups, and goes on", function()
+      local calls = 0
+      local function flaky()
+         calls = calls + 1
+         if calls % 2 == 0 then error("flaky") end
+         return 1
+      end
+      local g = setup({ { fn = flaky, name = "flaky" } })
+      local x, y = g.data:next()
+      assert.equal(x:size(1), 8)
+      assert.equal(4 * 3, y.mask:sum():item()) -- 4 of 8 samples kept
+      local loss = g.forward(model, x, y)
+      assert.equal(0, loss:item()) -- the kept rewards are all 1: zero advantages
+      local m = metrics(g)
+      assert.equal(4, m.reward_failures)
+      assert.equal(2, m.equal_reward_groups)
+      assert.equal(1, m.reward_mean)
+      assert.equal(0, m.kl)
+   end)
+end)

@@ -45,17 +45,21 @@ function M.load_prompts(source)
    return rows
 end
 
--- Group-relative advantages. rewards: per sample (nil = dropped), groups of group_size consecutive samples.
+-- Mean and standard deviation of a list of numbers (unbiased: divided by n - 1; 0 for fewer than 2).
+local function mean_std(list, unbiased)
+   local n, s, ss = #list, 0, 0
+   for _, v in ipairs(list) do s = s + v end
+   local mean = s / math.max(n, 1)
+   for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
+   local d = unbiased and n - 1 or n
+   return mean, d > 0 and math.sqrt(ss / d) or 0
+end
+
+-- Group-relative advantages. rewards: per sample (false = dropped), groups of group_size consecutive samples.
 -- scale: "group" divides by the group's std, "batch" by the batch's, "none" keeps r - mean (std: unbiased, over
 -- the kept samples, + 1e-4). Returns advantages (0 for dropped samples) and which groups had all-equal rewards.
 function M.advantages(r, group_size, scale)
-   local function stats(list)
-      local n, s = #list, 0
-      for _, v in ipairs(list) do s = s + v end
-      local mean, ss = s / math.max(n, 1), 0
-      for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
-      return mean, n > 1 and math.sqrt(ss / (n - 1)) or 0
-   end
+   local function stats(list) return mean_std(list, true) end
    local kept_all, adv, equal = {}, {}, {}
    for i = 1, #r do if r[i] then kept_all[#kept_all + 1] = r[i] end end
    local _, batch_std = stats(kept_all)
@@ -166,14 +170,6 @@ local function batch_of(samples, adv, keep, dev)
    local f32 = { dtype = "f32", device = dev }
    return dt.tensor(x, { dtype = "i64", device = dev }), { mask = dt.tensor(mask, f32), old = dt.tensor(old, f32),
       adv = dt.tensor(advs, f32) }
-end
-
-local function mean_std(list)
-   local n, s, ss = #list, 0, 0
-   for _, v in ipairs(list) do s = s + v end
-   local mean = s / math.max(n, 1)
-   for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
-   return mean, math.sqrt(ss / math.max(n, 1))
 end
 
 -- Rollout statistics for the step result's metrics.
