@@ -14,7 +14,7 @@ local fs    = require "dt.train.fs"
 local json  = require("dt.train.jsonl").json
 
 local cfg = train.config {
-   steps = 150, seed = 1, log_every = 25, lr = 3e-4,
+   steps = 300, seed = 1, log_every = 50, lr = 3e-4,
    prompts = "",              -- JSONL rows {"prompt": "3+4=", "answer": "7"}; "" = the built-in task:
    operands = 10,             -- a + b with a, b in [0, operands)
    sft = { steps = 50, batch = 64, lr = 3e-3 }, -- warm start: next-byte loss on the answers of "a+b=c\n"
@@ -22,7 +22,9 @@ local cfg = train.config {
    eval = 200,                -- held-out prompts for the accuracy (greedy, exact match)
    model = { dim = 64, layers = 2, heads = 4 },
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
-      epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1 },
+      epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
+      -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
+      adaptive_async = { target_staleness = 0.15, max_async_ratio = 0 } },
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()
@@ -101,8 +103,9 @@ trainer:add_step_callback(g.metrics)            -- reward mean/std, completion l
 trainer:add_step_callback(function(r)
    local m = r.metrics
    if cfg.log_every > 0 and r.step % cfg.log_every == 0 then
-      say(("step %d rollouts: reward %.3f (std %.3f, exact %.3f)  length %.1f  clip %.3f  kl %.4f"):format(r.step,
-         m.reward_mean, m.reward_std, m["reward/exact_answer"], m.completion_length_mean, m.clip_fraction, m.kl))
+      say(("step %d rollouts: reward %.3f (std %.3f, exact %.3f)  length %.1f  clip %.3f  kl %.4f  staleness %.2f")
+         :format(r.step, m.reward_mean, m.reward_std, m["reward/exact_answer"], m.completion_length_mean,
+         m.clip_fraction, m.kl, m.staleness_mean))
    end
 end)
 trainer:run()

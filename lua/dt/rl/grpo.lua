@@ -13,6 +13,7 @@ local dt = require "dt"
 local jsonl = require "dt.train.jsonl"
 local rewards = require "dt.rl.rewards"
 local rollouts = require "dt.rl.rollouts"
+local async = require "dt.rl.async"
 
 local M = {}
 
@@ -20,7 +21,8 @@ local M = {}
 -- token id), epsilon_high 0 = epsilon, slots 0 = every completion of the batch generates at once.
 M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = 0, top_p = 1,
    min_p = 0, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0, loss_type = "dapo",
-   num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0 }
+   num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
+   adaptive_async = false } -- or a table of dt.rl.async.defaults' keys
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
 -- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards.
@@ -76,7 +78,8 @@ end
 
 -- The GRPO loss over completion tokens. logp, old (behaviour) and ref log-probs (B, T) (ref nil when beta = 0),
 -- adv (B, 1), mask (B, T) 1 on the tokens that count. opts: epsilon, epsilon_high, beta, loss_type, max_new_tokens.
--- Returns the loss and { clip_fraction, kl } (token means over the mask).
+-- Returns the loss and { clip_fraction, kl, offpolicy_kl, importance_weight_mean, importance_weight_max } (over the
+-- masked tokens).
 function M.loss(logp, old, ref, adv, mask, opts)
    local high = opts.epsilon_high or 0
    local lo, hi = 1 - opts.epsilon, 1 + (high > 0 and high or opts.epsilon)
@@ -106,7 +109,11 @@ function M.loss(logp, old, ref, adv, mask, opts)
    local stats = dt.no_grad(function()
       local f = mask.dtype
       local hit = dt.lt(ratio, lo):to(f) * dt.lt(adv, 0):to(f) + dt.gt(ratio, hi):to(f) * dt.gt(adv, 0):to(f)
-      return { clip_fraction = (hit * mask):sum():item() / tokens, kl = kl and (kl * mask):sum():item() / tokens or 0 }
+      local function mean(t) return (t * mask):sum():item() / tokens end
+      return { clip_fraction = mean(hit), kl = kl and mean(kl) or 0,
+         -- KL(behaviour || current) by k3 over the behaviour's tokens: r - 1 - log r, r = p_current / p_behaviour
+         offpolicy_kl = mean(ratio - 1 - (logp - old)), importance_weight_mean = mean(ratio),
+         importance_weight_max = dt.where(dt.gt(mask, 0), ratio, 0):max():item() }
    end)
    return loss, stats
 end
@@ -214,16 +221,32 @@ function M.setup(opts)
    local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts), scorer = scorer, config = cfg,
       generator = opts.generator or dt.default_generator(), tokenizer = opts.tokenizer }
    local ref = cfg.beta > 0 and frozen_copy(model) or nil
-   local g = { reference = ref, config = cfg }
-   local batch, uses, drawn, last = nil, 0, 0, {}
+   local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
+   -- version: optimizer steps taken (set by g.metrics after each step); pending: rollouts of the next batch that
+   -- started early (async), with the weights of their time.
+   local g = { reference = ref, config = cfg, version = 0, controller = ctl }
+   local batch, uses, drawn, last, pending = nil, 0, 0, {}, {}
+
+   local function with_staleness(m, samples)
+      local st = async.staleness(samples, g.version)
+      m.staleness_mean, m.staleness_max = st.mean, st.max
+      m.staleness_histogram = {}
+      for d, n in pairs(st.histogram) do m.staleness_histogram[tostring(d)] = n end
+      return m
+   end
 
    -- The trainer's data: x the token batch, y the rest (mask, behaviour/reference log-probs, advantages).
    g.data = { next = function()
       if batch and uses < cfg.num_iterations then
          uses = uses + 1
+         last = with_staleness(last, batch.samples)
          return batch.x, batch.y
       end
-      local samples, info = source:collect()
+      local samples, info = source:collect(cfg.prompts_per_step - #pending / cfg.group_size, g.version)
+      for i = #pending, 1, -1 do table.insert(samples, 1, pending[i]) end
+      -- async: this share of the next batch's prompts starts now, before this batch's update lands
+      local early = ctl and math.floor(ctl.ratio * cfg.prompts_per_step + 0.5) or 0
+      pending = early > 0 and source:collect(early, g.version) or {}
       local r = {}
       for i, s in ipairs(samples) do r[i] = s.reward or false end
       local adv, equal = M.advantages(r, cfg.group_size, cfg.scale_rewards)
@@ -232,25 +255,29 @@ function M.setup(opts)
          local group_equal = equal[math.floor((i - 1) / cfg.group_size) + 1]
          keep[i] = s.reward ~= nil and not (cfg.skip_equal_groups and group_equal)
             and not (cfg.mask_truncated_completions and s.finish == "length")
+         s.kept = keep[i]
       end
       local x, y = batch_of(samples, adv, keep, dev)
       if ref then y.ref = dt.no_grad(M.token_logprobs, ref, x, cfg.temperature) end
-      last = rollout_metrics(samples, equal, scorer, info)
-      batch, uses, drawn = { x = x, y = y }, 1, drawn + 1
+      last = with_staleness(rollout_metrics(samples, equal, scorer, info), samples)
+      batch, uses, drawn = { x = x, y = y, samples = samples }, 1, drawn + 1
       return x, y
    end,
    -- For checkpoints: batches drawn so far; a resumed run generates a fresh batch (the RNG state is checkpointed).
    position = function() return drawn end,
-   set_position = function(_, n) drawn, batch = n, nil end }
+   set_position = function(_, n) drawn, batch, pending = n, nil, {} end }
 
    g.forward = function(m, x, y)
       local logp = M.token_logprobs(m, x, cfg.temperature)
       local loss, stats = M.loss(logp, y.old, y.ref, y.adv, y.mask, cfg)
-      last.clip_fraction, last.kl = stats.clip_fraction, stats.kl
+      for k, v in pairs(stats) do last[k] = v end
       return loss
    end
 
+   -- Step callback: this batch's metrics into r.metrics; the new policy version; the controller's next ratio.
    g.metrics = function(result)
+      g.version = result.step
+      if ctl then last.async_ratio = ctl:update(last.staleness_mean, last.offpolicy_kl) end
       for k, v in pairs(last) do result.metrics[k] = v end
    end
    return g

@@ -1,4 +1,4 @@
--- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO.
+-- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, adaptive async control.
 return {
    generate = require "dt.rl.generate",
    sample = require "dt.rl.sample",
@@ -6,4 +6,5 @@ return {
    rewards = require "dt.rl.rewards",
    rollouts = require "dt.rl.rollouts",
    grpo = require "dt.rl.grpo",
+   async = require "dt.rl.async",
 }

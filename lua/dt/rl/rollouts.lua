@@ -1,9 +1,9 @@
 -- dt/rl/rollouts.lua: colocated rollouts: pick prompts, generate group_size completions each, score them.
 --
--- collect() returns one batch: samples in groups of group_size consecutive entries (one prompt each), each
--- { row, prompt (tokens), tokens, logprobs (behaviour), finish, text, reward (nil: a reward function raised),
--- per (each reward function's value) }. The byte tokenizer (tokens 0-255) is the default; opts.tokenizer may give
--- encode(string) -> tokens and decode(tokens) -> string.
+-- collect(n, version) returns n prompts' rollouts: samples in groups of group_size consecutive entries (one prompt
+-- each), each { row, prompt (tokens), tokens, logprobs (behaviour), finish, text, reward (nil: a reward function
+-- raised), per (each reward function's value), version (of the weights that generated it) }. The byte tokenizer
+-- (tokens 0-255) is the default; opts.tokenizer may give encode(string) -> tokens and decode(tokens) -> string.
 local dt = require "dt"
 local generate = require "dt.rl.generate"
 
@@ -26,23 +26,22 @@ function M.new(opts)
       generator = opts.generator, tok = opts.tokenizer or M.bytes }, Rollouts)
 end
 
-function Rollouts:collect()
+function Rollouts:collect(n, version)
    local cfg, rows = self.cfg, self.rows
-   local picks = dt.randint(0, #rows, { cfg.prompts_per_step }, { generator = self.generator }):totable()
+   local picks = dt.randint(0, #rows, { n }, { generator = self.generator }):totable()
    local prompts, samples = {}, {}
    for _, p in ipairs(picks) do
       local row = rows[p + 1]
       local tokens = self.tok.encode(row.prompt)
       for _ = 1, cfg.group_size do
          prompts[#prompts + 1] = tokens
-         samples[#samples + 1] = { row = row, prompt = tokens }
+         samples[#samples + 1] = { row = row, prompt = tokens, version = version }
       end
    end
    local t0 = dt.time()
    local out = generate(self.model, prompts, { max_new_tokens = cfg.max_new_tokens, stop = cfg.stop,
       slots = cfg.slots > 0 and cfg.slots or nil, temperature = cfg.temperature,
-      top_k = cfg.top_k > 0 and cfg.top_k or nil,
-      top_p = cfg.top_p, min_p = cfg.min_p, generator = self.generator })
+      top_k = cfg.top_k > 0 and cfg.top_k or nil, top_p = cfg.top_p, min_p = cfg.min_p, generator = self.generator })
    local seconds, n_tokens = dt.time() - t0, 0
    for i, s in ipairs(samples) do
       local o = out[i]
