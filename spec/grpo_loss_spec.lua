@@ -167,6 +167,17 @@ describe("grpo prompts and config", function()
       assert.matches(path .. ":2: ", err, 1, true)
    end)
 
+   it("rejects a prompt that leaves no room for max_new_tokens, naming file:line", function()
+      local path = fs.join(dir, "long.jsonl")
+      fs.write(path, '{"prompt": "1+1="}\n{"prompt": "' .. ("9"):rep(13) .. '"}\n')
+      local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2 }
+      local ok, err = pcall(grpo.setup, { model = model, prompts = path, rewards = { rl.rewards.format("b") },
+         config = { max_new_tokens = 4 } })
+      assert.is_false(ok)
+      assert.equal(path .. ":2: the prompt has 13 tokens; with max_new_tokens 4 that exceeds the model's context of 16 "
+         .. "(shorten the prompt or lower grpo max_new_tokens)", err)
+   end)
+
    it("rejects group_size < 2 and unknown losses or keys", function()
       local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2 }
       local function setup(cfg)

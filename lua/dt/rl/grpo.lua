@@ -25,13 +25,15 @@ M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temper
    adaptive_async = false } -- or a table of dt.rl.async.defaults' keys
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
--- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards.
-function M.load_prompts(source)
+-- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards. check(row, where),
+-- when given, may reject a row by raising an error that starts with `where` (file:line or row number).
+function M.load_prompts(source, check)
    local rows = {}
    local function add(row, where)
       if type(row) ~= "table" or type(row.prompt) ~= "string" or row.prompt == "" then
          error(("%s: a prompt row needs a non-empty string field \"prompt\""):format(where), 0)
       end
+      if check then check(row, where) end
       rows[#rows + 1] = row
    end
    if type(source) == "string" then
@@ -218,8 +220,17 @@ function M.setup(opts)
    local model = opts.model
    local dev = model.wte.weight.device
    local scorer = rewards.scorer(opts.rewards)
-   local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts), scorer = scorer, config = cfg,
-      generator = opts.generator or dt.default_generator(), tokenizer = opts.tokenizer }
+   local tokenizer = opts.tokenizer or rollouts.bytes
+   -- A prompt that leaves no room for max_new_tokens in the model's context is an error (no silent truncation).
+   local function fits(row, where)
+      local n = #tokenizer.encode(row.prompt)
+      if n + cfg.max_new_tokens > model.seq then
+         error(("%s: the prompt has %d tokens; with max_new_tokens %d that exceeds the model's context of %d "
+            .. "(shorten the prompt or lower grpo max_new_tokens)"):format(where, n, cfg.max_new_tokens, model.seq), 0)
+      end
+   end
+   local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts, fits), scorer = scorer,
+      config = cfg, generator = opts.generator or dt.default_generator(), tokenizer = tokenizer }
    local ref = cfg.beta > 0 and frozen_copy(model) or nil
    local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
    -- version: optimizer steps taken (set by g.metrics after each step); pending: rollouts of the next batch that
