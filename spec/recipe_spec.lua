@@ -113,13 +113,18 @@ describe("every recipe", function()
    local names = {}
    for f in io.popen("ls recipes"):lines() do names[#names + 1] = f:match("^(.*)%.lua$") end
 
+   -- recipes/grpo.lua has no text data: its own small overrides
+   local GRPO_TINY = "model.dim=32 model.layers=1 model.heads=2 sft.steps=2 eval=4 grpo.prompts_per_step=2 "
+      .. "grpo.group_size=2 log_every=0"
+
    it("keeps steps=N and seed=N, prints the run dir first and logs metrics.jsonl (2 ranks)", function()
       local dir = tmpdir()
       local losses, samples = {}, {}
       for _, name in ipairs(names) do
          local run_dir = fs.join(dir, name)
+         local tiny = name == "grpo" and GRPO_TINY or TINY:gsub("log_every=1", "log_every=0")
          local r = dh.dtrun(("recipes/%s.lua --nproc 2 steps=2 seed=3 run_dir=%s %s %s"):format(name, run_dir,
-            TINY:gsub("log_every=1", "log_every=0"), name == "zero3_offload" and "" or "sample=8"))
+            tiny, (name == "zero3_offload" or name == "grpo") and "" or "sample=8"))
          dh.remove_run(r.run_dir)
          assert.equal(0, r.code, r.out)
          assert.matches("^run dir: ", r.lines[1])
@@ -130,6 +135,13 @@ describe("every recipe", function()
          samples[name] = r.out:match("sample:\n(%[0%] [^\n]*)")
          if name == "ddp" or name == "fsdp" then -- their step callback
             for i = 1, 2 do assert.equal(i * 2 * 16 * 2, m[i].tokens_seen, name) end
+         end
+         if name == "grpo" then -- rollout and loss metrics beside the loss
+            for _, key in ipairs { "reward_mean", "reward_std", "completion_length_mean", "clip_fraction", "kl",
+               "reward/exact_answer", "reward/digits", "equal_reward_groups", "rollout_tokens_per_second" } do
+               assert.is_number(m[2][key], key)
+            end
+            assert.matches("\n%[0%] accuracy: %d+%.%d%% %-> %d+%.%d%% %([+-]%d+%.%d points after 2 GRPO steps%)", r.out)
          end
       end
       -- fsdp.lua is ddp.lua with fsdp.wrap: the same training, f32 rounding apart

@@ -27,21 +27,24 @@ function Attention:init(dim, heads, opts)
    self.drop = layers.Dropout(opts.dropout or 0)
 end
 
--- Columns [first, first + n*D) of qkv as (B, H=n, T, D), rotated when RoPE is on.
-function Attention:heads_of(qkv, first, n, rotate)
+-- Columns [first, first + n*D) of qkv as (B, H=n, T, D), rotated when RoPE is on (positions from pos).
+function Attention:heads_of(qkv, first, n, rotate, pos)
    local B, T, D = qkv:size(1), qkv:size(2), self.head_dim
    local x = qkv:narrow(3, first * D + 1, n * D):view(B, T, n, D)
-   if rotate then x = dt.F.rope(x, self.rope_theta, 0) end
+   if rotate then x = dt.F.rope(x, self.rope_theta, pos) end
    return x:transpose(2, 3) -- F.attention makes its own contiguous copy
 end
 
-function Attention:forward(x)
+-- kv (generation only, see dt.rl.kvcache): x holds positions kv.pos .. kv.pos + T - 1; kv:extend(k, v) stores this
+-- call's keys/values (B, kv_heads, T, D) and returns those of every position so far, (B, kv_heads, kv.pos + T, D).
+function Attention:forward(x, kv)
    local B, T = x:size(1), x:size(2)
    local qkv = self.qkv(x)
-   local rope = self.rope_theta ~= nil
-   local q = self:heads_of(qkv, 0, self.heads, rope)
-   local k = self:heads_of(qkv, self.heads, self.kv_heads, rope)
-   local v = self:heads_of(qkv, self.heads + self.kv_heads, self.kv_heads, false)
+   local rope, pos = self.rope_theta ~= nil, kv and kv.pos or 0
+   local q = self:heads_of(qkv, 0, self.heads, rope, pos)
+   local k = self:heads_of(qkv, self.heads, self.kv_heads, rope, pos)
+   local v = self:heads_of(qkv, self.heads + self.kv_heads, self.kv_heads, false, pos)
+   if kv then k, v = kv:extend(k, v) end
    local y = dt.F.attention(q, k, v, { causal = true })         -- (B, H, T, D)
    y = y:transpose(2, 3):reshape(B, T, self.dim)
    return self.drop(self.proj(y))

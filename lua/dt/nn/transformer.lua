@@ -56,8 +56,8 @@ function Block:init(dim, heads, opts)
    self.mlp = MLP(dim, opts.hidden or 4 * dim, opts)
 end
 
-function Block:forward(x)
-   x = x + self.attn(self.ln1(x))
+function Block:forward(x, kv)
+   x = x + self.attn(self.ln1(x), kv)
    return x + self.mlp(self.ln2(x))
 end
 
@@ -105,15 +105,17 @@ function LanguageModel:build(cfg, block_opts, Norm)
 end
 
 -- idx (B, T) integer token ids, T <= seq. Returns logits (B, T, vocab), or with targets (B, T) the mean
--- cross-entropy over all B*T positions (targets == -100 are ignored).
-function LanguageModel:forward(idx, targets)
+-- cross-entropy over all B*T positions (targets == -100 are ignored). cache (generation, a dt.rl.kvcache view):
+-- idx continues cached sequences at position cache.pos; cache:layer(i) is block i's kv argument.
+function LanguageModel:forward(idx, targets, cache)
    if idx.ndim ~= 2 then error(("%s: idx must be (B, T), got %d dims"):format(self.__name, idx.ndim), 3) end
    local B, T = idx:size(1), idx:size(2)
-   if T > self.seq then
-      error(("%s: sequence length %d exceeds the model's seq %d"):format(self.__name, T, self.seq), 3)
+   local pos = cache and cache.pos or 0
+   if pos + T > self.seq then
+      error(("%s: sequence length %d exceeds the model's seq %d"):format(self.__name, pos + T, self.seq), 3)
    end
-   local x = self:embed(idx)
-   for _, block in ipairs(self.blocks) do x = block(x) end
+   local x = self:embed(idx, pos)
+   for i, block in ipairs(self.blocks) do x = block(x, cache and cache:layer(i)) end
    local logits = self.head(self.lnf(x))
    if targets == nil then return logits end
    return dt.F.cross_entropy(logits:view(B * T, self.vocab), targets:reshape(B * T))
@@ -188,8 +190,9 @@ end
 
 function GPT:add_positions(emb) self.wpe = layers.Embedding(self.seq, self.dim, emb) end
 
-function GPT:embed(idx)
-   local pos = dt.arange(0, idx:size(2), 1, { dtype = "i64", device = idx.device })
+function GPT:embed(idx, first)
+   first = first or 0
+   local pos = dt.arange(first, first + idx:size(2), 1, { dtype = "i64", device = idx.device })
    return self.drop(self.wte(idx) + self.wpe(pos))
 end
 

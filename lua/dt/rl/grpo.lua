@@ -1,0 +1,297 @@
+-- dt/rl/grpo.lua: GRPO: prompts, group-relative advantages, the clipped surrogate loss with KL, the rollout source.
+--
+--    local g = grpo.setup { model = model, prompts = "prompts.jsonl", rewards = { rl.rewards.exact_answer() },
+--       config = cfg.grpo, world = world }
+--    local trainer = train.Trainer { model = model, optimizer = opt, data = g.data, forward = g.forward, ... }
+--    trainer:add_step_callback(g.metrics)     -- reward mean/std, lengths, clip fraction, KL, ... into r.metrics
+--
+-- One trainer step = one optimizer pass. Every num_iterations steps g.data generates a fresh batch (colocated:
+-- this rank samples `prompts_per_step` prompts, group_size completions each, with the current weights); the other
+-- steps reuse it. The loss's importance ratios are exp(logp - behaviour logp), the behaviour log-probs recorded at
+-- generation, so later passes (and off-policy batches) are corrected.
+local dt = require "dt"
+local jsonl = require "dt.train.jsonl"
+local rewards = require "dt.rl.rewards"
+local rollouts = require "dt.rl.rollouts"
+local async = require "dt.rl.async"
+
+local M = {}
+
+-- Config keys (numbers keep their type for key=value overrides): top_k 0 = off, stop -1 = no stop token (else a
+-- token id), epsilon_high 0 = epsilon, slots 0 = every completion of the batch generates at once.
+M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = 0, top_p = 1,
+   min_p = 0, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0, loss_type = "dapo",
+   num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
+   adaptive_async = false } -- or a table of dt.rl.async.defaults' keys
+
+-- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
+-- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards. check(row, where),
+-- when given, may reject a row by raising an error that starts with `where` (file:line or row number).
+function M.load_prompts(source, check)
+   local rows = {}
+   local function add(row, where)
+      if type(row) ~= "table" or type(row.prompt) ~= "string" or row.prompt == "" then
+         error(("%s: a prompt row needs a non-empty string field \"prompt\""):format(where), 0)
+      end
+      if check then check(row, where) end
+      rows[#rows + 1] = row
+   end
+   if type(source) == "string" then
+      for obj, line in jsonl.read(source) do add(obj, ("%s:%d"):format(source, line)) end
+   elseif type(source) == "function" then
+      for row in source do add(row, ("prompt function row %d"):format(#rows + 1)) end
+   elseif type(source) == "table" then
+      for i, row in ipairs(source) do add(row, ("prompt row %d"):format(i)) end
+   else
+      error("grpo: prompts must be a JSONL path, a list of rows or a function returning rows", 2)
+   end
+   if #rows == 0 then error(("grpo: no prompts in %s"):format(tostring(source)), 2) end
+   return rows
+end
+
+-- Mean and standard deviation of a list of numbers (unbiased: divided by n - 1; 0 for fewer than 2).
+local function mean_std(list, unbiased)
+   local n, s, ss = #list, 0, 0
+   for _, v in ipairs(list) do s = s + v end
+   local mean = s / math.max(n, 1)
+   for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
+   local d = unbiased and n - 1 or n
+   return mean, d > 0 and math.sqrt(ss / d) or 0
+end
+
+-- Group-relative advantages. rewards: per sample (false = dropped), groups of group_size consecutive samples.
+-- scale: "group" divides by the group's std, "batch" by the batch's, "none" keeps r - mean (std: unbiased, over
+-- the kept samples, + 1e-4). Returns advantages (0 for dropped samples) and which groups had all-equal rewards.
+function M.advantages(r, group_size, scale)
+   local function stats(list) return mean_std(list, true) end
+   local kept_all, adv, equal = {}, {}, {}
+   for i = 1, #r do if r[i] then kept_all[#kept_all + 1] = r[i] end end
+   local _, batch_std = stats(kept_all)
+   for g = 0, #r / group_size - 1 do
+      local kept = {}
+      for i = g * group_size + 1, (g + 1) * group_size do if r[i] then kept[#kept + 1] = r[i] end end
+      local mean, std = stats(kept)
+      equal[g + 1] = std == 0
+      local div = scale == "group" and std + 1e-4 or scale == "batch" and batch_std + 1e-4 or 1
+      for i = g * group_size + 1, (g + 1) * group_size do adv[i] = r[i] and (r[i] - mean) / div or 0 end
+   end
+   return adv, equal
+end
+
+-- The GRPO loss over completion tokens. logp, old (behaviour) and ref log-probs (B, T) (ref nil when beta = 0),
+-- adv (B, 1), mask (B, T) 1 on the tokens that count. opts: epsilon, epsilon_high, beta, loss_type, max_new_tokens.
+-- Returns the loss and { clip_fraction, kl, offpolicy_kl, importance_weight_mean, importance_weight_max } (over the
+-- masked tokens).
+function M.loss(logp, old, ref, adv, mask, opts)
+   local high = opts.epsilon_high or 0
+   local lo, hi = 1 - opts.epsilon, 1 + (high > 0 and high or opts.epsilon)
+   local ratio = (logp - old):exp()
+   local clipped = dt.minimum(dt.maximum(ratio, lo), hi)
+   local per_token = -dt.minimum(ratio * adv, clipped * adv)
+   local kl
+   if opts.beta > 0 then
+      local d = ref - logp
+      kl = d:exp() - d - 1 -- k3, an unbiased estimate of KL(policy || reference)
+      per_token = per_token + kl * opts.beta
+   end
+   local masked = per_token * mask
+   local tokens = math.max(mask:sum():item(), 1)
+   local loss
+   if opts.loss_type == "grpo" then -- mean over sequences of each sequence's token mean
+      local lengths = mask:sum(2)
+      local rows = math.max(dt.gt(lengths, 0):to(mask.dtype):sum():item(), 1)
+      loss = (masked:sum(2) / dt.maximum(lengths, 1)):sum() / rows
+   elseif opts.loss_type == "dr_grpo" then -- a constant normaliser: no length bias
+      loss = masked:sum() / (logp:size(1) * opts.max_new_tokens)
+   elseif opts.loss_type == "dapo" then -- token-level mean over the batch
+      loss = masked:sum() / tokens
+   else
+      error(('grpo: loss_type must be "grpo", "dr_grpo" or "dapo", got %s'):format(tostring(opts.loss_type)), 2)
+   end
+   local stats = dt.no_grad(function()
+      local f = mask.dtype
+      local hit = dt.lt(ratio, lo):to(f) * dt.lt(adv, 0):to(f) + dt.gt(ratio, hi):to(f) * dt.gt(adv, 0):to(f)
+      local function mean(t) return (t * mask):sum():item() / tokens end
+      return { clip_fraction = mean(hit), kl = kl and mean(kl) or 0,
+         -- KL(behaviour || current) by k3 over the behaviour's tokens: r - 1 - log r, r = p_current / p_behaviour
+         offpolicy_kl = mean(ratio - 1 - (logp - old)), importance_weight_mean = mean(ratio),
+         importance_weight_max = dt.where(dt.gt(mask, 0), ratio, 0):max():item() }
+   end)
+   return loss, stats
+end
+
+-- log_softmax(model(x) / temperature) at each next token: x (B, L) -> (B, L - 1); entry j is the log-prob of x[j+1].
+function M.token_logprobs(model, x, temperature)
+   local B, L = x:size(1), x:size(2)
+   local logits = model(x:narrow(2, 1, L - 1))
+   if temperature > 0 and temperature ~= 1 then logits = logits / temperature end
+   local logp = dt.F.log_softmax(logits)
+   return logp:gather(3, x:narrow(2, 2, L - 1):contiguous():view(B, L - 1, 1)):view(B, L - 1)
+end
+
+local function check_config(cfg)
+   local function fail(fmt, ...) error(("grpo: " .. fmt):format(...), 3) end
+   if type(cfg.group_size) ~= "number" or cfg.group_size < 2 or cfg.group_size % 1 ~= 0 then
+      fail("group_size must be an integer >= 2 (advantages compare completions of the same prompt), got %s",
+         tostring(cfg.group_size))
+   end
+   local scales = { group = true, batch = true, none = true }
+   if not scales[cfg.scale_rewards] then
+      fail('scale_rewards must be "group", "batch" or "none", got %s', tostring(cfg.scale_rewards))
+   end
+   local losses = { grpo = true, dr_grpo = true, dapo = true }
+   if not losses[cfg.loss_type] then
+      fail('loss_type must be "grpo", "dr_grpo" or "dapo", got %s', tostring(cfg.loss_type))
+   end
+   if cfg.num_iterations < 1 or cfg.num_iterations % 1 ~= 0 then
+      fail("num_iterations must be a positive integer, got %s", tostring(cfg.num_iterations))
+   end
+   if cfg.beta < 0 then fail("beta must be >= 0, got %s", tostring(cfg.beta)) end
+end
+
+-- A frozen copy of a language model (same class and config, the same weights), for the KL term.
+local function frozen_copy(model)
+   local ref = getmetatable(model)(model.config):to(model.wte.weight.device)
+   ref:load_state_dict(model:state_dict())
+   ref:requires_grad_(false)
+   ref:eval()
+   return ref
+end
+
+-- The batch tensors: x (B, L) prompt .. completion right-padded with 0; mask, behaviour and reference log-probs
+-- (B, L - 1) aligned with M.token_logprobs; adv (B, 1).
+local function batch_of(samples, adv, keep, dev)
+   local L = 0
+   for _, s in ipairs(samples) do L = math.max(L, #s.prompt + #s.tokens) end
+   local x, mask, old = {}, {}, {}
+   for i, s in ipairs(samples) do
+      local row, m, o = {}, {}, {}
+      for j = 1, L do row[j] = s.prompt[j] or s.tokens[j - #s.prompt] or 0 end
+      for j = 1, L - 1 do -- position j predicts token j + 1
+         local c = j + 1 - #s.prompt -- index into the completion
+         local counts = keep[i] and c >= 1 and c <= #s.tokens
+         m[j], o[j] = counts and 1 or 0, counts and s.logprobs[c] or 0
+      end
+      x[i], mask[i], old[i] = row, m, o
+   end
+   local advs = {}
+   for i = 1, #samples do advs[i] = { adv[i] } end
+   local f32 = { dtype = "f32", device = dev }
+   return dt.tensor(x, { dtype = "i64", device = dev }), { mask = dt.tensor(mask, f32), old = dt.tensor(old, f32),
+      adv = dt.tensor(advs, f32) }
+end
+
+-- Rollout statistics for the step result's metrics.
+local function rollout_metrics(samples, equal, scorer, extra)
+   local kept, lengths, truncated, per = {}, {}, 0, {}
+   for _, s in ipairs(samples) do
+      if s.reward then kept[#kept + 1] = s.reward end
+      lengths[#lengths + 1] = #s.tokens
+      if s.finish == "length" then truncated = truncated + 1 end
+      for name, v in pairs(s.per) do
+         per[name] = per[name] or {}
+         table.insert(per[name], v)
+      end
+   end
+   local m = extra
+   m.reward_mean, m.reward_std = mean_std(kept)
+   for name, list in pairs(per) do m["reward/" .. name] = (mean_std(list)) end
+   m.completion_length_mean = (mean_std(lengths))
+   m.completion_length_max = math.max(unpack(lengths))
+   m.truncated_fraction = truncated / #samples
+   local n_equal = 0
+   for _, e in ipairs(equal) do if e then n_equal = n_equal + 1 end end
+   m.equal_reward_groups = n_equal
+   m.reward_failures = scorer.failures
+   return m
+end
+
+-- opts: model (nn.GPT/nn.Llama, maybe wrapped by ddp), prompts (see M.load_prompts), rewards (a list for
+-- dt.rl.rewards.scorer), config (M.defaults' keys), generator (default dt.default_generator()), tokenizer.
+-- Returns { data, forward, metrics, reference } for train.Trainer and add_step_callback.
+function M.setup(opts)
+   local cfg = {}
+   for k, v in pairs(M.defaults) do cfg[k] = v end
+   for k, v in pairs(opts.config or {}) do
+      if M.defaults[k] == nil then error(("grpo: unknown config key '%s'"):format(tostring(k)), 2) end
+      cfg[k] = v
+   end
+   check_config(cfg)
+   local model = opts.model
+   local dev = model.wte.weight.device
+   local scorer = rewards.scorer(opts.rewards)
+   local tokenizer = opts.tokenizer or rollouts.bytes
+   -- A prompt that leaves no room for max_new_tokens in the model's context is an error (no silent truncation).
+   local function fits(row, where)
+      local n = #tokenizer.encode(row.prompt)
+      if n + cfg.max_new_tokens > model.seq then
+         error(("%s: the prompt has %d tokens; with max_new_tokens %d that exceeds the model's context of %d "
+            .. "(shorten the prompt or lower grpo max_new_tokens)"):format(where, n, cfg.max_new_tokens, model.seq), 0)
+      end
+   end
+   local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts, fits), scorer = scorer,
+      config = cfg, generator = opts.generator or dt.default_generator(), tokenizer = tokenizer }
+   local ref = cfg.beta > 0 and frozen_copy(model) or nil
+   local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
+   -- version: optimizer steps taken (set by g.metrics after each step); pending: rollouts of the next batch that
+   -- started early (async), with the weights of their time.
+   local g = { reference = ref, config = cfg, version = 0, controller = ctl }
+   local batch, uses, drawn, last, pending = nil, 0, 0, {}, {}
+
+   local function with_staleness(m, samples)
+      local st = async.staleness(samples, g.version)
+      m.staleness_mean, m.staleness_max = st.mean, st.max
+      m.staleness_histogram = {}
+      for d, n in pairs(st.histogram) do m.staleness_histogram[tostring(d)] = n end
+      return m
+   end
+
+   -- The trainer's data: x the token batch, y the rest (mask, behaviour/reference log-probs, advantages).
+   g.data = { next = function()
+      if batch and uses < cfg.num_iterations then
+         uses = uses + 1
+         last = with_staleness(last, batch.samples)
+         return batch.x, batch.y
+      end
+      local samples, info = source:collect(cfg.prompts_per_step - #pending / cfg.group_size, g.version)
+      for i = #pending, 1, -1 do table.insert(samples, 1, pending[i]) end
+      -- async: this share of the next batch's prompts starts now, before this batch's update lands
+      local early = ctl and math.floor(ctl.ratio * cfg.prompts_per_step + 0.5) or 0
+      pending = early > 0 and source:collect(early, g.version) or {}
+      local r = {}
+      for i, s in ipairs(samples) do r[i] = s.reward or false end
+      local adv, equal = M.advantages(r, cfg.group_size, cfg.scale_rewards)
+      local keep = {}
+      for i, s in ipairs(samples) do
+         local group_equal = equal[math.floor((i - 1) / cfg.group_size) + 1]
+         keep[i] = s.reward ~= nil and not (cfg.skip_equal_groups and group_equal)
+            and not (cfg.mask_truncated_completions and s.finish == "length")
+         s.kept = keep[i]
+      end
+      local x, y = batch_of(samples, adv, keep, dev)
+      if ref then y.ref = dt.no_grad(M.token_logprobs, ref, x, cfg.temperature) end
+      last = with_staleness(rollout_metrics(samples, equal, scorer, info), samples)
+      batch, uses, drawn = { x = x, y = y, samples = samples }, 1, drawn + 1
+      return x, y
+   end,
+   -- For checkpoints: batches drawn so far; a resumed run generates a fresh batch (the RNG state is checkpointed).
+   position = function() return drawn end,
+   set_position = function(_, n) drawn, batch, pending = n, nil, {} end }
+
+   g.forward = function(m, x, y)
+      local logp = M.token_logprobs(m, x, cfg.temperature)
+      local loss, stats = M.loss(logp, y.old, y.ref, y.adv, y.mask, cfg)
+      for k, v in pairs(stats) do last[k] = v end
+      return loss
+   end
+
+   -- Step callback: this batch's metrics into r.metrics; the new policy version; the controller's next ratio.
+   g.metrics = function(result)
+      g.version = result.step
+      if ctl then last.async_ratio = ctl:update(last.staleness_mean, last.offpolicy_kl) end
+      for k, v in pairs(last) do result.metrics[k] = v end
+   end
+   return g
+end
+
+return M

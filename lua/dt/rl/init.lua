@@ -1,0 +1,10 @@
+-- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, adaptive async control.
+return {
+   generate = require "dt.rl.generate",
+   sample = require "dt.rl.sample",
+   kvcache = require "dt.rl.kvcache",
+   rewards = require "dt.rl.rewards",
+   rollouts = require "dt.rl.rollouts",
+   grpo = require "dt.rl.grpo",
+   async = require "dt.rl.async",
+}
