@@ -10,7 +10,7 @@ local train = require "dt.train"
 local dist  = require "dt.dist"
 local ddp   = require "dt.parallel.ddp"
 local rl    = require "dt.rl"
-local fs    = require "dt.train.fs"
+local fs    = require "dt.fs"
 local json  = require("dt.train.jsonl").json
 
 local cfg = train.config {

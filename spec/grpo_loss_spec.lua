@@ -3,7 +3,7 @@
 local dt = require "dt"
 local nn = require "dt.nn"
 local rl = require "dt.rl"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local testing = require "dt.testing"
 local helpers = require "spec.train_helpers"
 
