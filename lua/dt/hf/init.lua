@@ -1,14 +1,16 @@
--- dt/hf/init.lua: `require "dt.hf"`: Hugging Face model directories (config.json + safetensors) into dtrun models.
+-- dt/hf/init.lua: `require "dt.hf"`: Hugging Face model directories (config.json + safetensors) into dtrun models, and
+-- their tokenizer.json.
 --
 --    local hf = require "dt.hf"
 --    local model, config = hf.load("Qwen2.5-0.5B", { dtype = "bf16", device = "cuda" })
+--    local tok = hf.tokenizer("Qwen2.5-0.5B")     -- tok:encode(text), tok:decode(ids), tok:stream()
 local cjson = require "cjson"
 local dt = require "dt"
 local fs = require "dt.train.fs"
 local safetensors = require "dt.train.safetensors"
 local arch = require "dt.hf.arch"
 
-local M = {}
+local M = { tokenizer = require("dt.hf.tokenizer").load }
 
 local function read_json(path, what)
    if not fs.is_file(path) then error(("%s: no %s"):format(path, what), 0) end
