@@ -36,6 +36,30 @@ describe("dt.hf.load", function()
       end)
    end
 
+   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "gpt2" } do
+      it(name .. ": dt.hf.save writes what transformers loads with every weight bit-identical", function()
+         local out = fs.join(helpers.tmpdir(), "saved")
+         finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
+         local model = hf.load(fs.join(dir, name))
+         hf.save(model, out, { max_shard_bytes = 40000 })
+         assert.is_true(fs.is_file(fs.join(out, "model.safetensors.index.json")))
+         assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", fs.join(dir, name), out))
+      end)
+   end
+
+   it("saves a single file below the shard size, and shares a tied head with the embedding", function()
+      local out = fs.join(helpers.tmpdir(), "saved")
+      finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
+      local model = hf.load(fs.join(dir, "gpt2"))
+      assert.equal(model.wte.weight, model.head.weight)
+      hf.save(model, out)
+      local names = {}
+      for _, e in ipairs(fs.list(out)) do names[#names + 1] = e.name end
+      table.sort(names)
+      assert.same({ "config.json", "generation_config.json", "model.safetensors" }, names)
+      assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", fs.join(dir, "gpt2"), out))
+   end)
+
    it("loads in another dtype", function()
       local model = hf.load(fs.join(dir, "llama"), { dtype = "bf16" })
       assert.equal("bf16", model.wte.weight.dtype)

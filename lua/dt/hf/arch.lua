@@ -5,8 +5,8 @@
 -- prefix: stripped from the file's names when present (GPT-2 files come with and without "transformer.");
 -- top: dtrun name -> HF name; block: the HF prefix of 0-based block N; per_block: dtrun suffix -> HF suffix, or a
 -- list of HF suffixes whose rows are concatenated (separate q/k/v projections into dtrun's fused qkv);
--- transposed: HF suffixes stored (in, out) (GPT-2's Conv1D) rather than (out, in); tied_head: the HF tensor the
--- output layer is read from when config.json says tie_word_embeddings (GPT-2 always ties).
+-- transposed: HF suffixes stored (in, out) (GPT-2's Conv1D) rather than (out, in). A tied output layer
+-- (tie_word_embeddings) shares wte.weight, so it has no entry of its own.
 local cjson = require "cjson"
 local nn = require "dt.nn"
 
@@ -57,9 +57,9 @@ local llama_top = { ["wte.weight"] = "model.embed_tokens.weight", ["lnf.weight"]
    ["head.weight"] = "lm_head.weight" }
 
 M.llama = { build = llama_like(false), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
-   transposed = {}, tied_head = "model.embed_tokens.weight" }
+   transposed = {} }
 M.qwen2 = { build = llama_like(true), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
-   transposed = {}, tied_head = "model.embed_tokens.weight" }
+   transposed = {} }
 
 local gelu = { gelu_new = "tanh", gelu_pytorch_tanh = "tanh", gelu = "exact" }
 M.gpt2 = {
@@ -85,12 +85,10 @@ M.gpt2 = {
       ["mlp.proj.weight"] = "mlp.c_proj.weight", ["mlp.proj.bias"] = "mlp.c_proj.bias" },
    transposed = { ["attn.c_attn.weight"] = true, ["attn.c_proj.weight"] = true, ["mlp.c_fc.weight"] = true,
       ["mlp.c_proj.weight"] = true },
-   tied_head = "wte.weight",
 }
 
 -- The HF names (a list: rows concatenated) and whether stored transposed, for dtrun parameter `name`.
-function M.sources(arch, name, tied)
-   if name == "head.weight" and tied then return { arch.tied_head }, false end
+function M.sources(arch, name)
    local n, rest = name:match("^blocks%.(%d+)%.(.+)$")
    if not n then return arch.top[name] and { arch.top[name] }, false end
    local hf = arch.per_block[rest]
