@@ -160,7 +160,9 @@ end
 function M.save(model, dir, opts)
    opts = opts or {}
    local src = model.hf
-   if type(src) ~= "table" then error("dt.hf.save: the model has no Hugging Face config (load it with dt.hf.load)", 2) end
+   if type(src) ~= "table" then
+      error("dt.hf.save: the model has no Hugging Face config (build it with dt.hf.load)", 2)
+   end
    local c = {}
    for k, v in pairs(src.config) do c[k] = v end
    local a = arch_of(c)
