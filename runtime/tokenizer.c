@@ -1,9 +1,10 @@
-/* tokenizer.c: byte-level BPE (GPT-2, Llama-3, Qwen): PCRE2 pre-tokenizer split, merges by rank, added tokens. */
+/* tokenizer.c: byte-level BPE (GPT-2, Llama-3, Qwen): NFC, PCRE2 pre-tokenizer split, merges by rank, added tokens. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <utf8proc.h>
 
 #include "dt_internal.h"
 #include "dt_tokenizer.h"
@@ -70,7 +71,7 @@ typedef struct {
 
 struct dt_tokenizer {
   pcre2_code *split, *added; /* added: alternation of the added tokens, longest first (NULL: none) */
-  bool add_prefix_space, ignore_merges;
+  int flags; /* DT_TOKENIZER_* */
   table vocab;  /* bytes_key -> (id, -) */
   table merges; /* (left id << 32 | right id) -> (rank, merged id) */
   table added_ids; /* bytes_key of an added token -> (id, -) */
@@ -145,7 +146,7 @@ static dt_status compile(const char *pattern, size_t len, const char *what, pcre
   return DT_OK;
 }
 
-dt_status dt_tokenizer_new(const char *pattern, bool add_prefix_space, bool ignore_merges, dt_tokenizer **out) {
+dt_status dt_tokenizer_new(const char *pattern, int flags, dt_tokenizer **out) {
   *out = NULL;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, init_alphabet);
@@ -156,8 +157,7 @@ dt_status dt_tokenizer_new(const char *pattern, bool add_prefix_space, bool igno
     free(t);
     return s;
   }
-  t->add_prefix_space = add_prefix_space;
-  t->ignore_merges = ignore_merges;
+  t->flags = flags;
   for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
   *out = t;
   return DT_OK;
@@ -305,7 +305,7 @@ static dt_status compile_added(dt_tokenizer *t) {
 /* Append the BPE ids of piece p[0..n) to ids. `sym` is scratch for n ids. */
 static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t *sym, int32_t *ids, size_t cap,
                      size_t *count) {
-  int32_t whole = t->ignore_merges ? lookup(t, p, n) : -1;
+  int32_t whole = t->flags & DT_TOKENIZER_IGNORE_MERGES ? lookup(t, p, n) : -1;
   if (whole >= 0) {
     DT_CHECK(*count < cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
     ids[(*count)++] = whole;
@@ -335,7 +335,7 @@ static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t 
 }
 
 /* Pre-tokenize p[0..n) (no added tokens inside) with the split pattern and BPE every piece. */
-static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *sym,
+static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *sym,
                               int32_t *ids, size_t cap, size_t *count) {
   size_t pos = 0, last = 0;
   while (pos < n) {
@@ -352,9 +352,28 @@ static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n,
   return DT_OK;
 }
 
+/* split_pieces on p[0..n), NFC-normalized first when the tokenizer asks for it. */
+static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *ids,
+                              size_t cap, size_t *count) {
+  if (n == 0) return DT_OK;
+  utf8proc_uint8_t *nfc = NULL;
+  if (t->flags & DT_TOKENIZER_NFC) {
+    utf8proc_ssize_t len = utf8proc_map(p, (utf8proc_ssize_t)n, &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    DT_CHECK(len >= 0, DT_ERR_ARG, "tokenizer: NFC normalization failed: %s", utf8proc_errmsg(len));
+    p = nfc;
+    n = (size_t)len;
+  }
+  int32_t *sym = malloc(n * sizeof *sym); /* BPE's scratch: one id per byte of the longest piece */
+  dt_status s = sym ? split_pieces(t, p, n, md, sym, ids, cap, count)
+                    : DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
+  free(sym);
+  free(nfc);
+  return s;
+}
+
 /* Split at added tokens, pre-tokenize and BPE the rest. `text` has the prefix space already when one is wanted. */
-static dt_status encode_all(dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *sym,
-                            int32_t *ids, size_t cap, size_t *count) {
+static dt_status encode_all(dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *ids,
+                            size_t cap, size_t *count) {
   size_t pos = 0;
   while (t->added && pos < n) {
     int rc = pcre2_match(t->added, p, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
@@ -362,13 +381,13 @@ static dt_status encode_all(dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_m
     DT_CHECK(rc > 0, DT_ERR_STATE, "tokenizer: the added tokens' pattern failed to match (PCRE2 error %d)", rc);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
-    DT_TRY(encode_plain(t, p + pos, b - pos, md, sym, ids, cap, count));
+    DT_TRY(encode_plain(t, p + pos, b - pos, md, ids, cap, count));
     int32_t id = table_find(&t->added_ids, bytes_key(p + b, e - b))->a; /* the pattern matches only added tokens */
     DT_CHECK(*count < cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
     ids[(*count)++] = id;
     pos = e;
   }
-  return encode_plain(t, p + pos, n - pos, md, sym, ids, cap, count);
+  return encode_plain(t, p + pos, n - pos, md, ids, cap, count);
 }
 
 dt_status dt_tokenizer_encode(dt_tokenizer *t, const char *text, size_t n, int32_t *ids, size_t cap, size_t *count) {
@@ -377,20 +396,18 @@ dt_status dt_tokenizer_encode(dt_tokenizer *t, const char *text, size_t n, int32
   DT_CHECK(bad == n, DT_ERR_ARG, "tokenizer: text is not valid UTF-8 at byte %zu (0x%02x)", bad,
            (unsigned)(uint8_t)text[bad]);
   DT_TRY(compile_added(t));
-  bool prefix = t->add_prefix_space && n > 0 && text[0] != ' ';
+  bool prefix = (t->flags & DT_TOKENIZER_PREFIX_SPACE) && n > 0 && text[0] != ' ';
   uint8_t *buf = malloc(n + 1);
-  int32_t *sym = malloc((n + 1) * sizeof *sym);
   pcre2_match_data *md = pcre2_match_data_create(1, NULL);
   dt_status s = DT_OK;
-  if (!buf || !sym || !md) {
+  if (!buf || !md) {
     s = DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
   } else {
     buf[0] = ' ';
     memcpy(buf + prefix, text, n);
-    s = encode_all(t, buf, n + prefix, md, sym, ids, cap, count);
+    s = encode_all(t, buf, n + prefix, md, ids, cap, count);
   }
   pcre2_match_data_free(md);
-  free(sym);
   free(buf);
   return s;
 }

@@ -7,10 +7,13 @@
  * vocabulary entry, add_merge in rank order, add_added for the added/special tokens, then encode and decode. */
 typedef struct dt_tokenizer dt_tokenizer;
 
+/* Options of dt_tokenizer_new (or'ed). PREFIX_SPACE: a space is put before text that does not start with one.
+ * IGNORE_MERGES: a piece that is a vocabulary entry is one token without merging (Llama-3). NFC: text between added
+ * tokens is normalized to Unicode NFC first (Qwen2; through utf8proc). */
+enum { DT_TOKENIZER_PREFIX_SPACE = 1, DT_TOKENIZER_IGNORE_MERGES = 2, DT_TOKENIZER_NFC = 4 };
 /* pattern: the pre-tokenizer's split regex (PCRE2 syntax, UTF-8 with Unicode properties); its matches and the text
- * between them are the pieces BPE runs on ("Isolated"). add_prefix_space: a space is put before text that does not
- * start with one. ignore_merges: a piece that is a vocabulary entry is one token without merging (Llama-3). */
-dt_status dt_tokenizer_new(const char *pattern, bool add_prefix_space, bool ignore_merges, dt_tokenizer **out);
+ * between them are the pieces BPE runs on ("Isolated"). flags: DT_TOKENIZER_*. */
+dt_status dt_tokenizer_new(const char *pattern, int flags, dt_tokenizer **out);
 void dt_tokenizer_free(dt_tokenizer *t);
 
 /* A vocabulary entry in byte-level BPE's byte-to-unicode alphabet ("\xc4\xa0the", i.e. "Ġthe", is " the"). */
@@ -21,7 +24,8 @@ dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *
  * special: skipped by decode when asked to skip special tokens. */
 dt_status dt_tokenizer_add_added(dt_tokenizer *t, const char *content, size_t n, int32_t id, bool special);
 
-/* Token ids of n bytes of UTF-8 text into ids (cap entries; n + 1 always suffices); *count receives how many.
+/* Token ids of n bytes of UTF-8 text into ids (cap entries; 3 n + 1 always suffices: NFC may lengthen text up to
+ * threefold); *count receives how many.
  * Text that is not UTF-8 is DT_ERR_ARG naming the byte offset. */
 dt_status dt_tokenizer_encode(dt_tokenizer *t, const char *text, size_t n, int32_t *ids, size_t cap, size_t *count);
 /* The bytes of `count` ids into out (cap bytes); *n receives the length (when it exceeds cap nothing is written and

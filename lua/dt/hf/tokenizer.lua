@@ -1,5 +1,6 @@
 -- dt/hf/tokenizer.lua: tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen families) parsed with cjson into the C
--- tokenizer (runtime/tokenizer.c): encode, decode, and a streaming decoder that never splits a UTF-8 character.
+-- tokenizer (runtime/tokenizer.c): encode (with NFC and BOS post-processors), decode, and a streaming decoder that
+-- never splits a UTF-8 character.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local dtffi = require "dt.ffi"
@@ -38,6 +39,30 @@ local function pre_tokenizer(p, fail)
       .. "ByteLevel(use_regex = false)])", cjson.encode(p))
 end
 
+-- The ids a post-processor adds around a single sequence: ByteLevel (none), TemplateProcessing "<special> $A
+-- <special>" (Llama-3's BOS), or a Sequence of those. Returns the prefix and suffix id lists.
+local function post_processor(p, fail)
+   local prefix, suffix = {}, {}
+   local list = null(p) and {} or p.type == "Sequence" and p.processors or { p }
+   for _, q in ipairs(list) do
+      if q.type == "TemplateProcessing" then
+         local at = prefix
+         for _, piece in ipairs(q.single) do
+            if piece.Sequence then
+               at = suffix
+            elseif piece.SpecialToken and q.special_tokens[piece.SpecialToken.id] then
+               for _, id in ipairs(q.special_tokens[piece.SpecialToken.id].ids) do at[#at + 1] = id end
+            else
+               fail("post_processor template piece %s is not supported yet", cjson.encode(piece))
+            end
+         end
+      elseif q.type ~= "ByteLevel" then
+         fail("post_processor %s is not supported yet (supported: ByteLevel, TemplateProcessing)", cjson.encode(q.type))
+      end
+   end
+   return prefix, suffix
+end
+
 -- Load tokenizer.json (a path, or a directory holding one). Unsupported parts are errors naming the file and the part.
 function M.load(path)
    if fs.is_dir(path) then path = fs.join(path, "tokenizer.json") end
@@ -53,18 +78,20 @@ function M.load(path)
       if not null(m[key]) then fail("BPE option %s = %s is not supported yet", key, cjson.encode(m[key])) end
    end
    if m.byte_fallback == true then fail("BPE byte_fallback (SentencePiece-style BPE) is not supported yet") end
-   if not null(j.normalizer) then fail("normalizer %s is not supported yet", cjson.encode(j.normalizer)) end
+   local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
+   if not (null(j.normalizer) or nfc) then
+      fail("normalizer %s is not supported yet (supported: NFC)", cjson.encode(j.normalizer))
+   end
    if not (null(j.decoder) or j.decoder.type == "ByteLevel") then
       fail("decoder %s is not supported yet (supported: ByteLevel)", cjson.encode(j.decoder))
    end
-   if not (null(j.post_processor) or j.post_processor.type == "ByteLevel") then
-      fail("post_processor %s is not supported yet (supported: ByteLevel)", cjson.encode(j.post_processor.type))
-   end
-   local pattern, prefix = pre_tokenizer(j.pre_tokenizer, fail)
+   local pattern, prefix_space = pre_tokenizer(j.pre_tokenizer, fail)
    local out = ffi.new("dt_tokenizer*[1]")
    local function try(status) if status ~= 0 then fail("%s", ffi.string(C.dt_last_error())) end end
-   try(C.dt_tokenizer_new(pattern, prefix, m.ignore_merges == true, out))
+   try(C.dt_tokenizer_new(pattern, (prefix_space and C.DT_TOKENIZER_PREFIX_SPACE or 0)
+      + (m.ignore_merges == true and C.DT_TOKENIZER_IGNORE_MERGES or 0) + (nfc and C.DT_TOKENIZER_NFC or 0), out))
    local self = setmetatable({ path = path, h = ffi.gc(out[0], C.dt_tokenizer_free), special = {} }, Tokenizer)
+   self.prefix, self.suffix = post_processor(j.post_processor, fail)
    for piece, id in pairs(m.vocab) do try(C.dt_tokenizer_add_token(self.h, piece, id)) end
    for i, merge in ipairs(m.merges) do
       local a, b
@@ -85,13 +112,17 @@ end
 
 local ids_t = ffi.typeof("int32_t[?]")
 
--- Token ids (a Lua array, 0-based ids as in tokenizer.json) of UTF-8 text; text that is not UTF-8 is an error naming
+-- Token ids (a Lua array, 0-based ids as in tokenizer.json) of UTF-8 text, with the post-processor's special tokens
+-- (a BOS) unless opts.add_special_tokens == false, as tokenizers' encode. Text that is not UTF-8 is an error naming
 -- the byte offset.
-function Tokenizer:encode(text)
-   local ids, count = ids_t(#text + 1), ffi.new("size_t[1]")
-   check(C.dt_tokenizer_encode(self.h, text, #text, ids, #text + 1, count), 2)
-   local out = {}
-   for i = 1, tonumber(count[0]) do out[i] = ids[i - 1] end
+function Tokenizer:encode(text, opts)
+   local cap = 3 * #text + 1
+   local ids, count = ids_t(cap), ffi.new("size_t[1]")
+   check(C.dt_tokenizer_encode(self.h, text, #text, ids, cap, count), 2)
+   local specials = not (opts and opts.add_special_tokens == false)
+   local out = specials and { unpack(self.prefix) } or {}
+   for i = 0, tonumber(count[0]) - 1 do out[#out + 1] = ids[i] end
+   if specials then for _, id in ipairs(self.suffix) do out[#out + 1] = id end end
    return out
 end
 
