@@ -1,5 +1,6 @@
--- spec/hf_load_spec.lua: dt.hf.load on tiny random models saved by transformers (spec/fixtures/hf_models.py): logits
--- within 1e-4 of transformers', identical greedy tokens, and clear errors for bad directories.
+-- spec/hf_load_spec.lua: dt.hf.load and dt.hf.save on tiny random models that transformers saves
+-- (spec/fixtures/hf_models.py): logits within 1e-4 of its own, the same greedy tokens, saved weights bit-identical, and
+-- errors for bad directories.
 local cjson = require "cjson"
 local dt = require "dt"
 local hf = require "dt.hf"
@@ -8,14 +9,11 @@ local helpers = require "spec.train_helpers"
 local refs = require "spec.fixtures.hf_refs"
 
 describe("dt.hf.load", function()
-   local py, why = refs.python()
-   if not py then
-      pending(why)
+   local dir, ref = refs.fixture("hf_models.py")
+   if not dir then
+      pending(ref)
       return
    end
-   local dir = helpers.tmpdir()
-   refs.run("hf_models.py", dir)
-   local ref = cjson.decode(fs.read(fs.join(dir, "ref.json")))
    teardown(function() fs.remove_tree(dir) end)
 
    for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "gpt2" } do

@@ -20,14 +20,11 @@ local function whole_chars(s)
 end
 
 describe("dt.hf.tokenizer", function()
-   local py, why = refs.python()
-   if not py then
-      pending(why)
+   local dir, ref = refs.fixture("hf_tokenizers.py")
+   if not dir then
+      pending(ref)
       return
    end
-   local dir = helpers.tmpdir()
-   refs.run("hf_tokenizers.py", dir)
-   local ref = cjson.decode(fs.read(fs.join(dir, "ref.json")))
    teardown(function() fs.remove_tree(dir) end)
 
    for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style" } do
