@@ -152,7 +152,7 @@ dt_status dt_tokenizer_new(const char *pattern, int flags, dt_tokenizer **out) {
   pthread_once(&once, init_alphabet);
   dt_tokenizer *t = calloc(1, sizeof *t);
   DT_CHECK(t, DT_ERR_OOM, "tokenizer: out of memory");
-  dt_status s = compile(pattern, PCRE2_ZERO_TERMINATED, "the pre-tokenizer pattern", &t->split);
+  dt_status s = pattern ? compile(pattern, PCRE2_ZERO_TERMINATED, "the pre-tokenizer pattern", &t->split) : DT_OK;
   if (s != DT_OK) {
     free(t);
     return s;
@@ -229,14 +229,42 @@ static dt_status piece_bytes(const char *piece, uint8_t *buf, size_t *n) {
   return DT_OK;
 }
 
+/* SentencePiece's byte-fallback piece "<0xXX>": *b := XX. */
+static bool sp_byte_piece(const char *piece, uint8_t *b) {
+  unsigned v;
+  char end;
+  if (strlen(piece) != 6 || sscanf(piece, "<0x%2X%c", &v, &end) != 2 || end != '>') return false;
+  *b = (uint8_t)v;
+  return true;
+}
+
+/* The bytes a vocabulary piece stands for (buf holds strlen(piece) bytes): byte-level BPE's alphabet decoded, or
+ * SentencePiece's "\xe2\x96\x81" (U+2581) as a space. */
+static dt_status vocab_bytes(const dt_tokenizer *t, const char *piece, uint8_t *buf, size_t *n) {
+  if (!(t->flags & DT_TOKENIZER_SENTENCEPIECE)) return piece_bytes(piece, buf, n);
+  size_t k = 0;
+  for (const char *c = piece; *c;) {
+    bool space = memcmp(c, "\xe2\x96\x81", 3) == 0;
+    buf[k++] = space ? ' ' : (uint8_t)*c;
+    c += space ? 3 : 1;
+  }
+  *n = k;
+  return DT_OK;
+}
+
 dt_status dt_tokenizer_add_token(dt_tokenizer *t, const char *piece, int32_t id) {
+  uint8_t b;
+  if ((t->flags & DT_TOKENIZER_SENTENCEPIECE) && sp_byte_piece(piece, &b)) { /* not matched as text: a fallback */
+    t->byte_id[b] = id;
+    return set_token(t, id, &b, 1, false);
+  }
   size_t len = strlen(piece), n;
   uint8_t *buf = malloc(len + 1);
   DT_CHECK(buf, DT_ERR_OOM, "tokenizer: out of memory");
-  dt_status s = piece_bytes(piece, buf, &n);
+  dt_status s = vocab_bytes(t, piece, buf, &n);
   if (s == DT_OK) s = set_token(t, id, buf, n, false);
   if (s == DT_OK) s = table_put(&t->vocab, bytes_key(buf, n), id, 0);
-  if (s == DT_OK && n == 1) t->byte_id[buf[0]] = id;
+  if (s == DT_OK && n == 1 && !(t->flags & DT_TOKENIZER_SENTENCEPIECE)) t->byte_id[buf[0]] = id;
   free(buf);
   return s;
 }
@@ -245,8 +273,8 @@ dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *
   size_t nl = strlen(left), nr = strlen(right), a, b;
   uint8_t *buf = malloc(nl + nr + 1);
   DT_CHECK(buf, DT_ERR_OOM, "tokenizer: out of memory");
-  dt_status s = piece_bytes(left, buf, &a);
-  if (s == DT_OK) s = piece_bytes(right, buf + a, &b);
+  dt_status s = vocab_bytes(t, left, buf, &a);
+  if (s == DT_OK) s = vocab_bytes(t, right, buf + a, &b);
   if (s == DT_OK) {
     int32_t l = lookup(t, buf, a), r = lookup(t, buf + a, b), m = lookup(t, buf, a + b);
     if (l < 0 || r < 0 || m < 0)
@@ -311,11 +339,18 @@ static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t 
     ids[(*count)++] = whole;
     return DT_OK;
   }
-  for (size_t i = 0; i < n; i++) {
-    sym[i] = t->byte_id[p[i]];
-    DT_CHECK(sym[i] >= 0, DT_ERR_UNSUPPORTED, "tokenizer: byte 0x%02x has no token in the vocabulary", p[i]);
+  size_t m = 0;
+  for (size_t i = 0; i < n;) { /* byte-level: one symbol per byte; SentencePiece: per character, else its bytes */
+    int l = t->flags & DT_TOKENIZER_SENTENCEPIECE ? utf8_len(p[i]) : 1;
+    int32_t id = l > 1 || (t->flags & DT_TOKENIZER_SENTENCEPIECE) ? lookup(t, p + i, (size_t)l) : -1;
+    for (int k = 0; k < l && id < 0; k++) {
+      sym[m] = t->byte_id[p[i + k]];
+      DT_CHECK(sym[m] >= 0, DT_ERR_UNSUPPORTED, "tokenizer: byte 0x%02x has no token in the vocabulary", p[i + k]);
+      m++;
+    }
+    if (id >= 0) sym[m++] = id;
+    i += (size_t)l;
   }
-  size_t m = n;
   for (;;) { /* merge the lowest-ranked adjacent pair (leftmost among equals) until none is a merge */
     const slot *best = NULL;
     size_t at = 0;
@@ -338,7 +373,7 @@ static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t 
 static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *sym,
                               int32_t *ids, size_t cap, size_t *count) {
   size_t pos = 0, last = 0;
-  while (pos < n) {
+  while (t->split && pos < n) {
     int rc = pcre2_match(t->split, p, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     DT_CHECK(rc > 0, DT_ERR_STATE, "tokenizer: the pre-tokenizer pattern failed to match (PCRE2 error %d)", rc);
@@ -362,6 +397,15 @@ static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n,
     DT_CHECK(len >= 0, DT_ERR_ARG, "tokenizer: NFC normalization failed: %s", utf8proc_errmsg(len));
     p = nfc;
     n = (size_t)len;
+  }
+  if (t->flags & DT_TOKENIZER_SENTENCEPIECE) { /* Prepend("\u2581") applies to every segment between added tokens */
+    utf8proc_uint8_t *spaced = malloc(n + 1);
+    DT_CHECK(spaced, DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
+    spaced[0] = ' ';
+    memcpy(spaced + 1, p, n);
+    free(nfc);
+    p = nfc = spaced;
+    n++;
   }
   int32_t *sym = malloc(n * sizeof *sym); /* BPE's scratch: one id per byte of the longest piece */
   dt_status s = sym ? split_pieces(t, p, n, md, sym, ids, cap, count)

@@ -1,4 +1,4 @@
-/* dt_tokenizer.h: byte-level BPE tokenizers (GPT-2, Llama-3, Qwen) built from tokenizer.json's parts: encode, decode. */
+/* dt_tokenizer.h: BPE tokenizers (byte-level: GPT-2, Llama-3, Qwen; SentencePiece-style: Llama-2) from tokenizer.json. */
 #ifndef DT_TOKENIZER_H
 #define DT_TOKENIZER_H
 #include "dt_base.h"
@@ -9,14 +9,23 @@ typedef struct dt_tokenizer dt_tokenizer;
 
 /* Options of dt_tokenizer_new (or'ed). PREFIX_SPACE: a space is put before text that does not start with one.
  * IGNORE_MERGES: a piece that is a vocabulary entry is one token without merging (Llama-3). NFC: text between added
- * tokens is normalized to Unicode NFC first (Qwen2; through utf8proc). */
-enum { DT_TOKENIZER_PREFIX_SPACE = 1, DT_TOKENIZER_IGNORE_MERGES = 2, DT_TOKENIZER_NFC = 4 };
-/* pattern: the pre-tokenizer's split regex (PCRE2 syntax, UTF-8 with Unicode properties); its matches and the text
- * between them are the pieces BPE runs on ("Isolated"). flags: DT_TOKENIZER_*. */
+ * tokens is normalized to Unicode NFC first (Qwen2; through utf8proc). SENTENCEPIECE: SentencePiece-style BPE with byte
+ * fallback (Llama-2, Mistral): pieces are plain UTF-8 with U+2581 for a space, "<0xXX>" pieces are the fallback for
+ * byte XX of a character not in the vocabulary, BPE starts from characters, and every segment between added tokens gets
+ * a space in front (tokenizers' Prepend + Replace normalizers). */
+enum {
+  DT_TOKENIZER_PREFIX_SPACE = 1,
+  DT_TOKENIZER_IGNORE_MERGES = 2,
+  DT_TOKENIZER_NFC = 4,
+  DT_TOKENIZER_SENTENCEPIECE = 8
+};
+/* pattern: the pre-tokenizer's split regex (PCRE2 syntax, UTF-8 with Unicode properties), or NULL (no split); its
+ * matches and the text between them are the pieces BPE runs on ("Isolated"). flags: DT_TOKENIZER_*. */
 dt_status dt_tokenizer_new(const char *pattern, int flags, dt_tokenizer **out);
 void dt_tokenizer_free(dt_tokenizer *t);
 
-/* A vocabulary entry in byte-level BPE's byte-to-unicode alphabet ("\xc4\xa0the", i.e. "Ġthe", is " the"). */
+/* A vocabulary entry: in byte-level BPE's byte-to-unicode alphabet ("\xc4\xa0the", i.e. "Ġthe", is " the"), or a
+ * SentencePiece piece. */
 dt_status dt_tokenizer_add_token(dt_tokenizer *t, const char *piece, int32_t id);
 /* The next merge (ranks follow the call order): the entries `left` and `right` join into the entry left+right. */
 dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *right);

@@ -1,6 +1,6 @@
--- dt/hf/tokenizer.lua: tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen families) parsed with cjson into the C
--- tokenizer (runtime/tokenizer.c): encode (with NFC and BOS post-processors), decode, and a streaming decoder that
--- never splits a UTF-8 character.
+-- dt/hf/tokenizer.lua: tokenizer.json (byte-level BPE: GPT-2, Llama-3, Qwen; SentencePiece-style BPE with byte
+-- fallback: Llama-2, Mistral) parsed with cjson into the C tokenizer (runtime/tokenizer.c): encode (with NFC and BOS
+-- post-processors), decode, and a streaming decoder that never splits a UTF-8 character.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local dtffi = require "dt.ffi"
@@ -39,6 +39,23 @@ local function pre_tokenizer(p, fail)
       .. "ByteLevel(use_regex = false)])", cjson.encode(p))
 end
 
+-- Whether j has Llama-2's SentencePiece-style shape: BPE with byte fallback, normalizers Prepend("▁") and
+-- Replace(" ", "▁"), no pre-tokenizer, decoders Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0).
+local SPACE = "\u{2581}"
+local function sentencepiece(j)
+   local n, d = j.normalizer, j.decoder
+   if j.model.byte_fallback ~= true or not null(j.pre_tokenizer) or null(n) or n.type ~= "Sequence"
+      or null(d) or d.type ~= "Sequence" then return false end
+   local a, b = n.normalizers[1] or {}, n.normalizers[2] or {}
+   local kinds = {}
+   for i, x in ipairs(d.decoders) do kinds[i] = x.type end
+   local strip = d.decoders[4] or {}
+   return #n.normalizers == 2 and a.type == "Prepend" and a.prepend == SPACE and b.type == "Replace"
+      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE
+      and table.concat(kinds, ",") == "Replace,ByteFallback,Fuse,Strip" and strip.content == " "
+      and strip.start == 1 and strip.stop == 0
+end
+
 -- The ids a post-processor adds around a single sequence: ByteLevel (none), TemplateProcessing "<special> $A
 -- <special>" (Llama-3's BOS), or a Sequence of those. Returns the prefix and suffix id lists.
 local function post_processor(p, fail)
@@ -74,23 +91,35 @@ function M.load(path)
    if type(m) ~= "table" or m.type ~= "BPE" then
       fail("model type %s is not supported yet (supported: BPE)", cjson.encode(type(m) == "table" and m.type or m))
    end
+   local sp = sentencepiece(j)
    for _, key in ipairs { "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix" } do
-      if not null(m[key]) then fail("BPE option %s = %s is not supported yet", key, cjson.encode(m[key])) end
+      if not null(m[key]) and not (sp and key == "unk_token") then
+         fail("BPE option %s = %s is not supported yet", key, cjson.encode(m[key]))
+      end
    end
-   if m.byte_fallback == true then fail("BPE byte_fallback (SentencePiece-style BPE) is not supported yet") end
-   local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
-   if not (null(j.normalizer) or nfc) then
-      fail("normalizer %s is not supported yet (supported: NFC)", cjson.encode(j.normalizer))
+   local flags, pattern, prefix_space
+   if sp then
+      flags = C.DT_TOKENIZER_SENTENCEPIECE
+   else
+      if m.byte_fallback == true then
+         fail("BPE byte_fallback is supported in Llama-2's SentencePiece-style shape only (Prepend and Replace "
+            .. "normalizers, no pre-tokenizer, Replace/ByteFallback/Fuse/Strip decoders)")
+      end
+      local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
+      if not (null(j.normalizer) or nfc) then
+         fail("normalizer %s is not supported yet (supported: NFC)", cjson.encode(j.normalizer))
+      end
+      if not (null(j.decoder) or j.decoder.type == "ByteLevel") then
+         fail("decoder %s is not supported yet (supported: ByteLevel)", cjson.encode(j.decoder))
+      end
+      pattern, prefix_space = pre_tokenizer(j.pre_tokenizer, fail)
+      flags = (prefix_space and C.DT_TOKENIZER_PREFIX_SPACE or 0) + (nfc and C.DT_TOKENIZER_NFC or 0)
    end
-   if not (null(j.decoder) or j.decoder.type == "ByteLevel") then
-      fail("decoder %s is not supported yet (supported: ByteLevel)", cjson.encode(j.decoder))
-   end
-   local pattern, prefix_space = pre_tokenizer(j.pre_tokenizer, fail)
    local out = ffi.new("dt_tokenizer*[1]")
    local function try(status) if status ~= 0 then fail("%s", ffi.string(C.dt_last_error())) end end
-   try(C.dt_tokenizer_new(pattern, (prefix_space and C.DT_TOKENIZER_PREFIX_SPACE or 0)
-      + (m.ignore_merges == true and C.DT_TOKENIZER_IGNORE_MERGES or 0) + (nfc and C.DT_TOKENIZER_NFC or 0), out))
-   local self = setmetatable({ path = path, h = ffi.gc(out[0], C.dt_tokenizer_free), special = {} }, Tokenizer)
+   try(C.dt_tokenizer_new(pattern, flags + (m.ignore_merges == true and C.DT_TOKENIZER_IGNORE_MERGES or 0), out))
+   local self = setmetatable({ path = path, h = ffi.gc(out[0], C.dt_tokenizer_free), special = {}, strip = sp },
+      Tokenizer)
    self.prefix, self.suffix = post_processor(j.post_processor, fail)
    for piece, id in pairs(m.vocab) do try(C.dt_tokenizer_add_token(self.h, piece, id)) end
    for i, merge in ipairs(m.merges) do
@@ -126,8 +155,8 @@ function Tokenizer:encode(text, opts)
    return out
 end
 
--- The text of ids (a Lua array); opts.skip_special_tokens drops the special added tokens.
-function Tokenizer:decode(ids, opts)
+-- The bytes of ids, before the decoder's Strip.
+local function bytes(self, ids, opts)
    local skip = opts ~= nil and opts.skip_special_tokens == true
    local arr, n = ids_t(math.max(1, #ids), ids), ffi.new("size_t[1]")
    local cap = 16 * #ids + 16
@@ -141,6 +170,15 @@ function Tokenizer:decode(ids, opts)
    return ffi.string(buf, n[0])
 end
 
+-- SentencePiece-style decoders strip the space the normalizer put in front.
+local function strip(self, text)
+   if self.strip and text:sub(1, 1) == " " then return text:sub(2) end
+   return text
+end
+
+-- The text of ids (a Lua array); opts.skip_special_tokens drops the special added tokens.
+function Tokenizer:decode(ids, opts) return strip(self, bytes(self, ids, opts)) end
+
 local Stream = {}
 Stream.__index = Stream
 
@@ -149,10 +187,15 @@ Stream.__index = Stream
 function Tokenizer:stream(opts) return setmetatable({ tok = self, opts = opts, pending = "" }, Stream) end
 
 function Stream:push(id)
-   local bytes = self.pending .. self.tok:decode({ id }, self.opts)
-   local k = tonumber(C.dt_utf8_complete_prefix(bytes, #bytes))
-   self.pending = bytes:sub(k + 1)
-   return bytes:sub(1, k)
+   local b = self.pending .. bytes(self.tok, { id }, self.opts)
+   local k = tonumber(C.dt_utf8_complete_prefix(b, #b))
+   self.pending = b:sub(k + 1)
+   local text = b:sub(1, k)
+   if text ~= "" and not self.started then
+      self.started = true
+      return strip(self.tok, text)
+   end
+   return text
 end
 
 function Stream:finish()
