@@ -330,8 +330,52 @@ static dt_status compile_added(dt_tokenizer *t) {
   return s;
 }
 
-/* Append the BPE ids of piece p[0..n) to ids. `sym` is scratch for n ids. */
-static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t *sym, int32_t *ids, size_t cap,
+/* BPE's scratch for pieces of up to n bytes: the symbols as a linked list (sym -1: merged into its left neighbour) and
+ * the candidate merges in a binary heap ordered by (rank, position), as tokenizers' Word::merge_all. */
+typedef struct {
+  int32_t rank, pos;
+} cand;
+typedef struct {
+  int32_t *sym, *prev, *next;
+  cand *heap; /* 3 n: the first pairs, then at most two new pairs per merge */
+  size_t nheap;
+} scratch;
+
+static bool cand_less(cand a, cand b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+
+static void heap_push(scratch *w, cand c) {
+  size_t i = w->nheap++;
+  for (; i > 0 && cand_less(c, w->heap[(i - 1) / 2]); i = (i - 1) / 2) w->heap[i] = w->heap[(i - 1) / 2];
+  w->heap[i] = c;
+}
+
+static cand heap_pop(scratch *w) {
+  cand top = w->heap[0], last = w->heap[--w->nheap];
+  size_t i = 0;
+  for (size_t c = 1; c < w->nheap; c = 2 * i + 1) {
+    if (c + 1 < w->nheap && cand_less(w->heap[c + 1], w->heap[c])) c++;
+    if (!cand_less(w->heap[c], last)) break;
+    w->heap[i] = w->heap[c];
+    i = c;
+  }
+  w->heap[i] = last;
+  return top;
+}
+
+/* The merge of the symbol at pos with its right neighbour, if any: (rank, merged id). */
+static const slot *merge_at(const dt_tokenizer *t, const scratch *w, int32_t pos) {
+  int32_t nx = w->next[pos];
+  if (nx < 0) return NULL;
+  return table_find(&t->merges, ((uint64_t)(uint32_t)w->sym[pos] << 32) | (uint32_t)w->sym[nx]);
+}
+
+static void push_merge(const dt_tokenizer *t, scratch *w, int32_t pos) {
+  const slot *s = merge_at(t, w, pos);
+  if (s) heap_push(w, (cand){s->a, pos});
+}
+
+/* Append the BPE ids of piece p[0..n) to ids. */
+static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, scratch *w, int32_t *ids, size_t cap,
                      size_t *count) {
   int32_t whole = t->flags & DT_TOKENIZER_IGNORE_MERGES ? lookup(t, p, n) : -1;
   if (whole >= 0) {
@@ -339,38 +383,42 @@ static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, int32_t 
     ids[(*count)++] = whole;
     return DT_OK;
   }
-  size_t m = 0;
+  int32_t m = 0;
   for (size_t i = 0; i < n;) { /* byte-level: one symbol per byte; SentencePiece: per character, else its bytes */
     int l = t->flags & DT_TOKENIZER_SENTENCEPIECE ? utf8_len(p[i]) : 1;
     int32_t id = l > 1 || (t->flags & DT_TOKENIZER_SENTENCEPIECE) ? lookup(t, p + i, (size_t)l) : -1;
     for (int k = 0; k < l && id < 0; k++) {
-      sym[m] = t->byte_id[p[i + k]];
-      DT_CHECK(sym[m] >= 0, DT_ERR_UNSUPPORTED, "tokenizer: byte 0x%02x has no token in the vocabulary", p[i + k]);
+      w->sym[m] = t->byte_id[p[i + k]];
+      DT_CHECK(w->sym[m] >= 0, DT_ERR_UNSUPPORTED, "tokenizer: byte 0x%02x has no token in the vocabulary", p[i + k]);
       m++;
     }
-    if (id >= 0) sym[m++] = id;
+    if (id >= 0) w->sym[m++] = id;
     i += (size_t)l;
   }
-  for (;;) { /* merge the lowest-ranked adjacent pair (leftmost among equals) until none is a merge */
-    const slot *best = NULL;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < m; i++) {
-      const slot *s = table_find(&t->merges, ((uint64_t)(uint32_t)sym[i] << 32) | (uint32_t)sym[i + 1]);
-      if (s && (!best || s->a < best->a)) best = s, at = i;
-    }
-    if (!best) break;
-    sym[at] = best->b;
-    memmove(sym + at + 1, sym + at + 2, (m - at - 2) * sizeof *sym);
-    m--;
+  w->nheap = 0;
+  for (int32_t i = 0; i < m; i++) w->prev[i] = i - 1, w->next[i] = i + 1 < m ? i + 1 : -1;
+  for (int32_t i = 0; i + 1 < m; i++) push_merge(t, w, i);
+  while (w->nheap > 0) { /* the lowest-ranked pair (leftmost among equals); entries whose pair changed are stale */
+    cand c = heap_pop(w);
+    const slot *s = w->sym[c.pos] >= 0 ? merge_at(t, w, c.pos) : NULL;
+    if (!s || s->a != c.rank) continue;
+    int32_t gone = w->next[c.pos];
+    w->sym[c.pos] = s->b;
+    w->sym[gone] = -1;
+    w->next[c.pos] = w->next[gone];
+    if (w->next[gone] >= 0) w->prev[w->next[gone]] = c.pos;
+    if (w->prev[c.pos] >= 0) push_merge(t, w, w->prev[c.pos]);
+    push_merge(t, w, c.pos);
   }
-  DT_CHECK(*count + m <= cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
-  memcpy(ids + *count, sym, m * sizeof *sym);
-  *count += m;
+  for (int32_t i = 0; i >= 0 && i < m; i = w->next[i]) { /* symbol 0 always survives: merges remove the right one */
+    DT_CHECK(*count < cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
+    ids[(*count)++] = w->sym[i];
+  }
   return DT_OK;
 }
 
 /* Pre-tokenize p[0..n) (no added tokens inside) with the split pattern and BPE every piece. */
-static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *sym,
+static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, scratch *w,
                               int32_t *ids, size_t cap, size_t *count) {
   size_t pos = 0, last = 0;
   while (t->split && pos < n) {
@@ -378,12 +426,12 @@ static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n,
     if (rc == PCRE2_ERROR_NOMATCH) break;
     DT_CHECK(rc > 0, DT_ERR_STATE, "tokenizer: the pre-tokenizer pattern failed to match (PCRE2 error %d)", rc);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > last) DT_TRY(bpe(t, p + last, ov[0] - last, sym, ids, cap, count)); /* text between matches */
-    if (ov[1] > ov[0]) DT_TRY(bpe(t, p + ov[0], ov[1] - ov[0], sym, ids, cap, count));
+    if (ov[0] > last) DT_TRY(bpe(t, p + last, ov[0] - last, w, ids, cap, count)); /* text between matches */
+    if (ov[1] > ov[0]) DT_TRY(bpe(t, p + ov[0], ov[1] - ov[0], w, ids, cap, count));
     last = ov[1];
     pos = ov[1] > ov[0] ? ov[1] : ov[1] + (size_t)utf8_len(p[ov[1]]); /* an empty match moves one character on */
   }
-  if (last < n) DT_TRY(bpe(t, p + last, n - last, sym, ids, cap, count));
+  if (last < n) DT_TRY(bpe(t, p + last, n - last, w, ids, cap, count));
   return DT_OK;
 }
 
@@ -407,10 +455,18 @@ static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n,
     p = nfc = spaced;
     n++;
   }
-  int32_t *sym = malloc(n * sizeof *sym); /* BPE's scratch: one id per byte of the longest piece */
-  dt_status s = sym ? split_pieces(t, p, n, md, sym, ids, cap, count)
-                    : DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
-  free(sym);
+  DT_CHECK(n < INT32_MAX / 3, DT_ERR_ARG, "tokenizer: a text segment of %zu bytes is too long (at most 700 MB)", n);
+  scratch w = {malloc(3 * n * sizeof(int32_t)), NULL, NULL, malloc(3 * n * sizeof(cand)), 0};
+  dt_status s;
+  if (!w.sym || !w.heap) {
+    s = DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
+  } else {
+    w.prev = w.sym + n;
+    w.next = w.sym + 2 * n;
+    s = split_pieces(t, p, n, md, &w, ids, cap, count);
+  }
+  free(w.sym);
+  free(w.heap);
   free(nfc);
   return s;
 }
