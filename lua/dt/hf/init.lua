@@ -61,17 +61,16 @@ local function fill(dir, lookup, pname, p, sources, transposed)
    for _, src in ipairs(sources) do
       local reader, stored = lookup(src)
       if not reader then error(("%s: missing tensor '%s' (for dtrun's %s)"):format(dir, src, pname), 0) end
-      local e = reader.entries[stored]
-      local want = transposed and { p.shape[2], p.shape[1] } or { e.shape[1], unpack(p.shape, 2) }
-      local rows = transposed and p.shape[1] or e.shape[1]
+      local e, multi = reader.entries[stored], #sources > 1
+      local want = transposed and { p.shape[2], p.shape[1] } or multi and { e.shape[1], unpack(p.shape, 2) } or p.shape
+      local rows = multi and e.shape[1] or p.shape[1]
       local fits = #e.shape == #want and rows ~= nil and row + rows - 1 <= p.shape[1]
       for i = 1, #want do fits = fits and e.shape[i] == want[i] end
       if not fits then
-         error(("%s: tensor '%s' has shape %s, but dtrun's %s %s needs %s"):format(reader.path, stored,
-            shape_str(e.shape), pname, shape_str(p.shape), #sources > 1 and "rows of " .. shape_str(want)
-            or shape_str(transposed and want or p.shape)), 0)
+         error(("%s: tensor '%s' has shape %s, but dtrun's %s %s needs %s%s"):format(reader.path, stored,
+            shape_str(e.shape), pname, shape_str(p.shape), multi and "rows of " or "", shape_str(want)), 0)
       end
-      local dst = #sources > 1 and p:narrow(1, row, rows) or p
+      local dst = multi and p:narrow(1, row, rows) or p
       if transposed then
          local t = reader:tensor(stored)
          dst:copy_(t:transpose(1, 2))
