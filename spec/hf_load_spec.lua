@@ -16,7 +16,7 @@ describe("dt.hf.load", function()
    end
    teardown(function() fs.remove_tree(dir) end)
 
-   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "gpt2" } do
+   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
       it(name .. ": logits match transformers' and greedy decoding gives the same tokens", function()
          local r = ref[name]
          local model = hf.load(fs.join(dir, name))
@@ -34,7 +34,7 @@ describe("dt.hf.load", function()
       end)
    end
 
-   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "gpt2" } do
+   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
       it(name .. ": dt.hf.save writes what transformers loads with every weight bit-identical", function()
          local out = fs.join(helpers.tmpdir(), "saved")
          finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
@@ -58,6 +58,10 @@ describe("dt.hf.load", function()
       assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", fs.join(dir, "gpt2"), out))
    end)
 
+   it("caps a Mistral model's sequence length at its sliding window", function()
+      assert.equal(32, hf.load(fs.join(dir, "mistral")).seq)
+   end)
+
    it("loads in another dtype", function()
       local model = hf.load(fs.join(dir, "llama"), { dtype = "bf16" })
       assert.equal("bf16", model.wte.weight.dtype)
@@ -79,7 +83,8 @@ describe("dt.hf.load", function()
 
       it("names an unknown model_type and the supported ones", function()
          fs.write(fs.join(bad, "config.json"), '{"model_type": "mamba"}')
-         assert.matches("model_type 'mamba' is not supported (supported: gpt2, llama, qwen2)", load_err(), 1, true)
+         assert.matches("model_type 'mamba' is not supported (supported: gpt2, llama, mistral, qwen2)", load_err(), 1,
+            true)
       end)
 
       it("names an unsupported option", function()

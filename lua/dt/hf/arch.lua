@@ -32,7 +32,9 @@ local function unsupported(c, key, ok)
    end
 end
 
-local function llama_like(qkv_bias)
+-- qkv_bias: Qwen2's biased q/k/v. window: Mistral's sliding_window (null: none) caps the sequence length, where
+-- sliding-window attention equals the full causal attention dtrun computes (longer inputs are refused).
+local function llama_like(qkv_bias, window)
    return function(c)
       local dim, heads = get(c, "hidden_size"), get(c, "num_attention_heads")
       unsupported(c, "hidden_act", function(v) return v == "silu" end)
@@ -41,7 +43,9 @@ local function llama_like(qkv_bias)
       unsupported(c, "mlp_bias", function(v) return v == false end)
       unsupported(c, "head_dim", function(v) return v == dim / heads end)
       unsupported(c, "use_sliding_window", function(v) return v == false end)
-      return nn.Llama { vocab = get(c, "vocab_size"), seq = get(c, "max_position_embeddings"), dim = dim,
+      local seq = get(c, "max_position_embeddings")
+      if window then seq = math.min(seq, get(c, "sliding_window", seq)) end
+      return nn.Llama { vocab = get(c, "vocab_size"), seq = seq, dim = dim,
          layers = get(c, "num_hidden_layers"), heads = heads, kv_heads = get(c, "num_key_value_heads", heads),
          hidden = get(c, "intermediate_size"), rope_theta = get(c, "rope_theta", 10000),
          norm_eps = get(c, "rms_norm_eps", 1e-6), qkv_bias = qkv_bias, dtype = c._dtype }
@@ -57,6 +61,8 @@ local llama_top = { ["wte.weight"] = "model.embed_tokens.weight", ["lnf.weight"]
    ["head.weight"] = "lm_head.weight" }
 
 M.llama = { build = llama_like(false), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
+   transposed = {} }
+M.mistral = { build = llama_like(false, true), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
    transposed = {} }
 M.qwen2 = { build = llama_like(true), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
    transposed = {} }
