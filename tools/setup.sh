@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson lua-check)
+packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson lua-check
+  libpcre2-dev libutf8proc-dev python3-torch python3-venv python3-pip) # the last three: tools/hf_refs.sh (the hf_* specs' references)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,4 +10,5 @@
 #include "dt_launch.h"
 #include "dt_store.h"
 #include "dt_comm.h"
+#include "dt_tokenizer.h"
 #include "dt_cuda.h" /* declared in every build; only CUDA builds define the functions (dt_cuda_build()) */

@@ -5,7 +5,8 @@ local layers = require "dt.nn.layers"
 
 -- CausalSelfAttention(dim, heads, opts): x (B, T, dim) -> (B, T, dim).
 --   opts.kv_heads (default heads; heads % kv_heads == 0) shares each k/v head among heads/kv_heads queries;
---   opts.rope_theta rotates q and k (RoPE) when set; opts.bias (default true) for both projections;
+--   opts.rope_theta rotates q and k (RoPE) when set; opts.bias (default true) for both projections, opts.qkv_bias
+--   (default opts.bias) for the qkv projection alone (Qwen2: biased qkv, bias-free output);
 --   opts.dropout on the output projection (default generator); opts.std / opts.proj_std / opts.generator /
 --   opts.dtype for init.
 -- The qkv projection's output columns are [q (heads*D) | k (kv_heads*D) | v (kv_heads*D)], D = dim/heads.
@@ -20,7 +21,9 @@ function Attention:init(dim, heads, opts)
    local hd = dim / heads
    if opts.rope_theta and hd % 2 ~= 0 then fail("RoPE needs an even head size, got %d", hd) end
    self.dim, self.heads, self.kv_heads, self.head_dim, self.rope_theta = dim, heads, kv_heads, hd, opts.rope_theta
-   local lin = { bias = opts.bias, std = opts.std, generator = opts.generator, dtype = opts.dtype }
+   local qkv_bias = opts.qkv_bias
+   if qkv_bias == nil then qkv_bias = opts.bias end
+   local lin = { bias = qkv_bias, std = opts.std, generator = opts.generator, dtype = opts.dtype }
    self.qkv = layers.Linear(dim, (heads + 2 * kv_heads) * hd, lin)
    self.proj = layers.Linear(dim, dim, { bias = opts.bias, std = opts.proj_std or opts.std, generator = opts.generator,
       dtype = opts.dtype })

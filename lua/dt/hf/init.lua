@@ -1,0 +1,214 @@
+-- dt/hf/init.lua: `require "dt.hf"`: Hugging Face model directories (config.json + safetensors) into dtrun models, and
+-- their tokenizer.json.
+--
+--    local hf = require "dt.hf"
+--    local model, config = hf.load("Qwen2.5-0.5B", { dtype = "bf16", device = "cuda" })
+--    local tok = hf.tokenizer("Qwen2.5-0.5B")     -- tok:encode(text), tok:decode(ids), tok:stream()
+local cjson = require "cjson"
+local dt = require "dt"
+local fs = require "dt.train.fs"
+local safetensors = require "dt.train.safetensors"
+local arch = require "dt.hf.arch"
+
+local M = { tokenizer = require("dt.hf.tokenizer").load }
+
+local function read_json(path, what)
+   if not fs.is_file(path) then error(("%s: no %s"):format(path, what), 0) end
+   local ok, v = pcall(cjson.decode, fs.read(path))
+   if not ok or type(v) ~= "table" then error(("%s: not a JSON object (%s)"):format(path, tostring(v)), 0) end
+   return v
+end
+
+local function shape_str(shape) return "[" .. table.concat(shape, ", ") .. "]" end
+
+-- The directory's tensors: name -> { reader, stored name } over model.safetensors or the shards that
+-- model.safetensors.index.json names (every shard checked to exist before anything is read).
+local function open_weights(dir, prefix)
+   local index, single = fs.join(dir, "model.safetensors.index.json"), fs.join(dir, "model.safetensors")
+   local where, readers = {}, {}
+   local function open(file)
+      if not readers[file] then readers[file] = safetensors.open(fs.join(dir, file)) end
+      return readers[file]
+   end
+   if fs.is_file(index) then
+      local map = read_json(index, "shard index").weight_map
+      if type(map) ~= "table" then error(("%s: no weight_map object"):format(index), 0) end
+      for name, file in pairs(map) do
+         if not fs.is_file(fs.join(dir, file)) then
+            error(("%s: names shard '%s' (for tensor '%s'), which does not exist"):format(index, file, name), 0)
+         end
+         where[name] = file
+      end
+   elseif fs.is_file(single) then
+      for _, name in ipairs(open("model.safetensors").names) do where[name] = "model.safetensors" end
+   else
+      error(("%s: no model.safetensors or model.safetensors.index.json"):format(dir), 0)
+   end
+   local by_name = {}
+   for name, file in pairs(where) do
+      local short = prefix and name:sub(1, #prefix) == prefix and name:sub(#prefix + 1) or name
+      by_name[short] = { file = file, name = name }
+   end
+   return function(name)
+      local e = by_name[name]
+      if e then return open(e.file), e.name end
+   end
+end
+
+-- Copy the HF tensors `sources` (rows concatenated; transposed when stored (in, out)) into parameter p.
+local function fill(dir, lookup, pname, p, sources, transposed)
+   local row = 1
+   for _, src in ipairs(sources) do
+      local reader, stored = lookup(src)
+      if not reader then error(("%s: missing tensor '%s' (for dtrun's %s)"):format(dir, src, pname), 0) end
+      local e, multi = reader.entries[stored], #sources > 1
+      local want = transposed and { p.shape[2], p.shape[1] } or multi and { e.shape[1], unpack(p.shape, 2) } or p.shape
+      local rows = multi and e.shape[1] or p.shape[1]
+      local fits = #e.shape == #want and rows ~= nil and row + rows - 1 <= p.shape[1]
+      for i = 1, #want do fits = fits and e.shape[i] == want[i] end
+      if not fits then
+         error(("%s: tensor '%s' has shape %s, but dtrun's %s %s needs %s%s"):format(reader.path, stored,
+            shape_str(e.shape), pname, shape_str(p.shape), multi and "rows of " or "", shape_str(want)), 0)
+      end
+      local dst = multi and p:narrow(1, row, rows) or p
+      if transposed then
+         local t = reader:tensor(stored)
+         dst:copy_(t:transpose(1, 2))
+         t:free()
+      else
+         reader:copy_into(stored, dst)
+      end
+      row = row + rows
+   end
+   if row - 1 ~= p.shape[1] then
+      error(("%s: tensors %s give %d rows, but dtrun's %s has %d"):format(dir, table.concat(sources, ", "), row - 1,
+         pname, p.shape[1]), 0)
+   end
+end
+
+-- The architecture table of a decoded config.json, or an error listing the supported model types.
+local function arch_of(c)
+   local a = arch[c.model_type]
+   if type(a) ~= "table" then
+      local known = {}
+      for k, v in pairs(arch) do if type(v) == "table" then known[#known + 1] = k end end
+      table.sort(known)
+      error(("%s: model_type '%s' is not supported (supported: %s)"):format(c._path, tostring(c.model_type),
+         table.concat(known, ", ")), 0)
+   end
+   return a
+end
+
+-- Whether the output layer is the token embedding (transformers' default: tied for GPT-2, else untied).
+local function is_tied(c)
+   if c.tie_word_embeddings == nil then return c.model_type == "gpt2" end
+   return c.tie_word_embeddings == true
+end
+
+-- Files save() copies from the directory a model was loaded from, when present.
+local COPIED = { "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+   "vocab.json", "merges.txt" }
+
+-- Build the dtrun model for Hugging Face directory `dir` and read its weights (memory-mapped; each tensor copied once
+-- into its parameter). opts.dtype (default f32, as transformers' from_pretrained), opts.device. Returns the model (in
+-- eval mode; model.hf = { config =, dir = } for save) and the decoded config.json. A tied output layer shares the
+-- embedding's tensor. Errors name the file, the tensor and both shapes; nothing is returned half-loaded.
+function M.load(dir, opts)
+   opts = opts or {}
+   local c = read_json(fs.join(dir, "config.json"), "config.json (not a Hugging Face model directory?)")
+   c._path, c._dtype = fs.join(dir, "config.json"), opts.dtype or "f32"
+   local a = arch_of(c)
+   local model = a.build(c)
+   if is_tied(c) then model.head.weight = model.wte.weight end
+   local lookup = open_weights(dir, a.prefix)
+   dt.no_grad(function()
+      for _, np in ipairs(model:named_parameters()) do
+         local sources, transposed = arch.sources(a, np[1])
+         if not sources then error(("dt.hf: no Hugging Face name for dtrun's %s"):format(np[1]), 0) end
+         fill(dir, lookup, np[1], np[2], sources, transposed)
+      end
+   end)
+   c._path, c._dtype = nil, nil
+   if opts.device then model:to(opts.device) end
+   model.hf = { config = c, dir = dir }
+   return model:eval(), c
+end
+
+local torch_dtype = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
+
+-- The (HF name, tensor view) pairs of parameter p: rows split back into q/k/v, Conv1D weights transposed.
+local function views(model, a, name, p)
+   local sources, transposed = arch.sources(a, name)
+   if not sources then error(("dt.hf.save: no Hugging Face name for dtrun's %s"):format(name), 3) end
+   if transposed then return { { sources[1], p:transpose(1, 2) } } end
+   if #sources == 1 then return { { sources[1], p } } end
+   local attn = model.blocks[tonumber(name:match("^blocks%.(%d+)%."))].attn -- only qkv is concatenated
+   local rows = { attn.heads * attn.head_dim, attn.kv_heads * attn.head_dim, attn.kv_heads * attn.head_dim }
+   local out, row = {}, 1
+   for i, src in ipairs(sources) do
+      out[i] = { src, p:narrow(1, row, rows[i]) }
+      row = row + rows[i]
+   end
+   return out
+end
+
+-- Write a model that dt.hf.load built to directory `dir` in the same format: config.json, model.safetensors (or
+-- shards of at most opts.max_shard_bytes, default 5e9, with model.safetensors.index.json), and the generation and
+-- tokenizer files of the directory it was loaded from. The files are written into a temporary directory beside dir,
+-- which is then renamed to dir (so dir must not exist, or be empty): a crash leaves no half-written model.
+function M.save(model, dir, opts)
+   opts = opts or {}
+   local src = model.hf
+   if type(src) ~= "table" then
+      error("dt.hf.save: the model has no Hugging Face config (build it with dt.hf.load)", 2)
+   end
+   local c = {}
+   for k, v in pairs(src.config) do c[k] = v end
+   local a = arch_of(c)
+   local entries, bytes = {}, 0
+   for _, np in ipairs(model:named_parameters()) do
+      for _, e in ipairs(views(model, a, np[1], np[2])) do
+         entries[#entries + 1] = { (a.prefix or "") .. e[1], e[2] }
+         bytes = bytes + e[2]:numel() * e[2]:dtype_info().size
+      end
+   end
+   c.torch_dtype = torch_dtype[model.wte.weight.dtype] or c.torch_dtype
+   local tmp = ("%s.tmp-%d"):format(dir, fs.pid())
+   fs.mkdir(tmp)
+   local ok, err = pcall(function()
+      fs.write(fs.join(tmp, "config.json"), cjson.encode(c))
+      for _, f in ipairs(COPIED) do
+         local from = fs.join(src.dir, f)
+         if fs.is_file(from) then fs.write(fs.join(tmp, f), fs.read(from)) end
+      end
+      local limit, shards = opts.max_shard_bytes or 5e9, { {} }
+      local size = 0
+      for _, e in ipairs(entries) do
+         local n = e[2]:numel() * e[2]:dtype_info().size
+         if size > 0 and size + n > limit then shards[#shards + 1], size = {}, 0 end
+         table.insert(shards[#shards], e)
+         size = size + n
+      end
+      local meta = { format = "pt" } -- transformers refuses safetensors files without it
+      if #shards == 1 then return safetensors.write(fs.join(tmp, "model.safetensors"), entries, meta) end
+      local map = {}
+      for i, shard in ipairs(shards) do
+         local file = ("model-%05d-of-%05d.safetensors"):format(i, #shards)
+         safetensors.write(fs.join(tmp, file), shard, meta)
+         for _, e in ipairs(shard) do map[e[1]] = file end
+      end
+      fs.write(fs.join(tmp, "model.safetensors.index.json"),
+         cjson.encode { metadata = { total_size = bytes }, weight_map = map })
+   end)
+   if ok then ok, err = pcall(function()
+      fs.fsync_dir(tmp)
+      fs.rename(tmp, dir)
+      fs.fsync_dir(dir:match("^(.*)/[^/]+/?$") or ".")
+   end) end
+   if not ok then
+      pcall(fs.remove_tree, tmp)
+      error(err, 2)
+   end
+end
+
+return M

@@ -1,0 +1,134 @@
+-- spec/hf_load_spec.lua: dt.hf.load and dt.hf.save on tiny random models that transformers saves
+-- (spec/fixtures/hf_models.py): logits within 1e-4 of its own, the same greedy tokens, saved weights bit-identical, and
+-- errors for bad directories.
+local cjson = require "cjson"
+local dt = require "dt"
+local hf = require "dt.hf"
+local fs = require "dt.train.fs"
+local helpers = require "spec.train_helpers"
+local refs = require "spec.fixtures.hf_refs"
+
+describe("dt.hf.load", function()
+   local dir, ref = refs.fixture("hf_models.py")
+   if not dir then
+      pending(ref)
+      return
+   end
+   teardown(function() fs.remove_tree(dir) end)
+
+   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
+      it(name .. ": logits match transformers' and greedy decoding gives the same tokens", function()
+         local r = ref[name]
+         local model = hf.load(fs.join(dir, name))
+         local logits = model(dt.tensor(r.input, { dtype = "i64" })):totable()
+         local worst = 0
+         for b, rows in ipairs(r.logits) do
+            for t, row in ipairs(rows) do
+               for v, x in ipairs(row) do worst = math.max(worst, math.abs(logits[b][t][v] - x)) end
+            end
+         end
+         assert.is_true(worst <= 1e-4, ("max abs logit difference %g > 1e-4"):format(worst))
+         local out = model:generate(dt.tensor({ r.prompt }, { dtype = "i64" }), #r.greedy - #r.prompt,
+            { temperature = 0 })
+         assert.same(r.greedy, out:totable()[1])
+      end)
+   end
+
+   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
+      it(name .. ": dt.hf.save writes what transformers loads with every weight bit-identical", function()
+         local out = fs.join(helpers.tmpdir(), "saved")
+         finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
+         local model = hf.load(fs.join(dir, name))
+         hf.save(model, out, { max_shard_bytes = 40000 })
+         assert.is_true(fs.is_file(fs.join(out, "model.safetensors.index.json")))
+         assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", fs.join(dir, name), out))
+      end)
+   end
+
+   it("saves a single file below the shard size, and shares a tied head with the embedding", function()
+      local out = fs.join(helpers.tmpdir(), "saved")
+      finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
+      local model = hf.load(fs.join(dir, "gpt2"))
+      assert.equal(model.wte.weight, model.head.weight)
+      hf.save(model, out)
+      local names = {}
+      for _, e in ipairs(fs.list(out)) do names[#names + 1] = e.name end
+      table.sort(names)
+      assert.same({ "config.json", "generation_config.json", "model.safetensors" }, names)
+      assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", fs.join(dir, "gpt2"), out))
+   end)
+
+   it("caps a Mistral model's sequence length at its sliding window", function()
+      assert.equal(32, hf.load(fs.join(dir, "mistral")).seq)
+   end)
+
+   it("loads in another dtype", function()
+      local model = hf.load(fs.join(dir, "llama"), { dtype = "bf16" })
+      assert.equal("bf16", model.wte.weight.dtype)
+   end)
+
+   describe("errors", function()
+      local bad
+      before_each(function() bad = helpers.tmpdir() end)
+      after_each(function() fs.remove_tree(bad) end)
+
+      local function copy(from, files)
+         for _, f in ipairs(files) do fs.write(fs.join(bad, f), fs.read(fs.join(dir, from, f))) end
+      end
+      local function load_err() return helpers.errmsg(function() hf.load(bad) end) end
+
+      it("names a missing config.json", function()
+         assert.matches("config.json: no config.json", load_err(), 1, true)
+      end)
+
+      it("names an unknown model_type and the supported ones", function()
+         fs.write(fs.join(bad, "config.json"), '{"model_type": "mamba"}')
+         assert.matches("model_type 'mamba' is not supported (supported: gpt2, llama, mistral, qwen2)", load_err(), 1,
+            true)
+      end)
+
+      it("names an unsupported option", function()
+         local c = cjson.decode(fs.read(fs.join(dir, "llama", "config.json")))
+         c.rope_scaling = { rope_type = "llama3", factor = 8 }
+         fs.write(fs.join(bad, "config.json"), cjson.encode(c))
+         assert.matches("rope_scaling = {.*} is not supported yet for model_type 'llama'", load_err())
+      end)
+
+      it("names a missing tensor and the dtrun parameter it feeds", function()
+         copy("llama", { "config.json" })
+         local st = require "dt.train.safetensors"
+         local file = st.open(fs.join(dir, "llama", "model.safetensors"))
+         local entries = {}
+         for _, n in ipairs(file.names) do
+            if n ~= "model.layers.1.self_attn.k_proj.weight" then entries[#entries + 1] = { n, file:tensor(n) } end
+         end
+         st.write(fs.join(bad, "model.safetensors"), entries)
+         assert.matches("missing tensor 'model.layers.1.self_attn.k_proj.weight' "
+            .. "(for dtrun's blocks.2.attn.qkv.weight)", load_err(), 1, true)
+      end)
+
+      it("names a mismatched tensor with both shapes", function()
+         local c = cjson.decode(fs.read(fs.join(dir, "gpt2", "config.json")))
+         c.n_positions = 32
+         fs.write(fs.join(bad, "config.json"), cjson.encode(c))
+         copy("gpt2", { "model.safetensors" })
+         assert.matches("tensor 'transformer.wpe.weight' has shape [64, 32], but dtrun's wpe.weight [32, 32] needs "
+            .. "[32, 32]", load_err(), 1, true)
+      end)
+
+      it("names a shard the index lists but the directory lacks", function()
+         local from = "llama_tied_bf16_sharded"
+         copy(from, { "config.json", "model.safetensors.index.json", "model-00001-of-00003.safetensors",
+            "model-00002-of-00003.safetensors" })
+         assert.matches("model.safetensors.index.json: names shard 'model-00003-of-00003.safetensors'", load_err(),
+            1, true)
+      end)
+
+      it("names a truncated shard", function()
+         copy("qwen2_f16", { "config.json" })
+         local data = fs.read(fs.join(dir, "qwen2_f16", "model.safetensors"))
+         fs.write(fs.join(bad, "model.safetensors"), data:sub(1, #data - 100))
+         assert.matches("model.safetensors: truncated", load_err(), 1, true)
+      end)
+   end)
+end)
