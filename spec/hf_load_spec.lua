@@ -4,7 +4,7 @@
 local cjson = require "cjson"
 local dt = require "dt"
 local hf = require "dt.hf"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local refs = require "spec.fixtures.hf_refs"
 
@@ -96,7 +96,7 @@ describe("dt.hf.load", function()
 
       it("names a missing tensor and the dtrun parameter it feeds", function()
          copy("llama", { "config.json" })
-         local st = require "dt.train.safetensors"
+         local st = require "dt.ckpt.safetensors"
          local file = st.open(fs.join(dir, "llama", "model.safetensors"))
          local entries = {}
          for _, n in ipairs(file.names) do

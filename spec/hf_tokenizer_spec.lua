@@ -2,7 +2,7 @@
 -- on every line of the license texts and on hard strings, decode(encode(s)) == s, streaming decode, bad input.
 local cjson = require "cjson"
 local hf = require "dt.hf"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local refs = require "spec.fixtures.hf_refs"
 

@@ -6,8 +6,8 @@
 --    local tok = hf.tokenizer("Qwen2.5-0.5B")     -- tok:encode(text), tok:decode(ids), tok:stream()
 local cjson = require "cjson"
 local dt = require "dt"
-local fs = require "dt.train.fs"
-local safetensors = require "dt.train.safetensors"
+local fs = require "dt.fs"
+local safetensors = require "dt.ckpt.safetensors"
 local arch = require "dt.hf.arch"
 
 local M = { tokenizer = require("dt.hf.tokenizer").load }

@@ -4,7 +4,7 @@
 local ffi = require "ffi"
 local cjson = require "cjson"
 local dtffi = require "dt.ffi"
-local fs = require "dt.train.fs"
+local fs = require "dt.fs"
 
 local C, check = dtffi.C, dtffi.check
 local M = {}
