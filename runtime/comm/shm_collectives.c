@@ -4,7 +4,9 @@
 /* all_reduce/reduce up to this size take the one-barrier path (each rank reduces the whole message). */
 enum { SMALL_BYTES = 32 << 10 };
 
-static uint8_t *slot(dt_comm *c, int r, int k) { return c->slots + ((size_t)r * SHM_SLOTS + (size_t)k) * c->slot_bytes; }
+static uint8_t *slot(dt_comm *c, int r, int k) {
+  return c->slots + ((size_t)r * SHM_SLOTS + (size_t)k) * c->slot_bytes;
+}
 
 /* Round r writes slot r % SHM_SLOTS and its data is read at most two rounds later, before the
  * reader arrives at round r + 2's barrier; the slot is written again in round r + SHM_SLOTS, after
@@ -49,7 +51,8 @@ static void reduce_slice(dt_comm *c, const chunk *ch, uint8_t *data, size_t es, 
 static void gather_slices(dt_comm *c, const chunk *ch, uint8_t *data, size_t es) {
   for (int j = 0; j < c->world; j++) {
     int64_t a = part(ch->n, c->world, j), b = part(ch->n, c->world, j + 1);
-    if (j != c->rank) memcpy(data + (size_t)(ch->off + a) * es, slot(c, j, ch->k) + (size_t)a * es, (size_t)(b - a) * es);
+    if (j != c->rank)
+      memcpy(data + (size_t)(ch->off + a) * es, slot(c, j, ch->k) + (size_t)a * es, (size_t)(b - a) * es);
   }
 }
 
