@@ -1,54 +1,96 @@
-/* shm_collectives.c: the collective algorithms, staged through per-rank double-buffered slots of the segment. */
+/* shm_collectives.c: the collective algorithms, staged through per-rank rotating slots of the segment. */
 #include "shm_internal.h"
 
 /* all_reduce/reduce up to this size take the one-barrier path (each rank reduces the whole message). */
 enum { SMALL_BYTES = 32 << 10 };
 
-static uint8_t *slot(dt_comm *c, int r, int half) { return c->slots + ((size_t)r * 2 + (size_t)half) * c->slot_bytes; }
+static uint8_t *slot(dt_comm *c, int r, int k) {
+  return c->slots + ((size_t)r * SHM_SLOTS + (size_t)k) * c->slot_bytes;
+}
 
-/* Each staging round writes the half its number selects. A rank writes that half again two
- * rounds later, after the next round's barrier, which no rank reaches before it has finished
- * reading this round's data: so a round needs no barrier of its own before its writes. */
-static int next_half(dt_comm *c) { return (int)(c->round++ & 1); }
+/* Round r writes slot r % SHM_SLOTS and its data is read at most two rounds later, before the
+ * reader arrives at round r + 2's barrier; the slot is written again in round r + SHM_SLOTS, after
+ * that barrier: so a round needs no barrier of its own before its writes. */
+static int slot_of(uint64_t round) { return (int)(round % SHM_SLOTS); }
+static int next_slot(dt_comm *c) { return slot_of(c->round++); }
 
 /* Start of part i when n elements are split into `parts` nearly equal parts. */
 static int64_t part(int64_t n, int parts, int i) { return n * i / parts; }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* One slot-sized chunk of an all_reduce: elements [off, off + n) of the data; this rank reduces [lo, hi) of it. */
+typedef struct chunk {
+  int64_t off, n, lo, hi;
+  int k; /* its slot */
+} chunk;
+
+static chunk chunk_at(dt_comm *c, int64_t i, int64_t per, int64_t count, uint64_t round) {
+  chunk ch = {.off = i * per, .n = min64(per, count - i * per), .k = slot_of(round)};
+  ch.lo = part(ch.n, c->world, c->rank);
+  ch.hi = part(ch.n, c->world, c->rank + 1);
+  return ch;
+}
+
+/* Stage the chunk in this rank's slot, except this rank's slice, which only it reads (straight from the data). */
+static void stage_chunk(dt_comm *c, const chunk *ch, const uint8_t *data, size_t es) {
+  uint8_t *mine = slot(c, c->rank, ch->k);
+  const uint8_t *src = data + (size_t)ch->off * es;
+  memcpy(mine, src, (size_t)ch->lo * es);
+  memcpy(mine + (size_t)ch->hi * es, src + (size_t)ch->hi * es, (size_t)(ch->n - ch->hi) * es);
+}
+
+/* Reduce this rank's slice over all ranks into its slot (for the others) and, if it wants the result, the data. */
+static void reduce_slice(dt_comm *c, const chunk *ch, uint8_t *data, size_t es, int dtype, int op, bool want) {
+  uint8_t *src = data + (size_t)(ch->off + ch->lo) * es, *mine = slot(c, c->rank, ch->k) + (size_t)ch->lo * es;
+  for (int j = 0; j < c->world; j++) c->srcs[j] = j == c->rank ? src : slot(c, j, ch->k) + (size_t)ch->lo * es;
+  shm_reduce(dtype, op, c->world, c->srcs, mine, want ? src : NULL, ch->hi - ch->lo);
+}
+
+/* Copy the other ranks' reduced slices of the chunk into the data. */
+static void gather_slices(dt_comm *c, const chunk *ch, uint8_t *data, size_t es) {
+  for (int j = 0; j < c->world; j++) {
+    int64_t a = part(ch->n, c->world, j), b = part(ch->n, c->world, j + 1);
+    if (j != c->rank)
+      memcpy(data + (size_t)(ch->off + a) * es, slot(c, j, ch->k) + (size_t)a * es, (size_t)(b - a) * es);
+  }
+}
+
 /* In-place reduction of `data` over ranks; root < 0: everyone gets the result, else only root. */
 static dt_status reduce_rounds(call_ctx *x, uint8_t *data, int64_t count, int dtype, int op, int root) {
   dt_comm *c = x->c;
-  int world = c->world, me = c->rank;
   size_t es = dt_dtype_size(dtype);
-  bool want = root < 0 || root == me;
+  bool want = root < 0 || root == c->rank;
   if ((size_t)count * es <= SMALL_BYTES && (size_t)count * es <= c->slot_bytes) {
-    int h = next_half(c);
-    memcpy(slot(c, me, h), data, (size_t)count * es);
+    int k = next_slot(c);
+    memcpy(slot(c, c->rank, k), data, (size_t)count * es);
     DT_TRY(shm_sync(x));
     if (!want) return DT_OK;
-    for (int j = 0; j < world; j++) c->srcs[j] = slot(c, j, h);
-    shm_reduce(dtype, op, world, c->srcs, data, count);
+    for (int j = 0; j < c->world; j++) c->srcs[j] = slot(c, j, k);
+    shm_reduce(dtype, op, c->world, c->srcs, data, NULL, count);
     return DT_OK;
   }
-  /* bandwidth-optimal: per round every rank stages a chunk, reduces its 1/world slice of the chunk
-   * over all ranks into its own slot, and after a second barrier copies every slice out */
-  int64_t per = (int64_t)(c->slot_bytes / es);
-  for (int64_t off = 0; off < count; off += per) {
-    int64_t n = min64(per, count - off), lo = part(n, world, me), hi = part(n, world, me + 1);
-    int h = next_half(c);
-    uint8_t *mine = slot(c, me, h), *src = data + (size_t)off * es;
-    /* only this rank reads its own slice, straight from `data`: stage the rest */
-    memcpy(mine, src, (size_t)lo * es);
-    memcpy(mine + (size_t)hi * es, src + (size_t)hi * es, (size_t)(n - hi) * es);
-    DT_TRY(shm_sync(x));
-    for (int j = 0; j < world; j++) c->srcs[j] = j == me ? src + (size_t)lo * es : slot(c, j, h) + (size_t)lo * es;
-    shm_reduce(dtype, op, world, c->srcs, mine + (size_t)lo * es, hi - lo);
-    DT_TRY(shm_sync(x));
-    if (!want) continue;
-    for (int j = 0; j < world; j++) {
-      int64_t a = part(n, world, j), b = part(n, world, j + 1);
-      memcpy(src + (size_t)a * es, slot(c, j, h) + (size_t)a * es, (size_t)(b - a) * es);
+  /* bandwidth-optimal and pipelined, one barrier per slot-sized chunk: in the round that stages chunk i (its
+   * round), every rank also reduces its slice of chunk i - 1 over all ranks (staged a barrier ago) and copies out
+   * the others' reduced slices of chunk i - 2 (reduced a barrier ago). Chunk i lives in its round's slot. */
+  int64_t per = (int64_t)(c->slot_bytes / es), chunks = (count + per - 1) / per;
+  uint64_t first = c->round;
+  for (int64_t i = 0; i < chunks + 2; i++) {
+    if (i >= 2 && want) {
+      chunk ch = chunk_at(c, i - 2, per, count, first + (uint64_t)i - 2);
+      gather_slices(c, &ch, data, es);
+    }
+    if (i >= 1 && i <= chunks) {
+      chunk ch = chunk_at(c, i - 1, per, count, first + (uint64_t)i - 1);
+      reduce_slice(c, &ch, data, es, dtype, op, want);
+    }
+    if (i < chunks) {
+      chunk ch = chunk_at(c, i, per, count, first + (uint64_t)i);
+      stage_chunk(c, &ch, data, es);
+    }
+    if (i <= chunks) { /* the last round only copies out: its reads end before the next call's second barrier */
+      next_slot(c);
+      DT_TRY(shm_sync(x));
     }
   }
   return DT_OK;
@@ -59,7 +101,7 @@ static dt_status broadcast(call_ctx *x, uint8_t *data, size_t bytes, int root) {
   size_t off = 0;
   do { /* at least one round, so even an empty broadcast checks fingerprints */
     size_t n = bytes - off < c->slot_bytes ? bytes - off : c->slot_bytes;
-    int h = next_half(c);
+    int h = next_slot(c);
     if (c->rank == root) memcpy(slot(c, root, h), data + off, n);
     DT_TRY(shm_sync(x));
     if (c->rank != root) memcpy(data + off, slot(c, root, h), n);
@@ -73,7 +115,7 @@ static dt_status all_gather(call_ctx *x, const uint8_t *in, uint8_t *out, size_t
   size_t off = 0;
   do {
     size_t n = bytes - off < c->slot_bytes ? bytes - off : c->slot_bytes;
-    int h = next_half(c);
+    int h = next_slot(c);
     memcpy(slot(c, c->rank, h), in + off, n);
     DT_TRY(shm_sync(x));
     for (int j = 0; j < c->world; j++) memcpy(out + (size_t)j * bytes + off, slot(c, j, h), n);
@@ -97,13 +139,13 @@ static dt_status block_rounds(call_ctx *x, const uint8_t *in, uint8_t *out, int6
   int64_t per = (int64_t)(c->slot_bytes / es) / c->world, off = 0;
   do {
     int64_t n = min64(per, b - off);
-    int h = next_half(c);
+    int h = next_slot(c);
     stage_blocks(c, h, in, b, off, n, per, es);
     DT_TRY(shm_sync(x));
     size_t mine = (size_t)(c->rank * per) * es;
     if (reduce) {
       for (int j = 0; j < c->world; j++) c->srcs[j] = slot(c, j, h) + mine;
-      shm_reduce(dtype, op, c->world, c->srcs, out + (size_t)off * es, n);
+      shm_reduce(dtype, op, c->world, c->srcs, out + (size_t)off * es, NULL, n);
     } else {
       for (int j = 0; j < c->world; j++) memcpy(out + (size_t)(j * b + off) * es, slot(c, j, h) + mine, (size_t)n * es);
     }
@@ -141,7 +183,7 @@ dt_status shm_run(dt_comm *c, const comm_call *call) {
     case CALL_GROUP:
       return shm_group(&x, call->nops, call->ops);
     default: { /* CALL_BARRIER */
-      next_half(c);
+      next_slot(c);
       return shm_sync(&x);
     }
   }

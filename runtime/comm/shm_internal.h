@@ -33,8 +33,12 @@ typedef struct shm_fp {
   int64_t count;
 } shm_fp;
 
+/* Staging slots per rank: round r writes slot r % SHM_SLOTS; all_reduce's pipeline reads a round's data up to two
+ * rounds later (shm_collectives.c). */
+enum { SHM_SLOTS = 3 };
+
 /* The segment: header | rank blocks [world] | channels [world * (world - 1)] |
- * channel data [world * (world - 1)][2][chan_bytes] | slots [world][2][slot_bytes]. */
+ * channel data [world * (world - 1)][2][chan_bytes] | slots [world][SHM_SLOTS][slot_bytes]. */
 typedef struct shm_header {
   uint32_t magic, version;
   int32_t world, pad;
@@ -132,9 +136,9 @@ dt_status shm_aborted_error(call_ctx *x);
 dt_status shm_segment_open(dt_comm *c, dt_store_client *store);
 void shm_segment_close(dt_comm *c);
 
-/* shm_reduce.c: out[i] := op over j = 0..n-1 (in order) of srcs[j][i]; avg divides by n.
- * out may alias any srcs[j]. */
-void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, int64_t count);
+/* shm_reduce.c: out[i] := op over j = 0..n-1 (in order) of srcs[j][i]; avg divides by n. out2 (or NULL) gets a
+ * second copy of the result. out and out2 may alias any srcs[j]. */
+void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, void *out2, int64_t count);
 
 /* shm_collectives.c / shm_p2p.c: run one validated call on this thread. */
 dt_status shm_run(dt_comm *c, const comm_call *call);

@@ -43,45 +43,48 @@ static void store_f32(void *dst, int dtype, const float *restrict acc, int64_t n
     for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_f16_slow(acc[i]);
 }
 
-static void reduce_f32(int dtype, int op, int n, const void *const *srcs, void *out, int64_t count) {
+static void reduce_f32(int dtype, int op, int n, const void *const *srcs, void *out, void *out2, int64_t count) {
   float acc[BLOCK], x[BLOCK];
   size_t es = dt_dtype_size(dtype);
   for (int64_t b = 0; b < count; b += BLOCK) {
     int64_t m = count - b < BLOCK ? count - b : BLOCK;
     load_f32(acc, (const uint8_t *)srcs[0] + (size_t)b * es, dtype, m);
     for (int j = 1; j < n; j++) {
-      load_f32(x, (const uint8_t *)srcs[j] + (size_t)b * es, dtype, m);
-      combine_f32(acc, x, m, op);
+      /* f32 combines straight from the source; halves widen into x first */
+      if (dtype != DT_DTYPE_F32) load_f32(x, (const uint8_t *)srcs[j] + (size_t)b * es, dtype, m);
+      combine_f32(acc, dtype == DT_DTYPE_F32 ? (const float *)srcs[j] + b : x, m, op);
     }
     if (op == DT_COMM_AVG)
       for (int64_t i = 0; i < m; i++) acc[i] /= (float)n;
     store_f32((uint8_t *)out + (size_t)b * es, dtype, acc, m);
+    if (out2) store_f32((uint8_t *)out2 + (size_t)b * es, dtype, acc, m);
   }
 }
 
 /* Same-width accumulators: f64, i32, i64 (AVG on integers truncates toward zero). */
-#define DEFINE_REDUCE_SAME(NAME, T, COMBINE)                                               \
-  static void NAME(int op, int n, const void *const *srcs, void *out, int64_t count) {     \
-    T acc[BLOCK];                                                                          \
-    for (int64_t b = 0; b < count; b += BLOCK) {                                           \
-      int64_t m = count - b < BLOCK ? count - b : BLOCK;                                   \
-      memcpy(acc, (const T *)srcs[0] + b, (size_t)m * sizeof(T));                          \
-      for (int j = 1; j < n; j++) COMBINE(acc, (const T *)srcs[j] + b, m, op);             \
-      if (op == DT_COMM_AVG)                                                               \
-        for (int64_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / (T)n);                       \
-      memcpy((T *)out + b, acc, (size_t)m * sizeof(T));                                    \
-    }                                                                                      \
+#define DEFINE_REDUCE_SAME(NAME, T, COMBINE)                                                       \
+  static void NAME(int op, int n, const void *const *srcs, void *out, void *out2, int64_t count) { \
+    T acc[BLOCK];                                                                                  \
+    for (int64_t b = 0; b < count; b += BLOCK) {                                                   \
+      int64_t m = count - b < BLOCK ? count - b : BLOCK;                                           \
+      memcpy(acc, (const T *)srcs[0] + b, (size_t)m * sizeof(T));                                  \
+      for (int j = 1; j < n; j++) COMBINE(acc, (const T *)srcs[j] + b, m, op);                     \
+      if (op == DT_COMM_AVG)                                                                       \
+        for (int64_t i = 0; i < m; i++) acc[i] = (T)(acc[i] / (T)n);                               \
+      memcpy((T *)out + b, acc, (size_t)m * sizeof(T));                                            \
+      if (out2) memcpy((T *)out2 + b, acc, (size_t)m * sizeof(T));                                 \
+    }                                                                                              \
   }
 DEFINE_REDUCE_SAME(reduce_f64, double, combine_f64)
 DEFINE_REDUCE_SAME(reduce_i32, int32_t, combine_i32)
 DEFINE_REDUCE_SAME(reduce_i64, int64_t, combine_i64)
 #undef DEFINE_REDUCE_SAME
 
-void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, int64_t count) {
+void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, void *out2, int64_t count) {
   switch (dtype) {
-    case DT_DTYPE_F64: reduce_f64(op, n, srcs, out, count); break;
-    case DT_DTYPE_I32: reduce_i32(op, n, srcs, out, count); break;
-    case DT_DTYPE_I64: reduce_i64(op, n, srcs, out, count); break;
-    default: reduce_f32(dtype, op, n, srcs, out, count); break;
+    case DT_DTYPE_F64: reduce_f64(op, n, srcs, out, out2, count); break;
+    case DT_DTYPE_I32: reduce_i32(op, n, srcs, out, out2, count); break;
+    case DT_DTYPE_I64: reduce_i64(op, n, srcs, out, out2, count); break;
+    default: reduce_f32(dtype, op, n, srcs, out, out2, count); break;
   }
 }

@@ -19,7 +19,7 @@
 
 enum {
   SEG_MAGIC = 0x4d484454, /* "TDHM" */
-  SEG_VERSION = 1,
+  SEG_VERSION = 2, /* 2: SHM_SLOTS slots per rank */
   DEFAULT_SLOT = 1 << 20,
   MIN_SLOT = 4096,
   MAX_SLOT = 64 << 20,
@@ -218,7 +218,7 @@ static dt_status barrier(call_ctx *x) {
 dt_status shm_fingerprint(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count) {
   DT_TRY(shm_begin(x, c, call, dtype, count));
   if (call->kind == CALL_SEND || call->kind == CALL_RECV || call->kind == CALL_GROUP) return DT_OK;
-  c->round++; /* as every segment call does: the staging halves stay in step on all ranks */
+  c->round++; /* as every segment call does: the staging slots stay in step on all ranks */
   return shm_sync(x);
 }
 
@@ -250,7 +250,7 @@ static size_t layout(int world, size_t slot, size_t chan, size_t *off_ranks, siz
   *off_chans = align_up(*off_ranks + (size_t)world * sizeof(shm_rank), 64);
   *off_cdata = align_up(*off_chans + nch * sizeof(shm_chan), 4096);
   *off_slots = align_up(*off_cdata + nch * 2 * chan, 4096);
-  return *off_slots + (size_t)world * 2 * slot;
+  return *off_slots + (size_t)world * SHM_SLOTS * slot;
 }
 
 static void map_regions(dt_comm *c) {

@@ -427,6 +427,38 @@ static void quick_sum(dt_comm *c, int rank, int world) {
   dt_tensor_free(t);
 }
 
+/* Default (1 MiB) slots: all_reduce and reduce over 1 to 3 pipelined chunks, each followed at once by calls that reuse
+ * the slots its last chunks still occupy on slower ranks. */
+static void pipelined(dt_comm *c, int rank, int world) {
+  const int64_t sizes[] = {8193, 2 * 262144 + 3}; /* f32: just above the one-barrier path; three chunks */
+  const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F64};
+  char what[128];
+  int salt = 100;
+  for (int d = 0; d < 3; d++)
+    for (int s = 0; s < 2; s++) {
+      int64_t n = sizes[s];
+      dt_tensor *t = make(n, dtypes[d]), *g = make(n * world, dtypes[d]);
+      for (int op = 0; op < DT_COMM_OP_COUNT; op++) {
+        fill(t, rank, ++salt, 0);
+        describe(what, sizeof what, "pipelined all_reduce", dtypes[d], n, world);
+        expect(dt_comm_all_reduce(c, t, op, NULL) == DT_OK && check_reduced(t, op, world, salt, 0), what);
+      }
+      int root = (d + s) % world;
+      fill(t, rank, ++salt, 0);
+      describe(what, sizeof what, "pipelined reduce", dtypes[d], n, world);
+      expect(dt_comm_reduce(c, t, DT_COMM_SUM, root, NULL) == DT_OK &&
+                 (rank == root ? check_reduced(t, DT_COMM_SUM, world, salt, 0) : check_copy(t, 0, n, rank, salt, 0)),
+             what);
+      fill(t, rank, ++salt, 0);
+      describe(what, sizeof what, "all_gather right after a pipelined call", dtypes[d], n, world);
+      bool ok = dt_comm_all_gather(c, t, g, NULL) == DT_OK;
+      for (int j = 0; ok && j < world; j++) ok = check_copy(g, j * n, n, j, salt, 0);
+      expect(ok, what);
+      dt_tensor_free(t);
+      dt_tensor_free(g);
+    }
+}
+
 /* Segments of `job` in /dev/shm (their names carry the job id). */
 static int count_segments(const char *name) {
   char prefix[128];
@@ -525,6 +557,8 @@ int main(void) {
   expect(run_ranks(3, "spec-all-3", every_collective), "3 ranks: every collective");
   unsetenv("DT_SHM_SLOT_BYTES");
   expect(run_ranks(4, "spec-all-4-default", every_collective), "4 ranks, default slots: every collective");
+  expect(run_ranks(2, "spec-pipe-2", pipelined), "2 ranks, default slots: pipelined all_reduce");
+  expect(run_ranks(3, "spec-pipe-3", pipelined), "3 ranks, default slots: pipelined all_reduce");
   expect(run_ranks(2, "spec-async", async_calls), "2 ranks: async");
   expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
   expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");

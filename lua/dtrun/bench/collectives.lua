@@ -120,7 +120,8 @@ function M.main(args)
          local iters = bytes < 1048576 and 5 * o.iters or o.iters
          local t = time_call(comm, call, o.warmup, iters)
          for _, b in ipairs(bufs) do b:free() end
-         copy[moved] = copy[moved] or copy_seconds(comm, moved, o.warmup, iters)
+         -- 3x the op's iterations: on a shared machine a few may all be slowed, overstating the fraction
+         copy[moved] = copy[moved] or copy_seconds(comm, moved, o.warmup, 3 * iters)
          local algbw = moved / t / 1e9
          local busbw = algbw * busbw_factor(op, n)
          local roofline = min_traffic(op, n) * copy[moved] / 2 / t
