@@ -20,7 +20,8 @@
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
--- <run_dir>/metrics.jsonl and, every log_every steps, to the console.
+-- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
+-- log_every steps, to the console.
 --
 -- Strategy hooks (all optional methods of opts.strategy, for DDP/FSDP/ZeRO and the like):
 --   begin_step(trainer, step)          before anything else in a step
@@ -40,6 +41,7 @@ local fs = require "dt.train.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.train.checkpoint"
+local tensorboard = require "dt.obs.tensorboard"
 local dtffi = require "dt.ffi"
 
 local SIGTERM = 15
@@ -233,6 +235,9 @@ function Trainer:run()
    local main = (tonumber(os.getenv("RANK")) or 0) == 0
    local saves = main or self.strategy.save_checkpoint ~= nil
    local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
+   -- The same records as TensorBoard scalars (<run dir>/tb), after the resolved config as text.
+   local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
+   if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
@@ -247,7 +252,11 @@ function Trainer:run()
             dt.exit_status = 128 + SIGTERM -- once end_run below has made the checkpoint durable
             break
          end
-         if log then log:write(metrics.record(result)) end
+         if log then
+            local rec = metrics.record(result)
+            log:write(rec)
+            if tb then tb:scalars(result.step, rec) end
+         end
          local s = result.step
          if cfg.log_every > 0 and (s % cfg.log_every == 0 or s == first + 1 or s == cfg.steps) then
             local eta = (dt.time() - t_start) / (s - first) * (cfg.steps - s)
@@ -261,6 +270,7 @@ function Trainer:run()
    end)
    dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end
+   if tb then tb:close() end
    if not ok then error(err, 0) end
    return result
 end
