@@ -1,4 +1,4 @@
--- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt and info subcommands.
+-- dt/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, plot and info subcommands.
 local M = {}
 
 local usage = [[
@@ -14,6 +14,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
+       dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--smooth W] [-o OUT.svg]
+                                                               draw runs' metrics.jsonl curves to an SVG
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
        dtrun --help | --version]]
 
@@ -81,6 +83,8 @@ function commands.bench(args)
 end
 
 function commands.ckpt(args) return require("dt.ckpt_cli").main(rest(args, 2)) end
+
+function commands.plot(args) return require("dt.obs.plot").main(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
