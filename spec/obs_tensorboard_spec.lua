@@ -94,7 +94,8 @@ describe("tensorboard event files", function()
       end
       for tag in pairs(got.scalars) do assert.is_not_nil(want[tag], "tensorboard has a scalar not in metrics.jsonl: "
          .. tag) end
-      for _, tag in ipairs { "loss", "lr", "grad_norm", "tokens_per_second", "memory/host/peak", "gc_seconds" } do
+      local expected = { "loss", "lr", "grad_norm", "tokens_per_second", "memory/host/peak", "gc_seconds", "mfu" }
+      for _, tag in ipairs(expected) do
          assert.is_not_nil(got.scalars[tag], tag)
       end
       assert.is_true(n >= 5 * 10, "scalars compared: " .. n)

@@ -18,7 +18,8 @@
 -- of its step); the result's metrics.gc_seconds reports it.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
--- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, ... } }. Step
+-- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (nn.GPT on the CPU: see
+-- dt/obs/mfu.lua), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
 -- log_every steps, to the console.
@@ -42,6 +43,7 @@ local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.train.checkpoint"
 local tensorboard = require "dt.obs.tensorboard"
+local mfu = require "dt.obs.mfu"
 local dtffi = require "dt.ffi"
 
 local SIGTERM = 15
@@ -107,14 +109,17 @@ function Trainer:load_checkpoint(path)
    return info
 end
 
--- The batch on the model's device: the strategy's (FSDP: the compute device, whatever holds the optimizer state),
--- else the model's first parameter's. Data stays on the host and is copied per step.
+-- The model's device: the strategy's (FSDP: the compute device, whatever holds the optimizer state), else the
+-- model's first parameter's.
+function Trainer:device()
+   if self.strategy.device then return self.strategy.device end
+   local p = type(self.model.parameters) == "function" and self.model:parameters()[1] or self.params[1]
+   return p and p.device or "cpu"
+end
+
+-- The batch on the model's device. Data stays on the host and is copied per step.
 function Trainer:to_device(x, y)
-   local dev = self.strategy.device
-   if not dev then
-      local p = type(self.model.parameters) == "function" and self.model:parameters()[1] or self.params[1]
-      dev = p and p.device or "cpu"
-   end
+   local dev = self:device()
    if dev == "cpu" then return x, y end
    local function move(t) return dt.is_tensor(t) and t:to(dev) or t end
    return move(x), move(y)
@@ -173,6 +178,7 @@ function Trainer:train_step()
    local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
       metrics = extra }
+   if self.mfu then extra.mfu = self.mfu(result) end
    self:hook("end_step", result)
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
@@ -238,6 +244,7 @@ function Trainer:run()
    -- The same records as TensorBoard scalars (<run dir>/tb), after the resolved config as text.
    local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
    if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
+   self.mfu = mfu.meter(self.model, self:device())
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
