@@ -117,20 +117,18 @@ describe("dtrun plot", function()
    it("names what is wrong with bad input", function()
       fake_run("a", 3, 1)
       fs.mkdir(fs.join(root, "empty"))
-      local out, code = plot("empty")
-      assert.equal(1, code, out)
-      assert.matches("'empty' is not a run dir: it has no metrics.jsonl", out, 1, true)
-      out, code = plot("nowhere")
-      assert.equal(1, code, out)
-      assert.matches("'nowhere' does not exist", out, 1, true)
-      out, code = plot("a --keys loss,los")
-      assert.equal(1, code, out)
-      assert.matches("no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak", out, 1, true)
-      out, code = plot("a -o a.png")
-      assert.equal(1, code, out)
-      assert.matches("the output is SVG", out, 1, true)
-      out, code = plot("a --smooth 1")
-      assert.equal(1, code, out)
-      assert.matches("--smooth takes a weight in [0, 1)", out, 1, true)
+      for _, case in ipairs {
+         { "empty", "'empty' is not a run dir: it has no metrics.jsonl" },
+         { "nowhere", "'nowhere' does not exist" },
+         { "a --keys loss,los", "no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak" },
+         { "a -o a.png", "the output is SVG" },
+         { "a --smooth 1", "--smooth takes a weight in [0, 1)" },
+         { "a --keys", "--keys needs a value" },
+      } do
+         local out, code = plot(case[1])
+         assert.equal(1, code, out)
+         assert.matches("^dtrun: plot: ", out)
+         assert.matches(case[2], out, 1, true)
+      end
    end)
 end)
