@@ -120,6 +120,7 @@ describe("dtrun plot", function()
       for _, case in ipairs {
          { "empty", "'empty' is not a run dir: it has no metrics.jsonl" },
          { "nowhere", "'nowhere' does not exist" },
+         { "a/metrics.jsonl", "'a/metrics.jsonl' is not a run dir: it has no metrics.jsonl" },
          { "a --keys loss,los", "no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak" },
          { "a -o a.png", "the output is SVG" },
          { "a --smooth 1", "--smooth takes a weight in [0, 1)" },

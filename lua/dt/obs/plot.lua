@@ -22,7 +22,7 @@ local function fail(msg) error("plot: " .. msg, 0) end
 function M.load(dir)
    local path = fs.join(dir, "metrics.jsonl")
    if not fs.is_file(path) then
-      if not fs.is_dir(dir) then fail(("'%s' does not exist"):format(dir)) end
+      if not fs.stat(dir) then fail(("'%s' does not exist"):format(dir)) end
       fail(("'%s' is not a run dir: it has no metrics.jsonl (a run prints its run dir when it starts)"):format(dir))
    end
    local text, skipped = fs.read(path), 0
