@@ -14,7 +14,8 @@ local function fake_run(name, n, scale, loss)
    local log, losses = jsonl.open(fs.join(dir, "metrics.jsonl")), {}
    for s = 1, n do
       losses[s] = loss and loss(s) or scale * (5 / s + 0.1 * math.sin(s))
-      log:write({ step = s, loss = losses[s], lr = 1e-3 * math.min(1, s / 4), memory = { host = { peak = 1e6 * s } } })
+      log:write({ step = s, loss = losses[s], lr = 1e-3 * math.min(1, s / 4), memory = { host = { peak = 1e6 * s } },
+         step_seconds = 0.1 * (1 + s % 3) })
    end
    log:close()
    return dir, losses
@@ -114,6 +115,24 @@ describe("dtrun plot", function()
       for i = 6, 10 do assert.is_true(smooth[i][2] < smooth[i - 1][2], "smoothed: still rising at step " .. i) end
    end)
 
+   it("puts the training time on x with --x time", function()
+      local dir = fake_run("a", 9, 1)
+      local out, code = plot("a --x time -o t.svg")
+      assert.equal(0, code, out)
+      local svg = fs.read(fs.join(root, "t.svg"))
+      assert.matches(">training time (s)</text>", svg, 1, true)
+      local pts, elapsed, total = parse(svg)[1].points, {}, 0
+      for rec in jsonl.read(fs.join(dir, "metrics.jsonl")) do
+         total = total + rec.step_seconds
+         elapsed[#elapsed + 1] = total
+      end
+      assert.equal(#elapsed, #pts)
+      local span = pts[#pts][1] - pts[1][1]
+      for i = 2, #pts do -- x positions in proportion to the time elapsed, not to the step
+         assert.near((elapsed[i] - elapsed[1]) / (elapsed[#elapsed] - elapsed[1]), (pts[i][1] - pts[1][1]) / span, 1e-3)
+      end
+   end)
+
    it("names what is wrong with bad input", function()
       fake_run("a", 3, 1)
       fs.mkdir(fs.join(root, "empty"))
@@ -121,10 +140,12 @@ describe("dtrun plot", function()
          { "empty", "'empty' is not a run dir: it has no metrics.jsonl" },
          { "nowhere", "'nowhere' does not exist" },
          { "a/metrics.jsonl", "'a/metrics.jsonl' is not a run dir: it has no metrics.jsonl" },
-         { "a --keys loss,los", "no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak" },
+         { "a --keys loss,los",
+            "no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak, step_seconds" },
          { "a -o a.png", "the output is SVG" },
          { "a --smooth 1", "--smooth takes a weight in [0, 1)" },
          { "a --keys", "--keys needs a value" },
+         { "a --x wall", "--x takes step or time, got 'wall'" },
       } do
          local out, code = plot(case[1])
          assert.equal(1, code, out)

@@ -2,16 +2,17 @@
 --
 --    dtrun plot runs/a runs/b --keys loss,lr -o curves.svg
 --
--- One panel per key (its own y scale), one curve per run in it, the run's colour the same in every panel; axes with
--- ticks and labels, a legend of the runs. Keys are metrics.flatten's tags (loss, lr, memory/host/peak, ...). A
--- truncated last line (a run killed mid-write) is skipped and counted.
+-- One panel per key (its own y scale), one curve per run in it, the run's colour the same in every panel; x is the
+-- step, or with --x time the training time (the sum of step_seconds); axes with ticks and labels, a legend of the
+-- runs. Keys are metrics.flatten's tags (loss, lr, memory/host/peak, ...). A truncated last line (a run killed
+-- mid-write) is skipped and counted.
 local fs = require "dt.train.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 
 local M = {}
 
-local usage = "usage: dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--smooth W] [-o OUT.svg]"
+local usage = "usage: dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]"
 local COLORS = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf" }
 local W, PANEL_H, LEFT, RIGHT, TOP, GAP, LEGEND_H = 760, 240, 80, 24, 28, 56, 26
 
@@ -35,14 +36,21 @@ function M.load(dir)
    return recs, skipped
 end
 
--- { [key] = { {step, value}, ... } } of a run's records; non-numbers (null for NaN) leave gaps out.
-local function series(recs)
-   local out = {}
+-- { [key] = { {x, value}, ... } } of a run's records, x the step or (x == "time") the training time so far (the sum of
+-- step_seconds); non-numbers (null for NaN) leave gaps out.
+local function series(recs, x, dir)
+   local out, seconds = {}, 0
    for _, rec in ipairs(recs) do
       if type(rec.step) == "number" then
+         if x == "time" then
+            if type(rec.step_seconds) ~= "number" then
+               fail(("--x time: step %d of %s has no step_seconds"):format(rec.step, dir))
+            end
+            seconds = seconds + rec.step_seconds
+         end
          for _, tv in ipairs(metrics.flatten(rec)) do
             out[tv[1]] = out[tv[1]] or {}
-            table.insert(out[tv[1]], { rec.step, tv[2] })
+            table.insert(out[tv[1]], { x == "time" and seconds or rec.step, tv[2] })
          end
       end
    end
@@ -85,8 +93,8 @@ local function esc(s) return (tostring(s):gsub("[<>&\"]", { ["<"] = "&lt;", [">"
 local function num(x) return ("%.6g"):format(math.abs(x) < 1e-12 and 0 or x) end
 
 -- SVG text of the panels and the number of curves drawn: runs = { {name=, series=}, ... }, keys = list of tags (a run
--- without a key has no curve in its panel).
-function M.svg(runs, keys, smooth_w)
+-- without a key has no curve in its panel), smooth_w the smoothing weight, x "step" or "time" (see series).
+function M.svg(runs, keys, smooth_w, x_axis)
    local H = LEGEND_H + #keys * (PANEL_H + TOP + GAP)
    local out = { ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 %d %d" width="%d" height="%d" '
       .. 'font-family="sans-serif" font-size="12">'):format(W, H, W, H), ('<rect width="%d" height="%d" fill="white"/>')
@@ -128,7 +136,8 @@ function M.svg(runs, keys, smooth_w)
          out[#out + 1] = ('<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#333"/><text x="%.2f" y="%d" '
             .. 'text-anchor="middle">%s</text>'):format(xs, bottom, xs, bottom + 5, xs, bottom + 18, ("%.6g"):format(s))
       end
-      out[#out + 1] = ('<text x="%d" y="%d" text-anchor="middle">step</text>'):format((x0 + x1) / 2, bottom + 36)
+      out[#out + 1] = ('<text x="%d" y="%d" text-anchor="middle">%s</text>'):format((x0 + x1) / 2, bottom + 36,
+         x_axis == "time" and "training time (s)" or "step")
       out[#out + 1] = ('<text transform="translate(16 %d) rotate(-90)" text-anchor="middle">%s</text></g>')
          :format((top + bottom) / 2, esc(key))
       for i, run in ipairs(runs) do
@@ -146,11 +155,11 @@ function M.svg(runs, keys, smooth_w)
 end
 
 local function parse_args(args)
-   local o = { dirs = {}, keys = { "loss" }, smooth = 0 }
+   local o = { dirs = {}, keys = { "loss" }, smooth = 0, x = "step" }
    local i = 1
    while i <= #args do
       local a = args[i]
-      if a == "--keys" or a == "-o" or a == "--smooth" then
+      if a == "--keys" or a == "-o" or a == "--smooth" or a == "--x" then
          local v = args[i + 1]
          if v == nil then fail(("%s needs a value\n%s"):format(a, usage)) end
          if a == "--keys" then
@@ -158,6 +167,9 @@ local function parse_args(args)
             for key in v:gmatch("[^,]+") do o.keys[#o.keys + 1] = key end
          elseif a == "-o" then
             o.out = v
+         elseif a == "--x" then
+            if v ~= "step" and v ~= "time" then fail(("--x takes step or time, got '%s'"):format(v)) end
+            o.x = v
          else
             o.smooth = tonumber(v)
             if not o.smooth or o.smooth < 0 or o.smooth >= 1 then fail(("--smooth takes a weight in [0, 1), got "
@@ -191,7 +203,7 @@ function M.main(args)
             :format(dir, skipped))
       end
       local name = dir:gsub("/+$", ""):match("([^/]+)$") or dir
-      runs[#runs + 1] = { name = seen[name] and dir or name, series = series(recs), dir = dir }
+      runs[#runs + 1] = { name = seen[name] and dir or name, series = series(recs, o.x, dir), dir = dir }
       seen[name] = true
    end
    local available = {}
@@ -207,7 +219,7 @@ function M.main(args)
             table.concat(names, ", ")))
       end
    end
-   local text, curves = M.svg(runs, o.keys, o.smooth)
+   local text, curves = M.svg(runs, o.keys, o.smooth, o.x)
    fs.write(o.out, text)
    print(("wrote %s: %d curve%s (%s; %s)"):format(o.out, curves, curves == 1 and "" or "s",
       table.concat(o.keys, ", "), #runs == 1 and runs[1].name or #runs .. " runs"))
