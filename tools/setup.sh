@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tools/setup.sh: installs the Debian packages dtrun needs (only those missing) and builds it into build/.
+# tools/setup.sh: installs the Debian packages dtrun needs (only those missing), builds it into build/ and installs
+# the specs' Python reference packages (tools/py_refs.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,3 +22,4 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" 2>&1 | grep -vE '^\[|^(Consolidate|Scanning|Built target)' || true
 test -x build/dtrun || { echo "setup: build failed" >&2; exit 1; }
 echo "setup: built build/dtrun"
+bash tools/py_refs.sh || true # the tensorboard read-back spec skips, saying why, without it

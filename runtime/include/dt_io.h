@@ -1,10 +1,12 @@
-/* dt_io.h: file helpers for checkpoints and datasets: CRC32, durable and atomic writes, mmap, whole-file reads. */
+/* dt_io.h: file helpers for checkpoints and datasets: CRC32 and CRC-32C, durable and atomic writes, mmap, whole-file reads. */
 #ifndef DT_IO_H
 #define DT_IO_H
 #include "dt_tensor.h"
 
 /* CRC32 (zlib polynomial) of a buffer, continuing from crc (start with 0). */
 uint32_t dt_io_crc32(uint32_t crc, const void *data, size_t n);
+/* CRC-32C (Castagnoli polynomial: iSCSI, TFRecord) of a buffer, continuing from crc (start with 0). */
+uint32_t dt_io_crc32c(uint32_t crc, const void *data, size_t n);
 /* CRC32 of a whole file. */
 dt_status dt_io_file_crc32(const char *path, uint32_t *out);
 

@@ -46,6 +46,26 @@ static void spec_crc32(void) {
   expect_status(dt_io_file_crc32(in_root("nope"), &crc), DT_ERR_IO, NEEDLES("cannot open"), "crc of a missing file");
 }
 
+/* RFC 3720 (iSCSI) appendix B.4's vectors, plus the common check value of "123456789". */
+static void spec_crc32c(void) {
+  unsigned char buf[48];
+  expect(dt_io_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c check value of 123456789");
+  memset(buf, 0, 32);
+  expect(dt_io_crc32c(0, buf, 32) == 0x8A9136AAu, "crc32c of 32 zero bytes (RFC 3720)");
+  memset(buf, 0xFF, 32);
+  expect(dt_io_crc32c(0, buf, 32) == 0x62A8AB43u, "crc32c of 32 0xFF bytes (RFC 3720)");
+  for (int i = 0; i < 32; i++) buf[i] = (unsigned char)i;
+  expect(dt_io_crc32c(0, buf, 32) == 0x46DD794Eu, "crc32c of 0..31 (RFC 3720)");
+  expect(dt_io_crc32c(dt_io_crc32c(0, buf, 7), buf + 7, 25) == 0x46DD794Eu, "crc32c continues across pieces");
+  for (int i = 0; i < 32; i++) buf[i] = (unsigned char)(31 - i);
+  expect(dt_io_crc32c(0, buf, 32) == 0x113FDB5Cu, "crc32c of 31..0 (RFC 3720)");
+  static const unsigned char pdu[48] = {0x01, 0xC0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0x14, 0, 0, 0, 0, 0, 0x04, 0, 0, 0, 0, 0x14, 0, 0, 0, 0x18,
+                                        0x28, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0};
+  expect(dt_io_crc32c(0, pdu, 48) == 0xD9963A56u, "crc32c of the iSCSI read PDU (RFC 3720)");
+  expect(dt_io_crc32c(0, buf, 0) == 0, "crc32c of nothing is 0");
+}
+
 static void spec_tensor_writes(void) {
   dt_device cpu = {DT_DEVICE_CPU, 0};
   int64_t shape[2] = {3, 5};
@@ -204,6 +224,7 @@ int main(void) {
     return 1;
   }
   spec_crc32();
+  spec_crc32c();
   spec_tensor_writes();
   spec_dirs_and_renames();
   spec_mmap();

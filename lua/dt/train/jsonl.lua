@@ -13,9 +13,8 @@ json.encode_invalid_numbers("null")
 json.encode_number_precision(14)
 M.json = json
 
--- Iterator over (object, line number); blank lines are skipped.
-function M.read(path)
-   local text = fs.read(path)
+-- Iterator over (object, line number) of JSON Lines `text` (messages name it `path`); blank lines are skipped.
+function M.decode(text, path)
    local pos, lineno, n = 1, 0, #text
    return function()
       while pos <= n do
@@ -33,6 +32,9 @@ function M.read(path)
       end
    end
 end
+
+-- Iterator over (object, line number) of a JSONL file.
+function M.read(path) return M.decode(fs.read(path), path) end
 
 local Log = {}
 Log.__index = Log

@@ -26,6 +26,29 @@ function M.record(r)
    return rec
 end
 
+-- Every number of a (nested) record as { tag, value }, sorted by tag: nested keys joined by "/" (memory/host/peak),
+-- list items by 0-based index (memory_ranks/1/host/live is rank 1's, as in the JSON list); `step` is left out.
+-- The names TensorBoard scalars and `dtrun plot` keys go by.
+function M.flatten(rec)
+   local out = {}
+   local function walk(v, tag)
+      if type(v) == "number" then
+         out[#out + 1] = { tag, v }
+      elseif type(v) == "table" then
+         local list = v[1] ~= nil
+         for k, x in pairs(v) do
+            local name = list and type(k) == "number" and tostring(k - 1) or tostring(k)
+            walk(x, tag and tag .. "/" .. name or name)
+         end
+      end
+   end
+   for k, v in pairs(rec) do
+      if k ~= "step" then walk(v, k) end
+   end
+   table.sort(out, function(a, b) return a[1] < b[1] end)
+   return out
+end
+
 -- "step 10/200  loss 3.1234  lr 1.00e-03  grad 0.912  12345 tok/s  peak 85.3 MiB  eta 1m23s": the peak is the host
 -- pool's, or the device pool's ("peak 85.3 MiB device") once the step used device memory.
 function M.progress(r, steps, eta_s)

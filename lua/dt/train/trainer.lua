@@ -18,9 +18,11 @@
 -- of its step); the result's metrics.gc_seconds reports it.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
--- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, ... } }. Step
+-- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (nn.GPT on the CPU: see
+-- dt/obs/mfu.lua), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
--- <run_dir>/metrics.jsonl and, every log_every steps, to the console.
+-- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
+-- log_every steps, to the console.
 --
 -- Strategy hooks (all optional methods of opts.strategy, for DDP/FSDP/ZeRO and the like):
 --   begin_step(trainer, step)          before anything else in a step
@@ -40,6 +42,8 @@ local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.ckpt.checkpoint"
+local tensorboard = require "dt.obs.tensorboard"
+local mfu = require "dt.obs.mfu"
 local dtffi = require "dt.ffi"
 local repl = require "dt.repl"
 
@@ -106,14 +110,17 @@ function Trainer:load_checkpoint(path)
    return info
 end
 
--- The batch on the model's device: the strategy's (FSDP: the compute device, whatever holds the optimizer state),
--- else the model's first parameter's. Data stays on the host and is copied per step.
+-- The model's device: the strategy's (FSDP: the compute device, whatever holds the optimizer state), else the
+-- model's first parameter's.
+function Trainer:device()
+   if self.strategy.device then return self.strategy.device end
+   local p = type(self.model.parameters) == "function" and self.model:parameters()[1] or self.params[1]
+   return p and p.device or "cpu"
+end
+
+-- The batch on the model's device. Data stays on the host and is copied per step.
 function Trainer:to_device(x, y)
-   local dev = self.strategy.device
-   if not dev then
-      local p = type(self.model.parameters) == "function" and self.model:parameters()[1] or self.params[1]
-      dev = p and p.device or "cpu"
-   end
+   local dev = self:device()
    if dev == "cpu" then return x, y end
    local function move(t) return dt.is_tensor(t) and t:to(dev) or t end
    return move(x), move(y)
@@ -172,6 +179,7 @@ function Trainer:train_step()
    local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
       metrics = extra }
+   if self.mfu then extra.mfu = self.mfu(result) end
    self:hook("end_step", result)
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
@@ -236,6 +244,10 @@ function Trainer:run()
    local main = (tonumber(os.getenv("RANK")) or 0) == 0
    local saves = main or self.strategy.save_checkpoint ~= nil
    local log = main and self.run_dir and jsonl.open(fs.join(self.run_dir, "metrics.jsonl"))
+   -- The same records as TensorBoard scalars (<run dir>/tb), after the resolved config as text.
+   local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
+   if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
+   self.mfu = mfu.meter(self.model, self:device())
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
@@ -251,7 +263,11 @@ function Trainer:run()
             dt.exit_status = 128 + SIGTERM -- once end_run below has made the checkpoint durable
             break
          end
-         if log then log:write(metrics.record(result)) end
+         if log then
+            local rec = metrics.record(result)
+            log:write(rec)
+            if tb then tb:scalars(result.step, rec) end
+         end
          local s = result.step
          if cfg.log_every > 0 and (s % cfg.log_every == 0 or s == first + 1 or s == cfg.steps) then
             local eta = (dt.time() - t_start) / (s - first) * (cfg.steps - s)
@@ -266,6 +282,7 @@ function Trainer:run()
    end)
    dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end
+   if tb then tb:close() end
    if not ok then error(err, 0) end
    return result
 end

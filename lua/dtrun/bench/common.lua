@@ -158,29 +158,6 @@ function M.run_peer_best(script, args, configs, key)
    return best
 end
 
--- Matmul FLOPs of one training step of a GPT (cfg: vocab, seq, dim, layers) on `batch` sequences: forward + backward
--- = 3x forward, attention included (causal: half).
-function M.step_flops(cfg, batch)
-   local tokens, d, L = batch * cfg.seq, cfg.dim, cfg.layers
-   local per_token = L * (2 * (3 * d * d + d * d + 8 * d * d)) + 2 * d * cfg.vocab
-   local attn = L * 2 * 2 * batch * cfg.seq * cfg.seq * d * 0.5 -- q.k and p.v, causal half
-   return 3 * (per_token * tokens + attn)
-end
-
--- The machine's sgemm rate through OpenBLAS (n x n x n, all threads): the best of `reps` runs,
--- since a peak rate is what the training rate is compared with.
-function M.sgemm_gflops(n, reps)
-   local dt = require "dt"
-   local a, b = dt.randn({ n, n }), dt.randn({ n, n })
-   local best = math.huge
-   for _ = 1, reps do
-      local t0 = dt.time()
-      dt.matmul(a, b):free()
-      best = math.min(best, dt.time() - t0)
-   end
-   return 2 * n ^ 3 / best / 1e9
-end
-
 -- The last line of every benchmark: `bench NAME: k=v ...` with fields in the given order.
 function M.report(name, fields)
    local parts = {}

@@ -7,6 +7,7 @@
 -- whatever the split into ranks. There is no peer here; the line's ratio= is the efficiency.
 local dt = require "dt"
 local common = require "dtrun.bench.common"
+local mfu = require "dt.obs.mfu"
 
 local M = {}
 
@@ -32,8 +33,8 @@ function M.main(args)
    local many = run(o.nproc, o)
    print(("  %d ranks: %.0f tokens/s"):format(o.nproc, many))
    dt.threads(cores)
-   local peak = common.sgemm_gflops(1024, 10)
-   local bound = peak * 1e9 / (common.step_flops({ vocab = 256, seq = o.seq, dim = o.dim, layers = o.layers }, 1)
+   local peak = mfu.sgemm_gflops(1024, 10)
+   local bound = peak * 1e9 / (mfu.step_flops({ vocab = 256, seq = o.seq, dim = o.dim, layers = o.layers }, 1)
       / o.seq)
    print(("  sgemm %.1f GFLOP/s on %d cores: at most %.0f tokens/s for this model"):format(peak, cores, bound))
    local eff = many / one

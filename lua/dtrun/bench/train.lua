@@ -4,6 +4,7 @@ local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
 local common = require "dtrun.bench.common"
+local mfu = require "dt.obs.mfu"
 
 local M = {}
 
@@ -40,8 +41,8 @@ function M.main(args)
    end
    local step_s = common.median(times)
    local tps = REF.batch * REF.seq / step_s
-   local gflops = common.step_flops(REF, REF.batch) / step_s / 1e9
-   local peak = common.sgemm_gflops(1024, 10)
+   local gflops = mfu.step_flops(REF, REF.batch) / step_s / 1e9
+   local peak = mfu.sgemm_gflops(1024, 10)
    print(("ours: %.0f tokens/s, step %.0f ms, %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s"):format(tps, step_s * 1e3,
       gflops, 100 * gflops / peak, peak))
 
