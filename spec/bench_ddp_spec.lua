@@ -25,6 +25,7 @@ describe("dtrun bench ddp", function()
       local common = require "dtrun.bench.common"
       local ok, err = pcall(common.run_recipe, "recipes/ddp.lua", 1, "steps=1 no_such_key=1", "ddp")
       assert.is_false(ok)
+      helpers.remove_run(err:match("run dir: ([^\n]+)")) -- a failed run keeps its run dir (its logs)
       assert.truthy(err:find("bench ddp: recipes/ddp.lua on 1 rank(s) failed:", 1, true), err)
       assert.truthy(err:find("unknown key 'no_such_key'", 1, true), err)
    end)
