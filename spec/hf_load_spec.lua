@@ -6,7 +6,7 @@ local dt = require "dt"
 local hf = require "dt.hf"
 local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
-local refs = require "spec.fixtures.hf_refs"
+local refs = require "spec.fixtures.py_refs"
 
 describe("dt.hf.load", function()
    local dir, ref = refs.fixture("hf_models.py")

@@ -4,7 +4,7 @@ local cjson = require "cjson"
 local hf = require "dt.hf"
 local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
-local refs = require "spec.fixtures.hf_refs"
+local refs = require "spec.fixtures.py_refs"
 
 -- Whether s is a sequence of whole UTF-8 characters (structure only: lead byte, then its continuation bytes).
 local function whole_chars(s)

@@ -8,12 +8,8 @@ local fs = require "dt.fs"
 local cjson = require "cjson"
 local helpers = require "spec.train_helpers"
 
-local PYTHON = "build/pyref/bin/python"
-local have_tb = os.execute(PYTHON .. " -c 'import tensorboard' 2>/dev/null") == 0
-local with_tb = have_tb and it or function(name)
-   pending(name .. " (skipped: the tensorboard package is not in build/pyref: tools/py_refs.sh installs it from PyPI"
-      .. " and failed or was not run)")
-end
+local PYTHON, why_not = require("spec.fixtures.py_refs").python()
+local with_tb = PYTHON and it or function(name) pending(name .. " (skipped: " .. why_not .. ")") end
 
 local root
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tb_dump.py: reads TensorBoard event files with the `tensorboard` package and prints them as JSON (for the specs).
 
-Run: build/pyref/bin/python tools/tb_dump.py EVENT_FILE ...   (tools/py_refs.sh installs tensorboard there)
+Run: build/py-refs/bin/python tools/tb_dump.py EVENT_FILE ...   (tools/py_refs.sh installs tensorboard there)
 Prints {"files": [{"file_version": "...", "scalars": {tag: [[step, value], ...]}, "texts": {tag: [[step, text]]},
 "records": N, "truncated": bool}]}. Every record's CRCs are checked by tensorboard's reader: a bad one raises
 DataLossError (exit 1); a truncated last record ends the file, as TensorBoard's loader treats it.
