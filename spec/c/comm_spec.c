@@ -476,19 +476,26 @@ static void segments_check(dt_comm *c, int rank, int world) {
   quick_sum(c, rank, world);
 }
 
-/* A rank 0 killed while waiting for its peers leaves a segment; the next init with the job id removes it. */
-static void stale_segments(void) {
+/* A child process that is rank 0 of a 2-rank job `<tag>-<spec pid>` whose rank 1 never comes; returns once the
+ * child has created its segment (or after 2 s). */
+static pid_t rank0_waiting_alone(const char *tag) {
   pid_t pid = fork();
   if (pid == 0) {
     dt_store_client *s = NULL;
     dt_comm *c = NULL;
     dt_store_connect("127.0.0.1", store_port, TOKEN, 5000, &s);
     char job[64];
-    snprintf(job, sizeof job, "spec-stale-%d", spec_pid);
-    dt_comm_init_shm(s, 0, 2, job, &c); /* rank 1 never comes */
+    snprintf(job, sizeof job, "%s-%d", tag, spec_pid);
+    dt_comm_init_shm(s, 0, 2, job, &c);
     _exit(3);
   }
-  for (int i = 0; i < 400 && count_segments("spec-stale") == 0; i++) usleep(5000);
+  for (int i = 0; i < 400 && count_segments(tag) == 0; i++) usleep(5000);
+  return pid;
+}
+
+/* A rank 0 killed while waiting for its peers leaves a segment; the next init with the job id removes it. */
+static void stale_segments(void) {
+  pid_t pid = rank0_waiting_alone("spec-stale");
   expect(count_segments("spec-stale") == 1, "an unfinished init leaves its segment behind");
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
@@ -505,17 +512,7 @@ static void stale_segments(void) {
 
 /* A rank 0 stopped by SIGTERM while waiting for its peers removes its segment and still ends by SIGTERM. */
 static void sigterm_while_joining(void) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    dt_store_client *s = NULL;
-    dt_comm *c = NULL;
-    dt_store_connect("127.0.0.1", store_port, TOKEN, 5000, &s);
-    char job[64];
-    snprintf(job, sizeof job, "spec-term-%d", spec_pid);
-    dt_comm_init_shm(s, 0, 2, job, &c); /* rank 1 never comes */
-    _exit(3);
-  }
-  for (int i = 0; i < 400 && count_segments("spec-term") == 0; i++) usleep(5000);
+  pid_t pid = rank0_waiting_alone("spec-term");
   expect(count_segments("spec-term") == 1, "rank 0 waits for its peers with the segment created");
   kill(pid, SIGTERM);
   int st = 0;
