@@ -1,5 +1,6 @@
 -- spec/repl_spec.lua: `dtrun attach` on live 2-rank jobs: results per rank, errors, time-outs, hang-ups, two clients,
--- live lr changes (refused on a subset), tensor summaries and FSDP shard placement, and the job ending while attached.
+-- live lr changes (refused on a subset), tensor summaries and FSDP shard placement, the job ending while attached.
+-- On a terminal (driven through tmux): line editing, history in ~/.dtrun_history and tab completion.
 local helpers = require "spec.dist_helpers"
 
 local sh = helpers.sh
@@ -317,5 +318,64 @@ describe("dtrun attach while the job ends", function()
       assert.matches("rank 0> rank 0: 0\n", out)
       assert.matches("the job ended", out)
       assert.matches("exit=1", out)
+   end)
+end)
+
+describe("dtrun attach on a terminal (libedit)", function()
+   it("edits lines, recalls them from ~/.dtrun_history (0600) and tab-completes globals and fields from the rank",
+      function()
+      assert.truthy(sh("command -v tmux"):match("tmux"), "tmux is needed to drive a terminal (apt-get install tmux)")
+      local job = start("", nil, true)
+      local home = os.tmpname()
+      sh(("rm -f %s && mkdir -m 700 %s"):format(home, home))
+      local tmux = "tmux -L " .. home:match("[^/]+$")
+      finally(function()
+         sh(tmux .. " kill-server 2>/dev/null")
+         stop(job)
+         sh("rm -rf " .. home)
+      end)
+      local function screen() return sh(tmux .. " capture-pane -p -S -200") end
+      local function count(text) return select(2, screen():gsub(text:gsub("%p", "%%%0"), "")) end
+      local function wait_for(text, n)
+         for _ = 1, 300 do
+            if count(text) >= (n or 1) then return true end
+            sh("sleep 0.1")
+         end
+         error(("%q never appeared %d times on the terminal:\n%s"):format(text, n or 1, screen()))
+      end
+      local named = { Enter = true, Up = true, Tab = true } -- keys by name; anything else is typed as text
+      local function type_keys(...)
+         for _, k in ipairs({ ... }) do sh(("%s send-keys %s '%s'"):format(tmux, named[k] and "" or "-l", k)) end
+      end
+      local function client()
+         sh(("%s new-session -d -x 150 -y 50 'cd %s && HOME=%s %s attach %s'"):format(tmux, helpers.root, home,
+            helpers.exe, job.dir))
+         wait_for("rank 0>")
+      end
+      client()
+      type_keys("return 6 * 7", "Enter")
+      wait_for("rank 0: 42")
+      type_keys("Up")
+      wait_for("rank 0> return 6 * 7", 2) -- the up arrow recalled the chunk
+      type_keys("Enter")
+      wait_for("rank 0: 42", 2)
+      type_keys("zebra_total = 41", "Enter", "return zebra_t", "Tab", "+ 1", "Enter")
+      wait_for("rank 0> return zebra_total + 1")
+      wait_for("rank 0: 42", 3)
+      type_keys("return math.hu", "Tab", "Enter")
+      wait_for("rank 0> return math.huge")
+      type_keys(":quit", "Enter")
+      for _ = 1, 100 do
+         if not sh(tmux .. " has-session 2>/dev/null && echo up"):match("up") then break end
+         sh("sleep 0.1")
+      end
+      local file = home .. "/.dtrun_history"
+      assert.equal("600", sh("stat -c %a " .. file):match("%d+"))
+      local saved = helpers.sh("cat " .. file):gsub("\\040", " ")
+      assert.matches("return 6 %* 7\n", saved)
+      assert.matches("return zebra_total %+ 1\n", saved)
+      client() -- a new session reads the history back
+      type_keys("Up", "Up")
+      wait_for("rank 0> return math.huge")
    end)
 end)

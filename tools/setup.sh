@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson lua-check
-  libpcre2-dev libutf8proc-dev python3-torch python3-venv python3-pip) # the last three: tools/py_refs.sh (the specs' references)
+  libpcre2-dev libutf8proc-dev libedit-dev python3-torch python3-venv python3-pip) # the last three: tools/py_refs.sh (the specs' references)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,12 +5,14 @@
 -- a rank reported an error). Without -e, lines are read from stdin: a chunk that is not complete yet continues on the
 -- next line; :ranks lists the ranks, :rank R / :ranks 0,2-3 / :all choose, :where asks each rank where it is,
 -- :pause holds every rank at one step boundary, :step [N] lets N steps run and holds again, :resume lets the job go
--- on, :checkpoint saves at one step boundary, :quit (or end of input) detaches. Detaching leaves the job running
--- (or paused). `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
+-- on, :checkpoint saves at one step boundary, :quit (or end of input) detaches. On a terminal lines are edited with
+-- libedit (history in ~/.dtrun_history, tab completes globals and fields from the rank: dtrun/lineedit.lua).
+-- Detaching leaves the job running (or paused). `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local fs = require "dt.fs"
 local repl = require "dt.repl"
+local lineedit = require "dtrun.lineedit"
 
 local C, check = dtffi.C, dtffi.check
 local M = {}
@@ -151,6 +153,42 @@ end
 
 function Session:eval(chunk) return self:ask(("e %s %s\n%s"):format(format_list(self.ranks), request_id(), chunk)) end
 
+-- The names in the table `expr` evaluates to on the first chosen rank ("" for the globals a chunk sees: those set by
+-- chunks, the REPL's names and Lua's globals; the ones a recipe exposed are not listed), with its metatable's
+-- __index table's (methods); served at the rank's next safe point like any chunk. Tab completion's source.
+local keys_chunk = [[
+local globals, t, out, seen = %s, %s, {}, {}
+local function add(tbl)
+   for k in pairs(tbl) do
+      if type(k) == "string" and not seen[k] then seen[k] = true; out[#out + 1] = k end
+   end
+end
+if globals then
+   add(getfenv(1)); add(_G)
+   add({ trainer = 1, model = 1, optimizer = 1, world = 1, rank = 1, dt = 1, print = 1 })
+else
+   for _ = 1, 8 do
+      if type(t) ~= "table" then break end
+      add(t)
+      local mt = getmetatable(t)
+      t = type(mt) == "table" and mt.__index or nil
+   end
+end
+print(table.concat(out, " "))]]
+
+function Session:keys(expr)
+   local r = self.ranks[1]
+   local chunk = keys_chunk:format(tostring(expr == ""), expr == "" and "nil" or expr)
+   local request = ("e %d %s\n%s"):format(r, request_id(), chunk)
+   check(C.dt_control_send(self:connection(r), request, #request), 1)
+   local text = self:receive(r)
+   local out = {}
+   if text and text:sub(1, 1) == "o" then
+      for k in text:sub(2):gmatch("[%w_]+") do out[#out + 1] = k end
+   end
+   return out
+end
+
 function Session:close()
    for r, fd in pairs(self.fds) do
       C.dt_control_disconnect(fd)
@@ -209,10 +247,9 @@ local commands = {
 
 local function interactive(s)
    local pending = nil
+   local input = lineedit.new(function(expr) return s:keys(expr) end)
    while not s.ended do
-      io.stdout:write(pending and ">> " or (label(s.ranks) .. "> "))
-      io.stdout:flush()
-      local line = io.read("*l")
+      local line = input:line(pending and ">> " or (label(s.ranks) .. "> "))
       if not line then break end
       if not pending and line:match("^%s*:") then
          local cmd, arg = line:match("^%s*(:%a+)%s*(.-)%s*$")
