@@ -285,6 +285,7 @@ function M.repl(args)
       return 2
    end
    local dir = require("dt.rundir").new_path("repl")
+   fs.mkdir(dir:match("^(.*)/"), true) -- runs/, for the ranks' log beside their run directory
    local log, worker = dir .. ".log", package.searchpath("dt.repl.worker", package.path)
    local pid = io.popen(("%s %s %s run_dir=%s > %s 2>&1 & echo $!"):format(ffi.string(C.dt_exe_path()), worker,
       n > 1 and ("--nproc " .. n) or "", dir, log)):read("*l")
