@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zlib1g-dev lua-busted lua-cjson lua-check
-  libpcre2-dev libutf8proc-dev libedit-dev python3-torch python3-venv python3-pip) # the last three: tools/py_refs.sh (the specs' references)
+  libpcre2-dev libutf8proc-dev libedit-dev tmux # libedit: dtrun attach's line editing; tmux: repl_spec drives a terminal
+  python3-torch python3-venv python3-pip) # tools/py_refs.sh (the specs' references)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
