@@ -328,7 +328,7 @@ describe("dtrun attach on a terminal (libedit)", function()
       local job = start("", nil, true)
       local home = os.tmpname()
       sh(("rm -f %s && mkdir -m 700 %s"):format(home, home))
-      local tmux = "tmux -L " .. home:match("[^/]+$")
+      local tmux = ("tmux -S %s/tmux.sock"):format(home) -- its socket goes with the directory
       finally(function()
          sh(tmux .. " kill-server 2>/dev/null")
          stop(job)
