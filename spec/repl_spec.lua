@@ -344,12 +344,22 @@ describe("dtrun attach on a terminal (libedit)", function()
          error(("%q never appeared %d times on the terminal:\n%s"):format(text, n or 1, screen()))
       end
       local named = { Enter = true, Up = true, Tab = true } -- keys by name; anything else is typed as text
+      local prompts = 0
+      -- Press the keys; after Enter wait for the next prompt (keys typed while a chunk runs would be echoed by the
+      -- terminal and garble the screen).
       local function type_keys(...)
-         for _, k in ipairs({ ... }) do sh(("%s send-keys %s '%s'"):format(tmux, named[k] and "" or "-l", k)) end
+         for _, k in ipairs({ ... }) do
+            sh(("%s send-keys %s '%s'"):format(tmux, named[k] and "" or "-l", k))
+            if k == "Enter" then
+               prompts = prompts + 1
+               wait_for("rank 0>", prompts)
+            end
+         end
       end
       local function client()
          sh(("%s new-session -d -x 150 -y 50 'cd %s && HOME=%s %s attach %s'"):format(tmux, helpers.root, home,
             helpers.exe, job.dir))
+         prompts = 1
          wait_for("rank 0>")
       end
       client()
@@ -364,7 +374,8 @@ describe("dtrun attach on a terminal (libedit)", function()
       wait_for("rank 0: 42", 3)
       type_keys("return math.hu", "Tab", "Enter")
       wait_for("rank 0> return math.huge")
-      type_keys(":quit", "Enter")
+      type_keys(":quit")
+      sh(tmux .. " send-keys Enter") -- no prompt follows
       for _ = 1, 100 do
          if not sh(tmux .. " has-session 2>/dev/null && echo up"):match("up") then break end
          sh("sleep 0.1")
