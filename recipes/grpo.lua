@@ -2,6 +2,7 @@
 -- rewarded for exact answers; prints the greedy exact-match accuracy before and after.
 --
 --    dtrun recipes/grpo.lua --nproc 2                          # colocated: every rank generates, then trains (DDP)
+--    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated  # rank 2 generates, ranks 0-1 train (DDP)
 --    dtrun recipes/grpo.lua --nproc 2 steps=40 grpo.beta=0.04 grpo.group_size=16 prompts=mine.jsonl
 local dt    = require "dt"
 local nn    = require "dt.nn"
@@ -24,10 +25,12 @@ local cfg = train.config {
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
       epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
       -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
-      adaptive_async = { target_staleness = 0.15, max_async_ratio = 0 } },
+      adaptive_async = { target_staleness = 0.15, max_async_ratio = 0 },
+      placement = "colocated", rollout_ranks = 1 }, -- separated: the last rollout_ranks ranks generate, the rest train
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()
+local roles = rl.placement.roles(world, cfg.grpo)
 local say = world.is_main and print or function() end
 
 -- The task: "a+b=" -> "c\n". Every rank writes the same prompts file (atomically).
@@ -91,10 +94,10 @@ local function digits(_, completion, row)
    return right / math.max(#row.answer, #completion)
 end
 
--- GRPO: rollouts from this rank's own generator.
-ddp.wrap(model)
+-- GRPO: DDP among the trainer ranks; rollouts from each generating rank's own generator.
+if roles.trains then ddp.wrap(model, { comm = roles.comm }) end
 dt.manual_seed(cfg.seed * 1000 + world.rank)
-local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo,
+local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles,
    rewards = { rl.rewards.exact_answer(), { fn = digits, weight = cfg.partial_credit, name = "digits" } } }
 local opt = optim.AdamW(model:parameters(), { lr = cfg.lr })
 local trainer = train.Trainer { model = model, optimizer = opt, data = g.data, forward = g.forward, config = cfg,
@@ -108,7 +111,7 @@ trainer:add_step_callback(function(r)
          m.clip_fraction, m.kl, m.staleness_mean))
    end
 end)
-trainer:run()
+g.run(trainer)                                  -- separated: the rollout ranks generate until the trainers end
 if world.is_main then
    local after = accuracy()
    say(("accuracy: %.1f%% -> %.1f%% (%+.1f points after %d GRPO steps)"):format(100 * before, 100 * after,

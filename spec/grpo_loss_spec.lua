@@ -201,7 +201,7 @@ describe("grpo.setup", function()
          config = c, generator = dt.Generator(4) }
    end
    local function metrics(g)
-      local r = { metrics = {} }
+      local r = { step = 1, step_seconds = 1, metrics = {} }
       g.metrics(r)
       return r.metrics
    end

@@ -7,13 +7,13 @@ local rl = require "dt.rl"
 local async = rl.async
 
 describe("async.staleness", function()
-   it("is the token-weighted mean of (update version - generating version) over the kept completions", function()
-      local st = async.staleness({ { tokens = { 1, 2 }, version = 3, kept = true },
-         { tokens = { 1, 2, 3, 4 }, version = 2, kept = true },
-         { tokens = { 1, 2, 3 }, version = 0, kept = false } }, 4)
-      assert.near((2 * 1 + 4 * 2) / 6, st.mean, 1e-12)
-      assert.equal(2, st.max)
-      assert.same({ [1] = 2, [2] = 4 }, st.histogram)
+   it("is the mean over the kept completions' tokens of (update version - the token's generating version)", function()
+      local st = async.staleness({ { versions = { 3, 3 }, kept = true },
+         { versions = { 2, 2, 2, 1 }, kept = true },
+         { versions = { 0, 0, 0 }, kept = false } }, 4)
+      assert.near((2 * 1 + 3 * 2 + 3) / 6, st.mean, 1e-12)
+      assert.equal(3, st.max)
+      assert.same({ [1] = 2, [2] = 3, [3] = 1 }, st.histogram)
    end)
 end)
 
@@ -51,7 +51,7 @@ describe("GRPO with adaptive_async", function()
          local loss = g.forward(model, x, y)
          loss:backward()
          opt:step()
-         local r = { step = step, metrics = {} }
+         local r = { step = step, step_seconds = 1, metrics = {} }
          g.metrics(r)
          out[step] = { x = x:totable(), loss = loss:item(), m = r.metrics, mask = y.mask }
       end

@@ -5,7 +5,8 @@
 --    ctl:update(s.mean, offpolicy_kl)              -- -> the async ratio r for the next batch
 --
 -- Versions: a policy version is the number of optimizer steps its weights have taken. Every completion records the
--- version that generated it (colocated rollouts: all its tokens come from one version).
+-- version that generated each of its tokens (weights change only between generate calls, so a completion's tokens
+-- share one version today; staleness is defined per token all the same).
 -- Staleness of a training batch = the token-weighted mean over its completions of (the version of the weights the
 -- update is applied to - the version that generated the token); synchronous GRPO has staleness 0. Its max and a
 -- histogram (tokens per integer staleness) are logged too.
@@ -53,15 +54,21 @@ function Controller:update(staleness, offpolicy_kl)
    return self.ratio
 end
 
--- Staleness of a batch at `version` (the version the update is applied to): samples with .tokens, .version and
+-- The state checkpoints keep, and its restore.
+function Controller:state() return { ratio = self.ratio, staleness_ema = self.staleness_ema } end
+function Controller:set_state(s) self.ratio, self.staleness_ema = s.ratio, s.staleness_ema end
+
+-- Staleness of a batch at `version` (the version the update is applied to): samples with .versions (per token) and
 -- .kept (false: not in the loss). Returns { mean, max, histogram = { [staleness] = tokens } }.
 function M.staleness(samples, version)
    local tokens, sum, max, hist = 0, 0, 0, {}
    for _, s in ipairs(samples) do
       if s.kept then
-         local n, d = #s.tokens, version - s.version
-         tokens, sum, max = tokens + n, sum + n * d, math.max(max, d)
-         hist[d] = (hist[d] or 0) + n
+         for _, v in ipairs(s.versions) do
+            local d = version - v
+            tokens, sum, max = tokens + 1, sum + d, math.max(max, d)
+            hist[d] = (hist[d] or 0) + 1
+         end
       end
    end
    return { mean = tokens > 0 and sum / tokens or 0, max = max, histogram = hist }

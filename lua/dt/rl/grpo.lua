@@ -14,6 +14,8 @@ local jsonl = require "dt.train.jsonl"
 local rewards = require "dt.rl.rewards"
 local rollouts = require "dt.rl.rollouts"
 local async = require "dt.rl.async"
+local placement = require "dt.rl.placement"
+local step_metrics = require "dt.rl.metrics"
 
 local M = {}
 
@@ -22,7 +24,8 @@ local M = {}
 M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = 0, top_p = 1,
    min_p = 0, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0, loss_type = "dapo",
    num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
-   adaptive_async = false } -- or a table of dt.rl.async.defaults' keys
+   adaptive_async = false, -- or a table of dt.rl.async.defaults' keys
+   placement = "colocated", rollout_ranks = 1, publish_dtype = "f32" } -- see dt.rl.placement
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
 -- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards. check(row, where),
@@ -49,28 +52,26 @@ function M.load_prompts(source, check)
    return rows
 end
 
--- Mean and standard deviation of a list of numbers (unbiased: divided by n - 1; 0 for fewer than 2).
-local function mean_std(list, unbiased)
+-- Mean and unbiased standard deviation (divided by n - 1; 0 for fewer than 2) of a list of numbers.
+local function mean_std(list)
    local n, s, ss = #list, 0, 0
    for _, v in ipairs(list) do s = s + v end
    local mean = s / math.max(n, 1)
    for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
-   local d = unbiased and n - 1 or n
-   return mean, d > 0 and math.sqrt(ss / d) or 0
+   return mean, n > 1 and math.sqrt(ss / (n - 1)) or 0
 end
 
 -- Group-relative advantages. rewards: per sample (false = dropped), groups of group_size consecutive samples.
 -- scale: "group" divides by the group's std, "batch" by the batch's, "none" keeps r - mean (std: unbiased, over
 -- the kept samples, + 1e-4). Returns advantages (0 for dropped samples) and which groups had all-equal rewards.
 function M.advantages(r, group_size, scale)
-   local function stats(list) return mean_std(list, true) end
    local kept_all, adv, equal = {}, {}, {}
    for i = 1, #r do if r[i] then kept_all[#kept_all + 1] = r[i] end end
-   local _, batch_std = stats(kept_all)
+   local _, batch_std = mean_std(kept_all)
    for g = 0, #r / group_size - 1 do
       local kept = {}
       for i = g * group_size + 1, (g + 1) * group_size do if r[i] then kept[#kept + 1] = r[i] end end
-      local mean, std = stats(kept)
+      local mean, std = mean_std(kept)
       equal[g + 1] = std == 0
       local div = scale == "group" and std + 1e-4 or scale == "batch" and batch_std + 1e-4 or 1
       for i = g * group_size + 1, (g + 1) * group_size do adv[i] = r[i] and (r[i] - mean) / div or 0 end
@@ -181,34 +182,10 @@ local function batch_of(samples, adv, keep, dev)
       adv = dt.tensor(advs, f32) }
 end
 
--- Rollout statistics for the step result's metrics.
-local function rollout_metrics(samples, equal, scorer, extra)
-   local kept, lengths, truncated, per = {}, {}, 0, {}
-   for _, s in ipairs(samples) do
-      if s.reward then kept[#kept + 1] = s.reward end
-      lengths[#lengths + 1] = #s.tokens
-      if s.finish == "length" then truncated = truncated + 1 end
-      for name, v in pairs(s.per) do
-         per[name] = per[name] or {}
-         table.insert(per[name], v)
-      end
-   end
-   local m = extra
-   m.reward_mean, m.reward_std = mean_std(kept)
-   for name, list in pairs(per) do m["reward/" .. name] = (mean_std(list)) end
-   m.completion_length_mean = (mean_std(lengths))
-   m.completion_length_max = math.max(unpack(lengths))
-   m.truncated_fraction = truncated / #samples
-   local n_equal = 0
-   for _, e in ipairs(equal) do if e then n_equal = n_equal + 1 end end
-   m.equal_reward_groups = n_equal
-   m.reward_failures = scorer.failures
-   return m
-end
-
 -- opts: model (nn.GPT/nn.Llama, maybe wrapped by ddp), prompts (see M.load_prompts), rewards (a list for
--- dt.rl.rewards.scorer), config (M.defaults' keys), generator (default dt.default_generator()), tokenizer.
--- Returns { data, forward, metrics, reference } for train.Trainer and add_step_callback.
+-- dt.rl.rewards.scorer), config (M.defaults' keys), roles (dt.rl.placement.roles; needed for separated placement,
+-- and for metrics over every trainer rank), generator (default dt.default_generator()), tokenizer.
+-- Returns { data, forward, metrics, run, reference } for train.Trainer, add_step_callback and the run.
 function M.setup(opts)
    local cfg = {}
    for k, v in pairs(M.defaults) do cfg[k] = v end
@@ -217,6 +194,11 @@ function M.setup(opts)
       cfg[k] = v
    end
    check_config(cfg)
+   local roles = opts.roles or { placement = "colocated", trains = true, generates = true }
+   if roles.placement ~= cfg.placement then
+      error(("grpo: placement is %q but the roles are %q's: pass roles = rl.placement.roles(world, cfg.grpo)")
+         :format(cfg.placement, roles.placement), 2)
+   end
    local model = opts.model
    local dev = model.wte.weight.device
    local scorer = rewards.scorer(opts.rewards)
@@ -231,33 +213,24 @@ function M.setup(opts)
    end
    local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts, fits), scorer = scorer,
       config = cfg, generator = opts.generator or dt.default_generator(), tokenizer = tokenizer }
-   local ref = cfg.beta > 0 and frozen_copy(model) or nil
+   local weights = roles.publish and placement.weights(model, roles, cfg.publish_dtype)
+   local feed = roles.placement == "separated" and placement.feed(roles, weights, source) or source
+   local ref = roles.trains and cfg.beta > 0 and frozen_copy(model) or nil
    local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
-   -- version: optimizer steps taken (set by g.metrics after each step); pending: rollouts of the next batch that
-   -- started early (async), with the weights of their time.
-   local g = { reference = ref, config = cfg, version = 0, controller = ctl }
-   local batch, uses, drawn, last, pending = nil, 0, 0, {}, {}
-
-   local function with_staleness(m, samples)
-      local st = async.staleness(samples, g.version)
-      m.staleness_mean, m.staleness_max = st.mean, st.max
-      m.staleness_histogram = {}
-      for d, n in pairs(st.histogram) do m.staleness_histogram[tostring(d)] = n end
-      return m
-   end
+   local names = {}
+   for i, e in ipairs(scorer.entries) do names[i] = e.name end
+   -- version: optimizer steps taken (set by g.metrics after each step); batch: the current one ({ x, y, samples,
+   -- equal, info }; samples as dt.rl.rollouts describes, with .kept)
+   local g = { reference = ref, config = cfg, version = 0, controller = ctl, roles = roles }
+   local uses, drawn, loss_stats, tokens = 0, 0, {}, 0
 
    -- The trainer's data: x the token batch, y the rest (mask, behaviour/reference log-probs, advantages).
    g.data = { next = function()
-      if batch and uses < cfg.num_iterations then
+      if g.batch and uses < cfg.num_iterations then
          uses = uses + 1
-         last = with_staleness(last, batch.samples)
-         return batch.x, batch.y
+         return g.batch.x, g.batch.y
       end
-      local samples, info = source:collect(cfg.prompts_per_step - #pending / cfg.group_size, g.version)
-      for i = #pending, 1, -1 do table.insert(samples, 1, pending[i]) end
-      -- async: this share of the next batch's prompts starts now, before this batch's update lands
-      local early = ctl and math.floor(ctl.ratio * cfg.prompts_per_step + 0.5) or 0
-      pending = early > 0 and source:collect(early, g.version) or {}
+      local samples, info = feed:next_batch(g.version, ctl and ctl.ratio or 0)
       local r = {}
       for i, s in ipairs(samples) do r[i] = s.reward or false end
       local adv, equal = M.advantages(r, cfg.group_size, cfg.scale_rewards)
@@ -270,26 +243,50 @@ function M.setup(opts)
       end
       local x, y = batch_of(samples, adv, keep, dev)
       if ref then y.ref = dt.no_grad(M.token_logprobs, ref, x, cfg.temperature) end
-      last = with_staleness(rollout_metrics(samples, equal, scorer, info), samples)
-      batch, uses, drawn = { x = x, y = y, samples = samples }, 1, drawn + 1
+      g.batch, uses, drawn = { x = x, y = y, samples = samples, equal = equal, info = info }, 1, drawn + 1
       return x, y
    end,
-   -- For checkpoints: batches drawn so far; a resumed run generates a fresh batch (the RNG state is checkpointed).
-   position = function() return drawn end,
-   set_position = function(_, n) drawn, batch, pending = n, nil, {} end }
+   -- For checkpoints: batches drawn so far, the policy version and the async controller's state (ratio, staleness
+   -- EMA). Rollouts in flight are not kept: a resumed run generates a fresh g.batch with the checkpoint's weights.
+   position = function()
+      return { batches = drawn, version = g.version, async = ctl and ctl:state() or nil }
+   end,
+   set_position = function(_, p)
+      drawn, g.version, g.batch, source.pending = p.batches, p.version, nil, {}
+      if ctl and p.async then ctl:set_state(p.async) end
+   end }
 
    g.forward = function(m, x, y)
       local logp = M.token_logprobs(m, x, cfg.temperature)
       local loss, stats = M.loss(logp, y.old, y.ref, y.adv, y.mask, cfg)
-      for k, v in pairs(stats) do last[k] = v end
+      loss_stats, tokens = stats, tokens + x:numel()
       return loss
    end
 
-   -- Step callback: this batch's metrics into r.metrics; the new policy version; the controller's next ratio.
+   -- Step callback: this step's metrics over every trainer into r.metrics; the new policy version; the controller's
+   -- next ratio.
    g.metrics = function(result)
+      local info, fresh = g.batch.info, uses == 1 -- the step that drew the batch waited for it (or generated it)
+      local m = step_metrics.step(roles.comm, { samples = g.batch.samples, equal = g.batch.equal, names = names,
+         failures = scorer.failures, version = g.version, bound = cfg.num_iterations, loss = loss_stats, info = info,
+         fresh = fresh, tokens = tokens,
+         train_seconds = result.step_seconds - (fresh and (info.train_idle_seconds or info.rollout_seconds) or 0) })
+      tokens = 0
       g.version = result.step
-      if ctl then last.async_ratio = ctl:update(last.staleness_mean, last.offpolicy_kl) end
-      for k, v in pairs(last) do result.metrics[k] = v end
+      if ctl then
+         m.async_ratio = ctl:update(m.staleness_mean, m.offpolicy_kl)
+         m.staleness_ema = ctl.staleness_ema
+      end
+      for k, v in pairs(m) do result.metrics[k] = v end
+   end
+
+   -- Train (trainer ranks: trainer:run(), then the rollout ranks are told to end) or generate (rollout ranks, until
+   -- then). Returns the trainer's last step result (nil on a rollout rank).
+   g.run = function(trainer)
+      if not roles.trains then return placement.serve(roles, weights, source, cfg) end
+      local result = trainer:run()
+      if feed.stop then feed:stop(g.version) end
+      return result
    end
    return g
 end

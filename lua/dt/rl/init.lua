@@ -1,4 +1,4 @@
--- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, adaptive async control.
+-- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, placement, adaptive async.
 return {
    generate = require "dt.rl.generate",
    sample = require "dt.rl.sample",
@@ -7,4 +7,5 @@ return {
    rollouts = require "dt.rl.rollouts",
    grpo = require "dt.rl.grpo",
    async = require "dt.rl.async",
+   placement = require "dt.rl.placement",
 }
