@@ -43,9 +43,9 @@ describe("grpo placement", function()
    it("publishes the trainers' weights to the rollout rank bit for bit; every token records its version", function()
       local r, lines, records = run("sep3", "--nproc 3 steps=3 " .. SEPARATED)
       assert.equal(0, r.code, r.out)
-      local want = find(lines[0], "^trainer weights (%x+)$")
+      local want = find(lines[0], "^trainer weights (%x+) bf16 %x+$")
       assert.is_not_nil(want, r.out)
-      assert.equal(want, find(lines[1], "^trainer weights (%x+)$"))
+      assert.equal(want, find(lines[1], "^trainer weights (%x+) bf16 %x+$"))
       assert.equal(want, find(lines[2], "^rollout weights (%x+)$"))
       for rank = 0, 1 do
          for s = 1, 3 do -- synchronous: batch s comes from the weights of version s - 1 only
@@ -60,6 +60,16 @@ describe("grpo placement", function()
          assert.is_true(records[s].train_idle_seconds >= 0 and records[s].rollout_idle_seconds >= 0)
       end
    end)
+
+   it("publishes bf16 weights on the wire with publish_dtype = bf16: the rollout rank's are the trainers' rounded",
+      function()
+         local r, lines = run("bf16", "--nproc 2 steps=2 grpo.publish_dtype=bf16 " .. SEPARATED)
+         assert.equal(0, r.code, r.out)
+         local exact, rounded = find(lines[0], "^trainer weights (%x+) bf16 (%x+)$")
+         assert.is_not_nil(rounded, r.out)
+         assert.are_not.equal(exact, rounded)
+         assert.equal(rounded, find(lines[1], "^rollout weights (%x+)$"))
+      end)
 
    it("reports metrics over every trainer rank: reward mean, staleness histogram", function()
       local r, lines, records = run("sep3", "--nproc 3 steps=2 " .. SEPARATED
@@ -87,9 +97,9 @@ describe("grpo placement", function()
       local sep, pl = run("separated", "--nproc 2 steps=3 " .. SEPARATED)
       assert.equal(0, sep.code, sep.out)
       for s = 1, 3 do assert.equal((step_of(sl[0], s)), (step_of(pl[0], s))) end
-      local want = find(sl[0], "^trainer weights (%x+)$")
+      local want = find(sl[0], "^trainer weights (%x+) bf16 %x+$")
       assert.is_not_nil(want, sync.out)
-      assert.equal(want, find(pl[0], "^trainer weights (%x+)$"))
+      assert.equal(want, find(pl[0], "^trainer weights (%x+) bf16 %x+$"))
       assert.equal(want, find(pl[1], "^rollout weights (%x+)$"))
    end)
 
@@ -129,6 +139,14 @@ describe("grpo placement", function()
       assert.near(ema, m.staleness_ema, 1e-9)
       assert.near(math.min(0.8, math.max(0.25, before[2].async_ratio + 0.5 * (0.15 - ema))), m.async_ratio, 1e-9)
       assert.equal(5, after[#after].step)
+   end)
+
+   it("on SIGTERM the trainers finish the step and checkpoint; the rollout rank takes their last publish", function()
+      local r, lines = run("term", "--nproc 2 steps=5 checkpoint_every=2 term_at=3 " .. SEPARATED)
+      assert.equal(143, r.code, r.out)
+      assert.truthy(r.out:find("stopping after step 3: SIGTERM received", 1, true), r.out)
+      assert.equal("step-3\n", fs.read(fs.join(dir, "term", "checkpoints", "latest")))
+      assert.equal(find(lines[0], "^trainer weights (%x+) bf16 %x+$"), find(lines[1], "^rollout weights (%x+)$"))
    end)
 
    it("stops the job when a rollout rank dies, naming it as the root cause", function()

@@ -15,6 +15,9 @@
 -- i64 tensor): the rollout's timings, then per sample its row index, finish, token count and its tokens, behaviour
 -- log-probs and per-token versions. Every value is an integer or an f32 value, so f64 carries them exactly.
 local dt = require "dt"
+local dtffi = require "dt.ffi"
+
+local SIGTERM = 15
 
 local M = {}
 
@@ -135,20 +138,27 @@ end
 -- Rollout ranks: generate until trainer 0 publishes stop. Each round: take the new weights, generate the rest of
 -- the batch for every served trainer (prompts_per_step prompts each), send each trainer its share, then start the
 -- first round(ratio * prompts) prompts of the next batch with these weights before the next publish arrives.
+-- SIGTERM (the launcher stopping the job) waits for that last publish too: the trainers finish their step first.
 function M.serve(roles, weights, source, cfg)
    local n, per = cfg.prompts_per_step * #roles.serves, cfg.prompts_per_step * cfg.group_size
-   while true do
-      local t0 = dt.time()
-      local w = weights:receive()
-      local info = { rollout_idle_seconds = dt.time() - t0 }
-      if w.stop then return end
-      local samples
-      samples, info.rollout_seconds = source:take(n, w.version)
-      for j, t in ipairs(roles.serves) do
-         M.send(roles.world.comm, t, { unpack(samples, (j - 1) * per + 1, j * per) }, info)
+   dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
+   local ok, err = pcall(function()
+      while true do
+         local t0 = dt.time()
+         local w = weights:receive()
+         local info = { rollout_idle_seconds = dt.time() - t0 }
+         if w.stop then return end
+         local samples
+         samples, info.rollout_seconds = source:take(n, w.version)
+         for j, t in ipairs(roles.serves) do
+            M.send(roles.world.comm, t, { unpack(samples, (j - 1) * per + 1, j * per) }, info)
+         end
+         source:start(math.floor(w.ratio * n + 0.5), w.version)
       end
-      source:start(math.floor(w.ratio * n + 0.5), w.version)
-   end
+   end)
+   if dtffi.C.dt_signal_take() == SIGTERM then dt.exit_status = 128 + SIGTERM end
+   dtffi.C.dt_signal_restore(SIGTERM)
+   if not ok then error(err, 0) end
 end
 
 -- Trainers: the batch source under separated placement (the colocated one is dt.rl.rollouts' next_batch).
