@@ -480,6 +480,8 @@ end
 function mt.__tostring(t)
    if t.h == nil then return "dt.Tensor(freed)" end
    local head = ("dt.Tensor(%s) %s %s"):format(table.concat(t.shape, ", "), t.dtype, t.device)
+   -- where a parameter of a parallel strategy lives (dt/parallel/placement.lua): "Shard(1)@tp, Shard(0)@fsdp"
+   if rawget(t, "placement") then head = ("%s [%s]"):format(head, tostring(t.placement)) end
    local n = t:numel()
    t = host(t) -- one copy instead of a device round trip per element
    if n <= 64 then

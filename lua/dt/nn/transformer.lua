@@ -109,7 +109,7 @@ end
 -- idx continues cached sequences at position cache.pos; cache:layer(i) is block i's kv argument.
 function LanguageModel:forward(idx, targets, cache)
    if idx.ndim ~= 2 then error(("%s: idx must be (B, T), got %d dims"):format(self.__name, idx.ndim), 3) end
-   local B, T = idx:size(1), idx:size(2)
+   local T = idx:size(2)
    local pos = cache and cache.pos or 0
    if pos + T > self.seq then
       error(("%s: sequence length %d exceeds the model's seq %d"):format(self.__name, pos + T, self.seq), 3)
@@ -117,8 +117,16 @@ function LanguageModel:forward(idx, targets, cache)
    local x = self:embed(idx, pos)
    for i, block in ipairs(self.blocks) do x = block(x, cache and cache:layer(i)) end
    local logits = self.head(self.lnf(x))
-   if targets == nil then return logits end
-   return dt.F.cross_entropy(logits:view(B * T, self.vocab), targets:reshape(B * T))
+   if targets == nil then return self:output(logits) end
+   return self:loss(logits, targets)
+end
+
+-- The head's output as logits (B, T, vocab), and the loss of the head's output against targets (B, T): tensor
+-- parallelism (dt.parallel.tp) replaces both on the model (its head's output holds a slice of the vocabulary).
+function LanguageModel:output(logits) return logits end
+function LanguageModel:loss(logits, targets)
+   local n = targets:numel()
+   return dt.F.cross_entropy(logits:view(n, self.vocab), targets:reshape(n))
 end
 
 -- Index of a draw from softmax(logits / temperature) restricted to the top_k largest (greedy when

@@ -239,6 +239,12 @@ return function(dt, Tensor)
    Tensor.mul_ = inplace(MUL)
    Tensor.div_ = inplace(DIV)
 
+   -- self = exp(self), in place, not recorded (a softmax without a second buffer).
+   function Tensor:exp_()
+      check(C.dt_op_unary(C.DT_UNARY_EXP, self.h, self.h))
+      return self
+   end
+
    function Tensor:zero_()
       check(C.dt_tensor_fill(self.h, 0))
       return self

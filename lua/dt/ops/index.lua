@@ -72,8 +72,7 @@ return function(dt, Tensor)
       check_index("scatter_add", idx)
       common.check_dtypes(self, src, 2)
       local cd = cdim(self, d)
-      local out = common.copy(empty(self.shape, self.dtype, self), self)
-      check(C.dt_op_scatter_add(out.h, cd, idx.h, src.h))
+      local out = common.copy(empty(self.shape, self.dtype, self), self):scatter_add_(d, idx, src)
       local is, ss = idx.shape, src.shape
       return record(out, { self, src }, function(g)
          local gs
@@ -88,6 +87,14 @@ return function(dt, Tensor)
          end
          return g, gs
       end, "scatter_add")
+   end
+
+   -- In place, not recorded: self[i][idx[i][j]] += src[i][j] (for d = 2).
+   function Tensor:scatter_add_(d, idx, src)
+      check_index("scatter_add_", idx)
+      common.check_dtypes(self, src, 2)
+      check(C.dt_op_scatter_add(self.h, cdim(self, d), idx.h, src.h))
+      return self
    end
 
    -- Concatenation of a list of tensors along dim d (default 1).

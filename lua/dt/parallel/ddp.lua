@@ -73,7 +73,7 @@ function M.wrap(model, opts)
    for _, p in ipairs(params) do
       nn.register_grad_ready_hook(p, function(param) self:grad_ready(param) end)
    end
-   model.strategy = self
+   model.strategy = model.tp and model.tp:over(self) or self -- over a tensor-parallel model: tp's norm over tp ranks
    model.ddp = self
    return model
 end

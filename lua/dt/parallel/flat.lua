@@ -130,7 +130,7 @@ function M.new(spec, rank, size, param_dtype, device, alloc)
          v:copy_(src)
          v.requires_grad = true
          u.views[#u.views + 1] = { t = v, name = e.name, shape = e.shape, start = a - e.offset, numel = n,
-            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, a - lo) }
+            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, a - lo), param = e.p }
       end
    end
    for _, e in ipairs(u.params) do

@@ -46,6 +46,7 @@ local flat = require "dt.parallel.flat"
 local offload = require "dt.parallel.offload"
 local sharded = require "dt.ckpt.sharded"
 local memory = require "dt.memory"
+local placement = require "dt.parallel.placement"
 
 local M = {}
 local FSDP = {}
@@ -83,7 +84,7 @@ end
 local replica_names = { replicate = true, dp = true }
 
 -- The shard communicator, the replicate communicator (or nil), the mesh (or nil) and the replicate axes.
-local function communicators(o, world)
+local function communicators(o, world, tp_axis)
    local mesh = o.mesh
    if o.shard_size then
       if mesh then error("fsdp.wrap: give either mesh or shard_size", 3) end
@@ -109,11 +110,12 @@ local function communicators(o, world)
       for _, name in ipairs(mesh.names) do if replica_names[name] then rep[#rep + 1] = name end end
    end
    rep = type(rep) == "table" and rep or { rep }
-   local used = { [o.axis] = true }
+   local used = { [o.axis] = true, [tp_axis or o.axis] = true }
    for _, name in ipairs(rep) do used[name] = true end
    for i, name in ipairs(mesh.names) do
       if not used[name] then
-         error(("fsdp.wrap: mesh axis '%s' (size %d) would be used by nothing (there is no tensor parallelism yet); "
+         error(("fsdp.wrap: mesh axis '%s' (size %d) would be used by nothing (a 'tp' axis: tp.wrap the model "
+            .. "first); "
             .. "name each axis for what it does: '%s' shards the parameters over its ranks, 'replicate' (or 'dp') "
             .. "holds full copies that average their gradients (HSDP), e.g. {{2,2},{\"replicate\",\"%s\"}}; "
             .. "an empty mesh_shape shards over every rank"):format(name, mesh.shape[i], o.axis, o.axis), 3)
@@ -135,7 +137,7 @@ function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
    local o = check_opts(opts or {})
    local world = dist.init()
-   local comm, rep, mesh, rep_axes = communicators(o, world)
+   local comm, rep, mesh, rep_axes = communicators(o, world, model.tp and model.tp.axis)
    local modules = o.units
    if not modules then
       modules = {}
@@ -160,6 +162,9 @@ function M.wrap(model, opts)
       if #spec.params > 0 then
          local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc)
          self.units[#self.units + 1] = u
+         for _, v in ipairs(u.views) do -- each view: a flat range of its parameter (over tp: of tp's part)
+            placement.shard(v.t, o.axis, 0, { flat = { v.start, v.numel }, base = v.param })
+         end
          if self.offload then self.offload:attach(u) end
       end
    end
@@ -179,7 +184,7 @@ function M.wrap(model, opts)
       if o.checkpoint and not u.root then u.module.checkpoint = true end
       self:install_hooks(u)
    end
-   model.strategy = self
+   model.strategy = model.tp and model.tp:over(self) or self -- over a tensor-parallel model: tp's norm over tp ranks
    model.fsdp = self
    -- What the optimizer steps are the shards: from here on the model's own parameter lists are model.fsdp's, so
    -- optim.AdamW(model:parameters()) reads the same after fsdp.wrap as after ddp.wrap.

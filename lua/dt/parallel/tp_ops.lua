@@ -1,0 +1,100 @@
+-- dt/parallel/tp_ops.lua: tensor-parallel autograd ops over a tp communicator: copy/reduce across the tp ranks,
+-- the vocab-parallel embedding and the vocab-parallel cross-entropy (never gathers the full logits).
+--
+-- Every op takes `tp` = { comm = the tp communicator, stats = { bytes = 0, all_reduces = 0 } }: the payload bytes of
+-- every collective it issues are counted there (an all_reduce of n f32 elements counts 4n, whatever the algorithm
+-- moves on the wire).
+local dt = require "dt"
+local autograd = require "dt.autograd"
+
+local M = {}
+
+local function all_reduce(tp, t, op)
+   tp.stats.bytes = tp.stats.bytes + t:numel() * t:dtype_info().size
+   tp.stats.all_reduces = tp.stats.all_reduces + 1
+   return tp.comm:all_reduce(t, op or "sum")
+end
+
+-- Megatron's f: identity forward, all_reduce(sum) of the gradient backward (the input of a column-parallel region,
+-- whose ranks each see part of the output).
+function M.copy_to(tp, x)
+   if tp.comm.size == 1 then return x end
+   return autograd.record(x:detach(), { x }, function(g) return all_reduce(tp, g:contiguous():clone()) end,
+      "tp_copy")
+end
+
+-- Megatron's g: all_reduce(sum) forward (the partial sums of a row-parallel region), identity backward.
+function M.reduce_from(tp, x)
+   if tp.comm.size == 1 then return x end
+   local y = dt.no_grad(function() return x:contiguous():clone() end)
+   all_reduce(tp, y)
+   return autograd.record(y, { x }, function(g) return g end, "tp_reduce")
+end
+
+-- Identity forward; backward, the gradient's rows [kv.first, kv.first + kv.n) (GQA: the k and v rows of kv head
+-- kv.head, which kv.copies tp ranks hold) summed over the ranks holding the same head: one all_reduce over tp of a
+-- (kv.heads, n, ...) buffer where each rank fills its head's slot.
+function M.sum_copies(tp, w, kv)
+   return autograd.record(w:detach(), { w }, function(g)
+      local rows = g:narrow(1, kv.first + 1, kv.n)
+      local shape = rows.shape
+      table.insert(shape, 1, kv.heads)
+      local buf = dt.zeros(shape, { dtype = g.dtype, device = g.device })
+      buf:select(1, kv.head + 1):copy_(rows)
+      all_reduce(tp, buf)
+      local out = g:contiguous():clone()
+      out:narrow(1, kv.first + 1, kv.n):copy_(buf:select(1, kv.head + 1))
+      return out
+   end, "tp_sum_copies")
+end
+
+-- 1 where lo <= idx < lo + n, else 0 (in dtype).
+function M.in_range(idx, lo, n, dtype) return dt.ge(idx, lo):to(dtype) * dt.lt(idx, lo + n):to(dtype) end
+
+-- Rows [lo, lo + n) of the (V, dim) embedding live here as weight (n, dim): ids outside them give zero rows, and the
+-- all_reduce sums the one rank's row that holds each id. idx: any shape of ids.
+function M.vocab_embedding(tp, idx, weight, lo)
+   local here = M.in_range(idx, lo, weight:size(1), weight.dtype)
+   local rows = dt.embedding(dt.where(here, idx - lo, 0), weight)
+   local shape = here.shape
+   shape[#shape + 1] = 1
+   return M.reduce_from(tp, rows * here:view(shape))
+end
+
+-- Mean cross-entropy of logits (N, Vl) holding the classes [lo, lo + Vl) of every row against targets (N) (global
+-- 0-based classes; opts.ignore_index, default -100, adds nothing). Three all_reduces of N numbers (the row max, the
+-- sum of exponentials, the target's logit); the only (N, Vl) buffer beside the logits is the softmax, which becomes
+-- the gradient in place.
+function M.vocab_cross_entropy(tp, logits, targets, lo, opts)
+   local ignore = opts and opts.ignore_index or -100
+   local N, Vl = logits:size(1), logits:size(2)
+   local loss, grad, n_valid
+   dt.no_grad(function()
+      local m = logits:max(2, true):contiguous()               -- (N, 1)
+      all_reduce(tp, m, "max")
+      local p = logits - m                                       -- (N, Vl): exp(x - max), then the softmax
+      p:exp_()
+      local s = p:sum(2, true):contiguous()
+      all_reduce(tp, s)
+      local valid = dt.ne(targets, ignore):to(logits.dtype):view(N, 1)
+      local t = targets:view(N, 1)
+      local here = M.in_range(t, lo, Vl, logits.dtype) * valid -- the target's class lives on this rank
+      local at = dt.where(here, t - lo, 0)
+      local z = (logits:gather(2, at) * here):contiguous()
+      all_reduce(tp, z)
+      n_valid = valid:sum():item()
+      loss = n_valid > 0 and ((s:log() + m - z) * valid):sum():item() / n_valid or 0
+      p:div_(s)
+      p:scatter_add_(2, at, -here) -- softmax - onehot (the target's column, where it is here)
+      p:mul_(valid / math.max(n_valid, 1))
+      grad = p
+   end)
+   local out = logits:new_empty({}):fill_(loss)
+   return autograd.record(out, { logits }, function(g)
+      local s = g:item()
+      if s == 1 then return grad end
+      return grad * s
+   end, "vocab_cross_entropy")
+end
+
+return M

@@ -1,0 +1,131 @@
+-- spec/tp_spec.lua: tensor parallelism: placements, tp 2/4 (GPT, Llama with GQA) and dp x tp / fsdp x tp vs one
+-- process, the vocab-parallel cross-entropy (values, gradients, peak memory) and tp.wrap's errors.
+local dt = require "dt"
+local nn = require "dt.nn"
+local tp = require "dt.parallel.tp"
+local placement = require "dt.parallel.placement"
+local show = require "dt.repl.show"
+local helpers = require "spec.dist_helpers"
+
+-- Run a fixture under the launcher; returns rank 0's lines that start with `tag`.
+local function fixture(args, tag)
+   local r = helpers.dtrun(args)
+   helpers.remove_run(r.run_dir)
+   assert.equal(0, r.code, r.out)
+   local lines = {}
+   for _, l in ipairs(r.lines) do
+      if l:match("^%[%d+%] " .. tag) then lines[#lines + 1] = l end
+   end
+   assert.is_true(#lines > 0, r.out)
+   return lines
+end
+
+local function fields(line)
+   local f = {}
+   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
+   return f
+end
+
+describe("placement", function()
+   it("says which axes shard which dim, in tostring and the REPL's summary", function()
+      local w = dt.zeros({ 4, 3 })
+      placement.shard(w, "tp", 1, { ranges = { { 3, 3 } }, size = 6 })
+      assert.equal("Shard(1)@tp", tostring(placement.of(w)))
+      assert.truthy(tostring(w):find("(4, 3) f32 cpu [Shard(1)@tp]", 1, true), tostring(w))
+      assert.truthy(show.value(w):find("[Shard(1)@tp]", 1, true))
+      local v = dt.zeros({ 6 })
+      placement.shard(v, "fsdp", 0, { flat = { 6, 6 }, base = w })
+      assert.equal("Shard(1)@tp, Shard(0)@fsdp", tostring(placement.of(v)))
+      local b = placement.replicate(dt.zeros({ 3 }), "tp", 2)
+      assert.equal("Replicate", tostring(placement.of(b)))
+      assert.equal("Replicate", tostring(placement.of(dt.zeros({ 2 }))))
+   end)
+
+   it("counts each element once in a sum of squares (copies divide their share)", function()
+      -- rows 0-1 held here alone, rows 2-3 (a shared kv head) held by 2 ranks
+      local w = dt.zeros({ 4, 2 })
+      placement.shard(w, "tp", 0, { ranges = { { 0, 2 }, { 8, 2 } }, copies = { 1, 2 }, size = 10 })
+      local g = dt.tensor({ { 1, 1 }, { 1, 1 }, { 2, 2 }, { 2, 2 } })
+      assert.equal(4 + 16 / 2, placement.sumsq(w, g))
+      local r = placement.replicate(dt.zeros({ 2 }), "tp", 4)
+      assert.equal(8 / 4, placement.sumsq(r, dt.tensor({ 2, 2 })))
+      -- an FSDP view over rows 1-2 of w: one row of each kind
+      local v = placement.shard(dt.zeros({ 4 }), "fsdp", 0, { flat = { 2, 4 }, base = w })
+      assert.equal(2 + 8 / 2, placement.sumsq(v, dt.tensor({ 1, 1, 2, 2 })))
+   end)
+
+   it("is set on every parameter by tp.wrap (one rank: the plans alone)", function()
+      local m = tp.wrap(nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 })
+      local want = { ["wte.weight"] = "Shard(0)@tp", ["wpe.weight"] = "Replicate",
+         ["blocks.1.attn.qkv.weight"] = "Shard(0)@tp", ["blocks.1.attn.proj.weight"] = "Shard(1)@tp",
+         ["blocks.1.attn.proj.bias"] = "Replicate", ["blocks.1.mlp.fc.weight"] = "Shard(0)@tp",
+         ["blocks.1.mlp.proj.weight"] = "Shard(1)@tp", ["head.weight"] = "Shard(0)@tp", ["lnf.weight"] = "Replicate" }
+      local seen = 0
+      for _, np in ipairs(m:named_parameters()) do
+         assert.is_not_nil(rawget(np[2], "placement"), np[1])
+         if want[np[1]] then
+            assert.equal(want[np[1]], tostring(placement.of(np[2])), np[1])
+            seen = seen + 1
+         end
+      end
+      assert.equal(9, seen)
+   end)
+end)
+
+describe("tp vs one process (10 steps, same global batch, clip 1.0)", function()
+   -- f32: only the order of the partial sums differs
+   local TOL = 1e-5
+   local function check(args)
+      local line = fixture("spec/fixtures/tp_equivalence.lua " .. args, "tp ")[1]
+      local f = fields(line)
+      assert.is_true(f.max_abs_param_diff <= TOL, line)
+      assert.is_true(f.max_abs_loss_diff <= TOL, line)
+      -- the global norm counts each element once: replicated parameters counted tp times would move it by far more
+      assert.is_true(f.max_abs_norm_diff <= TOL, line)
+      return f, line
+   end
+
+   it("GPT on tp 2: one all_reduce per attention and per MLP each way, plus embedding, loss and head", function()
+      local f, line = check("--nproc 2 model=gpt")
+      -- per step: forward 1 (embedding) + 2 x 2 blocks + 3 (cross-entropy); backward 2 x 2 blocks + 1 (head)
+      assert.equal(13 * 10, f.tp_all_reduces, line)
+   end)
+
+   it("Llama (GQA, kv heads split) on tp 2", function() check("--nproc 2 model=llama") end)
+
+   it("GPT on tp 4", function() check("--nproc 4 model=gpt") end)
+
+   it("Llama on tp 4: 2 kv heads, each held by 2 ranks, their gradients summed", function()
+      local f, line = check("--nproc 4 model=llama")
+      assert.equal((13 + 2) * 10, f.tp_all_reduces, line) -- one more per block backward: the shared kv rows
+   end)
+
+   it("composes: dp 2 x tp 2 (DDP) and fsdp 2 x tp 2 (FSDP shards tp's parts)", function()
+      check("--nproc 4 model=gpt mesh=dp")
+      check("--nproc 4 model=llama mesh=fsdp")
+   end)
+end)
+
+describe("vocab-parallel cross-entropy", function()
+   it("matches F.cross_entropy's value and gradient and holds no (tokens x vocab) tensor (2 ranks)", function()
+      for _, line in ipairs(fixture("spec/fixtures/tp_vocab_ce.lua --nproc 2", "vocab_ce")) do
+         local f = fields(line)
+         assert.is_true(f.max_abs_loss_diff <= 1e-5, line)
+         assert.is_true(f.max_abs_grad_diff <= 1e-7, line)
+         assert.is_true(f.peak_growth < f.full_logits_bytes, line)
+         assert.equal(3, f.all_reduces, line)
+      end
+   end)
+end)
+
+describe("tp.wrap errors", function()
+   it("names the tp size, the dimension and the nearest valid sizes (3 ranks)", function()
+      local out = table.concat(fixture("spec/fixtures/tp_errors.lua --nproc 3", "error"), "\n")
+      assert.truthy(out:find("tp size 3 does not divide the heads 4 (blocks.1.attn); the nearest valid tp sizes are 2 "
+         .. "and 4", 1, true), out)
+      assert.truthy(out:find("tp size 3 neither divides the kv heads 2 (blocks.1.attn)", 1, true), out)
+      assert.truthy(out:find("does not divide the input features 64 (blocks.1.mlp.down)", 1, true), out)
+      assert.truthy(out:find("does not divide the vocabulary 256 (wte)", 1, true), out)
+      assert.truthy(out:find("plan entry 'x' matches no module of the GPT", 1, true), out)
+   end)
+end)
