@@ -213,6 +213,39 @@ describe("zero-3 on 2 and 4 ranks (cuda, through the launcher)", function()
    end)
 end)
 
+describe("zero stages 0-3 on 2 and 4 ranks (cpu, through the launcher)", function()
+   -- Per-rank model-state bytes by stage for Ψ f32 parameters on N ranks with AdamW: ZeRO's table counts 2-byte
+   -- parameters and gradients plus 12 bytes of f32 master and Adam m, v; dtrun keeps gradients and master weights in
+   -- f32, so in f32 a parameter or gradient Ψ-byte is 4 (dt.parallel.fsdp's table with P = 4). Stage 3's gathered
+   -- shard is the master itself.
+   local function table_bytes(stage, psi, n)
+      if stage == 0 then return 16 * psi end               -- DDP: parameters, gradient buckets, m, v
+      if stage == 1 then return 8 * psi + 12 * psi / n end -- replicated parameters and gradients
+      if stage == 2 then return 4 * psi + 16 * psi / n end -- replicated parameters
+      return 16 * psi / n
+   end
+
+   for _, n in ipairs { 2, 4 } do
+      it(("give DDP's parameters after 10 steps and hold ZeRO's per-rank bytes (%d ranks)"):format(n), function()
+         local r = helpers.dtrun("spec/fixtures/zero_stages.lua --nproc " .. n)
+         helpers.remove_run(r.run_dir)
+         assert.equal(0, r.code, r.out)
+         local seen = 0
+         for line in r.out:gmatch("zero_stage [^\n]*") do
+            local f = {}
+            for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
+            assert.equal(n, f.ranks, line)
+            assert.is_true(f.max_abs_param_diff <= 5e-5, line) -- fsdp_spec's f32 tolerance against DDP
+            local want = table_bytes(f.stage, f.numel, n)
+            local slack = 16 * (f.padded - f.numel) + 4096 -- padding to a multiple of N, stray scalars
+            assert.is_true(math.abs(f.state_bytes - want) <= slack, ("%s: expected %d"):format(line, want))
+            seen = seen + 1
+         end
+         assert.equal(4, seen, r.out)
+      end)
+   end
+end)
+
 describe("recipes/zero3_offload.lua", function()
    it_cuda_ranks("trains on 2 ranks and logs every rank's live and peak bytes by pool in metrics.jsonl", 2, function()
       local r = helpers.dtrun("recipes/zero3_offload.lua --nproc 2 --device cuda steps=2 model.dim=32 model.heads=2 "
@@ -237,16 +270,21 @@ end)
 
 describe("zero config (DeepSpeed keys)", function()
    it("translates offload keys into fsdp options", function()
-      assert.same({ offload_optimizer = true, offload_param = true, pin_memory = true, param_dtype = "bf16" },
+      assert.same({ stage = 3, offload_optimizer = true, offload_param = true, pin_memory = true,
+         param_dtype = "bf16" },
          zero.options { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", pin_memory = true },
             offload_param = { device = "cpu" } }, bf16 = { enabled = true } })
-      assert.same({ offload_optimizer = false, offload_param = false, pin_memory = false },
+      assert.same({ stage = 3, offload_optimizer = false, offload_param = false, pin_memory = false },
          zero.options { zero_optimization = { offload_optimizer = { device = "none", pin_memory = false } } })
    end)
 
    it("rejects what it cannot honour, naming the key", function()
-      testing.expect_error(function() zero.options { zero_optimization = { stage = 2 } } end,
-         "zero_optimization.stage = 2 is not supported: dtrun implements stage 3")
+      testing.expect_error(function() zero.options { zero_optimization = { stage = 4 } } end,
+         "zero_optimization.stage = 4 is not a ZeRO stage (0: DDP, 1: optimizer state sharded")
+      testing.expect_error(function()
+         zero.options { zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" },
+            offload_param = { device = "cpu" } } }
+      end, "zero_optimization.offload_param is for stage 3 (stage 2 keeps the parameters replicated)")
       testing.expect_error(function()
          zero.options { zero_optimization = { offload_optimizer = { device = "nvme" } } }
       end, "offload_optimizer.device = 'nvme' is not supported")

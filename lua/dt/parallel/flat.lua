@@ -99,8 +99,9 @@ end
 -- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
 -- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
 -- parameters (and the empty placeholders) are; device: where they live; alloc(n): a zeroed 1-D f32 tensor of n
--- elements for the shard and its gradient (on the device, or in host memory when offloaded).
-function M.new(spec, rank, size, param_dtype, device, alloc)
+-- elements for the shard and its gradient (on the device, or in host memory when offloaded). grad_full (ZeRO-1):
+-- the gradient is a full padded buffer, u.grad_full, and u.grad the view of this rank's shard of it.
+function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
    local u = setmetatable(spec, Unit)
    local offset = 0
    for _, e in ipairs(u.params) do
@@ -118,7 +119,12 @@ function M.new(spec, rank, size, param_dtype, device, alloc)
    local lo = rank * u.shard_numel
    local hi = lo + u.shard_numel
    u.shard = alloc(u.shard_numel)
-   u.grad = alloc(u.shard_numel) -- reduced gradients of the shard, reused every step
+   if grad_full then
+      u.grad_full = alloc(u.padded)
+      u.grad = u.grad_full:as_strided({ u.shard_numel }, { 1 }, lo)
+   else
+      u.grad = alloc(u.shard_numel) -- reduced gradients of the shard, reused every step
+   end
    u.views = {}
    for _, e in ipairs(u.params) do
       local a, b = math.max(lo, e.offset), math.min(hi, e.offset + e.numel)
@@ -130,7 +136,7 @@ function M.new(spec, rank, size, param_dtype, device, alloc)
          v:copy_(src)
          v.requires_grad = true
          u.views[#u.views + 1] = { t = v, name = e.name, shape = e.shape, start = a - e.offset, numel = n,
-            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, a - lo), param = e.p }
+            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, u.grad.h.offset + a - lo), param = e.p }
       end
    end
    for _, e in ipairs(u.params) do

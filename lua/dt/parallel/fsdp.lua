@@ -36,6 +36,16 @@
 -- (offload_param: not even that). On a cpu device everything is host memory already: the offload options
 -- are accepted and change nothing (model.fsdp.offload is nil).
 -- Checkpoints (dt.parallel.fsdp_checkpoint): each rank saves its shards, loadable onto any world size or mesh.
+--
+-- ZeRO stages (opts.stage; dt.parallel.zero maps DeepSpeed's zero_optimization.stage): 3 (the default) is the
+-- above. Stages 1 and 2 keep every unit gathered (parameters replicated: no gathers in forward or backward) and
+-- re-gather it from the stepped shards before its next use after an optimizer step. Stage 2 reduce_scatters each
+-- unit's gradient during backward as stage 3 does. Stage 1 accumulates into a full-size f32 gradient per unit
+-- (kept across steps) and all_reduce(avg)s it in finish(); the optimizer's views are this rank's slice of it.
+-- Per-rank model-state bytes (Ψ parameter elements, N ranks, AdamW, master and gradients f32, P bytes per
+-- param_dtype element): stage 1: PΨ + 4Ψ + 12Ψ/N, stage 2: PΨ + 16Ψ/N, stage 3: 16Ψ/N (master shard 4, its
+-- gradient 4, m and v 8: the shard itself is what stage 3 gathers). ZeRO's paper counts 16-bit gradients
+-- (stage 1: 4Ψ + 12Ψ/N, stage 2: 2Ψ + 14Ψ/N); dtrun keeps gradients in f32, 2Ψ (stage 1) or 2Ψ/N (stage 2) more.
 local dt = require "dt"
 local dist = require "dt.dist"
 local autograd = require "dt.autograd"
@@ -54,7 +64,7 @@ FSDP.__index = FSDP
 
 local defaults = { mesh = false, axis = "fsdp", replicate = false, shard_size = false, units = false,
    reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true,
-   device = false, offload_optimizer = false, offload_param = false, pin_memory = true }
+   device = false, offload_optimizer = false, offload_param = false, pin_memory = true, stage = 3 }
 local float_dtypes = { f32 = true, bf16 = true, f16 = true }
 
 local function check_opts(opts)
@@ -72,6 +82,10 @@ local function check_opts(opts)
       if not float_dtypes[o[k]] then
          error(("fsdp.wrap: %s must be f32, bf16 or f16, got %s"):format(k, tostring(o[k])), 3)
       end
+   end
+   if o.stage ~= 1 and o.stage ~= 2 and o.stage ~= 3 then
+      error(("fsdp.wrap: stage must be 1, 2 or 3 (ZeRO's stages; stage 0 is dt.parallel.ddp), got %s")
+         :format(tostring(o.stage)), 3)
    end
    if o.offload_param and not o.offload_optimizer then
       error("fsdp.wrap: offload_param needs offload_optimizer (the master weights it is copied from live on the host)",
@@ -131,7 +145,7 @@ end
 -- reshard_after_forward (true), param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each
 -- non-root unit's forward in backward), async_save (true: the Trainer's checkpoints are written on a background
 -- thread), device (default: the device of the model's parameters), offload_optimizer / offload_param / pin_memory
--- (see the top of this file).
+-- (see the top of this file), stage (3; 1 or 2: ZeRO's stages, see the top of this file).
 -- Every rank must build the model with the same weights. fsdp.wrap(model, mesh) is short for { mesh = mesh }.
 function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
@@ -146,10 +160,15 @@ function M.wrap(model, opts)
    local named = model:named_parameters()
    local dev = o.device or (named[1] and named[1][2].device) or "cpu"
    local self = setmetatable({ model = model, world = world, comm = comm, rep = rep, mesh = mesh, rep_axes = rep_axes,
-      reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype, reduce_dtype = o.reduce_dtype,
+      stage = o.stage, reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype,
+      reduce_dtype = o.reduce_dtype,
       async_save = o.async_save, sync = true, units = {}, launched = {}, device = device.name(device.parse(dev, 2)),
       stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0 } }, FSDP)
    if o.offload_optimizer and self.device ~= "cpu" then
+      if o.stage < 3 then
+         error(("fsdp.wrap: offload_optimizer on %s is implemented for stage 3 only, got stage %d; use stage 3 "
+            .. "(or no offload)"):format(self.device, o.stage), 2)
+      end
       self.offload = offload.new(self.device, { param = o.offload_param, pin = o.pin_memory })
    end
    local function alloc(n)
@@ -160,7 +179,7 @@ function M.wrap(model, opts)
    for i, np in ipairs(named) do self.order[np[1]] = i end
    for _, spec in ipairs(flat.partition(model, modules)) do
       if #spec.params > 0 then
-         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc)
+         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc, o.stage == 1)
          self.units[#self.units + 1] = u
          for _, v in ipairs(u.views) do -- each view: a flat range of its parameter (over tp: of tp's part)
             placement.shard(v.t, o.axis, 0, { flat = { v.start, v.numel }, base = v.param })
@@ -201,6 +220,7 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_forward", function()
+      if self.stage < 3 then return end -- stages 1 and 2 keep parameters replicated
       if not autograd.is_enabled() or (self.reshard_after_forward and not u.root) then self:reshard(u) end
    end)
    m:register_hook("pre_backward", function()
@@ -209,7 +229,8 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_backward", function()
-      self:reshard(u)
+      if self.stage == 1 then return u:take_grads(u.grad_full) end -- all_reduced in finish()
+      if self.stage == 3 then self:reshard(u) end
       if self.sync then self:land_reductions() end
       u.acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
       u:take_grads(u.acc)
@@ -222,9 +243,12 @@ end
 -- A fresh 1-D tensor of n elements on the model's device.
 function FSDP:empty(n, dtype) return Tensor.empty({ n }, { dtype = dtype, device = self.device }) end
 
--- Start an async all_gather of u's shards into a fresh buffer (nothing when u is gathered or gathering).
+-- Start an async all_gather of u's shards into a fresh buffer (nothing when u is gathered or gathering, unless
+-- an optimizer step has changed its shards since: stages 1 and 2).
 function FSDP:start_gather(u)
-   if u.full then return end
+   if u.full and not u.outdated then return end
+   self:reshard(u)
+   u.outdated = false
    local send, temp = u.shard, false
    if self.offload then
       self.offload:upload(self.units) -- after an optimizer step: every unit's new weights, in forward order
@@ -261,7 +285,7 @@ end
 
 -- Make u's parameters usable: gathered and bound (waiting for a prefetch, or gathering now).
 function FSDP:unshard(u)
-   if u.bound then return end
+   if u.bound and not u.outdated then return end
    if u.full and u.prefetch then self.stats.prefetched = self.stats.prefetched + 1 end
    self:start_gather(u)
    land(u)
@@ -348,14 +372,41 @@ end
 
 -- Start a step: no reduced gradient yet in any shard.
 function FSDP:prepare()
-   for _, u in ipairs(self.units) do u.fresh = true end
+   for _, u in ipairs(self.units) do
+      u.fresh = true
+      if u.grad_full then u.grad_full:zero_() end
+   end
+end
+
+-- Stage 1: all_reduce(avg) every unit's full gradient (in reduce_dtype; then over the replicate axes) and hand
+-- this rank's slice of it to the optimizer's views.
+function FSDP:all_reduce_grads()
+   local works = {}
+   for i, u in ipairs(self.units) do
+      local send = self.reduce_dtype == "f32" and u.grad_full or u.grad_full:to(self.reduce_dtype)
+      works[i] = { send = send, work = self.comm:all_reduce(send, "avg", { async = true }) }
+   end
+   for i, u in ipairs(self.units) do
+      local w = works[i]
+      w.work:wait()
+      if w.send ~= u.grad_full then
+         u.grad_full:copy_(w.send)
+         w.send:free()
+      end
+      if self.rep then self.rep:all_reduce(u.grad_full, "avg") end
+      for _, v in ipairs(u.views) do v.t.grad = v.grad end
+   end
 end
 
 -- Reduce what backward has not (units unused in this backward, in unit order), wait for every reduction,
 -- all_reduce over the replicate axes (HSDP), and hand the shard gradients to the optimizer's views.
 function FSDP:finish()
+   if self.stage < 3 then -- the optimizer steps the shards next: re-gather before the next use
+      for _, u in ipairs(self.units) do u.outdated = true end
+   end
+   if self.stage == 1 then return self:all_reduce_grads() end
    for _, u in ipairs(self.units) do
-      self:reshard(u) -- prefetches nobody consumed
+      if self.stage == 3 then self:reshard(u) end -- prefetches nobody consumed
       if not u.reduced then self:reduce(u) end
    end
    for _, u in ipairs(self.launched) do
@@ -399,11 +450,14 @@ function FSDP:full_state_dict()
    return out
 end
 
--- Bytes this rank holds for model state: shards, shard gradients and optimizer state tensors.
+-- Bytes this rank holds for model state: shards, gradients (stage 1: full), optimizer state tensors and (stages 1
+-- and 2) the replicated parameters.
 function FSDP:state_bytes(optimizer)
    local n = 0
    for _, u in ipairs(self.units) do
-      n = n + 8 * u.shard_numel
+      n = n + 4 * u.shard_numel + 4 * (u.grad_full and u.padded or u.shard_numel)
+      local copied = self.comm.size > 1 or self.param_dtype ~= "f32" -- else the gathered buffer is the shard
+      if self.stage < 3 and u.full and copied then n = n + u.full:numel() * u.full:dtype_info().size end
       for _, v in ipairs(u.views) do
          for _, t in pairs(optimizer and optimizer.state[v.t] or {}) do
             if Tensor.is_tensor(t) then n = n + t:numel() * t:dtype_info().size end

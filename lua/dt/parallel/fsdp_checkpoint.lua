@@ -128,7 +128,9 @@ return function(FSDP)
       -- verified: now modify
       if opt_sd then opt:load_state_dict(opt_sd) end
       for i, v in ipairs(views) do v.t:copy_(loaded[i]) end
-      for _, u in ipairs(self.units) do u.stale = self.offload ~= nil end -- offload: new weights to upload
+      for _, u in ipairs(self.units) do -- offload: new weights to upload; stages 1 and 2: to gather again
+         u.stale, u.outdated = self.offload ~= nil, self.stage < 3
+      end
       for _, t in ipairs(loaded) do t:free() end
       if state.data then state.data:set_position(meta.data.position) end
       if state.rng then state.rng:set_state(meta.rng) end

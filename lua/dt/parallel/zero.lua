@@ -1,4 +1,4 @@
--- dt/parallel/zero.lua: DeepSpeed-style ZeRO-3 configuration over fsdp.wrap (CPU offload of optimizer and params).
+-- dt/parallel/zero.lua: DeepSpeed-style ZeRO configuration (stages 0-3, CPU offload) over fsdp.wrap and ddp.wrap.
 --
 --    local zero = require "dt.parallel.zero"
 --    zero.wrap(model, { zero_optimization = { stage = 3,
@@ -6,14 +6,16 @@
 --                                             offload_param = { device = "cpu" } },
 --                       bf16 = { enabled = true } }, { mesh = world.mesh })
 --
--- One mechanism: ZeRO-3 is FSDP (dt.parallel.fsdp); this module only translates the keys DeepSpeed users know
--- into fsdp.wrap options (offload_optimizer, offload_param, pin_memory, param_dtype) and rejects what it
--- cannot honour with an error that names the key. Accepted: zero_optimization.stage (3),
+-- One mechanism: ZeRO stages 1-3 are FSDP's sharding (dt.parallel.fsdp, its stage option), stage 0 is DDP
+-- (dt.parallel.ddp); this module only translates the keys DeepSpeed users know into fsdp.wrap options (stage,
+-- offload_optimizer, offload_param, pin_memory, param_dtype) and rejects what it cannot honour with an error that
+-- names the key. Accepted: zero_optimization.stage (0-3, default 3),
 -- offload_optimizer.device / offload_param.device ("cpu" or "none"), their pin_memory (true unless false;
 -- offload_param's must agree with offload_optimizer's: one host buffer kind), bf16.enabled / fp16.enabled
 -- (parameter dtype; gradients are reduced in f32). Everything else (batch sizes, optimizer, scheduler, clipping)
 -- belongs to the trainer config and is an error here.
 local fsdp = require "dt.parallel.fsdp"
+local ddp = require "dt.parallel.ddp"
 
 local M = {}
 
@@ -51,10 +53,9 @@ function M.options(cfg)
    local z = cfg.zero_optimization or {}
    only(z, { stage = true, offload_optimizer = true, offload_param = true }, "zero_optimization")
    local stage = z.stage or 3
-   if stage ~= 3 then
-      error(("zero: zero_optimization.stage = %s is not supported: dtrun implements stage 3 (parameters, gradients "
-         .. "and optimizer state sharded: dt.parallel.fsdp); for stage 0 use dt.parallel.ddp"):format(tostring(stage)),
-         0)
+   if stage ~= 0 and stage ~= 1 and stage ~= 2 and stage ~= 3 then
+      error(("zero: zero_optimization.stage = %s is not a ZeRO stage (0: DDP, 1: optimizer state sharded, 2: and "
+         .. "gradients, 3: and parameters)"):format(tostring(stage)), 0)
    end
    local opt_off, opt_pin = offload_device(z.offload_optimizer, "zero_optimization.offload_optimizer")
    local par_off, par_pin = offload_device(z.offload_param, "zero_optimization.offload_param")
@@ -67,7 +68,11 @@ function M.options(cfg)
    end
    local pin = opt_pin
    if pin == nil then pin = par_pin end
-   local o = { offload_optimizer = opt_off, offload_param = par_off, pin_memory = pin ~= false }
+   if par_off and stage ~= 3 then
+      error(("zero: zero_optimization.offload_param is for stage 3 (stage %d keeps the parameters replicated)")
+         :format(stage), 0)
+   end
+   local o = { stage = stage, offload_optimizer = opt_off, offload_param = par_off, pin_memory = pin ~= false }
    for _, k in ipairs { "bf16", "fp16" } do
       local t = cfg[k]
       if t ~= nil then
@@ -82,9 +87,15 @@ function M.options(cfg)
 end
 
 -- fsdp.wrap(model, options(cfg) + extra) where extra holds fsdp options DeepSpeed has no key for (mesh, units,
--- checkpoint, device, ...). A key both set is an error.
+-- checkpoint, device, ...). A key both set is an error. Stage 0: ddp.wrap(model, extra) (f32, no offload).
 function M.wrap(model, cfg, extra)
    local o = M.options(cfg or {})
+   if o.stage == 0 then
+      if o.param_dtype or o.offload_optimizer then
+         error("zero.wrap: stage 0 (DDP) trains in f32 without offload; use stage 1-3 for bf16/fp16 or offload", 2)
+      end
+      return ddp.wrap(model, extra)
+   end
    for k, v in pairs(extra or {}) do
       if o[k] ~= nil then
          error(("zero.wrap: '%s' comes from the DeepSpeed config; do not set it again"):format(k), 2)
