@@ -156,6 +156,13 @@ describe("grpo placement", function()
       assert.truthy(r.out:find("injected rollout failure", 1, true), r.out)
    end)
 
+   it("rejects an FSDP-wrapped policy under separated placement, naming the alternatives", function()
+      local placement = require("dt.rl").placement
+      assert.has_error(function() placement.weights({ fsdp = {} }, {}, "f32") end, "grpo: separated placement "
+         .. "publishes plain or DDP-wrapped models, not FSDP shards (gathering them unit by unit is not there yet): "
+         .. 'use ddp.wrap for the trainers, or placement = "colocated"')
+   end)
+
    it("rejects a separated placement without a rank to spare, naming the fix", function()
       local r = run("alone", "--nproc 1 " .. SEPARATED)
       assert.are_not.equal(0, r.code)

@@ -58,6 +58,10 @@ local Weights = {}
 Weights.__index = Weights
 
 function M.weights(model, roles, dtype)
+   if model.fsdp then
+      error("grpo: separated placement publishes plain or DDP-wrapped models, not FSDP shards (gathering them unit "
+         .. 'by unit is not there yet): use ddp.wrap for the trainers, or placement = "colocated"', 2)
+   end
    dtype = dtype or "f32"
    if dtype ~= "f32" and dtype ~= "bf16" then
       error(('grpo: publish_dtype must be "f32" or "bf16", got %s'):format(tostring(dtype)), 2)
