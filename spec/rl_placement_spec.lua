@@ -142,10 +142,12 @@ describe("grpo placement", function()
    end)
 
    it("on SIGTERM the trainers finish the step and checkpoint; the rollout rank takes their last publish", function()
-      local r, lines = run("term", "--nproc 2 steps=5 checkpoint_every=2 term_at=3 " .. SEPARATED)
+      local r, lines = run("term", "--nproc 2 steps=50 checkpoint_every=20 term_at=3 " .. SEPARATED)
       assert.equal(143, r.code, r.out)
-      assert.truthy(r.out:find("stopping after step 3: SIGTERM received", 1, true), r.out)
-      assert.equal("step-3\n", fs.read(fs.join(dir, "term", "checkpoints", "latest")))
+      -- the signal reaches the ranks through the launcher: step 3 or a later one is the last
+      local last = r.out:match("stopping after step (%d+): SIGTERM received")
+      assert.is_true(tonumber(last) >= 3, r.out)
+      assert.equal(("step-%d\n"):format(last), fs.read(fs.join(dir, "term", "checkpoints", "latest")))
       assert.equal(find(lines[0], "^trainer weights (%x+) bf16 %x+$"), find(lines[1], "^rollout weights (%x+)$"))
    end)
 
