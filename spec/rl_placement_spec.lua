@@ -168,7 +168,8 @@ describe("grpo placement", function()
    it("rejects a separated placement without a rank to spare, naming the fix", function()
       local r = run("alone", "--nproc 1 " .. SEPARATED)
       assert.are_not.equal(0, r.code)
-      assert.truthy(r.out:find('grpo: placement "separated" needs 1 <= rollout_ranks < ranks (1), got 1: run more '
-         .. "ranks (--nproc) or set grpo.rollout_ranks", 1, true), r.out)
+      assert.truthy(r.out:find('grpo: placement "separated" needs 1 <= rollout_ranks <= ranks / 2 (every rollout '
+         .. "rank serves a trainer rank), got 1 on 1 ranks: run more ranks (--nproc) or lower grpo.rollout_ranks", 1,
+         true), r.out)
    end)
 end)
