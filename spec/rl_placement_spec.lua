@@ -7,6 +7,10 @@ local helpers = require "spec.dist_helpers"
 local train_helpers = require "spec.train_helpers"
 
 local SEPARATED = "grpo.placement=separated grpo.rollout_ranks=1"
+-- DT_DEVICE=cuda (cuda_lua/*, emu_lua/*): every rank on its own cuda device, the weights published through NCCL
+local on_cuda = require("dt").default_device() ~= "cpu"
+local NH = require "spec.nccl_helpers"
+local ranks_it = function(n) return NH.it_on(on_cuda and "cuda" or "cpu", n) end
 
 describe("grpo placement", function()
    local dir
@@ -16,7 +20,8 @@ describe("grpo placement", function()
    -- Run the fixture; returns the dtrun result, rank -> its lines (without the "[r] " prefix), the metrics records.
    local function run(name, args)
       local run_dir = fs.join(dir, name)
-      local r = helpers.dtrun(("spec/fixtures/grpo_placement.lua --threads 1 run_dir=%s %s"):format(run_dir, args))
+      local r = helpers.dtrun(("spec/fixtures/grpo_placement.lua --threads 1 run_dir=%s %s%s"):format(run_dir, args,
+         on_cuda and " --device cuda" or ""))
       local by_rank = {}
       for rank, line in r.out:gmatch("%[(%d+)%] ([^\n]*)") do
          local list = by_rank[tonumber(rank)] or {}
@@ -40,28 +45,29 @@ describe("grpo placement", function()
       return find(lines, ("^step %d loss (%%S+) rewards (%%d+)/(%%d+) versions (%%S*)$"):format(s))
    end
 
-   it("publishes the trainers' weights to the rollout rank bit for bit; every token records its version", function()
-      local r, lines, records = run("sep3", "--nproc 3 steps=3 " .. SEPARATED)
-      assert.equal(0, r.code, r.out)
-      local want = find(lines[0], "^trainer weights (%x+) bf16 %x+$")
-      assert.is_not_nil(want, r.out)
-      assert.equal(want, find(lines[1], "^trainer weights (%x+) bf16 %x+$"))
-      assert.equal(want, find(lines[2], "^rollout weights (%x+)$"))
-      for rank = 0, 1 do
-         for s = 1, 3 do -- synchronous: batch s comes from the weights of version s - 1 only
-            local _, _, _, versions = step_of(lines[rank], s)
-            assert.matches(("^%d:%%d+$"):format(s - 1), versions, nil, r.out)
+   ranks_it(3)("publishes the trainers' weights to the rollout rank bit for bit; every token records its version",
+      function()
+         local r, lines, records = run("sep3", "--nproc 3 steps=3 " .. SEPARATED)
+         assert.equal(0, r.code, r.out)
+         local want = find(lines[0], "^trainer weights (%x+) bf16 %x+$")
+         assert.is_not_nil(want, r.out)
+         assert.equal(want, find(lines[1], "^trainer weights (%x+) bf16 %x+$"))
+         assert.equal(want, find(lines[2], "^rollout weights (%x+)$"))
+         for rank = 0, 1 do
+            for s = 1, 3 do -- synchronous: batch s comes from the weights of version s - 1 only
+               local _, _, _, versions = step_of(lines[rank], s)
+               assert.matches(("^%d:%%d+$"):format(s - 1), versions, nil, r.out)
+            end
          end
-      end
-      assert.is_nil(step_of(lines[2], 1)) -- the rollout rank trains on nothing
-      for s = 1, 3 do
-         assert.equal(0, records[s].staleness_mean)
-         assert.equal(0, records[s].async_ratio)
-         assert.is_true(records[s].train_idle_seconds >= 0 and records[s].rollout_idle_seconds >= 0)
-      end
-   end)
+         assert.is_nil(step_of(lines[2], 1)) -- the rollout rank trains on nothing
+         for s = 1, 3 do
+            assert.equal(0, records[s].staleness_mean)
+            assert.equal(0, records[s].async_ratio)
+            assert.is_true(records[s].train_idle_seconds >= 0 and records[s].rollout_idle_seconds >= 0)
+         end
+      end)
 
-   it("publishes bf16 weights on the wire with publish_dtype = bf16: the rollout rank's are the trainers' rounded",
+   ranks_it(2)("publishes bf16 weights with publish_dtype = bf16: the rollout rank's are the trainers' rounded",
       function()
          local r, lines = run("bf16", "--nproc 2 steps=2 grpo.publish_dtype=bf16 " .. SEPARATED)
          assert.equal(0, r.code, r.out)
@@ -71,7 +77,7 @@ describe("grpo placement", function()
          assert.equal(rounded, find(lines[1], "^rollout weights (%x+)$"))
       end)
 
-   it("reports metrics over every trainer rank: reward mean, staleness histogram", function()
+   ranks_it(3)("reports metrics over every trainer rank: reward mean, staleness histogram", function()
       local r, lines, records = run("sep3", "--nproc 3 steps=2 " .. SEPARATED
          .. " grpo.adaptive_async.min_async_ratio=0.5 grpo.adaptive_async.max_async_ratio=0.5")
       assert.equal(0, r.code, r.out)
@@ -91,7 +97,7 @@ describe("grpo placement", function()
       assert.is_not_nil(records[2].staleness_histogram["1"], r.out) -- each trainer's batch had stale tokens
    end)
 
-   it("with r = 0 (min = max = 0) equals colocated synchronous GRPO: the same losses and weights", function()
+   ranks_it(2)("with r = 0 (min = max = 0) equals colocated synchronous GRPO: the same losses and weights", function()
       local sync, sl = run("colocated", "--nproc 1 steps=3")
       assert.equal(0, sync.code, sync.out)
       local sep, pl = run("separated", "--nproc 2 steps=3 " .. SEPARATED)
@@ -103,25 +109,26 @@ describe("grpo placement", function()
       assert.equal(want, find(pl[1], "^rollout weights (%x+)$"))
    end)
 
-   it("with r > 0 starts rollouts before the update lands: staleness > 0, logged with its max and histogram", function()
-      local r, lines, records = run("async", "--nproc 2 steps=3 " .. SEPARATED
-         .. " grpo.adaptive_async.min_async_ratio=0.5 grpo.adaptive_async.max_async_ratio=0.5")
-      assert.equal(0, r.code, r.out)
-      assert.equal(0, records[1].staleness_mean)
-      for s = 2, 3 do
-         -- one of the two prompts started a version early: its tokens are 1 stale
-         local _, _, _, versions = step_of(lines[0], s)
-         local stale, fresh = versions:match(("^%d:(%%d+),%d:(%%d+)$"):format(s - 2, s - 1))
-         assert.is_not_nil(stale, versions)
-         local m = records[s]
-         assert.near(stale / (stale + fresh), m.staleness_mean, 1e-9)
-         assert.equal(1, m.staleness_max)
-         assert.same({ ["0"] = tonumber(fresh), ["1"] = tonumber(stale) }, m.staleness_histogram)
-         assert.equal(0.5, m.async_ratio)
-      end
-   end)
+   ranks_it(2)("with r > 0 starts rollouts before the update lands: staleness > 0, logged with max and histogram",
+      function()
+         local r, lines, records = run("async", "--nproc 2 steps=3 " .. SEPARATED
+            .. " grpo.adaptive_async.min_async_ratio=0.5 grpo.adaptive_async.max_async_ratio=0.5")
+         assert.equal(0, r.code, r.out)
+         assert.equal(0, records[1].staleness_mean)
+         for s = 2, 3 do
+            -- one of the two prompts started a version early: its tokens are 1 stale
+            local _, _, _, versions = step_of(lines[0], s)
+            local stale, fresh = versions:match(("^%d:(%%d+),%d:(%%d+)$"):format(s - 2, s - 1))
+            assert.is_not_nil(stale, versions)
+            local m = records[s]
+            assert.near(stale / (stale + fresh), m.staleness_mean, 1e-9)
+            assert.equal(1, m.staleness_max)
+            assert.same({ ["0"] = tonumber(fresh), ["1"] = tonumber(stale) }, m.staleness_histogram)
+            assert.equal(0.5, m.async_ratio)
+         end
+      end)
 
-   it("resumes the async state and the step after a SIGKILL, from the latest checkpoint", function()
+   ranks_it(2)("resumes the async state and the step after a SIGKILL, from the latest checkpoint", function()
       local async = " grpo.adaptive_async.min_async_ratio=0.25 grpo.adaptive_async.max_async_ratio=0.8 "
       local args = "--nproc 2 --grace 1 steps=5 checkpoint_every=2 " .. SEPARATED .. async
       local killed, _, before = run("resume", args .. "kill_at=3")
@@ -141,25 +148,36 @@ describe("grpo placement", function()
       assert.equal(5, after[#after].step)
    end)
 
-   it("on SIGTERM the trainers finish the step and checkpoint; the rollout rank takes their last publish", function()
-      local r, lines = run("term", "--nproc 2 steps=5 checkpoint_every=2 term_at=3 " .. SEPARATED)
-      assert.equal(143, r.code, r.out)
-      assert.truthy(r.out:find("stopping after step 3: SIGTERM received", 1, true), r.out)
-      assert.equal("step-3\n", fs.read(fs.join(dir, "term", "checkpoints", "latest")))
-      assert.equal(find(lines[0], "^trainer weights (%x+) bf16 %x+$"), find(lines[1], "^rollout weights (%x+)$"))
-   end)
+   ranks_it(2)("on SIGTERM the trainers finish the step and checkpoint; the rollout rank takes the last publish",
+      function()
+         local r, lines = run("term", "--nproc 2 steps=50 checkpoint_every=20 term_at=3 " .. SEPARATED)
+         assert.equal(143, r.code, r.out)
+         -- the signal reaches the ranks through the launcher: step 3 or a later one is the last
+         local last = r.out:match("stopping after step (%d+): SIGTERM received")
+         assert.is_true(tonumber(last) >= 3, r.out)
+         assert.equal(("step-%d\n"):format(last), fs.read(fs.join(dir, "term", "checkpoints", "latest")))
+         assert.equal(find(lines[0], "^trainer weights (%x+) bf16 %x+$"), find(lines[1], "^rollout weights (%x+)$"))
+      end)
 
-   it("stops the job when a rollout rank dies, naming it as the root cause", function()
+   ranks_it(2)("stops the job when a rollout rank dies, naming it as the root cause", function()
       local r = run("dies", "--nproc 2 --grace 1 steps=5 fail_rollout_at=4 " .. SEPARATED)
       assert.are_not.equal(0, r.code, r.out)
       assert.matches("job failed: rank 1 %(pid %d+%) exited with code %d+ after [%d.]+ s  <%- root cause", r.out)
       assert.truthy(r.out:find("injected rollout failure", 1, true), r.out)
    end)
 
+   it("rejects an FSDP-wrapped policy under separated placement, naming the alternatives", function()
+      local placement = require("dt.rl").placement
+      assert.has_error(function() placement.weights({ fsdp = {} }, {}, "f32") end, "grpo: separated placement "
+         .. "publishes plain or DDP-wrapped models, not FSDP shards (gathering them unit by unit is not there yet): "
+         .. 'use ddp.wrap for the trainers, or placement = "colocated"')
+   end)
+
    it("rejects a separated placement without a rank to spare, naming the fix", function()
       local r = run("alone", "--nproc 1 " .. SEPARATED)
       assert.are_not.equal(0, r.code)
-      assert.truthy(r.out:find('grpo: placement "separated" needs 1 <= rollout_ranks < ranks (1), got 1: run more '
-         .. "ranks (--nproc) or set grpo.rollout_ranks", 1, true), r.out)
+      assert.truthy(r.out:find('grpo: placement "separated" needs 1 <= rollout_ranks <= ranks / 2 (every rollout '
+         .. "rank serves a trainer rank), got 1 on 1 ranks: run more ranks (--nproc) or lower grpo.rollout_ranks", 1,
+         true), r.out)
    end)
 end)

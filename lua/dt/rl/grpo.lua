@@ -1,14 +1,17 @@
 -- dt/rl/grpo.lua: GRPO: prompts, group-relative advantages, the clipped surrogate loss with KL, the rollout source.
 --
 --    local g = grpo.setup { model = model, prompts = "prompts.jsonl", rewards = { rl.rewards.exact_answer() },
---       config = cfg.grpo, world = world }
+--       config = cfg.grpo, roles = rl.placement.roles(world, cfg.grpo) }
 --    local trainer = train.Trainer { model = model, optimizer = opt, data = g.data, forward = g.forward, ... }
 --    trainer:add_step_callback(g.metrics)     -- reward mean/std, lengths, clip fraction, KL, ... into r.metrics
+--    g.run(trainer)                           -- trainer:run() on trainer ranks; rollout ranks generate until it ends
 --
--- One trainer step = one optimizer pass. Every num_iterations steps g.data generates a fresh batch (colocated:
--- this rank samples `prompts_per_step` prompts, group_size completions each, with the current weights); the other
--- steps reuse it. The loss's importance ratios are exp(logp - behaviour logp), the behaviour log-probs recorded at
--- generation, so later passes (and off-policy batches) are corrected.
+-- One trainer step = one optimizer pass. Every num_iterations steps g.data takes a fresh batch (colocated: this
+-- rank samples `prompts_per_step` prompts, group_size completions each, with the current weights; separated: trainer
+-- 0 publishes the weights to the rollout ranks, and this trainer receives its batch from one of them, see
+-- dt.rl.placement; g.run runs either role); the other steps reuse it. The loss's importance ratios are
+-- exp(logp - behaviour logp), the behaviour log-probs recorded at generation, so later passes (and off-policy
+-- batches) are corrected.
 local dt = require "dt"
 local jsonl = require "dt.train.jsonl"
 local rewards = require "dt.rl.rewards"
@@ -247,7 +250,7 @@ function M.setup(opts)
       return x, y
    end,
    -- For checkpoints: batches drawn so far, the policy version and the async controller's state (ratio, staleness
-   -- EMA). Rollouts in flight are not kept: a resumed run generates a fresh g.batch with the checkpoint's weights.
+   -- EMA). Rollouts in flight are not kept: a resumed run generates a fresh batch with the checkpoint's weights.
    position = function()
       return { batches = drawn, version = g.version, async = ctl and ctl:state() or nil }
    end,

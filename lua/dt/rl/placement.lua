@@ -32,9 +32,10 @@ function M.roles(world, cfg)
    if placement == "colocated" then
       return { placement = placement, trains = true, generates = true, comm = world.comm, world = world }
    end
-   if type(k) ~= "number" or k % 1 ~= 0 or k < 1 or k >= world.size then
-      error(("grpo: placement \"separated\" needs 1 <= rollout_ranks < ranks (%d), got %s: run more ranks "
-         .. "(--nproc) or set grpo.rollout_ranks"):format(world.size, tostring(k)), 2)
+   if type(k) ~= "number" or k % 1 ~= 0 or k < 1 or 2 * k > world.size then
+      error(("grpo: placement \"separated\" needs 1 <= rollout_ranks <= ranks / 2 (every rollout rank serves a "
+         .. "trainer rank), got %s on %d ranks: run more ranks (--nproc) or lower grpo.rollout_ranks"):format(
+         tostring(k), world.size), 2)
    end
    local trainers = world.size - k
    local generates = world.rank >= trainers
@@ -58,6 +59,10 @@ local Weights = {}
 Weights.__index = Weights
 
 function M.weights(model, roles, dtype)
+   if model.fsdp then
+      error("grpo: separated placement publishes plain or DDP-wrapped models, not FSDP shards (gathering them unit "
+         .. 'by unit is not there yet): use ddp.wrap for the trainers, or placement = "colocated"', 2)
+   end
    dtype = dtype or "f32"
    if dtype ~= "f32" and dtype ~= "bf16" then
       error(('grpo: publish_dtype must be "f32" or "bf16", got %s'):format(tostring(dtype)), 2)
