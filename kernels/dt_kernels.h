@@ -20,7 +20,8 @@ typedef struct dt_k_error {
   int64_t value, where, limit; /* the bad value, its position, the size it must stay below */
 } dt_k_error;
 enum { DT_KERR_NONE = 0, DT_KERR_TARGET = 1, DT_KERR_INDEX_SELECT = 2, DT_KERR_INDEX_ADD = 3, DT_KERR_GATHER = 4,
-       DT_KERR_SCATTER_ADD = 5 };
+       DT_KERR_SCATTER_ADD = 5, DT_KERR_SAMPLE = 6,
+       DT_KERR_KV_SLOT = 7 };
 
 /* The calling thread's latest kernel launch through DT_LAUNCH (kernel NULL: none since dt_k_launch_reset), so that a
  * launch error can name the kernel and its configuration. */
@@ -184,6 +185,33 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const v
 cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, const void *out,
                                const void *dout, int ldtype, const void *lse, void *dq, void *dk, void *dv,
                                float *delta, const dt_k_attn_dims *a);
+
+/* The KV cache of generation (dt_nn_kv_append, dt_nn_decode_attention): a cache (s, hkv, l, d) of one float dtype,
+ * b rows continuing slots[b] (i64) at position pos. append: x (b, hkv, t, d) into positions pos .. pos + t - 1.
+ * decode attention: q, out (b, h, t, d), h % hkv == 0, d <= DT_K_ATTN_MAX_D, not f64; query t sees keys 0 .. pos + t.
+ * A slot outside [0, s) is reported through err (DT_KERR_KV_SLOT: value the slot, where its row, limit s). */
+typedef struct dt_k_kv_dims {
+  int64_t b, h, hkv, t, s, l, d, pos;
+  double scale;
+} dt_k_kv_dims;
+cudaError_t dt_k_kv_append(cudaStream_t s, int dtype, const void *x, const int64_t *slots, void *cache,
+                           dt_k_error *err, const dt_k_kv_dims *a);
+cudaError_t dt_k_decode_attention(cudaStream_t s, int dtype, const void *q, const void *k, const void *v,
+                                  const int64_t *slots, void *out, dt_k_error *err, const dt_k_kv_dims *a);
+
+/* dt_nn_sample over logits (n, v) of float `dtype`, one block per row; z: scratch of n * v floats; log_min_p -inf when
+ * min_p is off. A row with a NaN or no finite logit is reported through err (DT_KERR_SAMPLE, where = the row). */
+typedef struct dt_k_sample_args {
+  int32_t dtype, ldtype;
+  int64_t n, v, top_k;
+  double temperature, top_p, log_min_p;
+  uint64_t seed, offset;
+  const void *logits;
+  float *z;
+  int64_t *tokens;
+  void *logprobs;
+} dt_k_sample_args;
+cudaError_t dt_k_sample(cudaStream_t s, const dt_k_sample_args *a, dt_k_error *err);
 
 #ifdef __cplusplus
 }

@@ -84,6 +84,15 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
     (dt_tensor * param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum, double dampening,         \
      double weight_decay, bool nesterov, bool first_step),                                                           \
     (param, grad, buf, lr, momentum, dampening, weight_decay, nesterov, first_step))                                 \
+  X(nn_kv_append, (const dt_tensor *x, const dt_tensor *slots, int64_t pos, dt_tensor *cache), (x, slots, pos, cache)) \
+  X(nn_decode_attention,                                                                                             \
+    (const dt_tensor *q, const dt_tensor *kcache, const dt_tensor *vcache, const dt_tensor *slots, int64_t pos,      \
+     double scale, dt_tensor *out),                                                                                  \
+    (q, kcache, vcache, slots, pos, scale, out))                                                                     \
+  X(nn_sample,                                                                                                       \
+    (const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p, uint64_t seed,          \
+     uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs),                                                       \
+    (logits, temperature, top_k, top_p, min_p, seed, offset, tokens, logprobs))                                      \
   X(random_uniform, (dt_tensor * out, uint64_t seed, uint64_t offset, double lo, double hi),                         \
     (out, seed, offset, lo, hi))                                                                                     \
   X(random_normal, (dt_tensor * out, uint64_t seed, uint64_t offset, double mean, double std),                       \

@@ -179,6 +179,53 @@ dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_ten
   return DT_OK;
 }
 
+dt_status dt_nn_sample_check(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
+                             const dt_tensor *tokens, const dt_tensor *logprobs, int64_t *n, int64_t *v) {
+  const char *op = "sample";
+  char b[DT_SHAPE_BUF];
+  DT_TRY(dt_nn_check_float(logits, op, "logits"));
+  DT_CHECK(logits->ndim == 2 && logits->shape[1] >= 1, DT_ERR_ARG, "%s: logits must be (N, V) with V >= 1, got %s", op,
+           dt_shape_str(logits, b, sizeof b));
+  *n = logits->shape[0];
+  *v = logits->shape[1];
+  DT_CHECK(tokens && tokens->dtype == DT_DTYPE_I64 && tokens->data && dt_tensor_is_contiguous(tokens) &&
+               dt_tensor_numel(tokens) == *n,
+           DT_ERR_ARG, "%s: tokens must be %lld contiguous i64 values (one per row of logits), got %s", op,
+           (long long)*n, tokens ? dt_shape_str(tokens, b, sizeof b) : "NULL");
+  DT_TRY(dt_nn_check_vector(logprobs, *n, op, "logprobs", "one per row of logits"));
+  DT_CHECK(temperature >= 0 && isfinite(temperature), DT_ERR_ARG, "%s: temperature must be finite and >= 0, got %g", op,
+           temperature);
+  DT_CHECK(top_k >= 0, DT_ERR_ARG, "%s: top_k must be >= 0 (0: off), got %lld", op, (long long)top_k);
+  DT_CHECK(top_p > 0 && top_p <= 1, DT_ERR_ARG, "%s: top_p must be in (0, 1] (1: off), got %g", op, top_p);
+  DT_CHECK(min_p >= 0 && min_p < 1, DT_ERR_ARG, "%s: min_p must be in [0, 1) (0: off), got %g", op, min_p);
+  return DT_OK;
+}
+
+dt_status dt_nn_kv_check(const char *op, const dt_tensor *x, const char *nx, const dt_tensor *cache,
+                         const dt_tensor *slots, int64_t pos, bool grouped) {
+  char bx[DT_SHAPE_BUF], bc[DT_SHAPE_BUF];
+  DT_TRY(dt_nn_check_float(cache, op, "cache"));
+  DT_TRY(dt_nn_check_float(x, op, nx));
+  DT_CHECK(cache->ndim == 4 && x->ndim == 4, DT_ERR_ARG, "%s: cache must be (S, Hkv, L, D) and %s (B, H, T, D), got %s, %s",
+           op, nx, dt_shape_str(cache, bc, sizeof bc), dt_shape_str(x, bx, sizeof bx));
+  DT_CHECK(x->dtype == cache->dtype, DT_ERR_ARG, "%s: %s %s and cache %s must share a dtype (cast with :to())", op, nx,
+           dt_shape_str(x, bx, sizeof bx), dt_shape_str(cache, bc, sizeof bc));
+  int64_t b = x->shape[0], h = x->shape[1], t = x->shape[2], hkv = cache->shape[1], l = cache->shape[2];
+  DT_CHECK(x->shape[3] == cache->shape[3] && (grouped ? hkv > 0 && h % hkv == 0 : h == hkv), DT_ERR_ARG,
+           "%s: %s %s does not fit cache %s: head dims must agree and its heads %s the cache's %lld kv heads", op, nx,
+           dt_shape_str(x, bx, sizeof bx), dt_shape_str(cache, bc, sizeof bc),
+           grouped ? "be a multiple of" : "equal", (long long)hkv);
+  DT_CHECK(slots && slots->dtype == DT_DTYPE_I64 && slots->data && dt_tensor_is_contiguous(slots) &&
+               dt_tensor_numel(slots) == b,
+           DT_ERR_ARG, "%s: slots must be %lld contiguous i64 values (one per row of %s), got %s", op, (long long)b, nx,
+           slots ? dt_shape_str(slots, bx, sizeof bx) : "NULL");
+  DT_CHECK(pos >= 0 && pos + t <= l, DT_ERR_ARG,
+           "%s: positions %lld .. %lld do not fit the cache's %lld positions (cache %s; start a slot at pos 0 and keep "
+           "pos + T <= L)",
+           op, (long long)pos, (long long)(pos + t - 1), (long long)l, dt_shape_str(cache, bc, sizeof bc));
+  return DT_OK;
+}
+
 dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
   DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,

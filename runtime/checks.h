@@ -34,6 +34,17 @@ dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_ten
 /* cross-entropy's targets: n contiguous i32/i64 values, one per row of logits. */
 dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n);
 
+/* sample: logits (N, V) contiguous float with V >= 1, tokens N contiguous i64, logprobs N contiguous float, the
+ * options in range (dt_nn_sample); *n, *v get N and V. */
+dt_status dt_nn_sample_check(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
+                             const dt_tensor *tokens, const dt_tensor *logprobs, int64_t *n, int64_t *v);
+
+/* kv_append / decode_attention (op): cache (S, Hkv, L, D) contiguous float; slots B contiguous i64 values (their range
+ * is the backend's to check); x (B, H, T, D) contiguous in the cache's dtype (named nx), H == Hkv or, when grouped, a
+ * multiple of it; 0 <= pos and pos + T <= L. */
+dt_status dt_nn_kv_check(const char *op, const dt_tensor *x, const char *nx, const dt_tensor *cache,
+                         const dt_tensor *slots, int64_t pos, bool grouped);
+
 /* One matrix operand as BLAS reads it: element 0, transpose flag, leading dim, batch strides. */
 typedef struct dt_mm_arg {
   const char *p;

@@ -188,6 +188,22 @@ dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_t
                  scale, causal, dq, dk, dv);
 }
 
+dt_status dt_nn_kv_append(const dt_tensor *x, const dt_tensor *slots, int64_t pos, dt_tensor *cache) {
+  DT_DISPATCH("kv_append", (x, slots, cache), nn_kv_append, x, slots, pos, cache);
+}
+
+dt_status dt_nn_decode_attention(const dt_tensor *q, const dt_tensor *kcache, const dt_tensor *vcache,
+                                 const dt_tensor *slots, int64_t pos, double scale, dt_tensor *out) {
+  DT_DISPATCH("decode_attention", (q, kcache, vcache, slots, out), nn_decode_attention, q, kcache, vcache, slots, pos,
+              scale, out);
+}
+
+dt_status dt_nn_sample(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
+                       uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs) {
+  DT_DISPATCH("sample", (logits, tokens, logprobs), nn_sample, logits, temperature, top_k, top_p, min_p, seed, offset,
+              tokens, logprobs);
+}
+
 dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y) {
   DT_DISPATCH("dropout", (x, y), nn_dropout_fwd, x, p, seed, offset, y);
 }

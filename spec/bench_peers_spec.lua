@@ -58,6 +58,10 @@ LINE = "params_per_second=RATE"]],
          ["torch_gpt.py"] = [[
 rate = 100 + (50 if "--threads 0" in args else 0) + (20 if blas == "1" else 0)
 LINE = "tokens_per_second=RATE step_ms=1"]],
+         -- generation: one thread is fastest for ref-gpt, torch's default for the Llama
+         ["torch_generate.py"] = [[
+rate = 10 + (5 if ("--threads 1 " in args + " ") == ("gpt" in args) and "--threads 2" not in args else 0)
+LINE = "tokens_per_second=RATE ms=1"]],
       }
    end)
    teardown(function() os.execute("rm -rf " .. dir) end)
@@ -97,6 +101,20 @@ LINE = "tokens_per_second=RATE step_ms=1"]],
       assert.is_true(math.abs(tonumber(ratio) / (tonumber(tps) / 170) - 1) < 0.01, r.lines[#r.lines])
       -- the roofline is the measured sgemm rate (3 significant digits each)
       assert.is_true(math.abs(tonumber(roof) / (tonumber(gflops) / tonumber(sgemm)) - 1) < 0.01, r.lines[#r.lines])
+   end)
+
+   with_python("generate (tiny sizes): both models against the best torch thread setting; the line's shape", function()
+      local r = helpers.dtrun("bench generate batch=2 prompt=3 new=2 reps=1 threads=2", "DT_BENCH_PEER_DIR=" .. dir)
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("gpt: torch KV-cache loop 15 tokens/s (threads=1)", 1, true), r.out)
+      assert.truthy(r.out:find("llama: torch KV-cache loop 15 tokens/s (threads=default)", 1, true), r.out)
+      local num = "[%d.e+-]+"
+      local fields = { "gpt_tokens_per_second", "gpt_cache_speedup", "gpt_peer_tokens_per_second", "gpt_ratio",
+         "llama_tokens_per_second", "llama_cache_speedup", "llama_peer_tokens_per_second", "llama_ratio" }
+      local pattern = "^bench generate:"
+      for _, f in ipairs(fields) do pattern = pattern .. " " .. f .. "=" .. num end
+      pattern = pattern .. " roofline=sgemm ratio=" .. num .. " roofline_fraction=" .. num .. "$"
+      assert.matches(pattern, r.lines[#r.lines])
    end)
 
    with_python("says which peer is missing rather than reporting a ratio", function()

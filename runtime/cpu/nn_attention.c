@@ -1,11 +1,14 @@
-/* nn_attention.c: tiled scaled-dot-product attention (causal, GQA) on (B, H, T, D), forward and backward. */
+/* nn_attention.c: tiled scaled-dot-product attention (causal, GQA) on (B, H, T, D), forward and backward; the KV cache. */
 #include <cblas.h>
 
 #include "nn_common.h"
 #include "dt_nn.h"
 
+/* k and v hold (rows of kv heads, lk, D): batch b's kv head h is row b * hkv + h (lk = tk), or with `slots` (decode
+ * attention against a cache of lk positions per slot) row slots[b] * hkv + h. */
 typedef struct {
-  int64_t b, hq, hkv, t, tk, d;
+  int64_t b, hq, hkv, t, tk, d, lk;
+  const int64_t *slots;
   double scale;
   bool causal;
 } attn_dims;
@@ -31,7 +34,7 @@ static dt_status check_attention(const char *op, const dt_tensor *q, const dt_te
   DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
   int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
-                   .scale = scale, .causal = causal};
+                   .lk = k->shape[2], .scale = scale, .causal = causal};
   return DT_OK;
 }
 
@@ -73,4 +76,44 @@ dt_status dt_cpu_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const 
   const dt_tensor *in[6] = {q, k, v, out, dout, lse};
   dt_tensor *grads[3] = {dq, dk, dv};
   return q->dtype == DT_DTYPE_F64 ? attn_bwd_f64(&a, in, grads) : attn_bwd_f32(&a, in, grads);
+}
+
+/* Every slot number of a kv cache op in [0, S). */
+static dt_status check_slots(const char *op, const dt_tensor *slots, int64_t s) {
+  const int64_t *p = dt_tensor_ptr(slots);
+  for (int64_t b = 0; b < dt_tensor_numel(slots); b++)
+    DT_CHECK(p[b] >= 0 && p[b] < s, DT_ERR_ARG, "%s: slot %lld at row %lld is out of range for a cache of %lld slots",
+             op, (long long)p[b], (long long)b, (long long)s);
+  return DT_OK;
+}
+
+dt_status dt_cpu_nn_kv_append(const dt_tensor *x, const dt_tensor *slots, int64_t pos, dt_tensor *cache) {
+  const char *op = "kv_append";
+  DT_TRY(dt_nn_kv_check(op, x, "x", cache, slots, pos, false));
+  DT_TRY(check_slots(op, slots, cache->shape[0]));
+  int64_t h = x->shape[1], l = cache->shape[2], d = x->shape[3];
+  size_t es = dt_dtype_size(x->dtype), run = (size_t)(x->shape[2] * d) * es; /* one (row, head)'s T positions */
+  const int64_t *sl = dt_tensor_ptr(slots);
+  const char *src = dt_tensor_ptr(x);
+  char *dst = dt_tensor_ptr(cache);
+  for (int64_t i = 0; i < x->shape[0] * h; i++)
+    memcpy(dst + (size_t)(((sl[i / h] * h + i % h) * l + pos) * d) * es, src + (size_t)i * run, run);
+  return DT_OK;
+}
+
+dt_status dt_cpu_nn_decode_attention(const dt_tensor *q, const dt_tensor *kcache, const dt_tensor *vcache,
+                                     const dt_tensor *slots, int64_t pos, double scale, dt_tensor *out) {
+  const char *op = "decode_attention";
+  DT_TRY(dt_nn_kv_check(op, q, "q", kcache, slots, pos, true));
+  DT_TRY(dt_nn_kv_check(op, q, "q", vcache, slots, pos, true));
+  DT_TRY(dt_nn_check_same_shape(kcache, vcache, op, "kcache", "vcache"));
+  DT_TRY(check_like(op, q, "q", out, "out"));
+  DT_CHECK(isfinite(scale), DT_ERR_ARG, "%s: scale must be finite, got %g", op, scale);
+  DT_TRY(check_slots(op, slots, kcache->shape[0]));
+  attn_dims a = {.b = q->shape[0], .hq = q->shape[1], .hkv = kcache->shape[1], .t = q->shape[2],
+                 .tk = pos + q->shape[2], .d = q->shape[3], .lk = kcache->shape[2], .slots = dt_tensor_ptr(slots),
+                 .scale = scale, .causal = true};
+  if (a.b * a.hq * a.t == 0) return DT_OK;
+  return q->dtype == DT_DTYPE_F64 ? attn_fwd_f64(&a, q, kcache, vcache, out, NULL)
+                                  : attn_fwd_f32(&a, q, kcache, vcache, out, NULL);
 }

@@ -157,6 +157,16 @@ dt_status dt_cuda_check_device_errors(int device) {
                    "cross_entropy: target %lld at row %lld is out of range for %lld classes (found on cuda:%d, "
                    "reported at synchronize)",
                    (long long)e.value, (long long)e.where, (long long)e.limit, device);
+  if (e.code == DT_KERR_SAMPLE)
+    return DT_FAIL(DT_ERR_ARG,
+                   "sample: row %lld of logits (%lld rows) has a NaN or no finite value (found on cuda:%d, reported at "
+                   "synchronize)",
+                   (long long)e.where, (long long)e.limit, device);
+  if (e.code == DT_KERR_KV_SLOT)
+    return DT_FAIL(DT_ERR_ARG,
+                   "kv cache: slot %lld at row %lld is out of range for a cache of %lld slots (found on cuda:%d, "
+                   "reported at synchronize)",
+                   (long long)e.value, (long long)e.where, (long long)e.limit, device);
   static const char *const index_ops[] = {[DT_KERR_INDEX_SELECT] = "index_select", [DT_KERR_INDEX_ADD] = "index_add",
                                           [DT_KERR_GATHER] = "gather", [DT_KERR_SCATTER_ADD] = "scatter_add"};
   bool known = e.code > DT_KERR_TARGET && e.code <= DT_KERR_SCATTER_ADD;

@@ -68,10 +68,32 @@ dt_status dt_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_t
                               const dt_tensor *dout, const dt_tensor *lse, double scale, bool causal,
                               dt_tensor *dq, dt_tensor *dk, dt_tensor *dv);
 
+/* The KV cache of generation: a layer's keys or values as cache (S, Hkv, L, D): S slots of L positions; slots: B
+ * contiguous i64 slot numbers, row b of a call continuing slot slots[b] at position pos. kv_append stores x (B, Hkv, T,
+ * D), the cache's dtype, at positions pos .. pos + T - 1 (pos + T <= L). decode_attention: causal attention of q
+ * (B, Hq, T, D), Hq % Hkv == 0 (GQA), at positions pos .. pos + T - 1 of its slot against the slot's keys and values
+ * 0 .. pos + t (appended before), as dt_nn_attention_fwd computes it; out like q; forward only (generation). A slot
+ * outside [0, S) is an error (on cuda: reported at the next synchronisation). */
+dt_status dt_nn_kv_append(const dt_tensor *x, const dt_tensor *slots, int64_t pos, dt_tensor *cache);
+dt_status dt_nn_decode_attention(const dt_tensor *q, const dt_tensor *kcache, const dt_tensor *vcache,
+                                 const dt_tensor *slots, int64_t pos, double scale, dt_tensor *out);
+
 /* Dropout with the counter-based generator: element i is kept iff
  * uniform(seed, offset + i) >= p; kept values are scaled by 1/(1-p). The backward
  * regenerates the same mask from (seed, offset), so no mask is stored. p in [0, 1). */
 dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y);
 dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx);
+
+/* Fused next-token sampling: one token per row of logits (N, V) float, O(V) work per row (thresholds found by
+ * bisection, no sort), the same tokens on every backend. a = logits / temperature rounded to f32 (the raw logits when
+ * temperature == 0), z = a - max(a). temperature 0: the first largest logit (greedy; no random values used). Otherwise
+ * token i is kept iff fewer than top_k tokens have a larger z (top_k 0: off), the probability of the tokens with a
+ * larger z is below top_p (1: off) and z_i >= log(min_p) (0: off), so ties at a boundary are all kept; the kept token
+ * with the largest z_i + g_i wins (the lower index on a tie), g_i = -log(-log(u * (1 - 2e-7) + 1e-7)) with u the value
+ * dt_random_uniform(seed, offset) draws at element row * V + i: N * V values of the stream are used. tokens (N) i64;
+ * logprobs (N) f32 or f64 get log_softmax(a) at the token, before filtering. A row with a NaN or no finite logit is
+ * an error (on cuda: reported at the next synchronisation). */
+dt_status dt_nn_sample(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
+                       uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs);
 
 #endif

@@ -38,8 +38,8 @@ function Attention:heads_of(qkv, first, n, rotate, pos)
    return x:transpose(2, 3) -- F.attention makes its own contiguous copy
 end
 
--- kv (generation only, see dt.rl.kvcache): x holds positions kv.pos .. kv.pos + T - 1; kv:extend(k, v) stores this
--- call's keys/values (B, kv_heads, T, D) and returns those of every position so far, (B, kv_heads, kv.pos + T, D).
+-- kv (generation only, see dt.rl.kvcache): x holds positions kv.pos .. kv.pos + T - 1; kv:attend(q, k, v) stores this
+-- call's keys/values (B, kv_heads, T, D) and returns the attention of q against every position so far (B, H, T, D).
 function Attention:forward(x, kv)
    local B, T = x:size(1), x:size(2)
    local qkv = self.qkv(x)
@@ -47,8 +47,7 @@ function Attention:forward(x, kv)
    local q = self:heads_of(qkv, 0, self.heads, rope, pos)
    local k = self:heads_of(qkv, self.heads, self.kv_heads, rope, pos)
    local v = self:heads_of(qkv, self.heads + self.kv_heads, self.kv_heads, false, pos)
-   if kv then k, v = kv:extend(k, v) end
-   local y = dt.F.attention(q, k, v, { causal = true })         -- (B, H, T, D)
+   local y = kv and kv:attend(q, k, v) or dt.F.attention(q, k, v, { causal = true }) -- (B, H, T, D)
    y = y:transpose(2, 3):reshape(B, T, self.dim)
    return self.drop(self.proj(y))
 end

@@ -1,6 +1,7 @@
 -- dt/ops/nn.lua: dt.F, the fused NN ops, each one tape node whose hand-written backward calls its _bwd kernel.
 --
--- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, swiglu, rope, attention, dropout.
+-- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, swiglu, rope, attention, dropout; generation's
+-- kv_append and decode_attention (forward only).
 -- cross_entropy with reduction mean/sum instead reuses the gradient its forward pass computed.
 -- Kernels need contiguous inputs: strided ones are copied first (not recorded; the gradient still goes to the
 -- original tensor). Per-row statistics saved for the backward are f64 beside f64 inputs, else f32.
@@ -205,6 +206,24 @@ return function(dt, Tensor)
          check(C.dt_nn_attention_bwd(qc.h, kc.h, vc.h, out.h, contiguous(g).h, lse.h, scale, causal, dq.h, dk.h, dv.h))
          return dq, dk, dv
       end, "attention")
+   end
+
+   -- Generation's KV cache (no autograd; see dt.rl.kvcache): a layer's cache is (S, Hkv, L, D), slots (B) i64 the slot
+   -- each row continues at position pos. kv_append writes x (B, Hkv, T, D) at positions pos .. pos + T - 1 of its
+   -- row's slot; decode_attention is F.attention (causal) of q (B, Hq, T, D) at those positions against its slot's
+   -- keys and values 0 .. pos + t, read in place. opts.scale (default 1/sqrt(D)).
+   function F.kv_append(x, slots, pos, cache)
+      need_tensor(x, "kv_append", "x")
+      check(C.dt_nn_kv_append(contiguous(x).h, slots.h, pos, cache.h))
+      return cache
+   end
+
+   function F.decode_attention(q, kcache, vcache, slots, pos, opts)
+      need_tensor(q, "decode_attention", "q")
+      local scale = opts and opts.scale or 1 / math.sqrt(q.ndim > 0 and q:size(-1) or 1)
+      local out = like(q)
+      check(C.dt_nn_decode_attention(contiguous(q).h, kcache.h, vcache.h, slots.h, pos, scale, out.h))
+      return out
    end
 
    -- dropout ------------------------------------------------------------------------------------------------------

@@ -4,10 +4,11 @@
 --    local logits = model(idx, nil, cache:view({ 0, 3 }, pos))   -- rows of idx continue slots 0 and 3 at pos
 --
 -- Each layer holds K and V as (slots, kv_heads, seq, head_dim) in the weights' dtype on their device. A view
--- covers some slots that all continue at the same position `pos`: attention layer i calls view:layer(i):extend(k, v)
--- with this call's keys/values (rows, kv_heads, T, D); they are written at pos .. pos + T - 1 of each row's slot,
--- and the keys/values of positions 0 .. pos + T - 1 of those slots come back. A slot is reused by writing from
--- position 0 again: nothing beyond a view's pos + T is ever read.
+-- covers some slots that all continue at the same position `pos`: attention layer i calls view:layer(i):attend(q, k, v)
+-- with this call's queries (rows, heads, T, D) and keys/values (rows, kv_heads, T, D); the keys/values are written at
+-- pos .. pos + T - 1 of each row's slot (F.kv_append) and the queries attend positions 0 .. pos + t of their slot in
+-- place (F.decode_attention; a prefill at pos 0 attends its own keys with F.attention). A slot is reused by
+-- writing from position 0 again: nothing beyond a view's pos + T is ever read.
 local dt = require "dt"
 
 local M = {}
@@ -39,17 +40,13 @@ end
 
 function View:layer(i) return setmetatable({ view = self, i = i, pos = self.pos }, Layer) end
 
--- Store k, v (rows, kv_heads, T, D) at positions pos .. pos + T - 1; return all positions so far of these slots.
-function Layer:extend(k, v)
+-- Store k, v (rows, kv_heads, T, D) at positions pos .. pos + T - 1; attend q (rows, heads, T, D) there -> like q.
+function Layer:attend(q, k, v)
    local view, cache = self.view, self.view.cache
-   local T = k:size(3)
-   local K, V = cache.k[self.i], cache.v[self.i]
-   for row, slot in ipairs(view.slots) do
-      K:select(1, slot + 1):narrow(2, self.pos + 1, T):copy_(k:select(1, row))
-      V:select(1, slot + 1):narrow(2, self.pos + 1, T):copy_(v:select(1, row))
-   end
-   local n = self.pos + T
-   return K:narrow(3, 1, n):index_select(1, view.index), V:narrow(3, 1, n):index_select(1, view.index)
+   local K = dt.F.kv_append(k, view.index, self.pos, cache.k[self.i])
+   local V = dt.F.kv_append(v, view.index, self.pos, cache.v[self.i])
+   if self.pos == 0 then return dt.F.attention(q, k, v, { causal = true }) end -- a prefill: its own keys only
+   return dt.F.decode_attention(q, K, V, view.index, self.pos)
 end
 
 -- Release the cache's tensors now (LuaJIT's GC does not see their bytes).
