@@ -154,7 +154,7 @@ end
 function Session:eval(chunk) return self:ask(("e %s %s\n%s"):format(format_list(self.ranks), request_id(), chunk)) end
 
 -- The names in the table `expr` evaluates to on the first chosen rank ("" for the globals a chunk sees: those set by
--- chunks, the REPL's names and Lua's globals; the ones a recipe exposed are not listed), with its metatable's
+-- chunks, Lua's globals, the REPL's names and those the recipe exposed), with its metatable's
 -- __index table's (methods); served at the rank's next safe point like any chunk. Tab completion's source.
 local keys_chunk = [[
 local globals, t, out, seen = %s, %s, {}, {}
@@ -165,7 +165,7 @@ local function add(tbl)
 end
 if globals then
    add(getfenv(1)); add(_G)
-   add({ trainer = 1, model = 1, optimizer = 1, world = 1, rank = 1, dt = 1, print = 1 })
+   for _, k in ipairs(dt.repl.names()) do add({ [k] = 1 }) end
 else
    for _ = 1, 8 do
       if type(t) ~= "table" then break end

@@ -34,6 +34,9 @@ function M.expose(name, value)
    ctx.exposed[name] = value
 end
 
+-- The names a chunk sees besides Lua's globals: trainer, model, optimizer, world, mesh, rank, dt and those exposed.
+function M.names() return require("dt.repl.eval").names(ctx) end
+
 -- Listen on this rank's socket in `run_dir` (safe points do so by themselves when they know a run dir).
 function M.listen(run_dir)
    tried = true
