@@ -36,7 +36,8 @@ local function mesh(t)
 end
 
 -- The names a chunk sees besides the globals (M.names lists them); ctx = { now = { trainer = }, exposed = { name =
--- value }, limits = { timeout = }, held = function: whether this rank is paused }.
+-- value }, limits = { timeout = }, held = function: whether this rank is paused, within_step: at a safe point inside
+-- a step (dt.repl.serve) }.
 local builtin = {
    trainer = function(t) return t end,
    model = function(t) return t and t.model end,
@@ -126,12 +127,12 @@ local function settle(ctx, changed, targets, id, out)
       return false
    end
    local note = settings.prepare(t, changed)
-   if world_size() == 1 then
+   if world_size() == 1 and not ctx.within_step then
       settings.apply(changed)
-   else
+   else -- a single process inside a step: at its next step boundary
       agree.queue(id, function() settings.apply(changed) end, targets)
-      out[#out + 1] = ("(%s: set on every rank at the same step boundary, agreed through the job's store)")
-         :format(settings.names(changed))
+      out[#out + 1] = ("(%s: set %s)"):format(settings.names(changed), world_size() == 1 and
+         "at the next step boundary" or "on every rank at the same step boundary, agreed through the job's store")
    end
    out[#out + 1] = note
    return true

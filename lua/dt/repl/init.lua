@@ -2,6 +2,7 @@
 --
 --    dt.repl.expose("data", data)   -- chunks see `data` (besides trainer, model, optimizer, world, rank)
 --    dt.repl.safe_point()           -- a recipe's own safe point (the Trainer has one after every step)
+--    dt.repl.serve()                -- a safe point inside a step: chunks only (GRPO's between generation batches)
 --
 -- A rank listens on <run dir>/control/rank<RANK>.sock (dir 0700, socket 0600, peers checked to run as this uid) from
 -- its first safe point on, when it has a run dir (the launcher's DT_RUN_DIR, else the trainer's run_dir) and
@@ -19,8 +20,8 @@ local M = {}
 -- Seconds a chunk may run before it is interrupted (default DT_REPL_TIMEOUT, else 5); a rank may change it.
 M.timeout = tonumber(os.getenv("DT_REPL_TIMEOUT")) or 5
 
--- What chunks see. The trainer is held weakly: the REPL must not keep a finished trainer's model and optimizer
--- state (device memory) alive.
+-- What chunks see (within_step: serving at a safe point inside a step, M.serve). The trainer is held weakly: the
+-- REPL must not keep a finished trainer's model and optimizer state (device memory) alive.
 local ctx = { exposed = {}, limits = M, now = setmetatable({}, { __mode = "v" }) }
 local server -- the dt_control handle once listening
 local tried = false -- a safe point has decided whether to listen
@@ -102,7 +103,7 @@ local function command(req, eval)
       return "e:checkpoint needs a trainer with a run_dir (train.Trainer{ ..., run_dir = dir }) at this safe point"
    end
    local action = kind == "p" and function() held = true end or save_checkpoint
-   if size == 1 then
+   if size == 1 and not ctx.within_step then
       local err = action()
       if err then return "e:checkpoint failed: " .. err end
       return kind == "p" and "opaused" or ("ocheckpoint of step %d saved in %s/checkpoints"):format(t.step, t.run_dir)
@@ -151,6 +152,17 @@ function M.safe_point(trainer)
       end
    end
    mark()
+end
+
+-- A safe point inside a step (GRPO: between generation batches, dt/rl/rollouts.lua): chunks waiting are answered
+-- here, so a long step does not keep a client waiting, but :pause, :step, :checkpoint and job-wide changes wait for
+-- the next step boundary (ranks may pass different numbers of these points, async rollouts for one, so they cannot
+-- agree on one of them). Costs one atomic read when nothing waits.
+function M.serve()
+   if not (server and C.dt_control_pending(server) > 0) then return end
+   ctx.within_step = true
+   serve()
+   ctx.within_step = false
 end
 
 -- Hold here serving requests until :resume or a signal (a `dtrun repl` rank; dt/repl/worker.lua).

@@ -52,6 +52,7 @@ function Rollouts:collect(n, version)
       s.per = {}
       s.reward = self.scorer:score(s.row.prompt, s.text, s.row, s.per)
    end
+   dt.repl.serve() -- a safe point between generation batches: the live REPL answers chunks during long rollouts
    return samples, { rollout_seconds = seconds, rollout_tokens_per_second = n_tokens / seconds }
 end
 
