@@ -47,6 +47,35 @@ function M.listen(run_dir)
    server = ffi.gc(out[0], C.dt_control_close)
 end
 
+local tcp_refused -- TCP clients refused for a wrong token, as last reported; nil while there is no TCP listener
+
+-- Also listen on TCP at `addr` ("HOST:PORT": rank r on PORT + r, PORT 0 any free port), for `dtrun attach HOST:PORT`
+-- from another node. Clients must present the job token: DT_JOB_TOKEN, set when the job starts (the launcher's
+-- random token reaches no user); it is never printed.
+function M.listen_tcp(addr)
+   local host, port = tostring(addr):match("^(.*):(%d+)$")
+   if not host then
+      error(("repl_tcp=%s: expected HOST:PORT, e.g. repl_tcp=0.0.0.0:7000 (rank r listens on PORT + r)"):format(
+         tostring(addr)), 0)
+   end
+   local token = os.getenv("DT_JOB_TOKEN")
+   if not token or token == "" then
+      error("repl_tcp needs the job token that clients must present: start the job with DT_JOB_TOKEN set to a "
+         .. "secret (e.g. DT_JOB_TOKEN=$(head -c 16 /dev/urandom | xxd -p)) and give it to dtrun attach the same way",
+         0)
+   end
+   local rank, size = tonumber(os.getenv("RANK")) or 0, tonumber(os.getenv("WORLD_SIZE")) or 1
+   port = tonumber(port) == 0 and 0 or tonumber(port) + rank
+   local bound = ffi.new("int[1]")
+   check(C.dt_control_listen_tcp(server, host, port, token, ("o%d %d"):format(rank, size), bound))
+   tcp_refused = 0
+   print(("dt.repl: rank %d also listens on %s:%d over TCP (clients must present the job token)"):format(rank, host,
+      bound[0]))
+end
+
+-- TCP clients refused so far for a wrong job token (each is also reported on the rank's output).
+function M.refused() return server and tonumber(C.dt_control_refused(server)) or 0 end
+
 local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("size_t[1]")
 
 -- :pause holds every rank at one safe point (agreed through the store: no rank then waits inside a collective, so
@@ -134,9 +163,15 @@ function M.safe_point(trainer)
    if not server then
       if tried then return end
       tried = true
-      local dir = os.getenv("DT_RUN_DIR") or (ctx.now.trainer and ctx.now.trainer.run_dir)
+      local t = ctx.now.trainer
+      local dir = os.getenv("DT_RUN_DIR") or (t and t.run_dir)
       if not dir or os.getenv("DT_REPL") == "0" then return end
       M.listen(dir)
+      if t and (t.config.repl_tcp or "") ~= "" then M.listen_tcp(t.config.repl_tcp) end
+   end
+   if tcp_refused and M.refused() > tcp_refused then
+      print(("dt.repl: refused %d TCP client(s) that presented a wrong job token"):format(M.refused() - tcp_refused))
+      tcp_refused = M.refused()
    end
    agree.safe_point()
    if hold_at == agree.count() then held, hold_at = true, nil end
