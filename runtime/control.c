@@ -1,7 +1,9 @@
-/* control.c: the control socket behind the live REPL: a poll() thread queuing requests, and the client calls. */
+/* control.c: the control socket behind the live REPL (and its optional TCP listener): a poll() thread queuing
+ * requests, and the client calls. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,8 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/store_wire.h"
 #include "dt_control.h"
 #include "dt_internal.h"
+
+/* Seconds a TCP client has to present the job token before it is hung up (idle connections hold no slot long). */
+#define TOKEN_SECONDS 3.0
 
 typedef struct msg {
   struct msg *next;
@@ -26,6 +32,8 @@ typedef struct msg {
 typedef struct conn {
   int fd;
   uint64_t id;
+  bool authed;     /* a Unix client (checked by SO_PEERCRED), or a TCP client that presented the job token */
+  double deadline; /* a TCP client not yet authed is hung up then */
   uint8_t hdr[4];
   uint32_t hdr_got, body_len, body_got;
   char *body;
@@ -35,6 +43,9 @@ typedef struct conn {
 
 struct dt_control {
   int listen_fd, wake_rd, wake_wr;
+  atomic_int tcp_fd;             /* -1 until dt_control_listen_tcp */
+  _Atomic int64_t refused;       /* TCP clients that gave a wrong token */
+  char token[DT_STORE_MAX_TOKEN + 1], hello[128]; /* set before tcp_fd, read by the thread after it */
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   pthread_t thread;
   pthread_mutex_t mu;             /* guards the two queues */
@@ -132,10 +143,11 @@ dt_status dt_control_check_peer(int fd, unsigned owner_uid) {
   return DT_OK;
 }
 
-static void accept_client(dt_control *s) {
-  int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+/* A client on the Unix socket (tcp false: its peer's uid is checked) or the TCP listener (it must send the token). */
+static void accept_client(dt_control *s, bool tcp) {
+  int fd = accept4(tcp ? atomic_load(&s->tcp_fd) : s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) return;
-  if (dt_control_check_peer(fd, (unsigned)getuid()) != DT_OK) {
+  if (!tcp && dt_control_check_peer(fd, (unsigned)getuid()) != DT_OK) {
     refuse(fd, dt_last_error());
     return;
   }
@@ -143,7 +155,19 @@ static void accept_client(dt_control *s) {
     refuse(fd, "control socket: too many clients attached to this rank; detach one and retry");
     return;
   }
-  s->conns[s->nconns++] = (conn){ .fd = fd, .id = ++s->next_id };
+  s->conns[s->nconns++] = (conn){ .fd = fd, .id = ++s->next_id, .authed = !tcp,
+                                  .deadline = dt_time_now() + TOKEN_SECONDS };
+}
+
+/* A TCP client's first message, the token: 'o' + hello when it is the job's, else refused (counted). False: hang up. */
+static bool authenticate(dt_control *s, conn *c) {
+  c->authed = wire_token_equal((wire_arg){ (const uint8_t *)c->body, c->body_len }, s->token);
+  if (c->authed) return frame_out(c, s->hello, strlen(s->hello));
+  atomic_fetch_add(&s->refused, 1);
+  static const char no[] = "econtrol socket: refused: wrong job token (set DT_JOB_TOKEN to the token the job was "
+                           "started with)";
+  if (frame_out(c, no, sizeof no - 1)) flush_out(c);
+  return false;
 }
 
 /* "o" + where the owner is, from its last mark, onto c's output. False: out of memory. */
@@ -176,7 +200,7 @@ static bool read_client(dt_control *s, conn *c) {
       c->hdr_got += (uint32_t)n;
       if (c->hdr_got < 4) continue;
       memcpy(&c->body_len, c->hdr, 4);
-      if (c->body_len > DT_CONTROL_MAX_MESSAGE) return false;
+      if (c->body_len > (c->authed ? DT_CONTROL_MAX_MESSAGE : DT_STORE_MAX_TOKEN)) return false;
       c->body = malloc(c->body_len + 1u);
       if (!c->body) return false;
       c->body_got = 0;
@@ -184,6 +208,14 @@ static bool read_client(dt_control *s, conn *c) {
       c->body_got += (uint32_t)n;
     }
     if (c->body_got < c->body_len) continue;
+    if (!c->authed) {
+      bool ok = authenticate(s, c);
+      free(c->body);
+      c->body = NULL;
+      c->hdr_got = 0;
+      if (!ok) return false;
+      continue;
+    }
     if (c->body_len == 1 && c->body[0] == 'w') { /* where: answered here, even while the owner is inside a step */
       free(c->body);
       c->body = NULL;
@@ -223,31 +255,47 @@ static void route_replies(dt_control *s) {
   }
 }
 
+/* Milliseconds until the first TCP client that has not sent the token must be hung up (-1: none waits). */
+static int token_wait_ms(const dt_control *s) {
+  double first = -1;
+  for (int i = 0; i < s->nconns; i++)
+    if (!s->conns[i].authed && (first < 0 || s->conns[i].deadline < first)) first = s->conns[i].deadline;
+  if (first < 0) return -1;
+  double left = first - dt_time_now();
+  return left <= 0 ? 0 : (int)(left * 1000) + 1;
+}
+
+enum { FIXED_FDS = 3 }; /* the wake pipe, the Unix socket, the TCP listener (fd -1 until there is one: poll skips it) */
+
 static void *serve(void *arg) {
   dt_control *s = arg;
-  struct pollfd pfds[DT_CONTROL_MAX_CLIENTS + 2];
+  struct pollfd pfds[DT_CONTROL_MAX_CLIENTS + FIXED_FDS];
   while (!atomic_load(&s->stop)) {
     pfds[0] = (struct pollfd){ .fd = s->wake_rd, .events = POLLIN };
     pfds[1] = (struct pollfd){ .fd = s->listen_fd, .events = POLLIN };
+    pfds[2] = (struct pollfd){ .fd = atomic_load(&s->tcp_fd), .events = POLLIN };
     for (int i = 0; i < s->nconns; i++)
-      pfds[i + 2] = (struct pollfd){ .fd = s->conns[i].fd,
-                                     .events = (short)(POLLIN | (s->conns[i].out_len ? POLLOUT : 0)) };
+      pfds[i + FIXED_FDS] = (struct pollfd){ .fd = s->conns[i].fd,
+                                             .events = (short)(POLLIN | (s->conns[i].out_len ? POLLOUT : 0)) };
     int n = s->nconns;
-    if (poll(pfds, (nfds_t)n + 2, -1) < 0) continue; /* EINTR: look again */
+    if (poll(pfds, (nfds_t)n + FIXED_FDS, token_wait_ms(s)) < 0) continue; /* EINTR: look again */
     if (pfds[0].revents) {
       char buf[64];
       while (read(s->wake_rd, buf, sizeof buf) > 0) {}
       route_replies(s);
     }
     /* downwards, so that dropping conns[i] (moving the last one into its place) skips nobody polled */
+    double now = dt_time_now();
     for (int i = n - 1; i >= 0; i--) {
-      short ev = pfds[i + 2].revents;
+      short ev = pfds[i + FIXED_FDS].revents;
       bool ok = true;
       if (ev & (POLLIN | POLLHUP | POLLERR)) ok = read_client(s, &s->conns[i]);
       if (ok && s->conns[i].out_len) ok = flush_out(&s->conns[i]);
+      if (ok && !s->conns[i].authed && now > s->conns[i].deadline) ok = false; /* no token in time */
       if (!ok) conn_drop(s, i);
     }
-    if (pfds[1].revents & POLLIN) accept_client(s);
+    if (pfds[1].revents & POLLIN) accept_client(s, false);
+    if (pfds[2].revents & POLLIN) accept_client(s, true);
   }
   return NULL;
 }
@@ -278,6 +326,7 @@ dt_status dt_control_open(const char *path, dt_control **out) {
   dt_control *s = calloc(1, sizeof *s);
   DT_CHECK(s, DT_ERR_OOM, "control socket: out of memory");
   strcpy(s->path, path);
+  atomic_init(&s->tcp_fd, -1);
   int pipefd[2] = { -1, -1 };
   s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   unlink(path); /* a previous run's socket: nobody listens there any more */
@@ -312,6 +361,26 @@ dt_status dt_control_open(const char *path, dt_control **out) {
   *out = s;
   return DT_OK;
 }
+
+dt_status dt_control_listen_tcp(dt_control *c, const char *host, int port, const char *token, const char *hello,
+                                int *bound) {
+  size_t n = token ? strlen(token) : 0;
+  DT_CHECK(n > 0 && n <= DT_STORE_MAX_TOKEN, DT_ERR_ARG, "control socket: a TCP listener needs the job token (1 to "
+           "%d bytes; set DT_JOB_TOKEN), got %zu bytes", DT_STORE_MAX_TOKEN, n);
+  DT_CHECK(strlen(hello) < sizeof c->hello, DT_ERR_ARG, "control socket: the hello is over %zu bytes",
+           sizeof c->hello - 1);
+  DT_CHECK(atomic_load(&c->tcp_fd) < 0, DT_ERR_STATE, "control socket: already listening on TCP");
+  int err = 0, fd = wire_listen(host, port, 16, bound, &err);
+  DT_CHECK(fd >= 0, DT_ERR_IO, "control socket: cannot listen on %s:%d over TCP: %s (pick another repl_tcp port)",
+           host && *host ? host : "*", port, err < 0 ? gai_strerror(err) : strerror(err));
+  memcpy(c->token, token, n + 1);
+  strcpy(c->hello, hello);
+  atomic_store(&c->tcp_fd, fd); /* after token and hello: the thread reads them only once it polls fd */
+  wake(c);
+  return DT_OK;
+}
+
+int64_t dt_control_refused(const dt_control *c) { return atomic_load(&((dt_control *)c)->refused); }
 
 int dt_control_pending(const dt_control *c) { return atomic_load(&((dt_control *)c)->pending); }
 
@@ -378,6 +447,7 @@ void dt_control_close(dt_control *c) {
     conn_drop(c, i);
   }
   close(c->listen_fd), close(c->wake_rd), close(c->wake_wr);
+  if (atomic_load(&c->tcp_fd) >= 0) close(atomic_load(&c->tcp_fd));
   unlink(c->path);
   free_msgs(c->in_head);
   free_msgs(c->out_head);
@@ -403,6 +473,17 @@ dt_status dt_control_connect(const char *path, int *fd) {
                    e == ECONNREFUSED || e == ENOENT ? " (the rank is not running: the job ended or has not started)"
                                                     : "");
   }
+  *fd = s;
+  return DT_OK;
+}
+
+dt_status dt_control_connect_tcp(const char *host, int port, int *fd) {
+  *fd = -1;
+  int err = 0, s = wire_connect(host, port, dt_time_now() + 10, &err);
+  DT_CHECK(s >= 0, DT_ERR_IO, "attach: cannot connect to %s:%d: %s (is the job running with repl_tcp on that "
+           "address?)", host, port, strerror(err));
+  int flags = fcntl(s, F_GETFL);
+  fcntl(s, F_SETFL, flags & ~O_NONBLOCK); /* the client's sends block */
   *fd = s;
   return DT_OK;
 }

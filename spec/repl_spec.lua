@@ -2,69 +2,12 @@
 -- live lr changes (refused on a subset), tensor summaries and FSDP shard placement, the job ending while attached.
 -- On a terminal (driven through tmux): line editing, history in ~/.dtrun_history and tab completion.
 local helpers = require "spec.dist_helpers"
+local rh = require "spec.repl_helpers"
 
-local sh = helpers.sh
+local sh, stop, attach, e, steps, advances, session = helpers.sh, rh.stop, rh.attach, rh.e, rh.steps, rh.advances,
+   rh.session
 
-local function alive(pid) return sh(("kill -0 %d 2>/dev/null && echo yes"):format(pid)):match("yes") ~= nil end
-
--- Start the fixture job in the background (2 ranks under the launcher, or with solo one process alone); returns
--- once its ranks listen. env: variables for the job.
-local function start(args, env, solo)
-   local dir = os.tmpname()
-   os.remove(dir)
-   sh(("cd %s && (%s %s spec/fixtures/repl_recipe.lua %s run_dir=%s %s > %s.log 2>&1 & echo $! > %s.pid)")
-      :format(helpers.root, env or "", helpers.exe, solo and "" or "--nproc 2", dir, args or "", dir, dir))
-   local job = { dir = dir, pid = tonumber(io.open(dir .. ".pid"):read("*l")) }
-   local want = solo and "test -S %s/control/rank0.sock" or "test -S %s/control/rank0.sock -a -S %s/control/rank1.sock"
-   for _ = 1, 600 do
-      if sh((want .. " && echo up"):format(dir, dir)):match("up") then return job end
-      assert(alive(job.pid), "the job ended before listening:\n" .. sh("cat " .. dir .. ".log"))
-      sh("sleep 0.1")
-   end
-   error("the job's control sockets never appeared:\n" .. sh("cat " .. dir .. ".log"))
-end
-
--- Stop the job with SIGTERM, wait for it, remove its files; returns its console output.
-local function stop(job)
-   sh(("kill -TERM %d 2>/dev/null"):format(job.pid))
-   for _ = 1, 300 do
-      if not alive(job.pid) then break end
-      sh("sleep 0.1")
-   end
-   local log = sh("cat " .. job.dir .. ".log")
-   sh(("rm -rf %s %s.log %s.pid"):format(job.dir, job.dir, job.dir))
-   return log
-end
-
-local function attach(job, args, env) return helpers.dtrun(("attach %s %s"):format(job.dir, args), env) end
-
--- `-e chunk` quoted for the shell
-local function e(chunk) return "-e '" .. chunk:gsub("'", "'\\''") .. "'" end
-
--- Each rank's step as the ranks report it now.
-local function steps(job)
-   local r = attach(job, e("return rank, trainer.step"))
-   assert.equal(0, r.code, r.out)
-   local out = {}
-   for rank, step in r.out:gmatch("rank (%d): %d\t(%d+)") do out[tonumber(rank)] = tonumber(step) end
-   return out
-end
-
--- The rank has gone on training: its step went past `before`.
-local function advances(job, before)
-   for _ = 1, 100 do
-      local now = steps(job)
-      if now[0] and now[1] and now[0] > before[0] and now[1] > before[1] then return true end
-      sh("sleep 0.1")
-   end
-   return false
-end
-
--- An interactive session fed `lines` (without single quotes); its output and exit status.
-local function session(job, lines, args)
-   return sh(("cd %s && printf '%%s\\n' '%s' | %s attach %s %s 2>&1; echo \"exit=$?\""):format(helpers.root,
-      table.concat(lines, "' '"), helpers.exe, job.dir, args or ""))
-end
+local function start(args, env, solo) return rh.start(args, { env = env, solo = solo }) end
 
 describe("dtrun attach", function()
    local job
@@ -255,11 +198,7 @@ describe("dtrun attach to an FSDP job", function()
       local chunk = e("p = model.blocks[2].mlp.fc.weight return p:local_shard():numel() > 0, p")
       local r = attach(job, chunk)
       local early = attach(job, e("return p:full_tensor()"))
-      assert.matches("pausing", session(job, { ":pause" }))
-      for _ = 1, 100 do
-         if session(job, { ":where" }):match("paused") then break end
-         sh("sleep 0.1")
-      end
+      rh.pause(job)
       local full = attach(job, e("local f, n = p:full_tensor(), p:local_shard():norm():item() "
          .. "return f, f:norm():item()^2 - world.comm:all_reduce(dt.tensor({n * n}), \"sum\"):item()"))
       stop(job)
@@ -322,7 +261,8 @@ describe("dtrun attach while the job ends", function()
 end)
 
 describe("dtrun attach on a terminal (libedit)", function()
-   it("edits lines, recalls them from ~/.dtrun_history (0600) and tab-completes globals and fields from the rank",
+   it("edits lines, recalls them from ~/.dtrun_history (0600) and tab-completes globals, exposed names and fields "
+      .. "from the rank",
       function()
       assert.truthy(sh("command -v tmux"):match("tmux"), "tmux is needed to drive a terminal (apt-get install tmux)")
       local job = start("", nil, true)
@@ -372,6 +312,8 @@ describe("dtrun attach on a terminal (libedit)", function()
       type_keys("zebra_total = 41", "Enter", "return zebra_t", "Tab", "+ 1", "Enter")
       wait_for("rank 0> return zebra_total + 1")
       wait_for("rank 0: 42", 3)
+      type_keys("return lr_", "Tab", "Enter") -- a name the recipe exposed
+      wait_for("rank 0> return lr_at")
       type_keys("return math.hu", "Tab", "Enter")
       wait_for("rank 0> return math.huge")
       type_keys(":quit")

@@ -276,5 +276,8 @@ function M.init(opts)
    return world
 end
 
+-- The process group if this process has joined it (M.init), else nil; never joins (the live REPL's `world`).
+function M.current() return world end
+
 M.Tensor = Tensor
 return M

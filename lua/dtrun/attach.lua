@@ -1,4 +1,5 @@
--- dtrun/attach.lua: `dtrun attach RUN_DIR [--rank R | --ranks 0,2-3 | --all] [-e CHUNK]`: the live REPL's client.
+-- dtrun/attach.lua: `dtrun attach RUN_DIR|HOST:PORT [--rank R | --ranks 0,2-3 | --all] [-e CHUNK]`: the live REPL's
+-- client.
 --
 -- Each chunk goes to the chosen ranks' control sockets; a rank evaluates it at its next safe point (between steps)
 -- and replies; identical replies are printed once ("ranks 0-1: ..."). -e evaluates one chunk and exits (status 1 when
@@ -7,7 +8,9 @@
 -- :pause holds every rank at one step boundary, :step [N] lets N steps run and holds again, :resume lets the job go
 -- on, :checkpoint saves at one step boundary, :quit (or end of input) detaches. On a terminal lines are edited with
 -- libedit (history in ~/.dtrun_history, tab completes globals and fields from the rank: dtrun/lineedit.lua).
--- Detaching leaves the job running (or paused). `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
+-- Detaching leaves the job running (or paused). HOST:PORT instead of RUN_DIR attaches over TCP to a job started with
+-- repl_tcp (another node): the job token comes from DT_JOB_TOKEN; rank r is at the job's base port + r, and the
+-- default is the rank at that address. `dtrun repl [--nproc N]` (M.repl) is the same session on N fresh ranks.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local fs = require "dt.fs"
@@ -17,7 +20,7 @@ local lineedit = require "dtrun.lineedit"
 local C, check = dtffi.C, dtffi.check
 local M = {}
 
-local usage = "usage: dtrun attach RUN_DIR [--rank R | --ranks 0,2-3 | --all] [-e 'chunk']"
+local usage = "usage: dtrun attach RUN_DIR|HOST:PORT [--rank R | --ranks 0,2-3 | --all] [-e 'chunk']"
 
 -- "0,2-3" -> {0, 2, 3} (sorted, unique), or nil and why.
 local function parse_ranks(text)
@@ -60,19 +63,54 @@ local function live_ranks(run_dir)
    return out
 end
 
+local buf, len, closed = ffi.new("char*[1]"), ffi.new("size_t[1]"), ffi.new("bool[1]")
+
+-- A rank's TCP listener at host:port (the job's repl_tcp; dt/repl/init.lua): connect, present the job token
+-- (DT_JOB_TOKEN, never an argument: arguments are visible to every user of the host) and read the hello. Returns the
+-- connection, the rank and the world size.
+local function tcp_open(host, port)
+   local token = os.getenv("DT_JOB_TOKEN")
+   if not token or token == "" then
+      error("attaching over TCP needs the job token: set DT_JOB_TOKEN to the token the job was started with", 0)
+   end
+   local fd = ffi.new("int[1]")
+   check(C.dt_control_connect_tcp(host, port, fd), 1)
+   check(C.dt_control_send(fd[0], token, #token), 1)
+   check(C.dt_control_recv(fd[0], 10000, buf, len, closed), 1)
+   local text = buf[0] ~= nil and ffi.string(buf[0], len[0]) or nil
+   if buf[0] ~= nil then C.dt_io_buffer_free(buf[0]) end
+   local rank, size = (text or ""):match("^o(%d+) (%d+)$")
+   if not rank then
+      C.dt_control_disconnect(fd[0])
+      error(("%s:%d: %s"):format(host, port, text and text:sub(2) or "no answer to the job token"), 0)
+   end
+   return fd[0], tonumber(rank), tonumber(size)
+end
+
 local Session = {}
 Session.__index = Session
 
 function Session:connection(rank)
    if not self.fds[rank] then
-      local fd = ffi.new("int[1]")
-      check(C.dt_control_connect(repl.socket_path(self.run_dir, rank), fd), 1)
-      self.fds[rank] = fd[0]
+      if self.tcp then
+         self.fds[rank] = tcp_open(self.tcp.host, self.tcp.base + rank)
+      else
+         local fd = ffi.new("int[1]")
+         check(C.dt_control_connect(repl.socket_path(self.run_dir, rank), fd), 1)
+         self.fds[rank] = fd[0]
+      end
    end
    return self.fds[rank]
 end
 
-local buf, len, closed = ffi.new("char*[1]"), ffi.new("size_t[1]"), ffi.new("bool[1]")
+-- The ranks one may attach to: those with a control socket in the run dir; over TCP every rank of the job (rank r
+-- listens on the base port + r).
+function Session:live()
+   if not self.tcp then return live_ranks(self.run_dir) end
+   local out = {}
+   for r = 0, self.tcp.size - 1 do out[#out + 1] = r end
+   return out
+end
 
 -- The reply of `rank`; nil and a message when it hung up. Says once when it waits long (a rank answers between steps).
 function Session:receive(rank)
@@ -154,7 +192,7 @@ end
 function Session:eval(chunk) return self:ask(("e %s %s\n%s"):format(format_list(self.ranks), request_id(), chunk)) end
 
 -- The names in the table `expr` evaluates to on the first chosen rank ("" for the globals a chunk sees: those set by
--- chunks, the REPL's names and Lua's globals; the ones a recipe exposed are not listed), with its metatable's
+-- chunks, Lua's globals, the REPL's names and those the recipe exposed), with its metatable's
 -- __index table's (methods); served at the rank's next safe point like any chunk. Tab completion's source.
 local keys_chunk = [[
 local globals, t, out, seen = %s, %s, {}, {}
@@ -165,7 +203,7 @@ local function add(tbl)
 end
 if globals then
    add(getfenv(1)); add(_G)
-   add({ trainer = 1, model = 1, optimizer = 1, world = 1, rank = 1, dt = 1, print = 1 })
+   for _, k in ipairs(dt.repl.names()) do add({ [k] = 1 }) end
 else
    for _ = 1, 8 do
       if type(t) ~= "table" then break end
@@ -198,7 +236,7 @@ end
 
 -- Choose ranks by "all" or a rank list, among those running; false and why when some are not.
 function Session:choose(spec)
-   local live = live_ranks(self.run_dir)
+   local live = self:live()
    if #live == 0 then
       return false, ("no rank of %s is listening (no control sockets in %s/control): the job has ended, has not "
          .. "reached its first step yet, or runs with DT_REPL=0"):format(self.run_dir, self.run_dir)
@@ -235,7 +273,7 @@ local commands = {
    [":rank"] = function(s, arg) return s:choose(arg) end,
    [":ranks"] = function(s, arg)
       if arg ~= "" then return s:choose(arg) end
-      print(("attached to %s (listening: %s)"):format(label(s.ranks), format_ranks(live_ranks(s.run_dir))))
+      print(("attached to %s (listening: %s)"):format(label(s.ranks), format_ranks(s:live())))
       return true
    end,
    [":where"] = function(s) return s:ask("w") end,
@@ -314,7 +352,7 @@ function M.repl(args)
 end
 
 function M.main(args)
-   local run_dir, spec, chunk = nil, "all", nil
+   local run_dir, spec, chunk = nil, nil, nil
    local i = 1
    while i <= #args do
       local a = args[i]
@@ -339,7 +377,17 @@ function M.main(args)
       return 2
    end
    local s = setmetatable({ run_dir = run_dir, fds = {}, ranks = {}, out = io.stdout }, Session)
-   local ok, err = s:choose(spec)
+   local host, port = run_dir:match("^(.+):(%d+)$")
+   if host and not fs.is_dir(run_dir) then -- HOST:PORT: a rank's TCP listener
+      local ok, fd, rank, size = pcall(tcp_open, host, tonumber(port))
+      if not ok then
+         io.stderr:write("dtrun attach: ", tostring(fd), "\n")
+         return 1
+      end
+      s.tcp, s.fds[rank] = { host = host, base = tonumber(port) - rank, size = size }, fd
+      spec = spec or tostring(rank) -- the ranks of other nodes listen on their own hosts
+   end
+   local ok, err = s:choose(spec or "all")
    if not ok then
       io.stderr:write("dtrun attach: ", err, "\n")
       return 1

@@ -109,7 +109,7 @@ static dt_status roundtrip(dt_store_client *s, const char *what, uint8_t code, i
   return DT_FAIL(DT_ERR_ARG, "store %s at %s:%d refused: %.*s", what, s->host, s->port, n, m);
 }
 
-static int connect_once(const char *host, int port, double deadline, int *err) {
+int wire_connect(const char *host, int port, double deadline, int *err) {
   char portstr[16];
   snprintf(portstr, sizeof portstr, "%d", port);
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
@@ -176,7 +176,7 @@ dt_status dt_store_connect(const char *host, int port, const char *token, int ti
     int err = ETIMEDOUT;
     /* the server may not be listening yet (workers start alongside the agent): retry until the deadline */
     for (;;) {
-      s->fd = connect_once(host, port, deadline, &err);
+      s->fd = wire_connect(host, port, deadline, &err);
       if (s->fd >= 0 || ms_left(deadline) == 0) break;
       nanosleep(&pause, NULL);
     }

@@ -472,33 +472,10 @@ static void server_free(dt_store_server *s) {
 }
 
 static dt_status listen_on(dt_store_server *s, const char *host, int port) {
-  char portstr[16];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
-  const char *h = host && *host ? host : NULL;
-  int rc = getaddrinfo(h, portstr, &hints, &res);
-  DT_CHECK(rc == 0, DT_ERR_IO, "store server: cannot resolve %s:%d: %s", h ? h : "*", port, gai_strerror(rc));
   int err = 0;
-  for (struct addrinfo *ai = res; ai && s->listen_fd < 0; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 512) == 0) {
-      s->listen_fd = fd;
-      struct sockaddr_storage sa;
-      socklen_t len = sizeof sa;
-      getsockname(fd, (struct sockaddr *)&sa, &len);
-      s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-                                               : ((struct sockaddr_in *)&sa)->sin_port);
-    } else {
-      err = errno;
-      close(fd);
-    }
-  }
-  freeaddrinfo(res);
-  DT_CHECK(s->listen_fd >= 0, DT_ERR_IO, "store server: cannot listen on %s:%d: %s", h ? h : "*", port,
-           strerror(err));
+  s->listen_fd = wire_listen(host, port, 512, &s->port, &err);
+  DT_CHECK(s->listen_fd >= 0, DT_ERR_IO, "store server: cannot listen on %s:%d: %s", host && *host ? host : "*",
+           port, err < 0 ? gai_strerror(err) : strerror(err));
   return DT_OK;
 }
 

@@ -1,9 +1,15 @@
-/* store_wire.c: encoding and validation of the store's length-prefixed messages. */
+/* store_wire.c: encoding and validation of the store's length-prefixed messages; opening a TCP listener. */
+#define _GNU_SOURCE
 #include "store_wire.h"
 
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static uint32_t get_u32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -130,4 +136,35 @@ bool wire_token_equal(wire_arg given, const char *token) {
     diff |= (unsigned)(g ^ t);
   }
   return diff == 0;
+}
+
+int wire_listen(const char *host, int port, int backlog, int *bound, int *err) {
+  char portstr[16];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
+  int rc = getaddrinfo(host && *host ? host : NULL, portstr, &hints, &res);
+  if (rc != 0) {
+    *err = rc < 0 ? rc : -1;
+    return -1;
+  }
+  int listen_fd = -1;
+  for (struct addrinfo *ai = res; ai && listen_fd < 0; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, backlog) == 0) {
+      listen_fd = fd;
+      struct sockaddr_storage sa;
+      socklen_t len = sizeof sa;
+      getsockname(fd, (struct sockaddr *)&sa, &len);
+      *bound = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                              : ((struct sockaddr_in *)&sa)->sin_port);
+    } else {
+      *err = errno;
+      close(fd);
+    }
+  }
+  freeaddrinfo(res);
+  return listen_fd;
 }

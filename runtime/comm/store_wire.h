@@ -62,6 +62,12 @@ void wire_buf_free(wire_buf *b);
 wire_arg wire_str(const char *s);
 /* Whether the token a client presented equals the server's, in time independent of their contents. */
 bool wire_token_equal(wire_arg given, const char *token);
+/* A non-blocking TCP socket listening on host:port (NULL or "": every interface; port 0: any free port, *bound gets
+ * the port), or -1 with *err an errno or (negative) a getaddrinfo error. Shared with the REPL's control socket. */
+int wire_listen(const char *host, int port, int backlog, int *bound, int *err);
+/* A non-blocking TCP socket connected to host:port (one try, waiting until `deadline`, dt_time_now() seconds), or -1
+ * with *err an errno. */
+int wire_connect(const char *host, int port, double deadline, int *err);
 /* Printable, truncated copy of an argument (a key) for error messages. */
 const char *wire_show(const uint8_t *p, size_t len, char *buf, size_t n);
 

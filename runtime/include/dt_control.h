@@ -16,6 +16,14 @@ enum {
  * 'e' + why. A stale socket file at `path` (a previous run's) is replaced. */
 typedef struct dt_control dt_control;
 dt_status dt_control_open(const char *path, dt_control **out);
+/* Also listen on TCP at host:port (NULL or "": every interface; port 0: any free port; *bound gets the port), for
+ * clients on other nodes: off unless called (the live REPL's repl_tcp). A TCP client's first message must be `token`
+ * (the job token; compared in constant time): it is then answered `hello` (an 'o' reply) and served like a Unix
+ * client; a wrong token is refused ('e' + why), hung up on and counted; one that sends none within 3 s is hung up. */
+dt_status dt_control_listen_tcp(dt_control *c, const char *host, int port, const char *token, const char *hello,
+                                int *bound);
+/* TCP clients refused so far for a wrong token. */
+int64_t dt_control_refused(const dt_control *c);
 /* Requests waiting to be taken: an atomic read, no system call (the idle cost of a safe point). */
 int dt_control_pending(const dt_control *c);
 /* Where the owner is, said at each safe point: the thread answers a "w" request (where) from it at once, even while
@@ -38,6 +46,8 @@ dt_status dt_control_check_peer(int fd, unsigned owner_uid);
  * (free it with dt_io_buffer_free) and *len get the message; on a timeout *data is NULL; when the server hung up,
  * *data is NULL and *closed true (a refusal it sent first came with an earlier call). */
 dt_status dt_control_connect(const char *path, int *fd);
+/* A TCP client (dt_control_listen_tcp's): send the token as the first message, then use it as a Unix one. */
+dt_status dt_control_connect_tcp(const char *host, int port, int *fd);
 dt_status dt_control_send(int fd, const char *data, size_t len);
 dt_status dt_control_recv(int fd, int timeout_ms, char **data, size_t *len, bool *closed);
 void dt_control_disconnect(int fd);

@@ -1,4 +1,5 @@
-/* control_spec.c: the REPL control socket: owner-only files, request/reply round trips, peer uid checks, hang-ups. */
+/* control_spec.c: the REPL control socket: owner-only files, request/reply round trips, peer uid checks, hang-ups,
+ * the token-checked TCP listener. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -141,6 +142,54 @@ static void peer_checks(void) {
   dt_control_close(c);
 }
 
+/* The TCP listener: the token first (a wrong one refused and counted), then served like a Unix client; a client that
+ * sends no token is hung up on (after 3 s). */
+static void tcp_listener(void) {
+  dt_control *c = NULL;
+  int port = 0, good = -1, bad = -1, silent = -1;
+  expect_ok(dt_control_open(path, &c), "open again");
+  expect_error(dt_control_listen_tcp(c, "127.0.0.1", 0, "", "o0 1", &port), "needs the job token",
+               "a TCP listener without a token is refused");
+  expect_ok(dt_control_listen_tcp(c, "127.0.0.1", 0, "s3cret", "o0 1", &port), "listen on a free loopback port");
+  expect(port > 0, "the port it got is returned");
+  expect_error(dt_control_listen_tcp(c, "127.0.0.1", 0, "s3cret", "o0 1", &port), "already listening",
+               "a second TCP listener is refused");
+  expect_ok(dt_control_connect_tcp("127.0.0.1", port, &bad), "a client with a wrong token connects");
+  expect_ok(dt_control_send(bad, "s3cre", 5), "and sends it");
+  char *r = reply_of(bad);
+  expect(strstr(r, "econtrol socket: refused: wrong job token") != NULL, "a wrong token is refused, saying so");
+  free(r);
+  r = reply_of(bad);
+  expect(strcmp(r, "<closed>") == 0, "and hung up on");
+  free(r);
+  expect(dt_control_refused(c) == 1, "the refusal is counted");
+  dt_control_disconnect(bad);
+  expect_ok(dt_control_connect_tcp("127.0.0.1", port, &good), "a client with the token connects");
+  expect_ok(dt_control_send(good, "s3cret", 6), "and sends it");
+  r = reply_of(good);
+  expect(strcmp(r, "o0 1") == 0, "it is answered the hello");
+  free(r);
+  expect_ok(dt_control_send(good, "eping", 5), "then its requests");
+  expect(wait_pending(c, 1), "reach the rank");
+  uint64_t id = 0;
+  char *data = NULL;
+  size_t len = 0;
+  expect_ok(dt_control_take(c, &id, &data, &len), "take it");
+  dt_io_buffer_free(data);
+  expect_ok(dt_control_reply(c, id, "opong", 5), "reply");
+  r = reply_of(good);
+  expect(strcmp(r, "opong") == 0, "the reply comes back over TCP");
+  free(r);
+  expect_ok(dt_control_connect_tcp("127.0.0.1", port, &silent), "a client that sends nothing connects");
+  bool closed = false;
+  char *none = NULL;
+  expect_ok(dt_control_recv(silent, 10000, &none, &len, &closed), "and waits");
+  expect(none == NULL && closed, "it is hung up on (no token within 3 s)");
+  expect(dt_control_refused(c) == 1, "without counting it as a wrong token");
+  dt_control_disconnect(silent), dt_control_disconnect(good);
+  dt_control_close(c);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/dt-control-spec-%d", (int)getpid());
   expect(mkdir(dir, 0755) == 0, "make the run dir");
@@ -148,6 +197,7 @@ int main(void) {
   snprintf(path, sizeof path, "%s/rank0.sock", dir);
   round_trip();
   peer_checks();
+  tcp_listener();
   rmdir(dir);
   *strrchr(dir, '/') = 0;
   rmdir(dir);

@@ -32,10 +32,16 @@ end
 -- Whether this process has a job store to agree through (under the launcher).
 function M.available() return os.getenv("MASTER_PORT") ~= nil end
 
--- Run apply() at the safe point agreed for request `id`, sent to `ranks`.
+-- Run apply() at the safe point agreed for request `id`, sent to `ranks` (a single process has nothing to agree on:
+-- its next one).
 function M.queue(id, apply, ranks)
-   job_store():set(key(id, tonumber(os.getenv("RANK")) or 0), tostring(count))
-   pending[#pending + 1] = { id = id, apply = apply, ranks = ranks }
+   local p = { id = id, apply = apply, ranks = ranks }
+   if #ranks == 1 and not M.available() then
+      p.at = count + 1
+   else
+      job_store():set(key(id, tonumber(os.getenv("RANK")) or 0), tostring(count))
+   end
+   pending[#pending + 1] = p
 end
 
 -- Safe points this rank has passed.

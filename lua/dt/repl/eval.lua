@@ -6,8 +6,11 @@
 -- Reply: "o" .. text (done) or "e" .. text (failed: a syntax error, an error with its traceback, a time-out, a
 -- refused change).
 local dt = require "dt"
+local dist = require "dt.dist"
+local meshes = require "dt.mesh"
 local show = require "dt.repl.show"
 local agree = require "dt.repl.agree"
+local settings = require "dt.repl.settings"
 
 local M = {}
 
@@ -15,19 +18,50 @@ local function rank() return tonumber(os.getenv("RANK")) or 0 end
 local function world_size() return tonumber(os.getenv("WORLD_SIZE")) or 1 end
 M.world_size = world_size
 
--- The names a chunk sees besides the globals; ctx = { now = { trainer = }, exposed = { name = value },
--- limits = { timeout = }, held = function: whether this rank is paused }.
+-- The process group: the job's once this process has joined it (every strategy does); a single process that has
+-- not gets a world of one (joining alone waits for nobody).
+local function world()
+   return dist.current() or (world_size() == 1 and dist.init()) or nil
+end
+
+-- The device mesh: the recipe's (world.mesh), else the strategy's (FSDP/HSDP), else one axis over every rank
+-- ("fsdp" under FSDP, else "dp"); its communicators are split on first use, like any mesh's.
+local default_mesh
+local function mesh(t)
+   local w, s = world(), t and t.strategy or {}
+   if not w then return nil end
+   if w.mesh or s.mesh then return w.mesh or s.mesh end
+   default_mesh = default_mesh or meshes.new(w, { shape = { w.size }, names = { s.units and "fsdp" or "dp" } })
+   return default_mesh
+end
+
+-- The names a chunk sees besides the globals (M.names lists them); ctx = { now = { trainer = }, exposed = { name =
+-- value }, limits = { timeout = }, held = function: whether this rank is paused, within_step: at a safe point inside
+-- a step (dt.repl.serve) }.
+local builtin = {
+   trainer = function(t) return t end,
+   model = function(t) return t and t.model end,
+   optimizer = function(t) return t and t.optimizer end,
+   world = world,
+   mesh = mesh,
+   rank = rank,
+   dt = function() return dt end,
+}
+
 local function lookup(ctx, name)
    local v = ctx.exposed[name]
    if v ~= nil then return v end
-   local t = ctx.now.trainer
-   if name == "trainer" then return t end
-   if name == "model" then return t and t.model end
-   if name == "optimizer" then return t and t.optimizer end
-   if name == "world" then return t and t.strategy.world end -- FSDP's; other recipes expose theirs
-   if name == "rank" then return rank() end
-   if name == "dt" then return dt end
+   if builtin[name] then return builtin[name](ctx.now.trainer) end
    return _G[name]
+end
+
+-- The names a chunk sees that are not Lua's globals: the REPL's own and those the recipe exposed (tab completion).
+function M.names(ctx)
+   local out = {}
+   for k in pairs(builtin) do out[#out + 1] = k end
+   for k in pairs(ctx.exposed) do out[#out + 1] = k end
+   table.sort(out)
+   return out
 end
 
 -- One environment per rank for the whole run: a global a chunk sets is there for the next chunk (any client's).
@@ -35,51 +69,11 @@ local env, current_print
 local function environment(ctx)
    if not env then
       env = setmetatable({}, { __index = function(_, name)
-         if name == "print" then return current_print end
+         if name == "print" then return current_print or print end
          return lookup(ctx, name)
       end })
    end
    return env
-end
-
--- The settings every rank must agree on (under DDP/FSDP a learning rate on one rank alone would let the replicas
--- drift apart): the optimizer's lr and per-group hyper-parameters, and the trainer's config values.
-local function global_settings(ctx)
-   local out, t = {}, ctx.now.trainer
-   local function add(name, tbl)
-      for k, v in pairs(tbl) do
-         if type(v) == "number" or type(v) == "boolean" or type(v) == "string" then
-            out[#out + 1] = { name = name .. "." .. tostring(k), tbl = tbl, key = k, value = v }
-         end
-      end
-   end
-   if not t then return out end
-   local opt = t.optimizer
-   if opt then
-      out[#out + 1] = { name = "optimizer.lr", tbl = opt, key = "lr", value = opt.lr }
-      for i, g in ipairs(opt.param_groups or {}) do add(("optimizer.param_groups[%d]"):format(i), g) end
-   end
-   add("trainer.config", t.config or {})
-   return out
-end
-
--- Undo the changes to settings of `before`; returns those that had changed, with their new values.
-local function revert_changes(before)
-   local changed = {}
-   for _, s in ipairs(before) do
-      local now = s.tbl[s.key]
-      if now ~= s.value then
-         changed[#changed + 1] = { name = s.name, tbl = s.tbl, key = s.key, value = now }
-         s.tbl[s.key] = s.value
-      end
-   end
-   return changed
-end
-
-local function names(changed)
-   local out = {}
-   for i, c in ipairs(changed) do out[i] = c.name end
-   return table.concat(out, ", ")
 end
 
 local function pack(...) return { n = select("#", ...), ... } end
@@ -116,6 +110,34 @@ local function compile(src)
    return loadstring(src, "=repl")
 end
 
+-- Job-wide settings the chunk changed (dt/repl/settings.lua), already undone: set at once in a single process; in a
+-- job of several ranks refused when the chunk went to only some, else set on all at the step boundary they agree on
+-- (dt/repl/agree.lua). Returns whether they were accepted; notes for the client go to out.
+local function settle(ctx, changed, targets, id, out)
+   local t = ctx.now.trainer
+   local why = settings.check(t, changed)
+   if why then
+      out[#out + 1] = ("refused: %s; the change was undone"):format(why)
+      return false
+   end
+   if world_size() > 1 and #targets < world_size() then
+      out[#out + 1] = ("refused: %s changed on %d of %d ranks; every rank must agree on it (data-parallel replicas "
+         .. "would drift apart, a step callback's collectives would wait for ranks without it), so the change was "
+         .. "undone: attach with --all to change it everywhere"):format(settings.names(changed), #targets, world_size())
+      return false
+   end
+   local note = settings.prepare(t, changed)
+   if world_size() == 1 and not ctx.within_step then
+      settings.apply(changed)
+   else -- a single process inside a step: at its next step boundary
+      agree.queue(id, function() settings.apply(changed) end, targets)
+      out[#out + 1] = ("(%s: set %s)"):format(settings.names(changed), world_size() == 1 and
+         "at the next step boundary" or "on every rank at the same step boundary, agreed through the job's store")
+   end
+   out[#out + 1] = note
+   return true
+end
+
 -- Evaluate `src`, request `id` sent to the ranks `targets` (a list); returns the reply ("o"/"e" .. text).
 local function evaluate(ctx, src, targets, id)
    local fn, err = compile(src)
@@ -129,28 +151,19 @@ local function evaluate(ctx, src, targets, id)
    show.say = current_print
    show.collectives_ok = ctx.held() and #targets == world_size()
    setfenv(fn, environment(ctx))
-   local before = global_settings(ctx)
+   local before = settings.find(ctx.now.trainer)
    local res = run_limited(fn, ctx.limits.timeout)
+   current_print = nil -- functions the chunk left behind (a step callback) print to the rank's output
+   local changed = settings.revert(before)
    if not res[1] then
       out[#out + 1] = trim_traceback(res[2])
-      local undone = revert_changes(before) -- half a change to job-wide settings is worse than none
-      if #undone > 0 then out[#out + 1] = ("(%s: changed before the error, undone)"):format(names(undone)) end
+      -- half a change to job-wide settings is worse than none
+      if #changed > 0 then
+         out[#out + 1] = ("(%s: changed before the error, undone)"):format(settings.names(changed))
+      end
       return "e" .. table.concat(out, "\n")
    end
-   -- job-wide settings: refused on some ranks; on all, set at a safe point the ranks agree on (dt/repl/agree.lua)
-   local changed = world_size() > 1 and revert_changes(before) or {}
-   if #changed > 0 and #targets < world_size() then
-      out[#out + 1] = ("refused: %s changed on %d of %d ranks; every rank must agree on it (data-parallel replicas "
-         .. "would drift apart), so the change was undone: attach with --all to change it everywhere")
-         :format(names(changed), #targets, world_size())
-      return "e" .. table.concat(out, "\n")
-   elseif #changed > 0 then
-      agree.queue(id, function()
-         for _, c in ipairs(changed) do c.tbl[c.key] = c.value end
-      end, targets)
-      out[#out + 1] = ("(%s: set on every rank at the same step boundary, agreed through the job's store)")
-         :format(names(changed))
-   end
+   if #changed > 0 and not settle(ctx, changed, targets, id, out) then return "e" .. table.concat(out, "\n") end
    local vals = {}
    for i = 2, res.n do vals[#vals + 1] = show.value(res[i]) end
    if #vals > 0 then out[#out + 1] = table.concat(vals, "\t") end

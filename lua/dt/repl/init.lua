@@ -2,6 +2,7 @@
 --
 --    dt.repl.expose("data", data)   -- chunks see `data` (besides trainer, model, optimizer, world, rank)
 --    dt.repl.safe_point()           -- a recipe's own safe point (the Trainer has one after every step)
+--    dt.repl.serve()                -- a safe point inside a step: chunks only (GRPO's between generation batches)
 --
 -- A rank listens on <run dir>/control/rank<RANK>.sock (dir 0700, socket 0600, peers checked to run as this uid) from
 -- its first safe point on, when it has a run dir (the launcher's DT_RUN_DIR, else the trainer's run_dir) and
@@ -19,8 +20,8 @@ local M = {}
 -- Seconds a chunk may run before it is interrupted (default DT_REPL_TIMEOUT, else 5); a rank may change it.
 M.timeout = tonumber(os.getenv("DT_REPL_TIMEOUT")) or 5
 
--- What chunks see. The trainer is held weakly: the REPL must not keep a finished trainer's model and optimizer
--- state (device memory) alive.
+-- What chunks see (within_step: serving at a safe point inside a step, M.serve). The trainer is held weakly: the
+-- REPL must not keep a finished trainer's model and optimizer state (device memory) alive.
 local ctx = { exposed = {}, limits = M, now = setmetatable({}, { __mode = "v" }) }
 local server -- the dt_control handle once listening
 local tried = false -- a safe point has decided whether to listen
@@ -34,6 +35,9 @@ function M.expose(name, value)
    ctx.exposed[name] = value
 end
 
+-- The names a chunk sees besides Lua's globals: trainer, model, optimizer, world, mesh, rank, dt and those exposed.
+function M.names() return require("dt.repl.eval").names(ctx) end
+
 -- Listen on this rank's socket in `run_dir` (safe points do so by themselves when they know a run dir).
 function M.listen(run_dir)
    tried = true
@@ -42,6 +46,35 @@ function M.listen(run_dir)
    check(C.dt_control_open(M.socket_path(run_dir, tonumber(os.getenv("RANK")) or 0), out), 2)
    server = ffi.gc(out[0], C.dt_control_close)
 end
+
+local tcp_refused -- TCP clients refused for a wrong token, as last reported; nil while there is no TCP listener
+
+-- Also listen on TCP at `addr` ("HOST:PORT": rank r on PORT + r, PORT 0 any free port), for `dtrun attach HOST:PORT`
+-- from another node. Clients must present the job token: DT_JOB_TOKEN, set when the job starts (the launcher's
+-- random token reaches no user); it is never printed.
+function M.listen_tcp(addr)
+   local host, port = tostring(addr):match("^(.*):(%d+)$")
+   if not host then
+      error(("repl_tcp=%s: expected HOST:PORT, e.g. repl_tcp=0.0.0.0:7000 (rank r listens on PORT + r)"):format(
+         tostring(addr)), 0)
+   end
+   local token = os.getenv("DT_JOB_TOKEN")
+   if not token or token == "" then
+      error("repl_tcp needs the job token that clients must present: start the job with DT_JOB_TOKEN set to a "
+         .. "secret (e.g. DT_JOB_TOKEN=$(head -c 16 /dev/urandom | xxd -p)) and give it to dtrun attach the same way",
+         0)
+   end
+   local rank, size = tonumber(os.getenv("RANK")) or 0, tonumber(os.getenv("WORLD_SIZE")) or 1
+   port = tonumber(port) == 0 and 0 or tonumber(port) + rank
+   local bound = ffi.new("int[1]")
+   check(C.dt_control_listen_tcp(server, host, port, token, ("o%d %d"):format(rank, size), bound))
+   tcp_refused = 0
+   print(("dt.repl: rank %d also listens on %s:%d over TCP (clients must present the job token)"):format(rank, host,
+      bound[0]))
+end
+
+-- TCP clients refused so far for a wrong job token (each is also reported on the rank's output).
+function M.refused() return server and tonumber(C.dt_control_refused(server)) or 0 end
 
 local client, data, len = ffi.new("uint64_t[1]"), ffi.new("char*[1]"), ffi.new("size_t[1]")
 
@@ -99,7 +132,7 @@ local function command(req, eval)
       return "e:checkpoint needs a trainer with a run_dir (train.Trainer{ ..., run_dir = dir }) at this safe point"
    end
    local action = kind == "p" and function() held = true end or save_checkpoint
-   if size == 1 then
+   if size == 1 and not ctx.within_step then
       local err = action()
       if err then return "e:checkpoint failed: " .. err end
       return kind == "p" and "opaused" or ("ocheckpoint of step %d saved in %s/checkpoints"):format(t.step, t.run_dir)
@@ -130,9 +163,15 @@ function M.safe_point(trainer)
    if not server then
       if tried then return end
       tried = true
-      local dir = os.getenv("DT_RUN_DIR") or (ctx.now.trainer and ctx.now.trainer.run_dir)
+      local t = ctx.now.trainer
+      local dir = os.getenv("DT_RUN_DIR") or (t and t.run_dir)
       if not dir or os.getenv("DT_REPL") == "0" then return end
       M.listen(dir)
+      if t and (t.config.repl_tcp or "") ~= "" then M.listen_tcp(t.config.repl_tcp) end
+   end
+   if tcp_refused and M.refused() > tcp_refused then
+      print(("dt.repl: refused %d TCP client(s) that presented a wrong job token"):format(M.refused() - tcp_refused))
+      tcp_refused = M.refused()
    end
    agree.safe_point()
    if hold_at == agree.count() then held, hold_at = true, nil end
@@ -148,6 +187,17 @@ function M.safe_point(trainer)
       end
    end
    mark()
+end
+
+-- A safe point inside a step (GRPO: between generation batches, dt/rl/rollouts.lua): chunks waiting are answered
+-- here, so a long step does not keep a client waiting, but :pause, :step, :checkpoint and job-wide changes wait for
+-- the next step boundary (ranks may pass different numbers of these points, async rollouts for one, so they cannot
+-- agree on one of them). Costs one atomic read when nothing waits.
+function M.serve()
+   if not (server and C.dt_control_pending(server) > 0) then return end
+   ctx.within_step = true
+   serve()
+   ctx.within_step = false
 end
 
 -- Hold here serving requests until :resume or a signal (a `dtrun repl` rank; dt/repl/worker.lua).

@@ -1,5 +1,5 @@
--- dt/repl/show.lua: how REPL results print (tensor summaries with their shard placement), p:local_shard() and
--- p:full_tensor().
+-- dt/repl/show.lua: how REPL results print (tensor summaries with their shard placement), p:local_shard(),
+-- p:full_tensor() and optimizer:state_of(p).
 --
 -- A tensor prints as tostring gives it (shape, dtype, device; values when small, else norm, min, max, mean and the
 -- NaN/Inf counts), plus, for a parameter of a sharded strategy (FSDP: the trainer's strategy with flat units), where
@@ -8,6 +8,7 @@
 -- Outside its unit's forward and backward such a parameter is empty; p:local_shard() is this rank's slice of it: a
 -- 1-D f32 view of the shard (writes go to the weights the optimizer steps), without gathering anything.
 local Tensor = require "dt.tensor"
+local Optimizer = require("dt.optim").Optimizer
 
 local M = {}
 
@@ -78,6 +79,52 @@ function Tensor:full_tensor()
    local full = s.comm.size == 1 and u.shard:clone() or s.comm:all_gather(u.shard)
    local out = u:split(full)[name]
    full:free()
+   return out
+end
+
+-- optimizer:state_of(p): the optimizer's state for parameter p, under PyTorch's names (AdamW: step, exp_avg,
+-- exp_avg_sq; SGD: step, momentum_buffer): the live tensors, for this rank's shard under FSDP/ZeRO (p may be the
+-- model's parameter or its shard view). It prints as a summary: placement, step, then one line per tensor.
+local State = {}
+State.__index = State
+local torch_names = { m = "exp_avg", v = "exp_avg_sq" }
+
+function State:__tostring()
+   local lines = { ("%s state of %s: step %d"):format(self.kind, self.of, self.step) }
+   local names = {}
+   for k, v in pairs(self) do if Tensor.is_tensor(v) then names[#names + 1] = k end end
+   table.sort(names)
+   for _, k in ipairs(names) do lines[#lines + 1] = ("  %s: %s"):format(k, tostring(self[k])) end
+   if #names == 0 then lines[#lines + 1] = "  (none yet: the optimizer has not stepped it)" end
+   return table.concat(lines, "\n")
+end
+
+-- "parameter NAME (shape)" of an unsharded parameter of the strategy's model (the name when it has one).
+local function name_of(p)
+   local m = M.strategy and M.strategy.model
+   local name
+   for _, np in ipairs(m and type(m.named_parameters) == "function" and m:named_parameters() or {}) do
+      if rawequal(np[2], p) then name = np[1] end
+   end
+   return ("parameter %s(%s)"):format(name and (name .. " ") or "", table.concat(p.shape, ", "))
+end
+
+function Optimizer:state_of(p)
+   if not Tensor.is_tensor(p) then
+      error(("state_of: expected a parameter (a tensor such as model.blocks[1].mlp.fc.weight), got %s"):format(
+         type(p)), 2)
+   end
+   local shard = p:local_shard()
+   local where = M.placement(p)
+   local out = setmetatable({ kind = self.kind, step = 0, of = where or name_of(p) }, State)
+   if shard:numel() == 0 and where then return out end -- this rank holds none of it
+   local owned = false
+   for _, q in ipairs(self.params) do owned = owned or rawequal(q, shard) end
+   if not owned then
+      error("state_of: this tensor is not a parameter this optimizer steps (give one of the model's parameters, "
+         .. "e.g. model.blocks[1].mlp.fc.weight, or one of optimizer.params)", 2)
+   end
+   for k, v in pairs(self.state[shard] or {}) do out[torch_names[k] or k] = v end
    return out
 end
 

@@ -72,6 +72,7 @@ function Rollouts:take(n, version)
    for i = #pending, 1, -1 do table.insert(samples, 1, pending[i]) end
    seconds = seconds + self.pending_seconds
    self.pending, self.pending_seconds = {}, 0
+   dt.repl.serve() -- a safe point between generation batches: the live REPL answers chunks during long rollouts
    return samples, seconds
 end
 

@@ -22,6 +22,7 @@ M.base = {
    resume = false,        -- continue from the run dir's latest checkpoint when there is one; "auto": and when
                           -- it is damaged, from the newest intact one (true: stop, naming both)
    run_dir = "",          -- "" picks runs/<recipe>-<timestamp>
+   repl_tcp = "",         -- HOST:PORT: the live REPL also listens on TCP (rank r on PORT + r; needs DT_JOB_TOKEN)
    tensorboard = true,    -- also write the step results as TensorBoard event files in <run dir>/tb
    private = true,        -- new run dirs (and every file the run writes) readable by their owner only
 }

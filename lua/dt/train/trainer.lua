@@ -8,7 +8,8 @@
 --
 -- One step: zero grads; grad_accum micro-batches (copied to the model's device; forward -> loss, backward of
 -- loss / grad_accum);
--- clip to config.clip (the norm is reported either way); lr = schedule(step); optimizer step, unless the loss or the
+-- clip to config.clip (the norm is reported either way); lr = schedule(step) (trainer.lr_override, set from the live
+-- REPL, holds the lr instead until set to nil); optimizer step, unless the loss or the
 -- gradient norm is not finite (config.nonfinite: "error" stops naming the step and the loss or the parameter whose
 -- gradient went non-finite, "skip" leaves the weights alone and counts the step in metrics.skipped_steps, "ignore"
 -- steps anyway; every rank sees the same averaged loss and global norm, so all take the same decision). After
@@ -56,6 +57,20 @@ local function default_forward(model, x, y) return model(x, y) end
 
 local nonfinite_modes = { error = true, skip = true, ignore = true }
 
+-- Why config values the trainer reads are unusable (grad_accum, nonfinite; checkpoint_every and resume without a
+-- run_dir), or nil. Also checks values changed from the REPL (dt/repl/eval.lua).
+function Trainer.check_config(cfg, run_dir)
+   if type(cfg.grad_accum) ~= "number" or cfg.grad_accum < 1 or cfg.grad_accum % 1 ~= 0 then
+      return ("grad_accum must be a positive integer, got %s"):format(tostring(cfg.grad_accum))
+   end
+   if not nonfinite_modes[cfg.nonfinite] then
+      return ("nonfinite must be \"error\", \"skip\" or \"ignore\", got %s"):format(tostring(cfg.nonfinite))
+   end
+   if (cfg.checkpoint_every > 0 or cfg.resume) and not run_dir then
+      return "checkpoint_every and resume need a run_dir"
+   end
+end
+
 -- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
 -- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy (default:
 -- model.strategy, set by wrappers such as ddp.wrap),
@@ -66,16 +81,8 @@ local function new(opts)
    end
    local cfg = config.deep_copy(config.base)
    for k, v in pairs(opts.config or {}) do cfg[k] = v end
-   if cfg.grad_accum < 1 or cfg.grad_accum % 1 ~= 0 then
-      error(("train.Trainer: grad_accum must be a positive integer, got %s"):format(tostring(cfg.grad_accum)), 2)
-   end
-   if not nonfinite_modes[cfg.nonfinite] then
-      error(("train.Trainer: nonfinite must be \"error\", \"skip\" or \"ignore\", got %s"):format(
-         tostring(cfg.nonfinite)), 2)
-   end
-   if (cfg.checkpoint_every > 0 or cfg.resume) and not opts.run_dir then
-      error("train.Trainer: checkpoint_every and resume need a run_dir", 2)
-   end
+   local bad = Trainer.check_config(cfg, opts.run_dir)
+   if bad then error("train.Trainer: " .. bad, 2) end
    local self = setmetatable({ model = opts.model, optimizer = opts.optimizer, data = opts.data, config = cfg,
       run_dir = opts.run_dir, schedule = opts.schedule, forward = opts.forward or default_forward,
       strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
@@ -84,9 +91,37 @@ local function new(opts)
    return self
 end
 
-function Trainer:add_step_callback(fn)
+-- self.callbacks: the step callbacks in order, a named one also under its name. Each change makes a new table (the
+-- live REPL sees a change as a new value and sets it on every rank at the same step boundary: dt/repl/eval.lua).
+local function copy(t)
+   local out = {}
+   for k, v in pairs(t) do out[k] = v end
+   return out
+end
+
+-- Add fn to run after each step (after those added before). With a name, a callback already added under that name
+-- is replaced in its place (hot reload: add it again from the REPL).
+function Trainer:add_step_callback(fn, name)
    if type(fn) ~= "function" then error("add_step_callback: expected a function", 2) end
-   self.callbacks[#self.callbacks + 1] = fn
+   if name ~= nil and type(name) ~= "string" then error("add_step_callback: the name must be a string", 2) end
+   local list, old = copy(self.callbacks), name and self.callbacks[name]
+   local i = #list + 1
+   for j, f in ipairs(list) do if old and rawequal(f, old) then i = j end end
+   list[i] = fn
+   if name then list[name] = fn end
+   self.callbacks = list
+end
+
+-- Remove a step callback: the function, or the name it was added under. Removing one that is not there is an error.
+function Trainer:remove_step_callback(fn_or_name)
+   local fn = type(fn_or_name) == "string" and self.callbacks[fn_or_name] or fn_or_name
+   local list, found = {}, false
+   for k, f in pairs(self.callbacks) do
+      if rawequal(f, fn) then found = true elseif type(k) == "string" then list[k] = f end
+   end
+   if not found then error(("remove_step_callback: no step callback %s"):format(tostring(fn_or_name)), 2) end
+   for _, f in ipairs(self.callbacks) do if not rawequal(f, fn) then list[#list + 1] = f end end
+   self.callbacks = list
 end
 
 function Trainer:hook(name, ...)
@@ -139,7 +174,8 @@ function Trainer:train_step()
    self:hook("begin_step", step)
    dt.reset_peak_memory()
    local t0 = dt.time()
-   local lr = self.schedule and self.schedule(step) or opt.lr
+   -- lr_override (set from the live REPL) holds the lr, whatever the schedule says, until it is set to nil again
+   local lr = self.lr_override or self.schedule and self.schedule(step) or opt.lr
    opt.lr = lr
    opt:zero_grad()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
@@ -181,6 +217,7 @@ function Trainer:train_step()
       metrics = extra }
    if self.mfu then extra.mfu = self.mfu(result) end
    self:hook("end_step", result)
+   self.last_result = result -- the live REPL's trainer.last_result
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
       if not ok then error(("step callback %d failed at step %d: %s"):format(i, step, tostring(err)), 0) end
