@@ -99,9 +99,11 @@ typedef struct dt_k_act_args {
 } dt_k_act_args;
 cudaError_t dt_k_act(cudaStream_t s, const dt_k_act_args *a);
 
-/* Rotary embedding of x (B, T, H, D) by angle sign * (pos_offset + t) * theta^(-2i/D) on pairs (i, i + D/2). */
+/* Rotary embedding of x (B, T, H, D) by angle sign * (pos_offset + t) * inv_freq[i] on pairs (i, i + D/2); inv_freq:
+ * D/2 <= DT_K_ROPE_MAX_PAIRS host doubles, copied into the launch's arguments (no device buffer, no copy to wait on). */
+enum { DT_K_ROPE_MAX_PAIRS = 256 };
 cudaError_t dt_k_rope(cudaStream_t s, int dtype, const void *x, void *y, int64_t b, int64_t t, int64_t h, int64_t d,
-                      double theta, int64_t pos_offset, double sign);
+                      const double *inv_freq, int64_t pos_offset, double sign);
 
 /* x, out seen as (outer, size, inner) and (outer, nidx, inner): out[o, i, :] = x[o, idx[i], :] (any dtype by element
  * size). index_add: out[o, idx[i], :] += src[o, i, :] for float dtypes, each output row owned by one thread block that

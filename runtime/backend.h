@@ -62,8 +62,10 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
   X(nn_swiglu_bwd,                                                                                                   \
     (const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy, dt_tensor *dgate, dt_tensor *dup),             \
     (gate, up, dy, dgate, dup))                                                                                      \
-  X(nn_rope_fwd, (const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y), (x, theta, pos_offset, y))    \
-  X(nn_rope_bwd, (const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx), (dy, theta, pos_offset, dx)) \
+  X(nn_rope_fwd, (const dt_tensor *x, const double *inv_freq, int64_t pos_offset, dt_tensor *y),                      \
+    (x, inv_freq, pos_offset, y))                                                                                     \
+  X(nn_rope_bwd, (const dt_tensor *dy, const double *inv_freq, int64_t pos_offset, dt_tensor *dx),                    \
+    (dy, inv_freq, pos_offset, dx))                                                                                   \
   X(nn_attention_fwd,                                                                                                \
     (const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale, bool causal, dt_tensor *out,          \
      dt_tensor *lse),                                                                                                \

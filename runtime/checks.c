@@ -257,6 +257,23 @@ dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name
   return DT_OK;
 }
 
+dt_status dt_nn_rope_check(const char *op, const dt_tensor *x, const dt_tensor *y, const double *inv_freq,
+                           const char *nx, const char *ny) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(x->ndim == 4, DT_ERR_ARG, "%s: %s must be (B, T, H, D), got %s", op, nx, dt_shape_str(x, b, sizeof b));
+  DT_TRY(dt_nn_check_same_shape(x, y, op, nx, ny));
+  int64_t d = x->shape[3];
+  DT_CHECK(d % 2 == 0, DT_ERR_ARG, "%s: head dim D must be even, got %lld in %s %s", op, (long long)d, nx,
+           dt_shape_str(x, b, sizeof b));
+  DT_CHECK(inv_freq != NULL || d == 0, DT_ERR_ARG, "%s: inv_freq is NULL (D/2 = %lld frequencies needed)", op,
+           (long long)(d / 2));
+  for (int64_t i = 0; i < d / 2; i++) {
+    DT_CHECK(isfinite(inv_freq[i]), DT_ERR_ARG, "%s: inv_freq[%lld] must be finite, got %g", op, (long long)i,
+             inv_freq[i]);
+  }
+  return DT_OK;
+}
+
 dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
                                  const char *nb) {
   bool same = a->ndim == b->ndim;

@@ -31,6 +31,9 @@ dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_te
 bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst);
 dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                 double scale);
+/* rope: x and y (B, T, H, D) of one shape, D even, inv_freq D/2 finite values. */
+dt_status dt_nn_rope_check(const char *op, const dt_tensor *x, const dt_tensor *y, const double *inv_freq,
+                           const char *nx, const char *ny);
 /* cross-entropy's targets: n contiguous i32/i64 values, one per row of logits. */
 dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n);
 

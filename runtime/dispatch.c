@@ -166,12 +166,12 @@ dt_status dt_nn_swiglu_bwd(const dt_tensor *gate, const dt_tensor *up, const dt_
   DT_DISPATCH("swiglu backward", (gate, up, dy, dgate, dup), nn_swiglu_bwd, gate, up, dy, dgate, dup);
 }
 
-dt_status dt_nn_rope_fwd(const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y) {
-  DT_DISPATCH("rope", (x, y), nn_rope_fwd, x, theta, pos_offset, y);
+dt_status dt_nn_rope_fwd(const dt_tensor *x, const double *inv_freq, int64_t pos_offset, dt_tensor *y) {
+  DT_DISPATCH("rope", (x, y), nn_rope_fwd, x, inv_freq, pos_offset, y);
 }
 
-dt_status dt_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx) {
-  DT_DISPATCH("rope backward", (dy, dx), nn_rope_bwd, dy, theta, pos_offset, dx);
+dt_status dt_nn_rope_bwd(const dt_tensor *dy, const double *inv_freq, int64_t pos_offset, dt_tensor *dx) {
+  DT_DISPATCH("rope backward", (dy, dx), nn_rope_bwd, dy, inv_freq, pos_offset, dx);
 }
 
 dt_status dt_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale, bool causal,

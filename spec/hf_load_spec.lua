@@ -16,17 +16,24 @@ describe("dt.hf.load", function()
    end
    teardown(function() fs.remove_tree(dir) end)
 
-   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
+   -- Largest |dtrun's logit - transformers'| of model on the reference's fixed batch.
+   local function max_diff(model, r)
+      local logits = model(dt.tensor(r.input, { dtype = "i64" })):totable()
+      local worst = 0
+      for b, rows in ipairs(r.logits) do
+         for t, row in ipairs(rows) do
+            for v, x in ipairs(row) do worst = math.max(worst, math.abs(logits[b][t][v] - x)) end
+         end
+      end
+      return worst
+   end
+
+   local models = { "llama", "llama3_rope_scaling", "llama_tied_bf16_sharded", "qwen2_f16", "qwen3", "mistral", "gpt2" }
+   for _, name in ipairs(models) do
       it(name .. ": logits match transformers' and greedy decoding gives the same tokens", function()
          local r = ref[name]
          local model = hf.load(fs.join(dir, name))
-         local logits = model(dt.tensor(r.input, { dtype = "i64" })):totable()
-         local worst = 0
-         for b, rows in ipairs(r.logits) do
-            for t, row in ipairs(rows) do
-               for v, x in ipairs(row) do worst = math.max(worst, math.abs(logits[b][t][v] - x)) end
-            end
-         end
+         local worst = max_diff(model, r)
          assert.is_true(worst <= 1e-4, ("max abs logit difference %g > 1e-4"):format(worst))
          local out = model:generate(dt.tensor({ r.prompt }, { dtype = "i64" }), #r.greedy - #r.prompt,
             { temperature = 0 })
@@ -34,7 +41,7 @@ describe("dt.hf.load", function()
       end)
    end
 
-   for _, name in ipairs { "llama", "llama_tied_bf16_sharded", "qwen2_f16", "mistral", "gpt2" } do
+   for _, name in ipairs(models) do
       it(name .. ": dt.hf.save writes what transformers loads with every weight bit-identical", function()
          local out = fs.join(helpers.tmpdir(), "saved")
          finally(function() fs.remove_tree(out:match("^(.*)/saved$")) end)
@@ -62,6 +69,21 @@ describe("dt.hf.load", function()
       assert.equal(32, hf.load(fs.join(dir, "mistral")).seq)
    end)
 
+   it("applies Llama-3's rope_scaling (without it the logits are far off) and Qwen3's head_dim", function()
+      local scaled = fs.join(dir, "llama3_rope_scaling")
+      local plain = fs.join(helpers.tmpdir(), "plain")
+      finally(function() fs.remove_tree(plain:match("^(.*)/plain$")) end)
+      fs.mkdir(plain)
+      local c = cjson.decode(fs.read(fs.join(scaled, "config.json")))
+      c.rope_scaling = nil
+      fs.write(fs.join(plain, "config.json"), cjson.encode(c))
+      fs.write(fs.join(plain, "model.safetensors"), fs.read(fs.join(scaled, "model.safetensors")))
+      assert.is_true(max_diff(hf.load(plain), ref.llama3_rope_scaling) > 1e-2)
+      local qwen3 = hf.load(fs.join(dir, "qwen3"))
+      assert.equal(16, qwen3.blocks[1].attn.head_dim)
+      assert.equal(qwen3.wte.weight, qwen3.head.weight)
+   end)
+
    it("loads in another dtype", function()
       local model = hf.load(fs.join(dir, "llama"), { dtype = "bf16" })
       assert.equal("bf16", model.wte.weight.dtype)
@@ -83,15 +105,19 @@ describe("dt.hf.load", function()
 
       it("names an unknown model_type and the supported ones", function()
          fs.write(fs.join(bad, "config.json"), '{"model_type": "mamba"}')
-         assert.matches("model_type 'mamba' is not supported (supported: gpt2, llama, mistral, qwen2)", load_err(), 1,
-            true)
+         assert.matches("model_type 'mamba' is not supported (supported: gpt2, llama, mistral, qwen2, qwen3)",
+            load_err(), 1, true)
       end)
 
       it("names an unsupported option", function()
          local c = cjson.decode(fs.read(fs.join(dir, "llama", "config.json")))
+         c.rope_scaling = { rope_type = "yarn" }
+         fs.write(fs.join(bad, "config.json"), cjson.encode(c))
+         assert.matches('rope_scaling = {"rope_type":"yarn"} is not supported yet for model_type '
+            .. "'llama' (supported: rope_type \"llama3\", \"default\")", load_err(), 1, true)
          c.rope_scaling = { rope_type = "llama3", factor = 8 }
          fs.write(fs.join(bad, "config.json"), cjson.encode(c))
-         assert.matches("rope_scaling = {.*} is not supported yet for model_type 'llama'", load_err())
+         assert.matches("rope_scaling (llama3) needs a number 'low_freq_factor'", load_err(), 1, true)
       end)
 
       it("names a missing tensor and the dtrun parameter it feeds", function()

@@ -295,6 +295,8 @@ describe("F.rope", function()
    it("rejects odd head dims and other ranks", function()
       expect_error(function() dt.F.rope(sample({ 1, 2, 1, 5 }, 1)) end, "rope: head dim D must be even, got 5")
       expect_error(function() dt.F.rope(sample({ 2, 4 }, 1)) end, "rope: x must be (B, T, H, D), got (2, 4) f64")
+      expect_error(function() dt.F.rope(sample({ 1, 2, 1, 6 }, 1), dt.F.rope_freqs(4, 100)) end,
+         "F.rope: 2 frequencies for head dim 6 (want D/2 = 3")
    end)
 end)
 

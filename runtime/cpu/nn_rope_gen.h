@@ -1,7 +1,7 @@
 /* nn_rope_gen.h: generic (real = float/double) rotary embedding over rows of D = pairs (i, i + D/2). */
 
-/* y = rotate(x) by angle sign * (pos_offset + t) * theta^(-2i/D); sign -1 is the inverse (the backward). */
-static dt_status RF(rope)(const dt_tensor *x, dt_tensor *y, double theta, int64_t pos_offset, double sign,
+/* y = rotate(x) by angle sign * (pos_offset + t) * inv_freq[i]; sign -1 is the inverse (the backward). */
+static dt_status RF(rope)(const dt_tensor *x, dt_tensor *y, const double *inv_freq, int64_t pos_offset, double sign,
                           int64_t nt, int64_t nh, int64_t d) {
   int64_t half = d / 2, rows = dt_tensor_numel(x) / d;
   char *scr;
@@ -14,7 +14,7 @@ static dt_status RF(rope)(const dt_tensor *x, dt_tensor *y, double theta, int64_
 #pragma omp parallel for schedule(static) if (nt * half > DT_NN_PAR_MIN / 8)
   for (int64_t t = 0; t < nt; t++) {
     for (int64_t i = 0; i < half; i++) {
-      double ang = (double)(pos_offset + t) * pow(theta, -2.0 * (double)i / (double)d);
+      double ang = (double)(pos_offset + t) * inv_freq[i];
       cs[t * half + i] = (real)cos(ang);
       sn[t * half + i] = (real)(sign * sin(ang));
     }

@@ -236,29 +236,29 @@ dt_status dt_cuda_nn_dropout_bwd(dt_stream *s, const dt_tensor *dy, double p, ui
   return dropout(s, "dropout backward", dy, p, seed, offset, dx, "dy", "dx");
 }
 
-static dt_status rope(dt_stream *s, const char *op, const dt_tensor *x, double theta, int64_t pos_offset, double sign,
-                      dt_tensor *y, const char *nx, const char *ny) {
+static dt_status rope(dt_stream *s, const char *op, const dt_tensor *x, const double *inv_freq, int64_t pos_offset,
+                      double sign, dt_tensor *y, const char *nx, const char *ny) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", op);
   DT_TRY(dt_cuda_check_float(s, x, -1, op, nx));
   DT_TRY(dt_cuda_check_float(s, y, x->dtype, op, ny));
-  char b[DT_SHAPE_BUF];
-  DT_CHECK(x->ndim == 4, DT_ERR_ARG, "%s: %s must be (B, T, H, D), got %s", op, nx, dt_shape_str(x, b, sizeof b));
-  DT_TRY(dt_nn_check_same_shape(x, y, op, nx, ny));
-  DT_CHECK(x->shape[3] % 2 == 0, DT_ERR_ARG, "%s: head dim D must be even, got %lld in %s %s", op,
-           (long long)x->shape[3], nx, dt_shape_str(x, b, sizeof b));
-  DT_CHECK(theta > 0 && isfinite(theta), DT_ERR_ARG, "%s: theta must be finite and > 0, got %g", op, theta);
+  DT_TRY(dt_nn_rope_check(op, x, y, inv_freq, nx, ny));
+  DT_CHECK(x->shape[3] / 2 <= DT_K_ROPE_MAX_PAIRS, DT_ERR_ARG,
+           "%s: head dim D = %lld exceeds the CUDA kernel's %d (the frequencies travel as a kernel argument)", op,
+           (long long)x->shape[3], 2 * DT_K_ROPE_MAX_PAIRS);
   DT_TRY(dt_cuda_use(s->device));
   return launched(dt_k_rope(s->s, x->dtype, dt_tensor_ptr(x), dt_tensor_ptr(y), x->shape[0], x->shape[1], x->shape[2],
-                            x->shape[3], theta, pos_offset, sign),
+                            x->shape[3], inv_freq, pos_offset, sign),
                   op);
 }
 
-dt_status dt_cuda_nn_rope_fwd(dt_stream *s, const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y) {
-  return rope(s, "rope", x, theta, pos_offset, 1.0, y, "x", "y");
+dt_status dt_cuda_nn_rope_fwd(dt_stream *s, const dt_tensor *x, const double *inv_freq, int64_t pos_offset,
+                              dt_tensor *y) {
+  return rope(s, "rope", x, inv_freq, pos_offset, 1.0, y, "x", "y");
 }
 
-dt_status dt_cuda_nn_rope_bwd(dt_stream *s, const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx) {
-  return rope(s, "rope backward", dy, theta, pos_offset, -1.0, dx, "dy", "dx");
+dt_status dt_cuda_nn_rope_bwd(dt_stream *s, const dt_tensor *dy, const double *inv_freq, int64_t pos_offset,
+                              dt_tensor *dx) {
+  return rope(s, "rope backward", dy, inv_freq, pos_offset, -1.0, dx, "dy", "dx");
 }
 
 static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *q, const dt_tensor *k,

@@ -51,10 +51,11 @@ dt_status dt_nn_swiglu_fwd(const dt_tensor *gate, const dt_tensor *up, dt_tensor
 dt_status dt_nn_swiglu_bwd(const dt_tensor *gate, const dt_tensor *up, const dt_tensor *dy, dt_tensor *dgate,
                            dt_tensor *dup);
 
-/* Rotary embeddings on x (B, T, H, D), D even, rotating pairs (i, i + D/2) (Llama/NeoX layout),
- * position of token t = pos_offset + t, frequencies theta^(-2i/D). bwd applies the inverse rotation. */
-dt_status dt_nn_rope_fwd(const dt_tensor *x, double theta, int64_t pos_offset, dt_tensor *y);
-dt_status dt_nn_rope_bwd(const dt_tensor *dy, double theta, int64_t pos_offset, dt_tensor *dx);
+/* Rotary embeddings on x (B, T, H, D), D even, rotating pairs (i, i + D/2) (Llama/NeoX layout) by angle
+ * (pos_offset + t) * inv_freq[i] for token t; inv_freq: D/2 finite host doubles (theta^(-2i/D), or a rescaled set such
+ * as Llama-3's rope_scaling; the caller computes them). bwd applies the inverse rotation. */
+dt_status dt_nn_rope_fwd(const dt_tensor *x, const double *inv_freq, int64_t pos_offset, dt_tensor *y);
+dt_status dt_nn_rope_bwd(const dt_tensor *dy, const double *inv_freq, int64_t pos_offset, dt_tensor *dx);
 
 /* Causal self-attention, tiled with an online softmax (no T x T matrix kept).
  * q (B, Hq, T, D); k, v (B, Hkv, Tk, D), Hq % Hkv == 0 (GQA); out (B, Hq, T, D);

@@ -350,23 +350,25 @@ static void spec_activations(void) {
 static void spec_rope(void) {
   dt_tensor *x = sample(4, SHAPE(2, 3, 2, 4), DT_DTYPE_F64, 14, 1), *y = zeros(4, SHAPE(2, 3, 2, 4), DT_DTYPE_F64);
   dt_tensor *back = zeros(4, SHAPE(2, 3, 2, 4), DT_DTYPE_F64);
-  double ref[48];
+  double ref[48], inv_freq[2] = {1.0, 0.1}; /* theta 100, D 4: 100^(-2i/4) */
   for (int r = 0; r < 12; r++) {
     int t = (r / 2) % 3;
     for (int i = 0; i < 2; i++) {
-      double ang = (5 + t) * pow(100.0, -2.0 * i / 4), x1 = at(x, r * 4 + i), x2 = at(x, r * 4 + i + 2);
+      double ang = (5 + t) * inv_freq[i], x1 = at(x, r * 4 + i), x2 = at(x, r * 4 + i + 2);
       ref[r * 4 + i] = x1 * cos(ang) - x2 * sin(ang);
       ref[r * 4 + i + 2] = x1 * sin(ang) + x2 * cos(ang);
     }
   }
-  expect_ok(dt_nn_rope_fwd(x, 100.0, 5, y), "rope forward");
+  expect_ok(dt_nn_rope_fwd(x, inv_freq, 5, y), "rope forward");
   expect(max_diff(y, ref) < 1e-14, "rope matches the f64 reference with pos_offset");
-  expect_ok(dt_nn_rope_bwd(y, 100.0, 5, back), "rope backward");
+  expect_ok(dt_nn_rope_bwd(y, inv_freq, 5, back), "rope backward");
   double orig[48];
   for (int i = 0; i < 48; i++) orig[i] = at(x, i);
   expect(max_diff(back, orig) < 1e-14, "rope backward is the inverse rotation");
   dt_tensor *odd = zeros(4, SHAPE(1, 2, 1, 5), DT_DTYPE_F32), *oy = zeros(4, SHAPE(1, 2, 1, 5), DT_DTYPE_F32);
-  expect_error(dt_nn_rope_fwd(odd, 1e4, 0, oy), "head dim D must be even, got 5", "rope rejects odd D");
+  expect_error(dt_nn_rope_fwd(odd, inv_freq, 0, oy), "head dim D must be even, got 5", "rope rejects odd D");
+  double bad[2] = {1.0, NAN};
+  expect_error(dt_nn_rope_fwd(x, bad, 0, y), "inv_freq[1] must be finite, got nan", "rope rejects a NaN frequency");
   release_all();
 }
 

@@ -32,23 +32,45 @@ local function unsupported(c, key, ok)
    end
 end
 
+-- rope_scaling: null, rope_type "default", or Llama-3's "llama3" (its four numbers checked present); false for none.
+local function rope_scaling(c)
+   local s = c.rope_scaling
+   if s == nil or s == cjson.null then return false end
+   local kind = type(s) == "table" and (s.rope_type or s.type)
+   if kind == "default" then return false end
+   if kind ~= "llama3" then
+      fail(c, "rope_scaling = %s is not supported yet for model_type '%s' (supported: rope_type \"llama3\", "
+         .. "\"default\")", cjson.encode(s), c.model_type)
+   end
+   local out = {}
+   for _, k in ipairs { "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" } do
+      if type(s[k]) ~= "number" then fail(c, "rope_scaling (llama3) needs a number '%s'", k) end
+      out[k] = s[k]
+   end
+   if out.low_freq_factor >= out.high_freq_factor then
+      fail(c, "rope_scaling (llama3): low_freq_factor %g must be below high_freq_factor %g", out.low_freq_factor,
+         out.high_freq_factor)
+   end
+   return out
+end
+
 -- qkv_bias: Qwen2's biased q/k/v. window: Mistral's sliding_window (null: none) caps the sequence length, where
--- sliding-window attention equals the full causal attention dtrun computes (longer inputs are refused).
-local function llama_like(qkv_bias, window)
+-- sliding-window attention equals the full causal attention dtrun computes (longer inputs are refused). qk_norm:
+-- Qwen3's RMSNorm on each q and k head. head_dim may differ from hidden_size / num_attention_heads.
+local function llama_like(qkv_bias, window, qk_norm)
    return function(c)
       local dim, heads = get(c, "hidden_size"), get(c, "num_attention_heads")
       unsupported(c, "hidden_act", function(v) return v == "silu" end)
-      unsupported(c, "rope_scaling", function() return false end)
       unsupported(c, "attention_bias", function(v) return v == false end)
       unsupported(c, "mlp_bias", function(v) return v == false end)
-      unsupported(c, "head_dim", function(v) return v == dim / heads end)
       unsupported(c, "use_sliding_window", function(v) return v == false end)
       local seq = get(c, "max_position_embeddings")
       if window then seq = math.min(seq, get(c, "sliding_window", seq)) end
       return nn.Llama { vocab = get(c, "vocab_size"), seq = seq, dim = dim,
          layers = get(c, "num_hidden_layers"), heads = heads, kv_heads = get(c, "num_key_value_heads", heads),
-         hidden = get(c, "intermediate_size"), rope_theta = get(c, "rope_theta", 10000),
-         norm_eps = get(c, "rms_norm_eps", 1e-6), qkv_bias = qkv_bias, dtype = c._dtype }
+         head_dim = get(c, "head_dim", dim / heads), hidden = get(c, "intermediate_size"),
+         rope_theta = get(c, "rope_theta", 10000), rope_scaling = rope_scaling(c),
+         norm_eps = get(c, "rms_norm_eps", 1e-6), qkv_bias = qkv_bias, qk_norm = qk_norm or false, dtype = c._dtype }
    end
 end
 
@@ -56,7 +78,8 @@ local llama_blocks = { ["ln1.weight"] = "input_layernorm.weight", ["ln2.weight"]
    ["attn.qkv.weight"] = { "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight" },
    ["attn.qkv.bias"] = { "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias" },
    ["attn.proj.weight"] = "self_attn.o_proj.weight", ["mlp.gate.weight"] = "mlp.gate_proj.weight",
-   ["mlp.up.weight"] = "mlp.up_proj.weight", ["mlp.down.weight"] = "mlp.down_proj.weight" }
+   ["mlp.up.weight"] = "mlp.up_proj.weight", ["mlp.down.weight"] = "mlp.down_proj.weight",
+   ["attn.q_norm.weight"] = "self_attn.q_norm.weight", ["attn.k_norm.weight"] = "self_attn.k_norm.weight" }
 local llama_top = { ["wte.weight"] = "model.embed_tokens.weight", ["lnf.weight"] = "model.norm.weight",
    ["head.weight"] = "lm_head.weight" }
 
@@ -66,6 +89,8 @@ M.mistral = { build = llama_like(false, true), top = llama_top, block = "model.l
    transposed = {} }
 M.qwen2 = { build = llama_like(true), top = llama_top, block = "model.layers.%d.", per_block = llama_blocks,
    transposed = {} }
+M.qwen3 = { build = llama_like(false, false, true), top = llama_top, block = "model.layers.%d.",
+   per_block = llama_blocks, transposed = {} }
 
 local gelu = { gelu_new = "tanh", gelu_pytorch_tanh = "tanh", gelu = "exact" }
 M.gpt2 = {

@@ -205,18 +205,21 @@ function GPT:embed(idx, first)
 end
 
 -- Llama-like: RMSNorm, RoPE, SwiGLU MLPs (hidden default: 8/3 dim rounded up to 32), GQA (kv_heads), no biases
--- (qkv_bias = true: biased q/k/v projections, as Qwen2's).
+-- (qkv_bias = true: biased q/k/v projections, as Qwen2's). head_dim (default dim/heads); rope_scaling: Llama-3's
+-- (dt.F.rope_freqs); qk_norm = true: RMSNorm on each q and k head (Qwen3).
 local Llama = LanguageModel:extend("Llama")
 M.Llama = Llama
 local llama_defaults = { vocab = 256, seq = 256, dim = 384, layers = 6, heads = 6, kv_heads = false, hidden = false,
-   rope_theta = 10000, norm_eps = 1e-5, qkv_bias = false, seed = 0, dtype = "f32", checkpoint = false }
+   head_dim = false, rope_theta = 10000, rope_scaling = false, norm_eps = 1e-5, qkv_bias = false, qk_norm = false,
+   seed = 0, dtype = "f32", checkpoint = false }
 
 function Llama:init(cfg)
    cfg = config("Llama", cfg, llama_defaults)
    cfg.kv_heads = cfg.kv_heads or cfg.heads
    cfg.hidden = cfg.hidden or 32 * math.ceil(8 * cfg.dim / 3 / 32)
    self:build(cfg, { norm = "rmsnorm", norm_eps = cfg.norm_eps, mlp = "swiglu", hidden = cfg.hidden, bias = false,
-      qkv_bias = cfg.qkv_bias, kv_heads = cfg.kv_heads, rope_theta = cfg.rope_theta }, layers.RMSNorm)
+      qkv_bias = cfg.qkv_bias, kv_heads = cfg.kv_heads, rope_theta = cfg.rope_theta, head_dim = cfg.head_dim or nil,
+      rope_scaling = cfg.rope_scaling or nil, qk_norm = cfg.qk_norm and cfg.norm_eps or nil }, layers.RMSNorm)
 end
 
 function Llama:add_positions() end -- positions come from RoPE inside attention

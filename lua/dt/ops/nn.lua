@@ -176,15 +176,49 @@ return function(dt, Tensor)
 
    -- rope / attention ---------------------------------------------------------------------------------------------
 
-   -- Rotary embedding of x (B, T, H, D), D even: pairs (i, i + D/2) rotate by (pos_offset + t) * theta^(-2i/D).
-   function F.rope(x, theta, pos_offset)
+   local freqs_t = ffi.typeof("double[?]")
+
+   -- RoPE's frequencies for head size D (a double[D/2]): theta^(-2i/D) for pair i, rescaled as Llama-3's rope_scaling
+   -- when `scaling` = { factor =, low_freq_factor =, high_freq_factor =, original_max_position_embeddings = } is given
+   -- (transformers' llama3 rope type): wavelengths 2 pi / f longer than original / low_freq_factor are stretched by
+   -- factor (f / factor), those shorter than original / high_freq_factor kept, those between interpolated.
+   function F.rope_freqs(D, theta, scaling)
+      local f = freqs_t(D / 2)
+      for i = 0, D / 2 - 1 do
+         local inv = theta ^ (-2 * i / D)
+         if scaling then
+            local old, lo, hi = scaling.original_max_position_embeddings, scaling.low_freq_factor,
+               scaling.high_freq_factor
+            local wavelen = 2 * math.pi / inv
+            if wavelen > old / lo then
+               inv = inv / scaling.factor
+            elseif wavelen >= old / hi then
+               local smooth = (old / wavelen - lo) / (hi - lo)
+               inv = (1 - smooth) * inv / scaling.factor + smooth * inv
+            end
+         end
+         f[i] = inv
+      end
+      return f
+   end
+
+   -- Rotary embedding of x (B, T, H, D), D even: pairs (i, i + D/2) rotate by (pos_offset + t) * freqs[i]. freqs: from
+   -- F.rope_freqs(D, ...), or a number theta for F.rope_freqs(D, theta) (default 10000).
+   function F.rope(x, freqs, pos_offset)
       need_tensor(x, "rope", "x")
-      theta, pos_offset = theta or 10000, pos_offset or 0
+      freqs, pos_offset = freqs or 10000, pos_offset or 0
+      local D = x.ndim == 4 and x:size(4) or 0
+      if type(freqs) == "number" then
+         freqs = F.rope_freqs(D - D % 2, freqs)
+      elseif ffi.sizeof(freqs) ~= 4 * D then
+         error(("F.rope: %d frequencies for head dim %d (want D/2 = %d: F.rope_freqs(D, ...))"):format(
+            ffi.sizeof(freqs) / 8, D, D / 2), 2)
+      end
       local y = like(x)
-      check(C.dt_nn_rope_fwd(contiguous(x).h, theta, pos_offset, y.h))
+      check(C.dt_nn_rope_fwd(contiguous(x).h, freqs, pos_offset, y.h))
       return record(y, { x }, function(g)
          local dx = like(x)
-         check(C.dt_nn_rope_bwd(contiguous(g).h, theta, pos_offset, dx.h))
+         check(C.dt_nn_rope_bwd(contiguous(g).h, freqs, pos_offset, dx.h))
          return dx
       end, "rope")
    end
