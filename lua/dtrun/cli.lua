@@ -1,4 +1,4 @@
--- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info, plot, attach and repl
+-- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info, plot, trace, attach and repl
 -- subcommands.
 local M = {}
 
@@ -17,6 +17,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]
                                                                draw runs' metrics.jsonl curves to an SVG
+       dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
        dtrun repl [--nproc N]                                  each line runs on N fresh ranks (a world is ready)
@@ -91,6 +92,7 @@ function commands.attach(args) return require("dtrun.attach").main(rest(args, 2)
 function commands.repl(args) return require("dtrun.attach").repl(rest(args, 2)) end
 
 function commands.plot(args) return require("dtrun.plot").main(rest(args, 2)) end
+function commands.trace(args) return require("dtrun.trace").main(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }

@@ -22,7 +22,8 @@
 -- dt/obs/mfu.lua), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
--- log_every steps, to the console.
+-- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
+-- checkpoint) are spans of a timeline (dt/obs/trace.lua).
 --
 -- Strategy hooks (all optional methods of opts.strategy, for DDP/FSDP/ZeRO and the like):
 --   begin_step(trainer, step)          before anything else in a step
@@ -44,6 +45,7 @@ local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.ckpt.checkpoint"
 local tensorboard = require "dt.obs.tensorboard"
 local mfu = require "dt.obs.mfu"
+local trace = require "dt.obs.trace"
 local dtffi = require "dt.ffi"
 local repl = require "dt.repl"
 
@@ -132,10 +134,17 @@ local function timed_gc()
    return dt.time() - t0
 end
 
+-- fn(...), in a span of the step's timeline when the run is traced (config.trace).
+local function traced(tracer, name, cat, fn, ...)
+   if tracer then return tracer:span(name, cat, fn, ...) end
+   return fn(...)
+end
+
 -- One optimizer step; returns the step result (see the top of this file).
 function Trainer:train_step()
    local cfg, opt = self.config, self.optimizer
-   local step, n_micro = self.step + 1, cfg.grad_accum
+   local step, n_micro, tr = self.step + 1, cfg.grad_accum, self.tracer
+   if tr then tr:begin_step(step) end
    self:hook("begin_step", step)
    dt.reset_peak_memory()
    local t0 = dt.time()
@@ -145,13 +154,15 @@ function Trainer:train_step()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
    for i = 1, n_micro do
       self:hook("micro_batch", i, n_micro)
-      local x, y = self:to_device(self.data:next())
-      local loss = self.forward(self.model, x, y)
+      local x, y = traced(tr, "data", "data", self.data.next, self.data)
+      x, y = traced(tr, "to device", "copy", self.to_device, self, x, y)
+      local loss = traced(tr, "forward", "forward", self.forward, self.model, x, y)
       loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
-      if n_micro == 1 then loss:backward() else loss:backward(loss:new_full(loss.shape, 1 / n_micro)) end
+      traced(tr, "backward", "backward", loss.backward, loss, n_micro > 1 and loss:new_full(loss.shape, 1 / n_micro)
+         or nil)
       x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
-      gc_s = gc_s + timed_gc()
+      gc_s = gc_s + traced(tr, "gc", "gc", timed_gc)
    end
    self:hook("before_optimizer")
    local loss = loss_sum / n_micro
@@ -167,7 +178,7 @@ function Trainer:train_step()
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
    local extra = { gc_seconds = gc_s }
    if steps then
-      opt:step()
+      traced(tr, "optimizer step", "optimizer", opt.step, opt)
    else
       self.skipped_steps = self.skipped_steps + 1
       self.print(("step %d: loss %g, gradient norm %g: optimizer step skipped (nonfinite=skip; %d so far)")
@@ -181,6 +192,7 @@ function Trainer:train_step()
       metrics = extra }
    if self.mfu then extra.mfu = self.mfu(result) end
    self:hook("end_step", result)
+   if tr then tr:end_step(step) end
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
       if not ok then error(("step callback %d failed at step %d: %s"):format(i, step, tostring(err)), 0) end
@@ -248,6 +260,8 @@ function Trainer:run()
    local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
    if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
    self.mfu = mfu.meter(self.model, self:device())
+   if cfg.trace and not self.run_dir then error("train.Trainer: trace needs a run_dir", 2) end
+   self.tracer = self.run_dir and trace.open(self.run_dir, tonumber(os.getenv("RANK")) or 0, cfg.trace, self.model)
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
@@ -274,7 +288,7 @@ function Trainer:run()
             self.print(metrics.progress(result, cfg.steps, eta))
          end
          if saves and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
-            self:save_checkpoint()
+            traced(self.tracer, "checkpoint save", "checkpoint", self.save_checkpoint, self)
          end
          repl.safe_point(self)
       end
@@ -283,6 +297,7 @@ function Trainer:run()
    dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end
    if tb then tb:close() end
+   if self.tracer then self.tracer:close() end
    if not ok then error(err, 0) end
    return result
 end
