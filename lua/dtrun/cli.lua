@@ -15,8 +15,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
-       dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]
-                                                               draw runs' metrics.jsonl curves to an SVG
+       dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg|.png]
+                                                               draw runs' metrics.jsonl curves (SVG or PNG)
        dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
