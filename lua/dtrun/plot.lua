@@ -38,7 +38,7 @@ end
 
 -- { [key] = { {x, value}, ... } } of a run's records, x the step or (x == "time") the training time so far (the sum of
 -- step_seconds); non-numbers (null for NaN) leave gaps out.
-local function series(recs, x, dir)
+function M.series(recs, x, dir)
    local out, seconds = {}, 0
    for _, rec in ipairs(recs) do
       if type(rec.step) == "number" then
@@ -203,7 +203,7 @@ function M.main(args)
             :format(dir, skipped))
       end
       local name = dir:gsub("/+$", ""):match("([^/]+)$") or dir
-      runs[#runs + 1] = { name = seen[name] and dir or name, series = series(recs, o.x, dir), dir = dir }
+      runs[#runs + 1] = { name = seen[name] and dir or name, series = M.series(recs, o.x, dir), dir = dir }
       seen[name] = true
    end
    local available = {}
