@@ -30,6 +30,9 @@ function Attention:init(dim, heads, opts)
    self.drop = layers.Dropout(opts.dropout or 0)
 end
 
+-- q.k^T and p.v over the heads (the projections are its Linear children), causal: half of (T, T) is computed.
+function Attention:own_flops(tokens, seq) return 2 * 2 * tokens * seq * self.dim * 0.5 end
+
 -- Columns [first, first + n*D) of qkv as (B, H=n, T, D), rotated when RoPE is on (positions from pos).
 function Attention:heads_of(qkv, first, n, rotate, pos)
    local B, T, D = qkv:size(1), qkv:size(2), self.head_dim
