@@ -19,7 +19,8 @@
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count, on the
--- CPU: see dt/obs/mfu.lua), ... } }. Step
+-- CPU: see dt/obs/mfu.lua), on a cuda device gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the
+-- driver's library opens: dt/obs/nvml.lua; otherwise stderr says why not, once), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
 -- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
@@ -46,6 +47,7 @@ local checkpoint = require "dt.ckpt.checkpoint"
 local tensorboard = require "dt.obs.tensorboard"
 local mfu = require "dt.obs.mfu"
 local trace = require "dt.obs.trace"
+local nvml = require "dt.obs.nvml"
 local dtffi = require "dt.ffi"
 local repl = require "dt.repl"
 
@@ -191,6 +193,7 @@ function Trainer:train_step()
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
       metrics = extra }
    if self.mfu then extra.mfu = self.mfu(result) end
+   for k, v in pairs(self.gpu and self.gpu() or {}) do extra[k] = v end
    self:hook("end_step", result)
    if tr then tr:end_step(step) end
    for i, fn in ipairs(self.callbacks) do
@@ -260,6 +263,15 @@ function Trainer:run()
    local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
    if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
    self.mfu = mfu.meter(self.model, self:device())
+   local cuda = tostring(self:device()):match("^cuda:?(%d*)$")
+   if cuda then
+      local why
+      self.gpu, why = nvml.open(tonumber(cuda) or 0)
+      if not self.gpu and not nvml.said then -- once per process, on stderr: the console stays the progress lines
+         nvml.said = true
+         io.stderr:write(("dtrun: gpu_utilization is not reported: %s\n"):format(why))
+      end
+   end
    if cfg.trace and not self.run_dir then error("train.Trainer: trace needs a run_dir", 2) end
    self.tracer = self.run_dir and trace.open(self.run_dir, tonumber(os.getenv("RANK")) or 0, cfg.trace, self.model)
    local first, t_start, result = self.step, dt.time(), nil
