@@ -28,16 +28,13 @@ local function fake_run()
    return dir
 end
 
+-- dtrun report's output and exit status, for paths under root.
 local function report(args)
-   local out = dh.sh(("cd %s && %s report %s 2>&1; echo \"exit=$?\""):format(root, dh.exe, args))
-   return out, tonumber(out:match("exit=(%d+)%s*$"))
+   local r = dh.dtrun(("report %s"):format(args:gsub("%S+", function(w) return fs.join(root, w) end)))
+   return r.out, r.code
 end
 
-local function count(s, pat)
-   local n = 0
-   for _ in s:gmatch(pat) do n = n + 1 end
-   return n
-end
+local function count(s, pat) return select(2, s:gsub(pat, "")) end
 
 local chromium = dh.sh("command -v chromium chromium-browser 2>/dev/null"):match("[^\n]+")
 
@@ -49,8 +46,8 @@ describe("dtrun report", function()
       local dir = fake_run()
       local out, code = report("run")
       assert.equal(0, code, out)
-      assert.matches("run: skipped 1 truncated line", out, 1, true)
-      assert.matches("wrote run/report.html", out, 1, true)
+      assert.matches(dir .. ": skipped 1 truncated line", out, 1, true)
+      assert.matches("wrote " .. dir .. "/report.html", out, 1, true)
       local html = fs.read(fs.join(dir, "report.html"))
       for _, tag in ipairs { "<script", "<link", "<img", "<iframe", "url%(", "src=", "href=" } do
          assert.equal(0, count(html, tag), tag .. " in a page that must open with no network")
@@ -83,10 +80,10 @@ describe("dtrun report", function()
    it("names what is wrong with bad input", function()
       fs.mkdir(fs.join(root, "empty"))
       for _, case in ipairs {
-         { "empty", "report: 'empty' is not a run dir: it has no metrics.jsonl" },
-         { "nowhere", "report: 'nowhere' does not exist" },
+         { "empty", "report: '" .. fs.join(root, "empty") .. "' is not a run dir: it has no metrics.jsonl" },
+         { "nowhere", "report: '" .. fs.join(root, "nowhere") .. "' does not exist" },
          { "", "report: name a run dir" },
-         { "empty extra", "report: unexpected 'extra'" },
+         { "empty extra", "report: unexpected '" .. fs.join(root, "extra") .. "'" },
       } do
          local out, code = report(case[1])
          assert.equal(1, code, out)
