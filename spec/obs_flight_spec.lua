@@ -48,6 +48,47 @@ describe("the flight recorder", function()
       H.remove_run(r.run_dir)
    end)
 
+   it("answers SIGUSR1 from a rank blocked in a call, and names who is behind when the agent is interrupted", function()
+      local tag = H.tag()
+      local log = os.tmpname()
+      -- the last rank sleeps instead of entering the all_reduce; the others block in it (timeout 60 s)
+      local agent = tonumber(H.sh(("cd %s && (%s %s --nproc 3 --grace 1 mode=skip timeout=60 sleep=30 tag=%s > %s "
+         .. "2>&1 & echo $!)"):format(H.root, H.exe, FAULTS, tag, log)))
+      local function output()
+         local f = assert(io.open(log))
+         local text = f:read("*a")
+         f:close()
+         return text
+      end
+      local run_dir, blocked
+      for _ = 1, 400 do -- until rank 0's dump (SIGUSR1, answered by its dump thread) shows it inside the all_reduce
+         local text = output()
+         run_dir = text:match("^run dir: ([^\n]+)")
+         local pid = text:match("%[0%] rank 0 pid (%d+)")
+         if pid then
+            os.remove(("%s/%s/flight/rank0.json"):format(H.root, run_dir))
+            H.sh("kill -USR1 " .. pid)
+            H.sh("sleep 0.05")
+            local ok, dump = pcall(read_dump, run_dir, 0)
+            blocked = ok and last_call(dump)
+            if blocked and blocked.op == "all_reduce" then break end
+         end
+         H.sh("sleep 0.05")
+      end
+      assert.same({ "all_reduce", "started" }, { blocked.op, blocked.state })
+      H.sh("kill -INT " .. agent)
+      for _ = 1, 400 do -- the agent ends within its grace period
+         if H.sh(("kill -0 %d 2>&1"):format(agent)):match("No such process") then break end
+         H.sh("sleep 0.05")
+      end
+      local text = output()
+      os.remove(log)
+      assert.matches("rank 2 is behind: finished barrier #0 and entered no later call; ranks 0,1 wait in all_reduce "
+         .. "#1 %(sum, f32, count 8%)", text)
+      assert.equal(0, H.count_procs(tag), "stray workers")
+      H.remove_run(run_dir)
+   end)
+
    it("dumps on a collective mismatch, on every rank", function()
       local r = H.dtrun(FAULTS .. " --nproc 2 --grace 2 mode=mismatch")
       assert.equal(3, r.code, r.out)

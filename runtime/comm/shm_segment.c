@@ -453,8 +453,10 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   DT_TRY(release_signals(c, &h, join(c, store, k_seg, k_joined, k_ready, &h)));
   call_ctx x;
   comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
-  DT_TRY(shm_begin(&x, c, &call, -1, 0));
-  DT_TRY(shm_sync(&x));
+  dt_status st = shm_begin(&x, c, &call, -1, 0);
+  if (st == DT_OK) st = shm_sync(&x);
+  flight_end(c->flight, st); /* the joining barrier is a call like the others (comm_api.c's run_call ends those) */
+  DT_TRY(st);
   /* all ranks are past their store waits: the keys can go, so the job id can be used again */
   if (c->rank == 0) {
     dt_store_delete(store, k_seg, DT_STORE_DEFAULT_TIMEOUT, NULL);
