@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dt_flight.h"
 #include "dt_internal.h"
 #include "dt_launch.h"
 
@@ -405,6 +406,14 @@ static void print_summary(agent *a) {
   fflush(stderr);
 }
 
+/* After a failed or stopped attempt: the ranks' flight rings to JSON, and which rank is behind, in which call. */
+static void flight_summary(agent *a) {
+  char dir[4096], line[2048];
+  snprintf(dir, sizeof dir, "%s/flight", a->o->run_dir);
+  if (dt_flight_report(dir, a->w[0].rank, a->n, line, sizeof line) == DT_OK && line[0])
+    fprintf(stderr, "dtrun: flight recorder (%s/rank<N>.json): %s\n", dir, line);
+}
+
 /* mkdir -p */
 static dt_status make_dirs(const char *dir) {
   char path[4096];
@@ -541,10 +550,12 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
     remove_segments(o);
     if (s != DT_OK) break;
     if (a.failed < 0 && !a.remote[0]) {
+      if (a.interrupted) flight_summary(&a);
       *exit_code = a.interrupted ? 128 + a.interrupted : 0; /* as the workers: 143 after SIGTERM, 130 after Ctrl-C */
       break;
     }
     print_summary(&a);
+    flight_summary(&a);
     *exit_code = a.failed >= 0 ? exit_code_of(a.w[a.failed].wstatus) : a.remote_code;
     /* another node interrupted (130) or the store is gone: the other agents won't restart */
     bool remote_final = a.failed < 0 && (a.remote_code == 130 || a.store_lost);

@@ -1,10 +1,12 @@
--- spec/obs_mfu_spec.lua: step results carry mfu (model FLOPs utilisation) for a GPT on the CPU, in metrics.jsonl too.
+-- spec/obs_mfu_spec.lua: step results carry mfu (model FLOPs utilisation, from the model's own FLOP count) on the CPU,
+-- in metrics.jsonl too.
 local dt = require "dt"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
+local mfu = require "dt.obs.mfu"
 
 local root
 
@@ -45,8 +47,28 @@ describe("mfu", function()
       assert.equal(3, n)
    end)
 
-   it("is left out for a model whose FLOPs it does not count", function()
-      local results = run(nn.Llama { vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2, seed = 1 })
+   it("counts FLOPs through the model's modules: Linear layers and attention, forward x 3", function()
+      local dim, layers, vocab, seq, tokens = 32, 2, 256, 16, 48
+      local gpt = nn.GPT { vocab = vocab, seq = seq, dim = dim, layers = layers, heads = 2, seed = 1 }
+      -- per block: qkv (3 d^2), proj (d^2), the MLP's two (4 d^2 each) multiply-adds per token; causal q.k and p.v
+      -- over half of the (seq, seq) scores; the head (d x vocab)
+      local per_token = layers * 2 * (3 + 1 + 8) * dim * dim + 2 * dim * vocab
+      local attention = layers * 2 * 2 * tokens * seq * dim * 0.5
+      assert.equal(per_token * tokens + attention, gpt:flops(tokens, seq))
+      assert.equal(3 * gpt:flops(tokens, seq), mfu.step_flops(gpt, tokens, seq))
+      local lin = nn.Linear(5, 7)
+      assert.equal(2 * 5 * 7 * 3, lin:flops(3, 1))
+      -- a Llama (SwiGLU MLP, grouped kv heads) counts its own: smaller qkv with kv_heads < heads
+      local llama = nn.Llama { vocab = 256, seq = 16, dim = 32, layers = 1, heads = 4, kv_heads = 2, seed = 1 }
+      assert.is_true(llama:flops(16, 16) > 0)
+      assert.is_number(run(llama)[3].metrics.mfu)
+   end)
+
+   it("is left out for a model that counts no FLOPs", function()
+      local Scale = nn.Module:extend("Scale")
+      function Scale:init() self.w = dt.ones({ 1 }, { requires_grad = true }) end
+      function Scale:forward(x, y) return (x:to("f32") * self.w - y:to("f32")):pow(2):mean() end
+      local results = run(Scale())
       assert.is_nil(results[3].metrics.mfu)
    end)
 end)

@@ -1,4 +1,5 @@
 -- spec/obs_plot_spec.lua: `dtrun plot`: the SVG's curves, axes, legend and points, truncated lines, bad input.
+local cjson = require "cjson"
 local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local dh = require "spec.dist_helpers"
@@ -89,6 +90,26 @@ describe("dtrun plot", function()
       assert.matches(">b</text>", legend, 1, true)
    end)
 
+   it("rasterises the same plot to PNG: decodes, not empty, axes drawn, one colour per run", function()
+      fake_run("a", 12, 1)
+      fake_run("b", 8, 2)
+      local out, code = plot("a b --keys loss,lr -o out.png")
+      assert.equal(0, code, out)
+      assert.matches("wrote out.png: 4 curves", out, 1, true)
+      plot("a b --keys loss,lr -o out.svg")
+      local _, w, h = parse(fs.read(fs.join(root, "out.svg")))
+      local img = cjson.decode(dh.sh(("python3 %s/spec/fixtures/png_check.py %s"):format(dh.root,
+         fs.join(root, "out.png"))))
+      assert.same({ w, h }, { img.width, img.height })
+      assert.is_true(img.counts["#ffffff"] < w * h, "an empty (white) image")
+      -- each panel's frame: a dark line across the plot area (760 wide less 80 + 24 of margins)
+      assert.is_true(img.longest_row_run["#333333"] >= 650, cjson.encode(img.longest_row_run))
+      local COLORS = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e" } -- plot.lua's first curve colours
+      local drawn = {}
+      for _, c in ipairs(COLORS) do drawn[#drawn + 1] = (img.counts[c] or 0) > 50 end
+      assert.same({ true, true, false, false }, drawn) -- two runs: two curve colours, in the legend and the panels
+   end)
+
    it("skips a truncated last line of metrics.jsonl and says so", function()
       local dir = fake_run("a", 10, 1)
       local f = assert(io.open(fs.join(dir, "metrics.jsonl"), "a"))
@@ -142,7 +163,7 @@ describe("dtrun plot", function()
          { "a/metrics.jsonl", "'a/metrics.jsonl' is not a run dir: it has no metrics.jsonl" },
          { "a --keys loss,los",
             "no key 'los' in the metrics.jsonl of a; available keys: loss, lr, memory/host/peak, step_seconds" },
-         { "a -o a.png", "the output is SVG" },
+         { "a -o a.jpg", "cannot write 'a.jpg': name the output .svg or .png" },
          { "a --smooth 1", "--smooth takes a weight in [0, 1)" },
          { "a --keys", "--keys needs a value" },
          { "a --x wall", "--x takes step or time, got 'wall'" },

@@ -266,6 +266,10 @@ function M.init(opts)
       server = server,
       job_id = job,
    }
+   -- under the launcher every collective goes into the flight recorder (<run dir>/flight/rank<N>.ring; dumped to
+   -- .json on a failed collective, SIGUSR1, or by the agent when the job fails)
+   local run_dir = require("dt.rundir").from_launcher()
+   if run_dir then check(C.dt_flight_open(run_dir .. "/flight", rank)) end
    world.comm = M.new_comm(store, rank, size, job .. "-world")
    -- a cuda rank uses the device of its local rank; its collectives on cuda tensors go through NCCL
    if os.getenv("DT_DEVICE") == "cuda" then

@@ -1,5 +1,5 @@
--- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info, plot, attach and repl
--- subcommands.
+-- dtrun/cli.lua: dtrun's command line: run a recipe, or the test, bench, ckpt, info, plot, report, trace, attach and
+-- repl subcommands.
 local M = {}
 
 local usage = [[
@@ -15,8 +15,10 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels, grpo, generate)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
-       dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]
-                                                               draw runs' metrics.jsonl curves to an SVG
+       dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg|.png]
+                                                               draw runs' metrics.jsonl curves (SVG or PNG)
+       dtrun report RUN_DIR [-o OUT.html]                      one self-contained HTML page of a run
+       dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
        dtrun info                                              build, CUDA/NCCL versions, threads and devices
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
        dtrun repl [--nproc N]                                  each line runs on N fresh ranks (a world is ready)
@@ -91,6 +93,8 @@ function commands.attach(args) return require("dtrun.attach").main(rest(args, 2)
 function commands.repl(args) return require("dtrun.attach").repl(rest(args, 2)) end
 
 function commands.plot(args) return require("dtrun.plot").main(rest(args, 2)) end
+function commands.report(args) return require("dtrun.report").main(rest(args, 2)) end
+function commands.trace(args) return require("dtrun.trace").main(rest(args, 2)) end
 
 local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
    emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }

@@ -1,18 +1,18 @@
--- dtrun/plot.lua: `dtrun plot`: the curves of one or several runs' metrics.jsonl drawn to an SVG file.
+-- dtrun/plot.lua: `dtrun plot`: the curves of one or several runs' metrics.jsonl drawn to an SVG or PNG file.
 --
 --    dtrun plot runs/a runs/b --keys loss,lr -o curves.svg
 --
 -- One panel per key (its own y scale), one curve per run in it, the run's colour the same in every panel; x is the
 -- step, or with --x time the training time (the sum of step_seconds); axes with ticks and labels, a legend of the
 -- runs. Keys are metrics.flatten's tags (loss, lr, memory/host/peak, ...). A truncated last line (a run killed
--- mid-write) is skipped and counted.
+-- mid-write) is skipped and counted. A .png output is the same picture rasterised (dtrun/raster.lua).
 local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 
 local M = {}
 
-local usage = "usage: dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]"
+local usage = "usage: dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg|.png]"
 local COLORS = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf" }
 local W, PANEL_H, LEFT, RIGHT, TOP, GAP, LEGEND_H = 760, 240, 80, 24, 28, 56, 26
 
@@ -38,7 +38,7 @@ end
 
 -- { [key] = { {x, value}, ... } } of a run's records, x the step or (x == "time") the training time so far (the sum of
 -- step_seconds); non-numbers (null for NaN) leave gaps out.
-local function series(recs, x, dir)
+function M.series(recs, x, dir)
    local out, seconds = {}, 0
    for _, rec in ipairs(recs) do
       if type(rec.step) == "number" then
@@ -186,8 +186,8 @@ local function parse_args(args)
    if #o.dirs == 0 then fail("name at least one run dir\n" .. usage) end
    if #o.keys == 0 then fail("--keys names no key") end
    o.out = o.out or fs.join(o.dirs[1], "plot.svg")
-   if not o.out:match("%.svg$") then
-      fail(("cannot write '%s': the output is SVG (name it .svg; rsvg-convert turns it into a PNG)"):format(o.out))
+   if not o.out:match("%.svg$") and not o.out:match("%.png$") then
+      fail(("cannot write '%s': name the output .svg or .png"):format(o.out))
    end
    return o
 end
@@ -203,7 +203,7 @@ function M.main(args)
             :format(dir, skipped))
       end
       local name = dir:gsub("/+$", ""):match("([^/]+)$") or dir
-      runs[#runs + 1] = { name = seen[name] and dir or name, series = series(recs, o.x, dir), dir = dir }
+      runs[#runs + 1] = { name = seen[name] and dir or name, series = M.series(recs, o.x, dir), dir = dir }
       seen[name] = true
    end
    local available = {}
@@ -220,7 +220,7 @@ function M.main(args)
       end
    end
    local text, curves = M.svg(runs, o.keys, o.smooth, o.x)
-   fs.write(o.out, text)
+   if o.out:match("%.png$") then require("dtrun.raster").write_png(text, o.out) else fs.write(o.out, text) end
    print(("wrote %s: %d curve%s (%s; %s)"):format(o.out, curves, curves == 1 and "" or "s",
       table.concat(o.keys, ", "), #runs == 1 and runs[1].name or #runs .. " runs"))
    return 0

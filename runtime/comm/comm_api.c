@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "comm_nccl.h"
+#include "flight_internal.h"
 
 enum { DEFAULT_TIMEOUT_MS = 300000, MAX_WORLD = 256, MAX_JOB = 128 };
 
@@ -17,9 +18,9 @@ struct dt_comm_work {
   dt_comm_p2p ops[]; /* CALL_GROUP: a copy of the caller's list */
 };
 
-/* Runs one validated call on this thread: a cuda call is checked against the other ranks through the segment, then
+/* One validated call on this thread: a cuda call is checked against the other ranks through the segment, then
  * queued on the device's comm stream; a host call runs through the segment. */
-static dt_status run_call(dt_comm *c, const comm_call *call) {
+static dt_status run_call_on(dt_comm *c, const comm_call *call) {
 #if DT_HAVE_CUDA
   if (call->nc) {
     const dt_tensor *t = call->in ? call->in : call->out;
@@ -35,6 +36,14 @@ static dt_status run_call(dt_comm *c, const comm_call *call) {
   }
 #endif
   return shm_run(c, call);
+}
+
+/* Runs one call, recorded by the flight recorder. */
+static dt_status run_call(dt_comm *c, const comm_call *call) {
+  c->flight = -1;
+  dt_status st = run_call_on(c, call);
+  flight_end(c->flight, st);
+  return st;
 }
 
 /* A cuda call's completion on the caller's side (a no-op for host calls): the compute stream is ordered after it. */

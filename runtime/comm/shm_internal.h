@@ -91,6 +91,7 @@ struct dt_comm {
   dt_nccl *nccl;
   uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
   struct pollfd *peers;               /* per rank: a pidfd of its process to poll (fd -1 for this one) */
+  int64_t flight;                     /* the running call's number in the flight recorder (flight.c), or -1 */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -114,6 +115,7 @@ static inline dt_tensor shm_host_view(void *p, int64_t n, int dtype) {
 
 /* shm_segment.c */
 const char *shm_kind_name(int kind);
+const char *shm_op_name(int op); /* "sum", ..., or "" */
 /* "all_reduce #5 (sum, f32, count 100)" */
 const char *shm_describe(const shm_fp *fp, char *buf, size_t n);
 /* Start a call: refuse on a failed communicator, publish the fingerprint. */

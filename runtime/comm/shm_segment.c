@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shm_internal.h"
+#include "flight_internal.h"
 
 enum {
   SEG_MAGIC = 0x4d484454, /* "TDHM" */
@@ -35,6 +35,7 @@ static const char *const kind_names[CALL_KIND_COUNT] = {
     "recv", "group_p2p"};
 static const char *const op_names[DT_COMM_OP_COUNT] = {"sum", "avg", "max", "min"};
 
+const char *shm_op_name(int op) { return op >= 0 && op < DT_COMM_OP_COUNT ? op_names[op] : ""; }
 const char *shm_kind_name(int kind) { return kind >= 0 && kind < CALL_KIND_COUNT ? kind_names[kind] : "?"; }
 
 const char *shm_describe(const shm_fp *fp, char *buf, size_t n) {
@@ -46,7 +47,7 @@ const char *shm_describe(const shm_fp *fp, char *buf, size_t n) {
     char root[24] = "";
     if (fp->root >= 0) snprintf(root, sizeof root, ", root %d", fp->root);
     snprintf(buf, n, "%s #%llu (%s%s%s, count %lld%s)", shm_kind_name(fp->kind), (unsigned long long)fp->seq,
-             fp->op >= 0 && fp->op < DT_COMM_OP_COUNT ? op_names[fp->op] : "", fp->op >= 0 ? ", " : "",
+             shm_op_name(fp->op), fp->op >= 0 ? ", " : "",
              dt_dtype_name(fp->dtype), (long long)fp->count, root);
   }
   return buf;
@@ -134,14 +135,18 @@ dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, i
   x->c = c;
   x->checked = false;
   x->fp = (shm_fp){.kind = call->kind, .op = call->op, .dtype = dtype, .root = call->root, .count = count};
-  DT_CHECK(!c->failed[0], DT_ERR_STATE, "comm '%s' rank %d/%d: unusable after an earlier failure: %s", c->job,
-           c->rank, c->world, c->failed);
-  if (atomic_load(&c->hdr->abort_rank)) return shm_aborted_error(x);
-  if (call->kind == CALL_SEND || call->kind == CALL_RECV || call->kind == CALL_GROUP)
-    return DT_OK; /* numbered per pair in shm_p2p.c */
-  x->fp.seq = c->seq++;
-  c->ranks[c->rank].fp[x->fp.seq & 1] = x->fp;
-  return DT_OK;
+  dt_status st = DT_OK;
+  if (c->failed[0])
+    st = DT_FAIL(DT_ERR_STATE, "comm '%s' rank %d/%d: unusable after an earlier failure: %s", c->job, c->rank,
+                 c->world, c->failed);
+  else if (atomic_load(&c->hdr->abort_rank))
+    st = shm_aborted_error(x);
+  else if (call->kind != CALL_SEND && call->kind != CALL_RECV && call->kind != CALL_GROUP) { /* p2p: shm_p2p.c */
+    x->fp.seq = c->seq++;
+    c->ranks[c->rank].fp[x->fp.seq & 1] = x->fp;
+  }
+  c->flight = flight_begin(c, &x->fp, call); /* run_call (comm_api.c) records its end */
+  return st;
 }
 
 static bool fp_eq(const shm_fp *a, const shm_fp *b) {
@@ -226,6 +231,7 @@ dt_status shm_sync(call_ctx *x) {
   DT_TRY(barrier(x));
   if (x->checked) return DT_OK;
   x->checked = true;
+  flight_ready(x->c->flight);
   return check_fingerprints(x);
 }
 
@@ -447,8 +453,10 @@ dt_status shm_segment_open(dt_comm *c, dt_store_client *store) {
   DT_TRY(release_signals(c, &h, join(c, store, k_seg, k_joined, k_ready, &h)));
   call_ctx x;
   comm_call call = {.kind = CALL_BARRIER, .op = -1, .root = -1, .peer = -1};
-  DT_TRY(shm_begin(&x, c, &call, -1, 0));
-  DT_TRY(shm_sync(&x));
+  dt_status st = shm_begin(&x, c, &call, -1, 0);
+  if (st == DT_OK) st = shm_sync(&x);
+  flight_end(c->flight, st); /* the joining barrier is a call like the others (comm_api.c's run_call ends those) */
+  DT_TRY(st);
   /* all ranks are past their store waits: the keys can go, so the job id can be used again */
   if (c->rank == 0) {
     dt_store_delete(store, k_seg, DT_STORE_DEFAULT_TIMEOUT, NULL);

@@ -10,5 +10,6 @@
 #include "dt_launch.h"
 #include "dt_store.h"
 #include "dt_comm.h"
+#include "dt_flight.h"
 #include "dt_tokenizer.h"
 #include "dt_cuda.h" /* declared in every build; only CUDA builds define the functions (dt_cuda_build()) */

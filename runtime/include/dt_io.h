@@ -10,6 +10,10 @@ uint32_t dt_io_crc32c(uint32_t crc, const void *data, size_t n);
 /* CRC32 of a whole file. */
 dt_status dt_io_file_crc32(const char *path, uint32_t *out);
 
+/* Write an 8-bit RGB image (height rows of width * 3 bytes, top row first) as a PNG file, through a temporary file
+ * renamed into place (runtime/png.c). */
+dt_status dt_io_write_png(const char *path, const uint8_t *rgb, int width, int height);
+
 /* Size of a file or directory (symlinks followed); DT_ERR_IO naming the path when it is missing. */
 dt_status dt_io_stat(const char *path, int64_t *size, bool *is_dir);
 

@@ -38,6 +38,9 @@ function Attention:init(dim, heads, opts)
    self.drop = layers.Dropout(opts.dropout or 0)
 end
 
+-- q.k^T and p.v over the heads (the projections are its Linear children), causal: half of (T, T) is computed.
+function Attention:own_flops(tokens, seq) return 2 * 2 * tokens * seq * self.heads * self.head_dim * 0.5 end
+
 -- Columns [first, first + n*D) of qkv as (B, H=n, T, D), normalised by `norm` when given, rotated when RoPE is on
 -- (positions from pos).
 function Attention:heads_of(qkv, first, n, rotate, pos, norm)

@@ -35,6 +35,7 @@ function Linear:init(in_features, out_features, opts)
 end
 
 function Linear:forward(x) return dt.linear(x, self.weight, self.bias) end
+function Linear:own_flops(tokens) return 2 * tokens * self.in_features * self.out_features end
 function Linear:extra_repr()
    return ("%d, %d%s"):format(self.in_features, self.out_features, self.bias and "" or ", bias=false")
 end

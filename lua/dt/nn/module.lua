@@ -254,6 +254,15 @@ function Module:forward()
    error(self.__name .. " has no forward()", 2)
 end
 
+-- Forward FLOPs (2 per multiply-add) over `tokens` positions in sequences of `seq`: the module's own (own_flops: 0
+-- unless its class counts them, as Linear and attention do) plus its children's. What mfu (dt/obs/mfu.lua) counts.
+function Module:flops(tokens, seq)
+   local n = self:own_flops(tokens, seq)
+   for _, c in ipairs(self:children()) do n = n + c:flops(tokens, seq) end
+   return n
+end
+function Module:own_flops() return 0 end
+
 -- Traversal ----------------------------------------------------------------------------------------
 
 -- Own registered { name, value, key } triples of one kind, in registration order (key: the raw field).

@@ -24,11 +24,14 @@ M.base = {
    run_dir = "",          -- "" picks runs/<recipe>-<timestamp>
    repl_tcp = "",         -- HOST:PORT: the live REPL also listens on TCP (rank r on PORT + r; needs DT_JOB_TOKEN)
    tensorboard = true,    -- also write the step results as TensorBoard event files in <run dir>/tb
+   trace = false,         -- timelines in <run dir>/trace (dt/obs/trace.lua): true, or {steps = {first, last}}
    private = true,        -- new run dirs (and every file the run writes) readable by their owner only
 }
 
 -- Words a key takes besides values of its default's type.
 M.also = { resume = { auto = true } }
+-- Boolean keys that also take a table (trace = {steps = {5, 7}}; its reader checks the table).
+M.or_table = { trace = true }
 
 local function is_list(t) return next(t) == nil or t[1] ~= nil end
 
@@ -111,6 +114,9 @@ local function coerce(key, value, default, root, current)
       if is_list(default) then return deep_copy(value) end
       merge(current, value, default, key .. ".", root)
       return current
+   end
+   if M.or_table[key] and (type(value) == "table" or type(value) == "string" and value:match("^%s*{")) then
+      return type(value) == "table" and deep_copy(value) or table_literal(key, value)
    end
    if type(value) == want then return value end
    if type(value) ~= "string" then bad_value(key, value, "a " .. want) end

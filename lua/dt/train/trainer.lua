@@ -19,11 +19,13 @@
 -- of its step); the result's metrics.gc_seconds reports it.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
--- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (nn.GPT on the CPU: see
--- dt/obs/mfu.lua), ... } }. Step
+-- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count, on the
+-- CPU: see dt/obs/mfu.lua), on a cuda device gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the
+-- driver's library opens: dt/obs/nvml.lua; otherwise stderr says why not, once), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
--- log_every steps, to the console.
+-- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
+-- checkpoint) are spans of a timeline (dt/obs/trace.lua).
 --
 -- Strategy hooks (all optional methods of opts.strategy, for DDP/FSDP/ZeRO and the like):
 --   begin_step(trainer, step)          before anything else in a step
@@ -45,6 +47,8 @@ local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.ckpt.checkpoint"
 local tensorboard = require "dt.obs.tensorboard"
 local mfu = require "dt.obs.mfu"
+local trace = require "dt.obs.trace"
+local nvml = require "dt.obs.nvml"
 local dtffi = require "dt.ffi"
 local repl = require "dt.repl"
 
@@ -167,10 +171,17 @@ local function timed_gc()
    return dt.time() - t0
 end
 
+-- fn(...), in a span of the step's timeline when the run is traced (config.trace).
+local function traced(tracer, name, cat, fn, ...)
+   if tracer then return tracer:span(name, cat, fn, ...) end
+   return fn(...)
+end
+
 -- One optimizer step; returns the step result (see the top of this file).
 function Trainer:train_step()
    local cfg, opt = self.config, self.optimizer
-   local step, n_micro = self.step + 1, cfg.grad_accum
+   local step, n_micro, tr = self.step + 1, cfg.grad_accum, self.tracer
+   if tr then tr:begin_step(step) end
    self:hook("begin_step", step)
    dt.reset_peak_memory()
    local t0 = dt.time()
@@ -181,13 +192,15 @@ function Trainer:train_step()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
    for i = 1, n_micro do
       self:hook("micro_batch", i, n_micro)
-      local x, y = self:to_device(self.data:next())
-      local loss = self.forward(self.model, x, y)
+      local x, y = traced(tr, "data", "data", self.data.next, self.data)
+      x, y = traced(tr, "to device", "copy", self.to_device, self, x, y)
+      local loss = traced(tr, "forward", "forward", self.forward, self.model, x, y)
       loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
-      if n_micro == 1 then loss:backward() else loss:backward(loss:new_full(loss.shape, 1 / n_micro)) end
+      traced(tr, "backward", "backward", loss.backward, loss, n_micro > 1 and loss:new_full(loss.shape, 1 / n_micro)
+         or nil)
       x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
-      gc_s = gc_s + timed_gc()
+      gc_s = gc_s + traced(tr, "gc", "gc", timed_gc)
    end
    self:hook("before_optimizer")
    local loss = loss_sum / n_micro
@@ -203,7 +216,7 @@ function Trainer:train_step()
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
    local extra = { gc_seconds = gc_s }
    if steps then
-      opt:step()
+      traced(tr, "optimizer step", "optimizer", opt.step, opt)
    else
       self.skipped_steps = self.skipped_steps + 1
       self.print(("step %d: loss %g, gradient norm %g: optimizer step skipped (nonfinite=skip; %d so far)")
@@ -216,8 +229,10 @@ function Trainer:train_step()
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
       metrics = extra }
    if self.mfu then extra.mfu = self.mfu(result) end
+   for k, v in pairs(self.gpu and self.gpu() or {}) do extra[k] = v end
    self:hook("end_step", result)
    self.last_result = result -- the live REPL's trainer.last_result
+   if tr then tr:end_step(step) end
    for i, fn in ipairs(self.callbacks) do
       local ok, err = pcall(fn, result)
       if not ok then error(("step callback %d failed at step %d: %s"):format(i, step, tostring(err)), 0) end
@@ -285,6 +300,17 @@ function Trainer:run()
    local tb = log and cfg.tensorboard and tensorboard.open(fs.join(self.run_dir, "tb"))
    if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
    self.mfu = mfu.meter(self.model, self:device())
+   local cuda = tostring(self:device()):match("^cuda:?(%d*)$")
+   if cuda then
+      local why
+      self.gpu, why = nvml.open(tonumber(cuda) or 0)
+      if not self.gpu and not nvml.said then -- once per process, on stderr: the console stays the progress lines
+         nvml.said = true
+         io.stderr:write(("dtrun: gpu_utilization is not reported: %s\n"):format(why))
+      end
+   end
+   if cfg.trace and not self.run_dir then error("train.Trainer: trace needs a run_dir", 2) end
+   self.tracer = self.run_dir and trace.open(self.run_dir, tonumber(os.getenv("RANK")) or 0, cfg.trace, self.model)
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
@@ -311,7 +337,7 @@ function Trainer:run()
             self.print(metrics.progress(result, cfg.steps, eta))
          end
          if saves and cfg.checkpoint_every > 0 and (s % cfg.checkpoint_every == 0 or s == cfg.steps) then
-            self:save_checkpoint()
+            traced(self.tracer, "checkpoint save", "checkpoint", self.save_checkpoint, self)
          end
          repl.safe_point(self)
       end
@@ -320,6 +346,7 @@ function Trainer:run()
    dtffi.C.dt_signal_restore(SIGTERM)
    if log then log:close() end
    if tb then tb:close() end
+   if self.tracer then self.tracer:close() end
    if not ok then error(err, 0) end
    return result
 end

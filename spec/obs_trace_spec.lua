@@ -1,0 +1,101 @@
+-- spec/obs_trace_spec.lua: trace=...: per-rank Chrome trace-event JSON whose spans nest, the traced steps only, one
+-- collective span per collective issued, `dtrun trace merge`, bad input.
+local cjson = require "cjson"
+local fs = require "dt.fs"
+local H = require "spec.dist_helpers"
+
+local FIXTURE = "spec/fixtures/trace_train.lua"
+
+local function decode(path)
+   local f = assert(io.open(path), "missing " .. path)
+   local doc = cjson.decode(f:read("*a"))
+   f:close()
+   return doc
+end
+
+-- Every (pid, tid) track's complete events, sorted by start (the longer first on a tie), must nest: each one inside
+-- the innermost still-open one, or after it.
+local function assert_nested(events)
+   local tracks = {}
+   for _, e in ipairs(events) do
+      if e.ph == "X" then
+         assert.is_true(e.dur >= 0 and e.ts % 1 == 0 and e.dur % 1 == 0, cjson.encode(e))
+         local key = e.pid .. "/" .. e.tid
+         tracks[key] = tracks[key] or {}
+         table.insert(tracks[key], e)
+      end
+   end
+   for key, list in pairs(tracks) do
+      table.sort(list, function(a, b) return a.ts < b.ts or a.ts == b.ts and a.dur > b.dur end)
+      local open = {}
+      for _, e in ipairs(list) do
+         while #open > 0 and open[#open].ts + open[#open].dur <= e.ts do open[#open] = nil end
+         local parent = open[#open]
+         if parent then
+            assert.is_true(e.ts + e.dur <= parent.ts + parent.dur, ("track %s: %s crosses %s"):format(key,
+               cjson.encode(e), cjson.encode(parent)))
+         end
+         open[#open + 1] = e
+      end
+   end
+   return tracks
+end
+
+describe("trace", function()
+   it("writes each rank's traced steps as nested spans, one collective span per collective; merge joins the ranks",
+      function()
+         local r = H.dtrun(FIXTURE .. " --nproc 2 'trace={steps={2,3}}'")
+         assert.equal(0, r.code, r.out)
+         for rank = 0, 1 do
+            local doc = decode(("%s/%s/trace/rank%d.json"):format(H.root, r.run_dir, rank))
+            assert_nested(doc.traceEvents)
+            local steps, names, collectives, waits = {}, {}, 0, 0
+            for _, e in ipairs(doc.traceEvents) do
+               assert.equal(rank, e.pid)
+               if e.cat == "step" then steps[#steps + 1] = e.args.step end
+               if e.ph == "X" then
+                  names[e.name:match("^(%S+)")] = true
+                  names[e.name:match("^(%S+ %S+)") or ""] = true
+               end
+               if e.cat == "collective" and e.args then
+                  collectives = collectives + 1
+                  assert.is_true(e.args.bytes >= 0 and e.tid > 100, cjson.encode(e))
+               end
+               if e.name == "wait" then waits = waits + 1 end
+            end
+            table.sort(steps)
+            assert.same({ 2, 3 }, steps)
+            for _, n in ipairs { "data", "forward", "backward", "optimizer", "gc", "all_reduce", "forward Linear",
+               "backward Linear", "backward Block" } do
+               assert.is_true(names[n], n .. " missing: " .. cjson.encode(names))
+            end
+            assert.is_true(names["checkpoint"] == (rank == 0 or nil), "checkpoint span on rank " .. rank)
+            local issued = tonumber(r.out:match(("%%[%d%%] rank %d issued (%%d+) collectives"):format(rank, rank)))
+            assert.is_true(issued > 0, r.out)
+            assert.equal(issued, collectives)
+            assert.equal(collectives, waits) -- every one split into wait and transfer
+         end
+         local out = H.sh(("cd %s && %s trace merge %s 2>&1"):format(H.root, H.exe, r.run_dir))
+         assert.matches("merged 2 ranks %(%d+ events%) into [^\n]*/trace/merged%.json", out)
+         local merged = decode(("%s/%s/trace/merged.json"):format(H.root, r.run_dir))
+         local pids = {}
+         for _, e in ipairs(merged.traceEvents) do pids[e.pid] = true end
+         assert.same({ [0] = true, [1] = true }, pids)
+         assert_nested(merged.traceEvents)
+         H.remove_run(r.run_dir)
+      end)
+
+   it("records nothing when off, and refuses a bad trace value or run dir", function()
+      local r = H.dtrun(FIXTURE .. " steps=1 checkpoint_every=0")
+      assert.equal(0, r.code, r.out)
+      assert.is_false(fs.is_dir(("%s/%s/trace"):format(H.root, r.run_dir)), "trace/ written with trace=false")
+      local out = H.sh(("cd %s && %s trace merge %s 2>&1"):format(H.root, H.exe, r.run_dir))
+      assert.matches("has no trace/ folder: run with trace=true", out)
+      H.remove_run(r.run_dir)
+      r = H.dtrun(FIXTURE .. " 'trace={steps={3,2}}'")
+      assert.matches("trace: expected true, false or {steps = {first, last}}", r.out)
+      H.remove_run(r.run_dir)
+      out = H.sh(("cd %s && %s trace merge /nonexistent/run 2>&1"):format(H.root, H.exe))
+      assert.matches("'/nonexistent/run' is not a directory", out)
+   end)
+end)
