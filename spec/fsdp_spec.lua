@@ -189,8 +189,8 @@ describe("fsdp in one process", function()
       -- the seeds' tensor-parallel mesh: no axis may silently become replication
       local tp = { mesh_shape = { { 1, 1 }, { "fsdp", "tp" } } }
       testing.expect_error(function() fsdp.wrap(gpt(), { mesh = tp }) end,
-         "fsdp.wrap: mesh axis 'tp' (size 1) would be used by nothing (a 'tp' axis: tp.wrap the model first); name each "
-         .. "axis for what it does: 'fsdp' shards the parameters over its ranks, 'replicate' (or 'dp') holds full "
+         "fsdp.wrap: mesh axis 'tp' (size 1) would be used by nothing (a 'tp' axis: tp.wrap the model first); name "
+         .. "each axis for what it does: 'fsdp' shards the parameters over its ranks, 'replicate' (or 'dp') holds full "
          .. "copies")
       fsdp.wrap(gpt(), { mesh = { shape = { 1, 1 }, names = { "dp", "fsdp" } } }) -- dp: replication by name
       fsdp.wrap(gpt(), { mesh = { shape = { 1, 1 }, names = { "fsdp", "tp" } }, replicate = "tp" }) -- or by opts
