@@ -3,6 +3,7 @@
 --    dtrun recipes/train.lua                                    # loss 5.6 -> ~1.9 in ~80 s on 2 cores
 --    dtrun recipes/train.lua --nproc 2                          # data parallel (DDP) over 2 ranks
 --    dtrun recipes/train.lua --gpus 2                           # ... on cuda:0 and cuda:1 (DT_DEVICE=cuda: 1 GPU)
+--    dtrun recipes/train.lua --nproc 4 'model.mesh_shape=[[2,2],["dp","tp"]]'   # DDP x tensor parallel (or fsdp x tp)
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 local dt    = require "dt"
@@ -10,25 +11,21 @@ local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
-local ddp   = require "dt.parallel.ddp"
+local layout = require "dt.parallel.layout"
 
 local cfg = train.config {
    steps = 400, seed = 1, log_every = 25,
    lr = 2e-3, min_lr = 1e-4, warmup = 20, weight_decay = 0.1,
    batch = 16, seq = 128,
    data = "",                                   -- a text file or directory ("" = the default text)
-   model = { dim = 192, layers = 4, heads = 6, dropout = 0 },
+   model = { dim = 192, layers = 4, heads = 6, dropout = 0,
+      mesh_shape = {} },                        -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
    sample = 200,                                -- bytes to generate at the end (0: skip)
    eval_batches = 8,                            -- val batches for the final val loss
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()                      -- rank and world size from the launcher (1 rank alone)
 local say = world.is_main and print or function() end
-
--- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each rank reads
--- its own `batch` rows of the global batch of batch * world.size rows.
-local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
-   seed = cfg.seed, world = world }
 
 -- Model: GPT-2-like over the 256 byte values, on the default device (cuda:LOCAL_RANK under --gpus or with
 -- DT_DEVICE=cuda; the trainer copies each batch there).
@@ -37,7 +34,12 @@ local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers =
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
    model:num_parameters() / 1e6, world.size, dt.default_device()))
-if world.size > 1 then ddp.wrap(model, { comm = world.comm }) end  -- gradients averaged over ranks
+local data_world = layout.wrap(model, cfg.model.mesh_shape)  -- DDP over the ranks, or the mesh's strategies
+
+-- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each data-parallel rank reads
+-- its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the same rows).
+local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
+   seed = cfg.seed, world = data_world }
 
 -- AdamW with weight decay on matrices only; linear warmup, then cosine decay to min_lr.
 local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),
@@ -48,13 +50,11 @@ local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.
 local trainer = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = dir,
    schedule = schedule, print = say }
 local last = trainer:run()
-if last and world.is_main then
-   print(("done: step %d  train loss %.4f  val loss %.4f"):format(last.step, last.loss,
-      trainer:evaluate(cfg.eval_batches)))
-end
+local val = trainer:evaluate(cfg.eval_batches) -- every rank: with tensor parallelism this is a collective
+if last then say(("done: step %d  train loss %.4f  val loss %.4f"):format(last.step, last.loss, val)) end
 
--- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40).
-if cfg.sample > 0 and world.is_main and not trainer.stopped then
+-- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40); every rank draws the same bytes.
+if cfg.sample > 0 and not trainer.stopped then
    local prompt = "The "
    local idx = dt.tensor({ { prompt:byte(1, -1) } }, { dtype = "i64" })
    local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })
@@ -63,5 +63,5 @@ if cfg.sample > 0 and world.is_main and not trainer.stopped then
       local b = out:get(i)
       bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
    end
-   print("sample:\n" .. table.concat(bytes))
+   say("sample:\n" .. table.concat(bytes))
 end

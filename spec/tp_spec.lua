@@ -3,6 +3,8 @@
 local dt = require "dt"
 local nn = require "dt.nn"
 local tp = require "dt.parallel.tp"
+local layout = require "dt.parallel.layout"
+local testing = require "dt.testing"
 local placement = require "dt.parallel.placement"
 local show = require "dt.repl.show"
 local helpers = require "spec.dist_helpers"
@@ -127,5 +129,23 @@ describe("tp.wrap errors", function()
       assert.truthy(out:find("does not divide the input features 64 (blocks.1.mlp.down)", 1, true), out)
       assert.truthy(out:find("does not divide the vocabulary 256 (wte)", 1, true), out)
       assert.truthy(out:find("plan entry 'x' matches no module of the GPT", 1, true), out)
+   end)
+end)
+
+describe("mesh_shape (dt.parallel.layout)", function()
+   it("rejects unknown axis names, naming the known ones, and meshes that do not fit the world", function()
+      local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 } end
+      testing.expect_error(function() layout.wrap(gpt(), { { 1, 1 }, { "fsdp", "pp2" } }) end,
+         "mesh_shape: unknown axis 'pp2' (known: dp, fsdp, replicate, tp)")
+      testing.expect_error(function() layout.wrap(gpt(), { { 2, 2 }, { "dp", "tp" } }) end,
+         "mesh_shape: mesh: shape {2, 2} holds 4 ranks but the world has 1")
+   end)
+
+   it("recipes/train.lua takes the seeds' form model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]] (2 ranks)", function()
+      local r = helpers.dtrun("recipes/train.lua --nproc 2 steps=2 log_every=1 model.dim=32 model.layers=1 "
+         .. "model.heads=2 batch=2 seq=16 sample=4 eval_batches=1 'model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]]'")
+      helpers.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("[0] done: step 2", 1, true), r.out)
    end)
 end)

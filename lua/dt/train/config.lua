@@ -93,11 +93,16 @@ end
 local booleans = { ["true"] = true, ["false"] = false, ["1"] = true, ["0"] = false, yes = true, no = false,
    on = true, off = false }
 
--- A Lua table literal from the command line, evaluated with no globals.
+-- A Lua table literal from the command line, evaluated with no globals; or JSON starting with "[" (the seeds'
+-- model.mesh_shape=[[1,4],["fsdp","tp"]], which Lua would read as a long string).
 local function table_literal(key, text)
-   local chunk = loadstring("return " .. text, "=" .. key)
    local ok, v = false, nil
-   if chunk then ok, v = pcall(setfenv(chunk, {})) end
+   if text:match("^%s*%[") then
+      ok, v = pcall(require("cjson").decode, text)
+   else
+      local chunk = loadstring("return " .. text, "=" .. key)
+      if chunk then ok, v = pcall(setfenv(chunk, {})) end
+   end
    if not ok or type(v) ~= "table" then bad_value(key, text, "a Lua table literal") end
    return v
 end
