@@ -5,6 +5,7 @@
 --    dtrun recipes/train.lua --gpus 2                           # ... on cuda:0 and cuda:1 (DT_DEVICE=cuda: 1 GPU)
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
+--    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
 local dt    = require "dt"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
@@ -37,7 +38,8 @@ local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers =
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
    model:num_parameters() / 1e6, world.size, dt.default_device()))
-if world.size > 1 then ddp.wrap(model, { comm = world.comm }) end  -- gradients averaged over ranks
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+if ds then ds:wrap(model) elseif world.size > 1 then ddp.wrap(model, { comm = world.comm }) end  -- averaged gradients
 
 -- AdamW with weight decay on matrices only; linear warmup, then cosine decay to min_lr.
 local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),

@@ -3,7 +3,8 @@
 local M = {}
 
 local usage = [[
-usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in this process
+usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_config.json]
+                                                               run a recipe in this process
        dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [--timeout S] [--force] [key=value ...]

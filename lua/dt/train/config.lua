@@ -24,6 +24,7 @@ M.base = {
    run_dir = "",          -- "" picks runs/<recipe>-<timestamp>
    tensorboard = true,    -- also write the step results as TensorBoard event files in <run dir>/tb
    private = true,        -- new run dirs (and every file the run writes) readable by their owner only
+   deepspeed = "",        -- a DeepSpeed ds_config.json (--deepspeed FILE; dt.train.deepspeed)
 }
 
 -- Words a key takes besides values of its default's type.
@@ -164,18 +165,25 @@ local function load_file(path)
    return v
 end
 
--- Walk the override words: on_file(path) for each --config file, on_word(word) for every other word.
+-- Walk the override words: on_file(path) for each --config file, on_word(word) for every other word
+-- (--deepspeed FILE is the word deepspeed=FILE).
 local function each_override(args, on_file, on_word)
    local i = 1
    while i <= #args do
       local a = args[i]
-      local file = a:match("^%-%-config=(.+)$")
-      if a == "--config" then
-         file = args[i + 1]
-         if file == nil then error("config: --config needs a file name", 0) end
+      local flag, file = a:match("^%-%-(%a+)=(.+)$")
+      if a == "--config" or a == "--deepspeed" then
+         flag, file = a:sub(3), args[i + 1]
+         if file == nil then error(("config: %s needs a file name"):format(a), 0) end
          i = i + 1
       end
-      if file then on_file(file) else on_word(a) end
+      if flag == "deepspeed" then
+         on_word("deepspeed=" .. file)
+      elseif flag == "config" then
+         on_file(file)
+      else
+         on_word(a)
+      end
       i = i + 1
    end
 end
@@ -191,6 +199,7 @@ function M.parse(defaults, args)
       if not key then error(("config: cannot parse '%s' (expected key=value or --config FILE.lua)"):format(a), 0) end
       set_dotted(cfg, schema, key, value)
    end)
+   if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):apply(cfg, schema) end
    return cfg
 end
 

@@ -85,6 +85,8 @@ local function new(opts)
       strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
       rng = opts.rng or dt.default_generator(), skipped_steps = 0, loss_scaler = opts.loss_scaler }, Trainer)
    self.params = self.optimizer.params or self.model:parameters()
+   -- a DeepSpeed config: its optimizer, scheduler and loss scaling (dt.train.deepspeed)
+   if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):trainer(self) end
    return self
 end
 
