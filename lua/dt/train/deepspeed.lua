@@ -52,8 +52,9 @@ local top = { train_batch_size = true, train_micro_batch_size_per_gpu = true, gr
    gradient_clipping = true, fp16 = true, bf16 = true, zero_optimization = true, optimizer = true, scheduler = true,
    steps_per_print = true, wall_clock_breakdown = true }
 
--- DeepSpeed's batch rule (runtime/config.py): any two of the three give the third; all three must agree.
-local function batch_sizes(c, world)
+-- DeepSpeed's batch rule (runtime/config.py): any two of the three give the third; all three must agree. Returns
+-- the rows per rank and the accumulation steps.
+function M.batch_sizes(c, world)
    local train, micro, accum = c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
    for k, v in pairs { train_batch_size = train, train_micro_batch_size_per_gpu = micro,
       gradient_accumulation_steps = accum } do
@@ -241,7 +242,7 @@ function DS:note(key, text) self.notes[#self.notes + 1] = ("%s: %s"):format(key,
 function M.new(c, world)
    local self = setmetatable({ notes = {} }, DS)
    only(c, top, "")
-   self.micro, self.grad_accum = batch_sizes(c, world)
+   self.micro, self.grad_accum = M.batch_sizes(c, world)
    self.clip = number(c.gradient_clipping, "gradient_clipping") or 0
    self.log_every = number(c.steps_per_print, "steps_per_print", 1)
    if c.wall_clock_breakdown then

@@ -85,6 +85,12 @@ local function new(opts)
       strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
       rng = opts.rng or dt.default_generator(), skipped_steps = 0, loss_scaler = opts.loss_scaler }, Trainer)
    self.params = self.optimizer.params or self.model:parameters()
+   if cfg.gradient_checkpointing then
+      if type(self.model.blocks) ~= "table" or #self.model.blocks == 0 then
+         error("train.Trainer: gradient_checkpointing needs a model with blocks (model.blocks) to recompute", 2)
+      end
+      for _, b in ipairs(self.model.blocks) do b.checkpoint = true end
+   end
    -- a DeepSpeed config: its optimizer, scheduler and loss scaling (dt.train.deepspeed)
    if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):trainer(self) end
    return self
