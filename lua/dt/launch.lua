@@ -30,6 +30,10 @@ local flags = {
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
    ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
    ["--force"] = { key = "force", kind = "switch" },
+   ["--hostfile"] = { key = "hostfile", kind = "string" }, -- dt.launch_hosts: one agent per host over ssh
+   ["--include"] = { key = "include", kind = "string" },
+   ["--exclude"] = { key = "exclude", kind = "string" },
+   ["--ssh-port"] = { key = "ssh_port", kind = "int", min = 1, max = 65535 },
 }
 
 local function flag_names()
@@ -170,6 +174,18 @@ function M.run(cmd, args, make_run_dir, passthrough)
          return 2
       end
       error(opts, 0)
+   end
+   if opts.hostfile then
+      local hok, code = pcall(require("dt.launch_hosts").run, words, args, opts)
+      if hok then return code end
+      if type(code) == "table" and code.launcher_error then
+         io.stderr:write("dtrun: " .. code.launcher_error .. "\n")
+         return 2
+      end
+      error(code, 0)
+   elseif opts.include or opts.exclude or opts.ssh_port then
+      io.stderr:write("dtrun: --include, --exclude and --ssh-port go with --hostfile FILE\n")
+      return 2
    end
    M.from_slurm(opts)
    opts.nproc = opts.nproc or 1
