@@ -83,32 +83,20 @@ function M.batch_sizes(c, world)
    return micro, accum
 end
 
--- zero_optimization's performance knobs: what dtrun does instead (stage -> note; nil: DeepSpeed ignores it there).
-local bucket_note = "dtrun reduces one unit (a transformer block) at a time, overlapped with backward"
+-- zero_optimization's performance knobs: the stages where DeepSpeed uses them (at the others it ignores them) and
+-- what dtrun does instead.
 local zero_notes = {
-   overlap_comm = function() return "dtrun always overlaps gradient reductions with backward (async collectives)" end,
-   contiguous_gradients = function() return "dtrun's gradients always live in contiguous flat buffers" end,
-   reduce_bucket_size = function(stage) return stage > 0 and bucket_note or nil end,
-   allgather_bucket_size = function(stage)
-      if stage == 1 or stage == 2 then return "dtrun all_gathers one unit (a transformer block) at a time" end
-   end,
-   stage3_prefetch_bucket_size = function(stage)
-      if stage == 3 then return "dtrun prefetches the next unit during forward and backward" end
-   end,
-   stage3_param_persistence_threshold = function(stage)
-      if stage == 3 then return "dtrun shards every unit; small parameters are gathered with their block" end
-   end,
-   stage3_max_live_parameters = function(stage)
-      if stage == 3 then return "dtrun keeps at most three units gathered (root, current, next)" end
-   end,
-   stage3_max_reuse_distance = function(stage)
-      if stage == 3 then return "dtrun frees each unit after use and gathers it again for backward" end
-   end,
-   stage3_gather_16bit_weights_on_model_save = function(stage)
-      if stage == 3 then
-         return "dtrun saves sharded f32 checkpoints; `dtrun ckpt consolidate DIR OUT.safetensors` writes one file"
-      end
-   end,
+   overlap_comm = { "0123", "dtrun always overlaps gradient reductions with backward (async collectives)" },
+   contiguous_gradients = { "0123", "dtrun's gradients always live in contiguous flat buffers" },
+   reduce_bucket_size = { "123", "dtrun reduces one unit (a transformer block) at a time, overlapped with backward" },
+   allgather_bucket_size = { "12", "dtrun all_gathers one unit (a transformer block) at a time" },
+   stage3_prefetch_bucket_size = { "3", "dtrun prefetches the next unit during forward and backward" },
+   stage3_param_persistence_threshold = { "3",
+      "dtrun shards every unit; small parameters are gathered with their block" },
+   stage3_max_live_parameters = { "3", "dtrun keeps at most three units gathered (root, current, next)" },
+   stage3_max_reuse_distance = { "3", "dtrun frees each unit after use and gathers it again for backward" },
+   stage3_gather_16bit_weights_on_model_save = { "3",
+      "dtrun saves sharded f32 checkpoints; `dtrun ckpt consolidate DIR OUT.safetensors` writes one file" },
 }
 local zero_own = { stage = true, offload_optimizer = true, offload_param = true }
 
@@ -125,9 +113,10 @@ function DS:translate_zero(c)
    end
    own.stage = stage
    for _, k in ipairs(sorted_keys(z)) do
-      if zero_notes[k] then
-         local note = zero_notes[k](stage)
-         self:note("zero_optimization." .. k, note or ("DeepSpeed ignores it at stage %d"):format(stage))
+      local note = zero_notes[k]
+      if note then
+         local used = note[1]:find(tostring(stage), 1, true)
+         self:note("zero_optimization." .. k, used and note[2] or ("DeepSpeed ignores it at stage %d"):format(stage))
       end
    end
    if stage == 0 and z.reduce_bucket_size then -- DDP's buckets: elements in DeepSpeed, f32 MiB in dtrun
