@@ -9,11 +9,11 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [--timeout S] [--force] [key=value ...]
                                                                run N ranks under the agent
-       dtrun RECIPE.lua --hostfile FILE [--include|--exclude HOST:SLOT,SLOT@HOST] [--ssh-port P]
-             [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)
              (--timeout: seconds a collective waits for the other ranks, default 300; the same as
              DT_COLLECTIVE_TIMEOUT=S. A rank whose process ended fails the others at once.
              --force: start N ranks although N x 150 MiB exceeds the available memory.)
+       dtrun RECIPE.lua --hostfile FILE [--include|--exclude HOST:SLOT,SLOT@HOST] [--ssh-port P]
+             [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels)
