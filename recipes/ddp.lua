@@ -34,7 +34,8 @@ dt.manual_seed(cfg.seed)
 local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 local n_params = model:num_parameters()
-ddp.wrap(model, { bucket_mb = cfg.ddp.bucket_mb })
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+if ds then ds:wrap(model) else ddp.wrap(model, { bucket_mb = cfg.ddp.bucket_mb }) end
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), ddp"):format(cfg.model.layers, cfg.model.dim,
    n_params / 1e6, world.size))
 

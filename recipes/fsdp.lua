@@ -36,11 +36,17 @@ dt.manual_seed(cfg.seed)
 local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 local n_params = model:num_parameters()
-fsdp.wrap(model, { mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape } or nil,
-   param_dtype = cfg.fsdp.param_dtype, reduce_dtype = cfg.fsdp.reduce_dtype,
-   reshard_after_forward = cfg.fsdp.reshard_after_forward, checkpoint = cfg.fsdp.checkpoint })
+local mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape } or nil
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+if ds then
+   ds:wrap(model, { mesh = mesh, checkpoint = cfg.fsdp.checkpoint })
+else
+   fsdp.wrap(model, { mesh = mesh, param_dtype = cfg.fsdp.param_dtype, reduce_dtype = cfg.fsdp.reduce_dtype,
+      reshard_after_forward = cfg.fsdp.reshard_after_forward, checkpoint = cfg.fsdp.checkpoint })
+end
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), %d shard(s), %s compute"):format(cfg.model.layers,
-   cfg.model.dim, n_params / 1e6, world.size, model.fsdp.comm.size, cfg.fsdp.param_dtype))
+   cfg.model.dim, n_params / 1e6, world.size, model.fsdp and model.fsdp.comm.size or 1, -- stage 0: DDP
+   model.fsdp and model.fsdp.param_dtype or "f32"))
 
 -- AdamW over what this rank steps (weight decay on matrices only); warmup, then cosine decay to min_lr.
 local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),

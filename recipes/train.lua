@@ -6,6 +6,7 @@
 --    dtrun recipes/train.lua --nproc 4 'model.mesh_shape=[[2,2],["dp","tp"]]'   # DDP x tensor parallel (or fsdp x tp)
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
+--    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
 local dt    = require "dt"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
@@ -34,7 +35,9 @@ local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers =
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
    model:num_parameters() / 1e6, world.size, dt.default_device()))
-local data_world = layout.wrap(model, cfg.model.mesh_shape)  -- DDP over the ranks, or the mesh's strategies
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+local data_world = world                        -- the ranks that read different rows of the global batch
+if ds then ds:wrap(model) else data_world = layout.wrap(model, cfg.model.mesh_shape) end  -- DDP, or the mesh's
 
 -- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each data-parallel rank reads
 -- its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the same rows).

@@ -7,6 +7,7 @@
 --    dtrun recipes/zero3_offload.lua --nproc 2 --device cuda steps=20 model.dim=64   # EMULATE build: emulated devices
 --    dtrun recipes/zero3_offload.lua --gpus 2 zero_optimization.offload_param.device=cpu bf16.enabled=true
 --    dtrun recipes/zero3_offload.lua --gpus 4 'mesh_shape={{2,2},{"replicate","fsdp"}}'   # 2 replicas of 2 shards
+--    dtrun recipes/zero3_offload.lua --nproc 4 --deepspeed ds_config.json     # a DeepSpeed config, key by key
 local dt    = require "dt"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
@@ -40,11 +41,15 @@ dt.manual_seed(cfg.seed)
 local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }:to(dev)
 local n_params = model:num_parameters()
-zero.wrap(model, { zero_optimization = cfg.zero_optimization, bf16 = cfg.bf16 },
-   { mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape } or nil })
+local mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape } or nil
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: the whole ds_config.json (its keys win)
+if ds then ds:wrap(model, { mesh = mesh }) else
+   zero.wrap(model, { zero_optimization = cfg.zero_optimization, bf16 = cfg.bf16 }, { mesh = mesh })
+end
+local z = model.fsdp or { comm = { size = 1 }, param_dtype = "f32" } -- a DeepSpeed config's stage 0 is DDP
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), %d shard(s), %s on %s, offload: %s"):format(
-   cfg.model.layers, cfg.model.dim, n_params / 1e6, world.size, model.fsdp.comm.size, model.fsdp.param_dtype, dev,
-   model.fsdp.offload and (model.fsdp.offload.param and "optimizer+params" or "optimizer")
+   cfg.model.layers, cfg.model.dim, n_params / 1e6, world.size, z.comm.size, z.param_dtype, dev,
+   z.offload and (z.offload.param and "optimizer+params" or "optimizer")
       or "none (on the cpu the state is in host memory already)"))
 
 -- AdamW over this rank's shards (weight decay on matrices only); warmup, then cosine decay to min_lr.

@@ -213,7 +213,7 @@ describe("zero-3 on 2 and 4 ranks (cuda, through the launcher)", function()
    end)
 end)
 
-describe("zero stages 0-3 on 2 and 4 ranks (cpu, through the launcher)", function()
+describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with DT_DEVICE=cuda)", function()
    -- Per-rank model-state bytes by stage for Ψ f32 parameters on N ranks with AdamW: ZeRO's table counts 2-byte
    -- parameters and gradients plus 12 bytes of f32 master and Adam m, v; dtrun keeps gradients and master weights in
    -- f32, so in f32 a parameter or gradient Ψ-byte is 4 (dt.parallel.fsdp's table with P = 4). Stage 3's gathered
@@ -225,9 +225,11 @@ describe("zero stages 0-3 on 2 and 4 ranks (cpu, through the launcher)", functio
       return 16 * psi / n
    end
 
+   local dev = dt.default_device() ~= "cpu" and "cuda" or "cpu"
    for _, n in ipairs { 2, 4 } do
-      it(("give DDP's parameters after 10 steps and hold ZeRO's per-rank bytes (%d ranks)"):format(n), function()
-         local r = helpers.dtrun("spec/fixtures/zero_stages.lua --nproc " .. n)
+      NH.it_on(dev, n)(("give DDP's parameters after 10 steps and hold ZeRO's per-rank bytes (%d ranks)"):format(n),
+         function()
+         local r = helpers.dtrun(("spec/fixtures/zero_stages.lua --nproc %d --device %s"):format(n, dev), NH.env)
          helpers.remove_run(r.run_dir)
          assert.equal(0, r.code, r.out)
          local seen = 0

@@ -30,6 +30,10 @@ local flags = {
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
    ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
    ["--force"] = { key = "force", kind = "switch" },
+   ["--hostfile"] = { key = "hostfile", kind = "string" }, -- dt.launch_hosts: one agent per host over ssh
+   ["--include"] = { key = "include", kind = "string" },
+   ["--exclude"] = { key = "exclude", kind = "string" },
+   ["--ssh-port"] = { key = "ssh_port", kind = "int", min = 1, max = 65535 },
 }
 
 local function flag_names()
@@ -59,6 +63,9 @@ local function coerce(name, spec, v)
    return n
 end
 
+-- The recipe's own flags (dt.train.config), each with a file name after it.
+local recipe_flags = { ["--config"] = true, ["--deepspeed"] = true }
+
 -- Split argv (after the recipe path) into launcher options and recipe arguments. With `passthrough`
 -- unknown flags (and their values) go to the recipe arguments instead of being errors.
 function M.parse(args, passthrough)
@@ -76,11 +83,11 @@ function M.parse(args, passthrough)
          local v = inline
          if v == nil then i = i + 1; v = args[i] end
          opts[spec.key] = coerce(name, spec, v)
-      elseif a:match("^%-%-") and a ~= "--config" and not passthrough then
+      elseif a:match("^%-%-") and not recipe_flags[name] and not passthrough then
          fail(("unknown flag %s (launcher flags: %s)"):format(a, flag_names()))
       else
          rest[#rest + 1] = a
-         if a == "--config" then i = i + 1; rest[#rest + 1] = args[i] end
+         if recipe_flags[a] then i = i + 1; rest[#rest + 1] = args[i] end
       end
       i = i + 1
    end
@@ -93,10 +100,10 @@ function M.parse(args, passthrough)
    return opts, rest
 end
 
--- Any `--flag` other than --config means the agent runs the job (and validates the flags).
+-- Any `--flag` other than the recipe's (--config, --deepspeed) means the agent runs the job (and validates the flags).
 function M.is_launch(args)
    for _, a in ipairs(args) do
-      if a:match("^%-%-") and a ~= "--config" then return true end
+      if a:match("^%-%-") and not recipe_flags[a:match("^(%-%-[%w%-]+)")] then return true end
    end
    return false
 end
@@ -167,6 +174,18 @@ function M.run(cmd, args, make_run_dir, passthrough)
          return 2
       end
       error(opts, 0)
+   end
+   if opts.hostfile then
+      local hok, code = pcall(require("dt.launch_hosts").run, words, args, opts)
+      if hok then return code end
+      if type(code) == "table" and code.launcher_error then
+         io.stderr:write("dtrun: " .. code.launcher_error .. "\n")
+         return 2
+      end
+      error(code, 0)
+   elseif opts.include or opts.exclude or opts.ssh_port then
+      io.stderr:write("dtrun: --include, --exclude and --ssh-port go with --hostfile FILE\n")
+      return 2
    end
    M.from_slurm(opts)
    opts.nproc = opts.nproc or 1

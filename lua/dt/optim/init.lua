@@ -254,13 +254,16 @@ end
 
 -- Scale gradients so that their global L2 norm is at most max_norm; returns the norm before clipping.
 -- opts.reduce(sumsq) -> global sumsq lets sharded strategies add up the squares of every rank's shard.
+-- opts.unscale (a loss scale): the gradients hold that multiple of their value; they are divided by it (and
+-- clipped) in one multiply, and the norm is the unscaled one.
 function optim.clip_grad_norm(params, max_norm, opts)
    if type(params) == "table" and type(params.parameters) == "function" then params = params:parameters() end
    local sumsq = optim.grad_sumsq(params)
    if opts and opts.reduce then sumsq = opts.reduce(sumsq) end
-   local norm = math.sqrt(sumsq)
-   local coef = max_norm / (norm + 1e-6)
-   if coef < 1 then
+   local unscale = opts and opts.unscale or 1
+   local norm = math.sqrt(sumsq) / unscale
+   local coef = math.min(1, max_norm / (norm + 1e-6)) / unscale
+   if coef < 1 or coef > 1 then
       autograd.no_grad(function()
          for _, p in ipairs(params) do
             if p.grad ~= nil then p.grad:mul_(coef) end
@@ -271,6 +274,7 @@ function optim.clip_grad_norm(params, max_norm, opts)
 end
 
 optim.schedule = require "dt.optim.schedule"
+optim.LossScaler = require("dt.optim.loss_scale").new
 optim.Optimizer = Optimizer
 
 return optim

@@ -1,5 +1,5 @@
--- dt/train/config.lua: recipe configuration: defaults, key=value / dotted / --config overrides, type checks,
--- nearest-key hints.
+-- dt/train/config.lua: recipe configuration: defaults, key=value / dotted / --config overrides (Lua, JSON or YAML
+-- files: dt.train.config_file), type checks, nearest-key hints.
 --
 --    local cfg = config.parse({ steps = 100, lr = 3e-4, model = { dim = 128 } })   -- reads the global `arg`
 --    dtrun recipe.lua steps=10 model.dim=64 --config mine.lua 'model.mesh_shape={{2,2},{"fsdp","tp"}}'
@@ -26,6 +26,8 @@ M.base = {
    tensorboard = true,    -- also write the step results as TensorBoard event files in <run dir>/tb
    trace = false,         -- timelines in <run dir>/trace (dt/obs/trace.lua): true, or {steps = {first, last}}
    private = true,        -- new run dirs (and every file the run writes) readable by their owner only
+   deepspeed = "",        -- a DeepSpeed ds_config.json (--deepspeed FILE; dt.train.deepspeed)
+   gradient_checkpointing = false, -- recompute each of model.blocks' forward in backward (activation checkpointing)
 }
 
 -- Words a key takes besides values of its default's type.
@@ -167,27 +169,28 @@ local function set_dotted(cfg, schema, key, value)
    end
 end
 
-local function load_file(path)
-   local chunk, err = loadfile(path)
-   if not chunk then error(("config: cannot load %s: %s"):format(path, err), 0) end
-   local ok, v = pcall(chunk)
-   if not ok then error(("config: %s failed: %s"):format(path, tostring(v)), 0) end
-   if type(v) ~= "table" then error(("config: %s must return a table, got %s"):format(path, type(v)), 0) end
-   return v
-end
+local config_file = require "dt.train.config_file" -- .lua, .json, .yaml files; InstructLab's keys
+local load_file = config_file.load
 
--- Walk the override words: on_file(path) for each --config file, on_word(word) for every other word.
+-- Walk the override words: on_file(path) for each --config file, on_word(word) for every other word
+-- (--deepspeed FILE is the word deepspeed=FILE).
 local function each_override(args, on_file, on_word)
    local i = 1
    while i <= #args do
       local a = args[i]
-      local file = a:match("^%-%-config=(.+)$")
-      if a == "--config" then
-         file = args[i + 1]
-         if file == nil then error("config: --config needs a file name", 0) end
+      local flag, file = a:match("^%-%-(%a+)=(.+)$")
+      if a == "--config" or a == "--deepspeed" then
+         flag, file = a:sub(3), args[i + 1]
+         if file == nil then error(("config: %s needs a file name"):format(a), 0) end
          i = i + 1
       end
-      if file then on_file(file) else on_word(a) end
+      if flag == "deepspeed" then
+         on_word("deepspeed=" .. file)
+      elseif flag == "config" then
+         on_file(file)
+      else
+         on_word(a)
+      end
       i = i + 1
    end
 end
@@ -198,11 +201,14 @@ function M.parse(defaults, args)
    local schema = deep_copy(M.base)
    for k, v in pairs(defaults or {}) do schema[k] = deep_copy(v) end
    local cfg = deep_copy(schema)
-   each_override(args, function(file) merge(cfg, load_file(file), schema, "", schema) end, function(a)
+   each_override(args, function(file)
+      merge(cfg, config_file.instructlab(load_file(file), schema, file), schema, "", schema)
+   end, function(a)
       local key, value = a:match("^([%w_][%w_.]*)=(.*)$")
       if not key then error(("config: cannot parse '%s' (expected key=value or --config FILE.lua)"):format(a), 0) end
       set_dotted(cfg, schema, key, value)
    end)
+   if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):apply(cfg, schema) end
    return cfg
 end
 

@@ -20,6 +20,11 @@ local train = {
    DistributedSampler = require("dt.train.sampler").new,
 }
 
+-- The settings of the config's DeepSpeed file (--deepspeed FILE; dt.train.deepspeed), or nil without one.
+function train.deepspeed(cfg)
+   if cfg.deepspeed ~= "" then return require("dt.train.deepspeed").load(cfg.deepspeed) end
+end
+
 -- Create the run directory (config.run_dir, else the launcher's DT_RUN_DIR, else
 -- runs/<recipe>-<YYYYmmdd-HHMMSS>[-n] for the recipe in arg[0]) with logs/ and checkpoints/, write
 -- the resolved config to config.lua, print "run dir: <path>" (rank 0 only; not under the launcher, whose agent

@@ -12,7 +12,11 @@
 -- REPL, holds the lr instead until set to nil); optimizer step, unless the loss or the
 -- gradient norm is not finite (config.nonfinite: "error" stops naming the step and the loss or the parameter whose
 -- gradient went non-finite, "skip" leaves the weights alone and counts the step in metrics.skipped_steps, "ignore"
--- steps anyway; every rank sees the same averaged loss and global norm, so all take the same decision). After
+-- steps anyway; every rank sees the same averaged loss and global norm, so all take the same decision). With a
+-- loss_scaler (dt.optim.loss_scale: f16 training) backward starts from loss * scale; gradients that overflow (a
+-- non-finite global norm: the one all_reduce of the norm is the overflow check) skip the step, counted in
+-- metrics.skipped_steps with metrics.loss_scale the scale the step used; otherwise the gradients are unscaled as
+-- they are clipped, and the scaler updates. After
 -- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
 -- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
 -- are small tables over C memory): a full collection takes ~2 ms on recipes/train.lua's model (about 3%
@@ -78,7 +82,7 @@ end
 -- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
 -- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy (default:
 -- model.strategy, set by wrappers such as ddp.wrap),
--- rng (generator saved in checkpoints; default dt.default_generator()), print (console sink).
+-- rng (generator saved in checkpoints; default dt.default_generator()), print (console sink), loss_scaler.
 local function new(opts)
    for _, k in ipairs { "model", "optimizer", "data" } do
       if opts[k] == nil then error(("train.Trainer: '%s' is required"):format(k), 2) end
@@ -90,8 +94,16 @@ local function new(opts)
    local self = setmetatable({ model = opts.model, optimizer = opts.optimizer, data = opts.data, config = cfg,
       run_dir = opts.run_dir, schedule = opts.schedule, forward = opts.forward or default_forward,
       strategy = opts.strategy or opts.model.strategy or {}, print = opts.print or print, callbacks = {}, step = 0,
-      rng = opts.rng or dt.default_generator(), skipped_steps = 0 }, Trainer)
+      rng = opts.rng or dt.default_generator(), skipped_steps = 0, loss_scaler = opts.loss_scaler }, Trainer)
    self.params = self.optimizer.params or self.model:parameters()
+   if cfg.gradient_checkpointing then
+      if type(self.model.blocks) ~= "table" or #self.model.blocks == 0 then
+         error("train.Trainer: gradient_checkpointing needs a model with blocks (model.blocks) to recompute", 2)
+      end
+      for _, b in ipairs(self.model.blocks) do b.checkpoint = true end
+   end
+   -- a DeepSpeed config: its optimizer, scheduler and loss scaling (dt.train.deepspeed)
+   if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):trainer(self) end
    return self
 end
 
@@ -165,6 +177,8 @@ function Trainer:to_device(x, y)
    return move(x), move(y)
 end
 
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
 local function timed_gc()
    local t0 = dt.time()
    collectgarbage()
@@ -190,6 +204,8 @@ function Trainer:train_step()
    opt.lr = lr
    opt:zero_grad()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
+   local scaler = self.loss_scaler
+   local scale = scaler and scaler.scale or 1
    for i = 1, n_micro do
       self:hook("micro_batch", i, n_micro)
       local x, y = traced(tr, "data", "data", self.data.next, self.data)
@@ -197,8 +213,8 @@ function Trainer:train_step()
       local loss = traced(tr, "forward", "forward", self.forward, self.model, x, y)
       loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
-      traced(tr, "backward", "backward", loss.backward, loss, n_micro > 1 and loss:new_full(loss.shape, 1 / n_micro)
-         or nil)
+      local grad = (n_micro > 1 or scale ~= 1) and loss:new_full(loss.shape, scale / n_micro) or nil
+      traced(tr, "backward", "backward", loss.backward, loss, grad)
       x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
       gc_s = gc_s + traced(tr, "gc", "gc", timed_gc)
    end
@@ -207,22 +223,32 @@ function Trainer:train_step()
    if self.strategy.reduce_loss then loss = self:hook("reduce_loss", loss) end
    -- The global sum of squares, and the non-finite check on it before clipping scales (an inf norm would zero the
    -- gradients that say which parameter overflowed).
-   local steps
+   local steps, overflow = nil, false
    local function reduce(s)
       if self.strategy.reduce_grad_sumsq then s = self:hook("reduce_grad_sumsq", s) end
-      steps = self:may_step(step, loss, math.sqrt(s))
+      overflow = scaler ~= nil and not finite(s)
+      if not overflow then steps = self:may_step(step, loss, math.sqrt(s) / scale) end
       return s
    end
-   local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge, { reduce = reduce })
+   local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge,
+      { reduce = reduce, unscale = scale })
    local extra = { gc_seconds = gc_s }
    if steps then
       traced(tr, "optimizer step", "optimizer", opt.step, opt)
+   elseif overflow then
+      self.skipped_steps = self.skipped_steps + 1
+      self.print(("step %d: gradient overflow at loss scale %g: optimizer step skipped (%d so far)"):format(step,
+         scale, self.skipped_steps))
    else
       self.skipped_steps = self.skipped_steps + 1
       self.print(("step %d: loss %g, gradient norm %g: optimizer step skipped (nonfinite=skip; %d so far)")
          :format(step, loss, grad_norm, self.skipped_steps))
    end
-   if cfg.nonfinite == "skip" then extra.skipped_steps = self.skipped_steps end
+   if cfg.nonfinite == "skip" or scaler then extra.skipped_steps = self.skipped_steps end
+   if scaler then
+      scaler:update(overflow)
+      extra.loss_scale = scale
+   end
    local seconds = dt.time() - t0
    self.step = step
    local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
@@ -239,8 +265,6 @@ function Trainer:train_step()
    end
    return result
 end
-
-local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
 -- Whether the optimizer may step on this loss and gradient norm (config.nonfinite; see the top of this file).
 function Trainer:may_step(step, loss, grad_norm)

@@ -1,0 +1,305 @@
+-- dt/train/deepspeed.lua: a DeepSpeed ds_config.json as dtrun settings, key by key (README: "DeepSpeed configs").
+--
+--    dtrun recipes/zero3_offload.lua --nproc 4 --deepspeed ds_config.json    -- or deepspeed = FILE in a --config
+--
+-- config.parse applies the trainer's keys (apply: batch sizes with DeepSpeed's rule, gradient_clipping,
+-- steps_per_print); a recipe wraps its model with ds:wrap (zero_optimization, bf16/fp16: dt.parallel.zero); the
+-- Trainer takes the optimizer, the scheduler and fp16's loss scaling (ds:trainer). Every key either maps to a dtrun
+-- knob with DeepSpeed's meaning, or is accepted with a one-line note (performance knobs dtrun has no twin for,
+-- keys DeepSpeed ignores in that setting), or is an error naming it.
+local cjson = require "cjson"
+local fs = require "dt.fs"
+local optim = require "dt.optim"
+local zero = require "dt.parallel.zero"
+
+local M = {}
+local DS = {}
+DS.__index = DS
+
+local function fail(fmt, ...) error("deepspeed: " .. fmt:format(...), 0) end
+
+local function sorted_keys(t)
+   local out = {}
+   for k in pairs(t) do out[#out + 1] = tostring(k) end
+   table.sort(out)
+   return out
+end
+
+-- t (at `path`) must be a JSON object whose keys are all in `known`.
+local function only(t, known, path)
+   if type(t) ~= "table" then fail("%s must be an object, got %s", path, type(t)) end
+   for k, v in pairs(t) do
+      if not known[k] then
+         fail("unsupported key %s%s (supported: %s)", path == "" and "" or path .. ".", tostring(k),
+            table.concat(sorted_keys(known), ", "))
+      end
+      if v == "auto" then
+         fail("%s%s = \"auto\": \"auto\" is filled in by Hugging Face's Trainer, not by DeepSpeed; give a value",
+            path == "" and "" or path .. ".", k)
+      end
+   end
+end
+
+local function number(v, path, min)
+   if v == nil then return nil end
+   if type(v) ~= "number" or v < (min or 0) then
+      fail("%s must be a number >= %s, got %s", path, min or 0, tostring(v))
+   end
+   return v
+end
+
+local top = { train_batch_size = true, train_micro_batch_size_per_gpu = true, gradient_accumulation_steps = true,
+   gradient_clipping = true, fp16 = true, bf16 = true, zero_optimization = true, optimizer = true, scheduler = true,
+   steps_per_print = true, wall_clock_breakdown = true }
+
+-- DeepSpeed's batch rule (runtime/config.py): any two of the three give the third; all three must agree. Returns
+-- the rows per rank and the accumulation steps.
+function M.batch_sizes(c, world)
+   local train, micro, accum = c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
+   for k, v in pairs { train_batch_size = train, train_micro_batch_size_per_gpu = micro,
+      gradient_accumulation_steps = accum } do
+      if v ~= nil and (type(v) ~= "number" or v % 1 ~= 0) then fail("%s must be an integer, got %s", k, tostring(v)) end
+   end
+   if train and micro and not accum then
+      accum = math.floor(train / micro / world)
+   elseif train and accum and not micro then
+      micro = math.floor(train / world / accum)
+   elseif micro and accum and not train then
+      train = micro * accum * world
+   elseif train and not micro then
+      accum, micro = 1, math.floor(train / world)
+   elseif micro and not train then
+      train, accum = micro * world, 1
+   elseif not train then
+      fail("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+   end
+   if train <= 0 then fail("Train batch size: %d has to be greater than 0", train) end
+   if micro <= 0 then fail("Micro batch size per gpu: %d has to be greater than 0", micro) end
+   if accum <= 0 then fail("Gradient accumulation steps: %d has to be greater than 0", accum) end
+   if train ~= micro * accum * world then
+      fail("Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step "
+         .. "* world_size %d != %d * %d * %d", train, micro, accum, world)
+   end
+   return micro, accum
+end
+
+-- zero_optimization's performance knobs: the stages where DeepSpeed uses them (at the others it ignores them) and
+-- what dtrun does instead.
+local zero_notes = {
+   overlap_comm = { "0123", "dtrun always overlaps gradient reductions with backward (async collectives)" },
+   contiguous_gradients = { "0123", "dtrun's gradients always live in contiguous flat buffers" },
+   reduce_bucket_size = { "123", "dtrun reduces one unit (a transformer block) at a time, overlapped with backward" },
+   allgather_bucket_size = { "12", "dtrun all_gathers one unit (a transformer block) at a time" },
+   stage3_prefetch_bucket_size = { "3", "dtrun prefetches the next unit during forward and backward" },
+   stage3_param_persistence_threshold = { "3",
+      "dtrun shards every unit; small parameters are gathered with their block" },
+   stage3_max_live_parameters = { "3", "dtrun keeps at most three units gathered (root, current, next)" },
+   stage3_max_reuse_distance = { "3", "dtrun frees each unit after use and gathers it again for backward" },
+   stage3_gather_16bit_weights_on_model_save = { "3",
+      "dtrun saves sharded f32 checkpoints; `dtrun ckpt consolidate DIR OUT.safetensors` writes one file" },
+}
+local zero_own = { stage = true, offload_optimizer = true, offload_param = true }
+
+function DS:translate_zero(c)
+   local z = c.zero_optimization or {}
+   local known = {}
+   for k in pairs(zero_own) do known[k] = true end
+   for k in pairs(zero_notes) do known[k] = true end
+   only(z, known, "zero_optimization")
+   local stage = z.stage or 0 -- DeepSpeed's default
+   local own = {}
+   for k, v in pairs(z) do
+      if zero_own[k] then own[k] = v end
+   end
+   own.stage = stage
+   for _, k in ipairs(sorted_keys(z)) do
+      local note = zero_notes[k]
+      if note then
+         local used = note[1]:find(tostring(stage), 1, true)
+         self:note("zero_optimization." .. k, used and note[2] or ("DeepSpeed ignores it at stage %d"):format(stage))
+      end
+   end
+   if stage == 0 and z.reduce_bucket_size then -- DDP's buckets: elements in DeepSpeed, f32 MiB in dtrun
+      self.ddp = { bucket_mb = number(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size", 1) * 4 / 2 ^ 20 }
+   end
+   local prec = {}
+   for _, k in ipairs { "bf16", "fp16" } do
+      if c[k] ~= nil then prec[k] = { enabled = c[k].enabled == true } end
+   end
+   self.zero = { zero_optimization = own, bf16 = prec.bf16, fp16 = prec.fp16 }
+   self.stage = stage
+   zero.options(self.zero) -- its errors (stage, offload devices, fp16 with bf16) now, before any model is built
+end
+
+function DS:translate_precision(c)
+   if c.bf16 ~= nil then only(c.bf16, { enabled = true }, "bf16") end
+   local f = c.fp16
+   if f == nil then return end
+   only(f, { enabled = true, loss_scale = true, initial_scale_power = true, loss_scale_window = true, hysteresis = true,
+      min_loss_scale = true, consecutive_hysteresis = true }, "fp16")
+   if not f.enabled then return end
+   local static = number(f.loss_scale, "fp16.loss_scale") or 0
+   self.loss_scaler = optim.LossScaler { dynamic = static == 0, scale = static > 0 and static or 1,
+      initial_scale_power = f.initial_scale_power, window = f.loss_scale_window, hysteresis = f.hysteresis,
+      min_scale = f.min_loss_scale, consecutive_hysteresis = f.consecutive_hysteresis }
+end
+
+local optimizers = { adamw = "AdamW", adam = "AdamW", sgd = "SGD" }
+local optimizer_params = {
+   AdamW = { lr = true, betas = true, eps = true, weight_decay = true, adam_w_mode = true, torch_adam = true },
+   SGD = { lr = true, momentum = true, dampening = true, weight_decay = true, nesterov = true },
+}
+
+function DS:translate_optimizer(c)
+   local o = c.optimizer
+   if o == nil then return end
+   only(o, { type = true, params = true }, "optimizer")
+   local kind = optimizers[tostring(o.type):lower()]
+   if not kind then
+      fail("optimizer.type = '%s' is not supported (supported: Adam, AdamW, SGD)", tostring(o.type))
+   end
+   local p = o.params or {}
+   only(p, optimizer_params[kind], "optimizer.params")
+   if p.adam_w_mode == false then
+      fail("optimizer.params.adam_w_mode = false (L2 regularisation in Adam) is not supported; dtrun's Adam decays "
+         .. "weights decoupled (AdamW)")
+   end
+   if p.torch_adam ~= nil then self:note("optimizer.params.torch_adam", "dtrun has one (fused C) Adam") end
+   local opts = { lr = number(p.lr, "optimizer.params.lr"), weight_decay = number(p.weight_decay,
+      "optimizer.params.weight_decay") or 0 }
+   if kind == "AdamW" then
+      opts.betas, opts.eps = p.betas, p.eps
+   else
+      opts.momentum, opts.dampening, opts.nesterov = p.momentum, p.dampening, p.nesterov
+   end
+   self.optimizer = { kind = kind, opts = opts }
+end
+
+local schedulers = {
+   WarmupLR = { warmup_min_lr = true, warmup_max_lr = true, warmup_num_steps = true, warmup_type = true },
+   WarmupDecayLR = { warmup_min_lr = true, warmup_max_lr = true, warmup_num_steps = true, warmup_type = true,
+      total_num_steps = true },
+   WarmupCosineLR = { warmup_min_ratio = true, cos_min_ratio = true, warmup_num_steps = true, warmup_type = true,
+      total_num_steps = true },
+}
+
+-- dt.optim.schedule options (with DeepSpeed's defaults) for the scheduler block, given the optimizer's lr.
+function DS:translate_scheduler(c)
+   local s = c.scheduler
+   if s == nil then return end
+   only(s, { type = true, params = true }, "scheduler")
+   local known = schedulers[s.type]
+   if not known then
+      fail("scheduler.type = '%s' is not supported (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR; OneCycle's "
+         .. "cyclic learning rate and momentum do not map onto dt.optim.schedule)", tostring(s.type))
+   end
+   local p = s.params or {}
+   only(p, known, "scheduler.params")
+   local warmup_type = p.warmup_type or "log"
+   if warmup_type ~= "log" and warmup_type ~= "linear" then
+      fail("scheduler.params.warmup_type must be \"log\" or \"linear\", got %s", tostring(warmup_type))
+   end
+   local o = { warmup = number(p.warmup_num_steps, "scheduler.params.warmup_num_steps") or 1000, hf = true,
+      warmup_type = warmup_type }
+   if s.type == "WarmupCosineLR" then
+      if (p.warmup_min_ratio or 0) ~= 0 then
+         fail("scheduler.params.warmup_min_ratio must be 0: dt.optim.schedule warms up from 0")
+      end
+      o.decay, o.total = "cosine", number(p.total_num_steps, "scheduler.params.total_num_steps")
+      self.schedule_ratio = number(p.cos_min_ratio, "scheduler.params.cos_min_ratio") or 1e-4
+      self:note("scheduler.WarmupCosineLR", "dtrun's cosine phase starts one step later than DeepSpeed's")
+   else
+      if (p.warmup_min_lr or 0) ~= 0 then
+         fail("scheduler.params.warmup_min_lr must be 0: dt.optim.schedule warms up from 0")
+      end
+      o.lr = number(p.warmup_max_lr, "scheduler.params.warmup_max_lr") or 0.001
+      if s.type == "WarmupLR" then
+         o.decay = "constant"
+      else
+         o.decay, o.total = "linear", number(p.total_num_steps, "scheduler.params.total_num_steps")
+         if not o.total then fail("scheduler.params.total_num_steps is required for WarmupDecayLR") end
+      end
+   end
+   self.scheduler = o
+end
+
+-- A key accepted without a dtrun twin: ds.notes, printed by load.
+function DS:note(key, text) self.notes[#self.notes + 1] = ("%s: %s"):format(key, text) end
+
+-- The settings of a DeepSpeed config table (decoded JSON) for `world` data-parallel ranks: micro (rows per rank),
+-- grad_accum, clip, log_every, zero (dt.parallel.zero's config), optimizer, scheduler, loss_scaler, notes.
+function M.new(c, world)
+   local self = setmetatable({ notes = {} }, DS)
+   only(c, top, "")
+   self.micro, self.grad_accum = M.batch_sizes(c, world)
+   self.clip = number(c.gradient_clipping, "gradient_clipping") or 0
+   self.log_every = number(c.steps_per_print, "steps_per_print", 1)
+   if c.wall_clock_breakdown then
+      self:note("wall_clock_breakdown", "every step result has step_seconds and gc_seconds (metrics.jsonl) already")
+   end
+   self:translate_precision(c)
+   self:translate_zero(c)
+   self:translate_optimizer(c)
+   self:translate_scheduler(c)
+   return self
+end
+
+local loaded = {}
+
+-- The settings of the JSON file at `path` (read once per process).
+function M.load(path)
+   if loaded[path] then return loaded[path] end
+   local ok, text = pcall(fs.read, path)
+   if not ok then fail("cannot read %s: %s", path, tostring(text)) end
+   local ok2, c = pcall(cjson.decode, text)
+   if not ok2 then fail("%s is not valid JSON: %s", path, tostring(c)) end
+   local world = tonumber(os.getenv("WORLD_SIZE")) or 1
+   local ok3, ds = pcall(M.new, c, world)
+   if not ok3 then error(("deepspeed: %s: %s"):format(path, (tostring(ds):gsub("^deepspeed: ", ""))), 0) end
+   if (tonumber(os.getenv("RANK")) or 0) == 0 then
+      for _, n in ipairs(ds.notes) do io.stdout:write("deepspeed: ", n, "\n") end
+   end
+   loaded[path] = ds
+   return ds
+end
+
+-- Set the trainer's keys in a resolved config (schema: the recipe's defaults, for `batch`).
+function DS:apply(cfg, schema)
+   if type(schema.batch) ~= "number" then
+      fail("this recipe has no `batch` key (rows per rank) for train_micro_batch_size_per_gpu")
+   end
+   cfg.batch, cfg.grad_accum, cfg.clip = self.micro, self.grad_accum, self.clip
+   if self.log_every then cfg.log_every = self.log_every end
+end
+
+-- Wrap model for the config's ZeRO stage (0: DDP; dt.parallel.zero). extra: fsdp options DeepSpeed has no key for
+-- (mesh, units, ...), for stages 1-3.
+function DS:wrap(model, extra)
+   return zero.wrap(model, self.zero, self.stage == 0 and self.ddp or extra)
+end
+
+-- Give a Trainer the config's optimizer (over the param groups of the one the recipe built: the config's
+-- weight_decay where the recipe decays), scheduler and loss scaler.
+function DS:trainer(t)
+   if self.optimizer then
+      local groups = {}
+      for i, g in ipairs(t.optimizer.param_groups) do
+         groups[i] = { params = g.params, lr_scale = g.lr_scale,
+            weight_decay = g.weight_decay ~= 0 and self.optimizer.opts.weight_decay or 0 }
+      end
+      t.optimizer = optim[self.optimizer.kind](groups, self.optimizer.opts)
+      t.params = t.optimizer.params
+   end
+   if self.scheduler then
+      local o = {}
+      for k, v in pairs(self.scheduler) do o[k] = v end
+      if self.schedule_ratio then -- WarmupCosineLR: ratios of the optimizer's lr
+         o.lr = t.optimizer.lr
+         o.min_lr = o.lr * self.schedule_ratio
+      end
+      t.schedule = optim.schedule(o)
+   end
+   t.loss_scaler = self.loss_scaler
+end
+
+return M

@@ -1,0 +1,277 @@
+-- spec/deepspeed_spec.lua: DeepSpeed users' settings: fp16 loss scaling (dt.optim.loss_scale in the Trainer) and
+-- ds_config.json key by key (dt.train.deepspeed), through the API and through recipes. The fp16 runs use the
+-- default device (the emulated cuda device under DT_DEVICE=cuda).
+local dt = require "dt"
+local nn = require "dt.nn"
+local optim = require "dt.optim"
+local train = require "dt.train"
+local zero = require "dt.parallel.zero"
+local testing = require "dt.testing"
+local cjson = require "cjson"
+local fs = require "dt.fs"
+local deepspeed = require "dt.train.deepspeed"
+local config = require "dt.train.config"
+local helpers = require "spec.dist_helpers"
+local tmpdir = require("spec.train_helpers").tmpdir
+
+local SEED_CONFIG = "spec/fixtures/ds_config.json" -- the seed guide's example, as it is
+
+local dev = dt.default_device()
+
+local function gpt(device)
+   return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 2, heads = 2, seed = 5 }:to(device or dev)
+end
+
+-- Train model for `steps` on one fixed batch; returns each step's result.
+local function run(model, steps, scaler, accum)
+   local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
+   local data = { next = function() return x, x end, position = function() return 0 end }
+   local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
+   local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
+      loss_scaler = scaler, config = { steps = steps, log_every = 0, clip = 1, grad_accum = accum or 1 } }
+   local results = {}
+   trainer:add_step_callback(function(r) results[#results + 1] = r end)
+   trainer:run()
+   return results, opt
+end
+
+local function params_of(model)
+   local out = {}
+   local src = model.fsdp and model.fsdp:full_state_dict() or {}
+   if not model.fsdp then for _, np in ipairs(model:named_parameters()) do src[np[1]] = np[2] end end
+   for k, v in pairs(src) do out[k] = v:to("cpu"):totable() end
+   return out
+end
+
+describe("loss scaling (DeepSpeed's DynamicLossScaler rule)", function()
+   it("holds the scale for `hysteresis` overflows, halves after, and doubles after `window` good steps", function()
+      local s = optim.LossScaler { initial_scale_power = 4, window = 3, hysteresis = 2 }
+      local scales = {}
+      for _, overflow in ipairs { true, true, false, false, false, false, false, false, false } do
+         scales[#scales + 1] = s.scale
+         s:update(overflow)
+      end
+      -- the first overflow spends the hysteresis, the second halves; 3 good steps double (and restore hysteresis)
+      assert.same({ 16, 16, 8, 8, 8, 16, 16, 16, 32 }, scales)
+      local c = optim.LossScaler { initial_scale_power = 4, window = 100, hysteresis = 2,
+         consecutive_hysteresis = true }
+      for _, overflow in ipairs { true, false, true, true } do c:update(overflow) end
+      assert.equal(8, c.scale) -- a good step in between restored the hysteresis
+      local static = optim.LossScaler { dynamic = false, scale = 128 }
+      static:update(true)
+      assert.equal(128, static.scale)
+   end)
+
+   it("stops at the minimum scale with an error that says what to do", function()
+      local s = optim.LossScaler { initial_scale_power = 1, hysteresis = 1, min_scale = 1 }
+      s:update(true)
+      assert.equal(1, s.scale)
+      testing.expect_error(function() s:update(true) end, "the gradients overflow at the minimum loss scale 1")
+      testing.expect_error(function() optim.LossScaler { window = 0 } end, "window must be a positive integer")
+   end)
+
+   -- on the cpu, whose reductions have a fixed order (a GPU's atomics could round two runs apart)
+   it("with a power-of-two static scale trains f32 exactly as without (scaled backward, unscaled in clipping)",
+      function()
+      for _, accum in ipairs { 1, 2 } do
+         local a, b = gpt("cpu"), gpt("cpu")
+         local ra = run(a, 4, nil, accum)
+         local rb = run(b, 4, optim.LossScaler { dynamic = false, scale = 2 ^ 20 }, accum)
+         for i = 1, 4 do
+            assert.equal(ra[i].loss, rb[i].loss)
+            assert.equal(ra[i].grad_norm, rb[i].grad_norm)
+            assert.equal(0, rb[i].metrics.skipped_steps)
+         end
+         assert.same(params_of(a), params_of(b))
+      end
+   end)
+
+   it("skips exactly the overflowing steps of an f16 run forced to overflow (weights untouched), then recovers",
+      function()
+      local model = zero.wrap(gpt(), { zero_optimization = { stage = 2 }, fp16 = { enabled = true } })
+      assert.equal("f16", model.fsdp.param_dtype)
+      local before = params_of(model)
+      local at_last_skip
+      local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
+      local data = { next = function() return x, x end, position = function() return 0 end }
+      local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
+      -- 2^24: the logits' gradient alone is 2^24 / 16 tokens, far beyond f16's 65504
+      local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
+         loss_scaler = optim.LossScaler { initial_scale_power = 24, hysteresis = 2 },
+         config = { steps = 12, log_every = 0, clip = 1 } }
+      local results = {}
+      trainer:add_step_callback(function(r)
+         results[#results + 1] = r
+         if r.metrics.skipped_steps == r.step then at_last_skip = params_of(model) end
+      end)
+      trainer:run()
+      local k = results[12].metrics.skipped_steps
+      assert.is_true(k >= 2 and k < 12, tostring(k)) -- the first two overflow for certain; the run recovers
+      for i, r in ipairs(results) do
+         assert.equal(math.min(i, k), r.metrics.skipped_steps, "step " .. i) -- the first k steps, and only those
+         -- hysteresis 2: the first overflow keeps 2^24, each later one halves; no growth within 1000 good steps
+         assert.equal(2 ^ (24 - math.max(0, math.min(i, k + 1) - 2)), r.metrics.loss_scale, "step " .. i)
+      end
+      assert.same(before, at_last_skip)
+      assert.equal(12 - k, opt.step_count)
+      assert.is_true(results[12].loss < results[k + 1].loss)
+   end)
+
+   it("keeps fp16 training of recipes/train.lua's model within 0.02 of f32 (10 steps)", function()
+      local function losses(cfg)
+         local model = nn.GPT { vocab = 256, seq = 32, dim = 32, layers = 2, heads = 2, dropout = 0, seed = 1 }:to(dev)
+         if cfg then zero.wrap(model, cfg) end
+         local data = train.text { seq = 32, batch = 4, seed = 1 }
+         local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1),
+            { lr = 2e-3, betas = { 0.9, 0.95 } })
+         local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
+            loss_scaler = cfg and optim.LossScaler { initial_scale_power = 8 } or nil,
+            config = { steps = 10, log_every = 0, clip = 1 } }
+         local out = {}
+         trainer:add_step_callback(function(r) out[#out + 1] = r end)
+         trainer:run()
+         return out
+      end
+      local f32, f16 = losses(nil), losses { zero_optimization = { stage = 3 }, fp16 = { enabled = true } }
+      local d = 0
+      for i = 1, 10 do
+         assert.equal(0, f16[i].metrics.skipped_steps)
+         d = math.max(d, math.abs(f32[i].loss - f16[i].loss))
+      end
+      assert.is_true(d <= 0.02 and d > 0, tostring(d))
+   end)
+end)
+
+describe("ds_config.json (dt.train.deepspeed)", function()
+   local function seed() return cjson.decode(fs.read(SEED_CONFIG)) end
+   local function near(want, got) assert.is_true(math.abs(want - got) <= 1e-12 * math.abs(want), tostring(got)) end
+   local function schedule_is(want, schedule, steps)
+      for i, step in ipairs(steps) do near(want[i], schedule(step)) end
+   end
+
+   it("takes the seed guide's example key by key", function()
+      local ds = deepspeed.new(seed(), 4)
+      -- 128 = 8 rows per rank x 4 accumulation steps x 4 ranks; DeepSpeed's default gradient_clipping is 0 (none)
+      assert.equal(8, ds.micro)
+      assert.equal(4, ds.grad_accum)
+      assert.equal(0, ds.clip)
+      assert.equal(32, deepspeed.new(seed(), 1).micro)
+      assert.same({ stage = 3, offload_optimizer = true, offload_param = true, pin_memory = true, param_dtype = "f16" },
+         zero.options(ds.zero))
+      local noted = {}
+      for _, n in ipairs(ds.notes) do noted[n:match("^([^:]+):")] = true end
+      assert.same({ ["zero_optimization.overlap_comm"] = true, ["zero_optimization.contiguous_gradients"] = true,
+         ["zero_optimization.reduce_bucket_size"] = true, ["zero_optimization.stage3_prefetch_bucket_size"] = true,
+         ["zero_optimization.stage3_param_persistence_threshold"] = true }, noted)
+      local model = gpt()
+      local t = { optimizer = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 1 }) }
+      ds:trainer(t)
+      assert.equal("AdamW", t.optimizer.kind)
+      assert.equal(1e-4, t.optimizer.lr)
+      local g = t.optimizer.param_groups
+      assert.same({ 0.9, 0.999 }, g[1].betas)
+      assert.equal(1e-8, g[1].eps)
+      assert.same({ 0.01, 0 }, { g[1].weight_decay, g[2].weight_decay }) -- the recipe's groups: no decay on gains
+      assert.equal(2 ^ 16, t.loss_scaler.scale)
+      assert.is_true(t.loss_scaler.dynamic)
+      -- WarmupDecayLR with DeepSpeed's default log warmup; step s is DeepSpeed's iteration s - 1
+      assert.equal(0, t.schedule(1))
+      near(1e-4 * math.log(10) / math.log(1000), t.schedule(10))
+      assert.equal(1e-4, t.schedule(1001))
+      near(5e-5, t.schedule(25501)) -- (50000 - 25500) / (50000 - 1000) of the way down
+      assert.equal(0, t.schedule(50001))
+   end)
+
+   it("maps the other optimizers, schedulers and keys, and says which keys change nothing", function()
+      local ds = deepspeed.new({ train_micro_batch_size_per_gpu = 2, gradient_clipping = 0.5, steps_per_print = 7,
+         wall_clock_breakdown = true, zero_optimization = { stage = 1, stage3_max_live_parameters = 1e9 },
+         optimizer = { type = "SGD", params = { lr = 0.1, momentum = 0.9 } },
+         scheduler = { type = "WarmupLR", params = { warmup_max_lr = 0.1, warmup_num_steps = 10,
+            warmup_type = "linear" } } }, 2)
+      assert.same({ 2, 1, 0.5, 7 }, { ds.micro, ds.grad_accum, ds.clip, ds.log_every })
+      assert.same({ "wall_clock_breakdown: every step result has step_seconds and gc_seconds (metrics.jsonl) already",
+         "zero_optimization.stage3_max_live_parameters: DeepSpeed ignores it at stage 1" }, ds.notes)
+      local t = { optimizer = optim.AdamW(gpt():parameters()) }
+      ds:trainer(t)
+      assert.equal("SGD", t.optimizer.kind)
+      assert.equal(0.9, t.optimizer.param_groups[1].momentum)
+      schedule_is({ 0, 0.01, 0.1, 0.1 }, t.schedule, { 1, 2, 11, 500 }) -- linear warmup from DeepSpeed's iteration 0
+      assert.is_nil(t.loss_scaler)
+      ds = deepspeed.new({ train_batch_size = 4, optimizer = { type = "Adam", params = { lr = 0.5 } },
+         scheduler = { type = "WarmupCosineLR", params = { total_num_steps = 20, warmup_num_steps = 4,
+            warmup_type = "linear", cos_min_ratio = 0.1 } } }, 1)
+      t = { optimizer = optim.AdamW(gpt():parameters()) }
+      ds:trainer(t)
+      assert.equal(0, t.optimizer.param_groups[1].weight_decay) -- DeepSpeed's Adam: AdamW with weight_decay 0
+      schedule_is({ 0, 0.125, 0.5, 0.05 }, t.schedule, { 1, 2, 5, 21 }) -- cosine down to cos_min_ratio x lr
+   end)
+
+   it("rejects what dtrun cannot honour, naming the key (DeepSpeed's own message for the batch sizes)", function()
+      local function err(c, world, msg) testing.expect_error(function() deepspeed.new(c, world) end, msg) end
+      err({ train_batch_size = 128, train_micro_batch_size_per_gpu = 8, gradient_accumulation_steps = 4 }, 2,
+         "deepspeed: Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+         .. "gradient_acc_step * world_size 128 != 8 * 4 * 2")
+      err({ gradient_accumulation_steps = 2 }, 1,
+         "Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+      err({ train_batch_size = 8, optimizer = { type = "Lamb" } }, 1,
+         "deepspeed: optimizer.type = 'Lamb' is not supported (supported: Adam, AdamW, SGD)")
+      err({ train_batch_size = 8, fp16 = { enabled = true }, bf16 = { enabled = true } }, 1,
+         "bf16.enabled and fp16.enabled are both set; choose one")
+      err({ train_batch_size = 8, zero_optimization = { stage = 3, offload_optimizer = { device = "nvme" } } }, 1,
+         "zero_optimization.offload_optimizer.device = 'nvme' is not supported (use \"cpu\" or \"none\"")
+      err({ train_batch_size = 8, zero_optimization = { stage = 3, offload_param = { device = "gpu" } } }, 1,
+         "zero_optimization.offload_param.device = 'gpu' is not supported")
+      err({ train_batch_size = 8, activation_checkpointing = {} }, 1,
+         "deepspeed: unsupported key activation_checkpointing (supported: bf16, fp16, gradient_accumulation_steps")
+      err({ train_batch_size = 8, zero_optimization = { sub_group_size = 1e9 } }, 1,
+         "unsupported key zero_optimization.sub_group_size")
+      err({ train_batch_size = 8, scheduler = { type = "OneCycle" } }, 1,
+         "scheduler.type = 'OneCycle' is not supported")
+      err({ train_batch_size = "auto" }, 1,
+         "train_batch_size = \"auto\": \"auto\" is filled in by Hugging Face's Trainer")
+      err({ train_batch_size = 8, optimizer = { type = "Adam", params = { adam_w_mode = false } } }, 1,
+         "optimizer.params.adam_w_mode = false (L2 regularisation in Adam) is not supported")
+      err({ train_batch_size = 8, fp16 = { enabled = true, auto_cast = true } }, 1, "unsupported key fp16.auto_cast")
+   end)
+
+   it("comes from --deepspeed FILE or from deepspeed = FILE in a --config file", function()
+      for _, args in ipairs { { "--deepspeed", SEED_CONFIG }, { "--deepspeed=" .. SEED_CONFIG } } do
+         local cfg = config.parse({ batch = 2 }, args)
+         assert.same({ 32, 4, 0 }, { cfg.batch, cfg.grad_accum, cfg.clip })
+      end
+      local dir = tmpdir()
+      fs.write(dir .. "/c.lua", ("return { deepspeed = %q }"):format(SEED_CONFIG))
+      assert.equal(32, config.parse({ batch = 2 }, { "--config", dir .. "/c.lua" }).batch)
+      fs.remove_tree(dir)
+      testing.expect_error(function() config.parse({}, { "--deepspeed", SEED_CONFIG }) end,
+         "this recipe has no `batch` key (rows per rank) for train_micro_batch_size_per_gpu")
+      testing.expect_error(function() config.parse({ batch = 2 }, { "--deepspeed", "nope.json" }) end,
+         "deepspeed: cannot read nope.json")
+   end)
+
+   it("runs recipes/zero3_offload.lua with the seed's example and recipes/ddp.lua at stage 1 (2 ranks)", function()
+      local small = " steps=2 model.dim=32 model.heads=2 model.layers=2 seq=16 eval_batches=1 sample=0"
+      local r = helpers.dtrun("recipes/zero3_offload.lua --nproc 2 --deepspeed " .. SEED_CONFIG
+         .. small:gsub(" sample=0", ""))
+      assert.equal(0, r.code, r.out)
+      local _, notes = r.out:gsub("deepspeed: zero_optimization.overlap_comm", "")
+      assert.equal(1, notes, r.out) -- rank 0 says it once
+      assert.truthy(r.out:find("2 rank(s), 2 shard(s), f16 on cpu", 1, true), r.out)
+      local records = {}
+      for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+      helpers.remove_run(r.run_dir)
+      assert.equal(2, #records)
+      assert.equal(0, records[1].lr) -- WarmupDecayLR's first step
+      assert.is_true(records[2].loss_scale > 0 and records[2].skipped_steps >= 0, r.out)
+      local dir = tmpdir()
+      fs.write(dir .. "/ds.json", cjson.encode { train_batch_size = 8, gradient_accumulation_steps = 2,
+         zero_optimization = { stage = 1 }, optimizer = { type = "SGD", params = { lr = 0.05 } } })
+      r = helpers.dtrun("recipes/ddp.lua --nproc 2 --deepspeed " .. dir .. "/ds.json" .. small)
+      helpers.remove_run(r.run_dir)
+      fs.remove_tree(dir)
+      assert.equal(0, r.code, r.out)
+      -- 2 steps x 2 micro-batches x 2 rows x 16 tokens x 2 ranks
+      assert.truthy(r.out:find("done: step 2  train loss [%d.]+  val loss [%d.]+  best train loss [%d.]+  256 tokens"),
+         r.out)
+   end)
+end)
