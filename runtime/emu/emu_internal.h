@@ -71,6 +71,29 @@ int64_t device_memory_limit();
 void release_device_memory(int device);
 /* The largest dynamic shared memory a kernel opted into (SMEM_DEFAULT unless raised). */
 int max_dynamic_smem(const void *kernel);
+/* The cp.async copies a thread has issued and that have not landed (simt.cpp keeps one queue per thread). */
+enum { ASYNC_COPIES_MAX = 128 };
+struct async_copy {
+  void *dst;
+  const void *src;
+  int bytes, src_bytes;
+  uint32_t group; /* the commit count when it was issued: its group, or the open one */
+};
+struct async_queue {
+  int n;
+  uint32_t commits;
+  async_copy q[ASYNC_COPIES_MAX];
+};
+/* The running thread's queue. */
+async_queue *thread_async_queue();
+/* Whether [p, p + n) lies inside one shared memory array of the running block. */
+bool shared_range_ok(const void *p, size_t n);
+/* Ends the running thread with a fault on its block (sticky for the device), naming the kernel, block and thread. */
+[[noreturn]] void thread_fault(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Computes a warp matrix collective (COLL_MMA, COLL_LDMATRIX) once its 32 lanes have posted their operands (`lanes`:
+ * their mma_lane / ldmatrix_lane pointers); false, with the reason in msg, when the operands are invalid. */
+bool warp_matrix_op(int kind, int arg, const uint64_t lanes[32], char *msg, size_t len);
+
 /* DT_EMU_SEED: 0 runs the threads of a block in index order, other values shuffle them (default 1). */
 uint64_t seed();
 

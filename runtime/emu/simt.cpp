@@ -46,6 +46,7 @@ struct fiber {
   uint64_t cvalue, cresult;
   int shared_next; /* index of this thread's next DT_SHARED declaration */
   void *asan_fake;
+  async_queue copies; /* its cp.async copies in flight */
 };
 
 struct launch_desc {
@@ -87,8 +88,9 @@ struct worker {
 
 thread_local worker *W;
 
-const char *const coll_names[] = {"__syncwarp", "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
-                                  "__shfl_xor_sync", "__ballot_sync", "__any_sync", "__all_sync"};
+const char *const coll_names[] = {"__syncwarp",    "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                  "__shfl_xor_sync", "__ballot_sync", "__any_sync",   "__all_sync",
+                                  "mma.sync",        "ldmatrix"};
 
 void fiber_main();
 
@@ -202,17 +204,6 @@ void block_fault(int t, cudaError_t code, const char *fmt, va_list ap) {
   w->fault_code = code;
 }
 
-/* A fault raised by the running thread: it never resumes. */
-[[noreturn]] void thread_fault(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void thread_fault(cudaError_t code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  block_fault(W->running->linear, code, fmt, ap);
-  va_end(ap);
-  yield(true);
-  __builtin_unreachable();
-}
-
 void scheduler_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void scheduler_fault(const char *fmt, ...) {
   va_list ap;
@@ -274,7 +265,7 @@ int complete_collective(int base, int count, const fiber *lead) {
       return -1;
     }
     if (g->state != F_WARP) return 0;
-    if (g->cmask != mask || g->ckind != kind) {
+    if (g->cmask != mask || g->ckind != kind || (kind >= COLL_MMA && g->carg != lead->carg)) {
       scheduler_fault(
           "divergent warp collectives in warp %d: lane %d calls %s(mask 0x%08x), lane %d calls %s(mask 0x%08x)",
           base / WARP, lead->linear - base, coll_names[kind], mask, l, coll_names[g->ckind], g->cmask);
@@ -285,6 +276,17 @@ int complete_collective(int base, int count, const fiber *lead) {
                                                          (lead->cwidth & (lead->cwidth - 1)))) {
     scheduler_fault("%s width %d is not a power of two in 1..32", coll_names[kind], lead->cwidth);
     return -1;
+  }
+  if (kind >= COLL_MMA) { /* .aligned: the whole warp executes it, so every lane has arrived */
+    uint64_t lanes[WARP];
+    char msg[256];
+    for (int l = 0; l < WARP; l++) lanes[l] = fs[l].cvalue;
+    if (!warp_matrix_op(kind, lead->carg, lanes, msg, sizeof msg)) {
+      scheduler_fault("%s in warp %d: %s", coll_names[kind], base / WARP, msg);
+      return -1;
+    }
+    for (int l = 0; l < WARP; l++) fs[l].state = F_RUN;
+    return 1;
   }
   uint64_t bits = 0;
   for (int l = 0; l < count; l++)
@@ -375,6 +377,8 @@ void run_block(const launch_desc *L, uint64_t id) {
     f->state = F_RUN;
     f->linear = i;
     f->shared_next = 0;
+    f->copies.n = 0;
+    f->copies.commits = 0;
 #if DT_EMU_ASAN
     if (w->stacks_dirty) __asan_unpoison_memory_region(f->stack, STACK_BYTES);
 #endif
@@ -447,6 +451,29 @@ void destroy_launch(op *o) {
 }
 
 } // namespace
+
+/* A fault raised by the running thread: it never resumes. */
+void thread_fault(cudaError_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  block_fault(W->running->linear, code, fmt, ap);
+  va_end(ap);
+  yield(true);
+  __builtin_unreachable();
+}
+
+async_queue *thread_async_queue() { return &W->running->copies; }
+
+bool shared_range_ok(const void *p, size_t n) {
+  const char *c = static_cast<const char *>(p);
+  auto inside = [&](const void *base, size_t bytes) {
+    const char *b = static_cast<const char *>(base);
+    return base && c >= b && c + n <= b + bytes;
+  };
+  for (int k = 0; k < W->nshared; k++)
+    if (inside(W->shared[k], W->shared_bytes[k])) return true;
+  return inside(W->dyn, W->L->smem);
+}
 
 uint64_t warp_collective(int kind, unsigned mask, uint64_t value, int arg, int width) {
   fiber *f = W->running;

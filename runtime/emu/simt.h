@@ -31,12 +31,34 @@ struct thread_view {
 extern thread_local const thread_view *cur;
 
 enum coll_kind { COLL_SYNCWARP, COLL_SHFL_IDX, COLL_SHFL_UP, COLL_SHFL_DOWN, COLL_SHFL_XOR, COLL_BALLOT, COLL_ANY,
-                 COLL_ALL };
+                 COLL_ALL, COLL_MMA, COLL_LDMATRIX };
 
 /* Blocks the calling fiber until every lane in `mask` arrives with the same collective; returns this lane's result
  * (a shuffled value, or the ballot bits). */
 uint64_t warp_collective(int kind, unsigned mask, uint64_t value, int arg, int width);
 void syncthreads();
+
+/* The warp-wide matrix instructions (runtime/emu/tensor_core.cpp): every lane of a full warp passes its operands, and
+ * once all 32 have arrived each gets its part of the result, in the PTX ISA's fragment layouts. */
+struct mma_lane {
+  uint32_t a[4], b[2]; /* A (16x16, row major) and B (16x8, column major): two 16-bit elements per register */
+  float c[4], d[4];    /* C and D (16x8) */
+};
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: lane->d = A B + C; f16: halves, else bf16. */
+void warp_mma_m16n8k16(bool f16, mma_lane *lane);
+struct ldmatrix_lane {
+  const void *row; /* this lane's row address (lanes 8i .. 8i+7 give the rows of matrix i) */
+  uint32_t r[4];   /* r[i]: this lane's part of matrix i */
+};
+/* ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16, num 1, 2 or 4. */
+void warp_ldmatrix(int num, bool trans, ldmatrix_lane *lane);
+/* cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes: queued on this thread; it lands (the rest of the
+ * bytes past src_bytes zeroed) only when a cp_async_wait covers its group. */
+void cp_async(void *dst, const void *src, int bytes, int src_bytes);
+/* cp.async.commit_group: the copies issued since the last commit form a group. */
+void cp_async_commit();
+/* cp.async.wait_group n: every group but the newest n has landed. */
+void cp_async_wait(int n);
 /* Ends the kernel with a sticky fault (like a device-side trap), naming `what`. */
 [[noreturn]] void trap(const char *what);
 /* The block's k-th DT_SHARED array (k counts this thread's declarations); poisoned with 0xff bytes. */

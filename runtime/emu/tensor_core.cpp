@@ -1,0 +1,126 @@
+/* tensor_core.cpp: the emulated mma.sync m16n8k16, ldmatrix and cp.async, in the PTX ISA's per-lane fragment layouts. */
+#include <stdio.h>
+#include <string.h>
+
+#include "emu_internal.h"
+#include "simt.h"
+
+namespace dt_emu {
+
+namespace {
+
+enum { WARP = 32 };
+
+/* The 16-bit element `half` (0: low, 1: high) of a register, as a float. */
+float element(uint32_t reg, int half, bool f16) {
+  uint16_t bits = (uint16_t)(reg >> (16 * half));
+  return f16 ? __half2float(__half{bits}) : __bfloat162float(__nv_bfloat16{bits});
+}
+
+/* With groupID g = lane / 4 and threadID_in_group t = lane % 4 (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+ * floating point type"): A register j of a lane holds row g + 8 (j % 2), columns 2t + 8 (j / 2) + {0, 1}; B register j
+ * holds rows 2t + 8 j + {0, 1} of column g; C/D element i holds row g + 8 (i / 2), column 2t + i % 2. */
+void mma(bool f16, mma_lane *const *l) {
+  float a[16][16], b[16][8];
+  for (int lane = 0; lane < WARP; lane++) {
+    int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < 4; j++)
+      for (int h = 0; h < 2; h++) a[g + 8 * (j % 2)][2 * t + 8 * (j / 2) + h] = element(l[lane]->a[j], h, f16);
+    for (int j = 0; j < 2; j++)
+      for (int h = 0; h < 2; h++) b[2 * t + 8 * j + h][g] = element(l[lane]->b[j], h, f16);
+  }
+  for (int lane = 0; lane < WARP; lane++) {
+    int g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+      int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+      /* the products of 16-bit floats are exact in double, and so is their sum: one rounding, to f32 */
+      double s = l[lane]->c[i];
+      for (int k = 0; k < 16; k++) s += (double)a[row][k] * b[k][col];
+      l[lane]->d[i] = (float)s;
+    }
+  }
+}
+
+/* Lane L's register i holds elements (L / 4, 2 (L % 4) + {0, 1}) of matrix i, whose 8 rows (16 bytes each) start at
+ * the addresses of lanes 8i .. 8i+7; .trans: elements (2 (L % 4) + {0, 1}, L / 4). */
+bool ldmatrix(int num, bool trans, ldmatrix_lane *const *l, char *msg, size_t len) {
+  for (int m = 0; m < num; m++)
+    for (int r = 0; r < 8; r++) {
+      const void *row = l[8 * m + r]->row;
+      if ((uintptr_t)row % 16 != 0 || !shared_range_ok(row, 16)) {
+        snprintf(msg, len, "lane %d's row address %p is not 16 bytes of shared memory aligned to 16", 8 * m + r, row);
+        return false;
+      }
+    }
+  for (int lane = 0; lane < WARP; lane++)
+    for (int m = 0; m < num; m++) {
+      uint16_t e[2];
+      for (int h = 0; h < 2; h++) {
+        int row = trans ? 2 * (lane % 4) + h : lane / 4, col = trans ? lane / 4 : 2 * (lane % 4) + h;
+        memcpy(&e[h], static_cast<const char *>(l[8 * m + row]->row) + 2 * col, 2);
+      }
+      l[lane]->r[m] = (uint32_t)e[0] | (uint32_t)e[1] << 16;
+    }
+  return true;
+}
+
+/* Lands the copies of groups older than `newest_pending` groups; the rest stay queued in order. */
+void land(async_queue *q, uint32_t newest_pending) {
+  int kept = 0;
+  for (int i = 0; i < q->n; i++) {
+    async_copy *c = q->q + i;
+    if (c->group + newest_pending < q->commits) {
+      memcpy(c->dst, c->src, (size_t)c->src_bytes);
+      memset(static_cast<char *>(c->dst) + c->src_bytes, 0, (size_t)(c->bytes - c->src_bytes));
+    } else {
+      q->q[kept++] = *c;
+    }
+  }
+  q->n = kept;
+}
+
+} // namespace
+
+bool warp_matrix_op(int kind, int arg, const uint64_t lanes[32], char *msg, size_t len) {
+  if (kind == COLL_MMA) {
+    mma(arg != 0, reinterpret_cast<mma_lane *const *>(lanes));
+    return true;
+  }
+  return ldmatrix(arg & 7, arg >> 3 != 0, reinterpret_cast<ldmatrix_lane *const *>(lanes), msg, len);
+}
+
+void warp_mma_m16n8k16(bool f16, mma_lane *lane) {
+  warp_collective(COLL_MMA, 0xffffffffu, (uint64_t)(uintptr_t)lane, f16, WARP);
+}
+
+void warp_ldmatrix(int num, bool trans, ldmatrix_lane *lane) {
+  if (num != 1 && num != 2 && num != 4) thread_fault(cudaErrorLaunchFailure, "ldmatrix .x%d: the count is 1, 2 or 4", num);
+  warp_collective(COLL_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane, num | (int)trans << 3, WARP);
+}
+
+void cp_async(void *dst, const void *src, int bytes, int src_bytes) {
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    thread_fault(cudaErrorLaunchFailure, "cp.async of %d bytes: the size is 4, 8 or 16", bytes);
+  if (src_bytes < 0 || src_bytes > bytes)
+    thread_fault(cudaErrorLaunchFailure, "cp.async of %d bytes with src-size %d: it must be in 0..%d", bytes,
+                 src_bytes, bytes);
+  if ((uintptr_t)dst % (unsigned)bytes || (uintptr_t)src % (unsigned)bytes)
+    thread_fault(cudaErrorIllegalAddress, "cp.async of %d bytes from %p to %p: both must be aligned to %d", bytes,
+                 src, dst, bytes);
+  if (!shared_range_ok(dst, (size_t)bytes))
+    thread_fault(cudaErrorIllegalAddress, "cp.async to %p: %d bytes there are not shared memory", dst, bytes);
+  if (src_bytes > 0 && !device_range_ok(src, (size_t)src_bytes))
+    thread_fault(cudaErrorIllegalAddress, "cp.async from %p: %d bytes there are not inside one device allocation", src,
+                 src_bytes);
+  async_queue *q = thread_async_queue();
+  if (q->n == ASYNC_COPIES_MAX)
+    thread_fault(cudaErrorLaunchFailure, "more than %d cp.async copies in flight in one thread (wait for some)",
+                 (int)ASYNC_COPIES_MAX);
+  q->q[q->n++] = async_copy{dst, src, bytes, src_bytes, q->commits};
+}
+
+void cp_async_commit() { thread_async_queue()->commits++; }
+
+void cp_async_wait(int n) { land(thread_async_queue(), (uint32_t)n); }
+
+} // namespace dt_emu

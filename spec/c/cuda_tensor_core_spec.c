@@ -1,0 +1,179 @@
+/* cuda_tensor_core_spec.c: mma.sync m16n8k16 (bf16, f16), ldmatrix (x1/x2/x4, .trans) and cp.async against scalar
+ * references, in the PTX ISA's fragment layouts (emulated, or on a real GPU when there is one). */
+#include "cuda_spec_util.h"
+
+#include "cuda_tensor_core_kernels.h"
+
+static bool emulated;
+
+static void *dmalloc(size_t n) {
+  void *p = NULL;
+  if (cudaMalloc(&p, n) != cudaSuccess) {
+    printf("cudaMalloc: %s\n", cudaGetErrorString(cudaGetLastError()));
+    exit(1);
+  }
+  return p;
+}
+
+static void *upload(const void *h, size_t n) {
+  void *d = dmalloc(n);
+  if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) exit(1);
+  return d;
+}
+
+static void download(void *h, const void *d, size_t n) {
+  cudaError_t e = cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) printf("  %s\n", cudaGetErrorString(e));
+  expect(e == cudaSuccess, "the kernel runs and its results come back");
+}
+
+/* n values of a 16-bit float dtype as raw bits: small integers (exact in bf16 and f16, and so are their products and
+ * sums in f32, whatever order the hardware adds them in). */
+static void sample16(uint16_t *bits, double *vals, int n, int dtype, int mul, int add) {
+  dt_tensor *t = host_zeros(1, SHAPE(n), dtype);
+  for (int i = 0; i < n; i++) {
+    vals[i] = (double)((i * mul + add) % 9 - 4);
+    dt_tensor_set(t, i, vals[i]);
+  }
+  memcpy(bits, dt_tensor_ptr(t), (size_t)n * 2);
+  dt_tensor_free(t);
+}
+
+/* D = A B + C on one warp, each lane placing its own fragments, for bf16 and f16. */
+static void test_mma(void) {
+  for (int f16 = 0; f16 <= 1; f16++) {
+    int dtype = f16 ? DT_DTYPE_F16 : DT_DTYPE_BF16;
+    uint16_t a[256], b[128];
+    double av[256], bv[128];
+    float c[128], d[128];
+    sample16(a, av, 256, dtype, 7, 3);
+    sample16(b, bv, 128, dtype, 5, 1);
+    for (int i = 0; i < 128; i++) c[i] = (float)(i % 5 - 2);
+    void *da = upload(a, sizeof a), *db = upload(b, sizeof b), *dc = upload(c, sizeof c), *dd = dmalloc(sizeof d);
+    expect(spec_k_mma(0, f16, da, db, dc, dd) == cudaSuccess, "the mma kernel launches");
+    download(d, dd, sizeof d);
+    int wrong = 0;
+    for (int m = 0; m < 16; m++)
+      for (int n = 0; n < 8; n++) {
+        double s = c[m * 8 + n];
+        for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * 8 + n];
+        wrong += d[m * 8 + n] != (float)s;
+      }
+    if (wrong) printf("  %s: %d of 128 elements of D differ from the scalar A B + C\n", f16 ? "f16" : "bf16", wrong);
+    expect(wrong == 0, f16 ? "mma.sync m16n8k16 f16: D = A B + C in the PTX fragment layout"
+                           : "mma.sync m16n8k16 bf16: D = A B + C in the PTX fragment layout");
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dc);
+    cudaFree(dd);
+  }
+}
+
+/* Each count, plain and transposed: lane l's register i holds its two elements of matrix i. */
+static void test_ldmatrix(void) {
+  uint16_t m[4 * 64];
+  for (int i = 0; i < 4 * 64; i++) m[i] = (uint16_t)(i * 37 + 11); /* distinct bit patterns */
+  void *dm = upload(m, sizeof m), *dout = dmalloc(32 * 4 * sizeof(uint32_t));
+  static const int counts[3] = {1, 2, 4};
+  for (int c = 0; c < 3; c++)
+    for (int trans = 0; trans <= 1; trans++) {
+      int num = counts[c];
+      uint32_t out[32 * 4];
+      expect(spec_k_ldmatrix(0, num, trans, 0, dm, dout) == cudaSuccess, "the ldmatrix kernel launches");
+      download(out, dout, sizeof out);
+      int wrong = 0;
+      for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < num; i++) {
+          int g = lane / 4, t = lane % 4;
+          int e0 = trans ? (2 * t) * 8 + g : g * 8 + 2 * t, e1 = trans ? (2 * t + 1) * 8 + g : g * 8 + 2 * t + 1;
+          uint32_t want = (uint32_t)m[i * 64 + e0] | (uint32_t)m[i * 64 + e1] << 16;
+          wrong += out[lane * 4 + i] != want;
+        }
+      char what[96];
+      snprintf(what, sizeof what, "ldmatrix .x%d%s: every lane holds its elements of each matrix", num,
+               trans ? ".trans" : "");
+      if (wrong) printf("  %d of %d registers differ\n", wrong, 32 * num);
+      expect(wrong == 0, what);
+    }
+  if (emulated) {
+    uint32_t out[32 * 4];
+    spec_k_ldmatrix(0, 4, 0, 2, dm, dout);
+    cudaError_t e = cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost);
+    const char *msg = cudaGetErrorString(e);
+    expect(e != cudaSuccess && strstr(msg, "ldmatrix in warp 0: lane 0's row address") &&
+               strstr(msg, "aligned to 16"),
+           "a row address off the 16-byte grid faults, naming the lane");
+    die_on(dt_cuda_device_reset(0), "device reset");
+    dm = upload(m, sizeof m);
+    dout = dmalloc(32 * 4 * sizeof(uint32_t));
+  }
+  cudaFree(dm);
+  cudaFree(dout);
+}
+
+/* A and B through ldmatrix (x4 for A, x2.trans for a row-major B) feed mma: the product of two row-major tiles. */
+static void test_mma_from_ldmatrix(void) {
+  for (int f16 = 0; f16 <= 1; f16++) {
+    int dtype = f16 ? DT_DTYPE_F16 : DT_DTYPE_BF16;
+    uint16_t a[256], b[128];
+    double av[256], bv[128];
+    float d[128];
+    sample16(a, av, 256, dtype, 5, 2);
+    sample16(b, bv, 128, dtype, 4, 7);
+    void *da = upload(a, sizeof a), *db = upload(b, sizeof b), *dd = dmalloc(sizeof d);
+    expect(spec_k_mma_ldmatrix(0, f16, da, db, dd) == cudaSuccess, "the ldmatrix + mma kernel launches");
+    download(d, dd, sizeof d);
+    int wrong = 0;
+    for (int m = 0; m < 16; m++)
+      for (int n = 0; n < 8; n++) {
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * 8 + n];
+        wrong += d[m * 8 + n] != (float)s;
+      }
+    expect(wrong == 0, f16 ? "f16 tiles loaded by ldmatrix multiply to A B" : "bf16 tiles loaded by ldmatrix multiply to A B");
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dd);
+  }
+}
+
+/* Copies land by the wait that covers their group (and zero-fill past src-size); before it, in the emulator, the
+ * shared memory still holds its poison (NaN), so a kernel that forgets a wait fails its spec. */
+static void test_cp_async(void) {
+  float src[256], out[512];
+  for (int i = 0; i < 256; i++) src[i] = (float)(i + 1);
+  void *ds = upload(src, sizeof src), *dout = dmalloc(sizeof out);
+  expect(spec_k_cp_async(0, ds, dout) == cudaSuccess, "the cp.async kernel launches");
+  download(out, dout, sizeof out);
+  bool group0 = true, group1 = true, neighbour = true, pending = true;
+  for (int i = 0; i < 128; i++) {
+    group0 &= out[i] == src[i];
+    bool zeroed = i >= 126; /* lane 31 copied only 8 of its 16 bytes of group 1 */
+    group1 &= out[256 + i] == (zeroed ? 0.0f : src[128 + i]);
+    neighbour &= out[384 + i] == src[(i + 4) % 128];
+    pending &= isnan(out[128 + i]);
+  }
+  expect(group0, "cp.async.wait_group 1 lands the older group");
+  expect(group1, "cp.async.wait_group 0 lands the newest group, zero past src-size");
+  expect(neighbour, "after the wait and a barrier every thread sees the other threads' copies");
+  if (emulated) expect(pending, "the emulator lands a group no earlier than the wait that covers it");
+  cudaFree(ds);
+  cudaFree(dout);
+}
+
+int main(void) {
+  spec_stream();
+  dt_cuda_device_info info;
+  die_on(dt_cuda_device_info_get(0, &info), "device info");
+  emulated = info.emulated;
+  printf("device: %s (cc %d.%d, %s)\n", info.name, info.cc_major, info.cc_minor, emulated ? "emulated" : "real");
+  if (!emulated && info.cc_major < 8) {
+    printf("skipped: bf16 mma.sync needs sm_80 or newer\n");
+    return SPEC_SKIP;
+  }
+  test_mma();
+  test_ldmatrix();
+  test_mma_from_ldmatrix();
+  test_cp_async();
+  return spec_finish();
+}
