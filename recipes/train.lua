@@ -19,7 +19,8 @@ local cfg = train.config {
    batch = 16, seq = 128,
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
-      mesh_shape = {} },                        -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
+      mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
+      sequence_parallel = false },              -- with a tp axis: activations cut along the sequence between regions
    sample = 200,                                -- bytes to generate at the end (0: skip)
    eval_batches = 8,                            -- val batches for the final val loss
 }
@@ -34,7 +35,8 @@ local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers =
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
    model:num_parameters() / 1e6, world.size, dt.default_device()))
-local data_world = layout.wrap(model, cfg.model.mesh_shape)  -- DDP over the ranks, or the mesh's strategies
+local data_world = layout.wrap(model, cfg.model.mesh_shape,  -- DDP over the ranks, or the mesh's strategies
+   { sequence_parallel = cfg.model.sequence_parallel })
 
 -- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each data-parallel rank reads
 -- its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the same rows).

@@ -17,7 +17,7 @@ local fsdp = require "dt.parallel.fsdp"
 local M = {}
 M.known = { "dp", "fsdp", "replicate", "tp" }
 
--- Wrap model for mesh_shape; opts.fsdp: fsdp.wrap's options (mesh aside).
+-- Wrap model for mesh_shape; opts.fsdp: fsdp.wrap's options (mesh aside); opts.sequence_parallel: tp's.
 function M.wrap(model, mesh_shape, opts)
    opts = opts or {}
    local world = dist.init()
@@ -35,7 +35,7 @@ function M.wrap(model, mesh_shape, opts)
    end
    local ok, mesh = pcall(dt.mesh, { mesh_shape = mesh_shape })
    if not ok then error("mesh_shape: " .. tostring(mesh):gsub("^[^:]*:%d+: ", ""), 2) end
-   if has.tp then tp.wrap(model, { mesh = mesh }) end
+   if has.tp then tp.wrap(model, { mesh = mesh, sequence_parallel = opts.sequence_parallel }) end
    local fopts = {}
    for k, v in pairs(opts.fsdp or {}) do fopts[k] = v end
    fopts.mesh = mesh
