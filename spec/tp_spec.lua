@@ -189,4 +189,13 @@ describe("mesh_shape (dt.parallel.layout)", function()
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("[0] done: step 2", 1, true), r.out)
    end)
+
+   it("recipes/fsdp.lua takes mesh_shape={{2,2},{\"fsdp\",\"tp\"}}: FSDP over tp's parts (4 ranks)", function()
+      local r = helpers.dtrun("recipes/fsdp.lua --nproc 4 steps=2 log_every=1 model.dim=32 model.layers=1 "
+         .. "model.heads=2 batch=2 seq=16 sample=4 eval_batches=1 'mesh_shape={{2,2},{\"fsdp\",\"tp\"}}'")
+      helpers.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("4 rank(s), 2 shard(s)", 1, true), r.out)
+      assert.truthy(r.out:find("[0] done: step 2", 1, true), r.out)
+   end)
 end)

@@ -2,7 +2,8 @@
 --
 --    local data_world = layout.wrap(model, cfg.model.mesh_shape)   -- then train.text { ..., world = data_world }
 --
--- mesh_shape = {{sizes...}, {names...}} (the seeds' form; {} = DDP over every rank, nothing on one rank). Axes:
+-- mesh_shape = {{sizes...}, {names...}} (the seeds' form; {} = DDP over every rank, nothing on one rank; with
+-- opts.fsdp: FSDP over every rank). Axes:
 --   tp         tensor parallelism (dt.parallel.tp; applied first)
 --   fsdp       FSDP shards over it (dt.parallel.fsdp; over tp: tp's parts again), with dp/replicate axes as HSDP
 --   dp         data parallel: DDP over it without an fsdp axis (replicate is the same word)
@@ -17,12 +18,17 @@ local fsdp = require "dt.parallel.fsdp"
 local M = {}
 M.known = { "dp", "fsdp", "replicate", "tp" }
 
--- Wrap model for mesh_shape; opts.fsdp: fsdp.wrap's options (mesh aside); opts.sequence_parallel: tp's.
+-- Wrap model for mesh_shape; opts.fsdp: FSDP (also without an fsdp axis) with fsdp.wrap's options (mesh aside);
+-- opts.sequence_parallel: tp's.
 function M.wrap(model, mesh_shape, opts)
    opts = opts or {}
    local world = dist.init()
    if mesh_shape == nil or #mesh_shape == 0 then
-      if world.size > 1 then ddp.wrap(model, { comm = world.comm }) end
+      if opts.fsdp then
+         fsdp.wrap(model, opts.fsdp)
+      elseif world.size > 1 then
+         ddp.wrap(model, { comm = world.comm })
+      end
       return { rank = world.rank, size = world.size }
    end
    local has, known = {}, {}
@@ -43,7 +49,7 @@ function M.wrap(model, mesh_shape, opts)
    for _, name in ipairs(mesh.names) do
       if name == "dp" or name == "replicate" then dp[#dp + 1] = name end
    end
-   if has.fsdp then
+   if has.fsdp or opts.fsdp then
       fsdp.wrap(model, fopts)
    elseif #dp > 0 then
       ddp.wrap(model, { comm = mesh:comm(dp) })
