@@ -177,7 +177,7 @@ describe("mesh_shape (dt.parallel.layout)", function()
    it("rejects unknown axis names, naming the known ones, and meshes that do not fit the world", function()
       local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 } end
       testing.expect_error(function() layout.wrap(gpt(), { { 1, 1 }, { "fsdp", "pp2" } }) end,
-         "mesh_shape: unknown axis 'pp2' (known: dp, fsdp, replicate, tp)")
+         "mesh_shape: unknown axis 'pp2' (known: dp, fsdp, pp, replicate, tp)")
       testing.expect_error(function() layout.wrap(gpt(), { { 2, 2 }, { "dp", "tp" } }) end,
          "mesh_shape: mesh: shape {2, 2} holds 4 ranks but the world has 1")
    end)

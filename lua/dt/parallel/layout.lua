@@ -7,6 +7,7 @@
 --   tp         tensor parallelism (dt.parallel.tp; applied first)
 --   fsdp       FSDP shards over it (dt.parallel.fsdp; over tp: tp's parts again), with dp/replicate axes as HSDP
 --   dp         data parallel: DDP over it without an fsdp axis (replicate is the same word)
+--   pp         refused for now (dt.parallel.pipeline.wrap composes with nothing yet)
 -- e.g. {{2, 2}, {"dp", "tp"}}, {{2, 2}, {"fsdp", "tp"}}, {{1, 4}, {"fsdp", "tp"}}, {{2, 2}, {"replicate", "fsdp"}}.
 -- Returns the {rank=, size=} the data is split by: the ranks of one tp group read the same rows.
 local dt = require "dt"
@@ -16,7 +17,7 @@ local ddp = require "dt.parallel.ddp"
 local fsdp = require "dt.parallel.fsdp"
 
 local M = {}
-M.known = { "dp", "fsdp", "replicate", "tp" }
+M.known = { "dp", "fsdp", "pp", "replicate", "tp" }
 
 -- Wrap model for mesh_shape; opts.fsdp: FSDP (also without an fsdp axis) with fsdp.wrap's options (mesh aside);
 -- opts.sequence_parallel: tp's.
@@ -38,6 +39,10 @@ function M.wrap(model, mesh_shape, opts)
          error(("mesh_shape: unknown axis '%s' (known: %s)"):format(tostring(name), table.concat(M.known, ", ")), 2)
       end
       has[name] = true
+   end
+   if has.pp then
+      error("mesh_shape: a pp axis is not composed with the others yet; use dt.parallel.pipeline.wrap(model, "
+         .. "{ mesh = ... }) directly", 2)
    end
    local ok, mesh = pcall(dt.mesh, { mesh_shape = mesh_shape })
    if not ok then error("mesh_shape: " .. tostring(mesh):gsub("^[^:]*:%d+: ", ""), 2) end
