@@ -51,12 +51,7 @@ end
 function M.wrap(model, opts)
    opts = opts or {}
    local world = dist.init()
-   local mesh = opts.mesh or { shape = { world.size }, names = { "pp" } }
-   if getmetatable(mesh) ~= meshmod.Mesh then mesh = dist.mesh(world, mesh) end
-   local axis = opts.axis or "pp"
-   if not mesh.index[axis] then
-      error(("pipeline.wrap: the mesh has no axis '%s' (axes: %s)"):format(axis, table.concat(mesh.names, ", ")), 2)
-   end
+   local mesh, axis = meshmod.strategy_axis(world, opts, "pp", "pipeline.wrap")
    local schedule = opts.schedule or "1f1b"
    if schedule ~= "1f1b" and schedule ~= "gpipe" then
       error(("pipeline.wrap: schedule must be \"1f1b\" or \"gpipe\", got %s"):format(tostring(schedule)), 2)

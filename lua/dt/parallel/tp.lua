@@ -269,12 +269,7 @@ end
 function M.wrap(model, opts)
    opts = opts or {}
    local world = dist.init()
-   local mesh = opts.mesh or { shape = { world.size }, names = { "tp" } }
-   if getmetatable(mesh) ~= meshmod.Mesh then mesh = dist.mesh(world, mesh) end
-   local axis = opts.axis or "tp"
-   if not mesh.index[axis] then
-      error(("tp.wrap: the mesh has no axis '%s' (axes: %s)"):format(axis, table.concat(mesh.names, ", ")), 2)
-   end
+   local mesh, axis = meshmod.strategy_axis(world, opts, "tp", "tp.wrap")
    if model.strategy then
       error("tp.wrap: the model is already wrapped (ddp/fsdp); apply tensor parallelism first, then ddp.wrap or "
          .. "fsdp.wrap", 2)
