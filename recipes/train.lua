@@ -20,7 +20,8 @@ local cfg = train.config {
    batch = 16, seq = 128,
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
-      mesh_shape = {} },                        -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
+      mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
+      sequence_parallel = false },              -- with a tp axis: activations cut along the sequence between regions
    sample = 200,                                -- bytes to generate at the end (0: skip)
    eval_batches = 8,                            -- val batches for the final val loss
 }
@@ -37,7 +38,11 @@ say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(
    model:num_parameters() / 1e6, world.size, dt.default_device()))
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
 local data_world = world                        -- the ranks that read different rows of the global batch
-if ds then ds:wrap(model) else data_world = layout.wrap(model, cfg.model.mesh_shape) end  -- DDP, or the mesh's
+if ds then                                      -- DDP, or the mesh's strategies
+   ds:wrap(model)
+else
+   data_world = layout.wrap(model, cfg.model.mesh_shape, { sequence_parallel = cfg.model.sequence_parallel })
+end
 
 -- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each data-parallel rank reads
 -- its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the same rows).

@@ -1,5 +1,6 @@
 -- spec/tp_spec.lua: tensor parallelism: placements, tp 2/4 (GPT, Llama with GQA) and dp x tp / fsdp x tp vs one
--- process, the vocab-parallel cross-entropy (values, gradients, peak memory) and tp.wrap's errors.
+-- process, sequence parallelism (equivalence, bytes sent), the vocab-parallel cross-entropy (values, gradients, peak
+-- memory), tp.wrap's and mesh_shape's errors and recipes/train.lua's mesh_shape.
 local dt = require "dt"
 local nn = require "dt.nn"
 local tp = require "dt.parallel.tp"
@@ -90,7 +91,7 @@ describe("tp vs one process (10 steps, same global batch, clip 1.0)", function()
    it("GPT on tp 2: one all_reduce per attention and per MLP each way, plus embedding, loss and head", function()
       local f, line = check("--nproc 2 model=gpt")
       -- per step: forward 1 (embedding) + 2 x 2 blocks + 3 (cross-entropy); backward 2 x 2 blocks + 1 (head)
-      assert.equal(13 * 10, f.tp_all_reduces, line)
+      assert.equal(13 * 10, f.tp_collectives, line)
    end)
 
    it("Llama (GQA, kv heads split) on tp 2", function() check("--nproc 2 model=llama") end)
@@ -99,12 +100,52 @@ describe("tp vs one process (10 steps, same global batch, clip 1.0)", function()
 
    it("Llama on tp 4: 2 kv heads, each held by 2 ranks, their gradients summed", function()
       local f, line = check("--nproc 4 model=llama")
-      assert.equal((13 + 2) * 10, f.tp_all_reduces, line) -- one more per block backward: the shared kv rows
+      assert.equal((13 + 2) * 10, f.tp_collectives, line) -- one more per block backward: the shared kv rows
    end)
 
    it("composes: dp 2 x tp 2 (DDP) and fsdp 2 x tp 2 (FSDP shards tp's parts)", function()
       check("--nproc 4 model=gpt mesh=dp")
       check("--nproc 4 model=llama mesh=fsdp")
+   end)
+end)
+
+describe("sequence parallel (10 steps)", function()
+   -- The fixture's GPT: B 2, T 16, dim 32, 2 layers. Bytes each rank sends on a ring over N ranks (tp_ops.lua): an
+   -- all_reduce of n f32 elements 2 (N - 1) / N * 4n, an all_gather / reduce_scatter of a full tensor of n elements
+   -- (N - 1) / N * 4n.
+   local STEPS, B, T, D, L = 10, 2, 16, 32, 2
+   local BTD, BT = B * T * D, B * T
+   local function ring(n, N, share) return share * (N - 1) / N * 4 * n end
+
+   it("matches one process, as tp without it does (GPT tp 2, Llama tp 4, Llama fsdp 2 x tp 2)", function()
+      for _, args in ipairs { "--nproc 2 sp=true", "--nproc 4 model=llama sp=true",
+         "--nproc 4 model=llama mesh=fsdp sp=true" } do
+         local line = fixture("spec/fixtures/tp_equivalence.lua " .. args, "tp ")[1]
+         local f = fields(line)
+         assert.equal("true", f.sp, line)
+         assert.is_true(f.max_abs_param_diff <= 1e-5 and f.max_abs_loss_diff <= 1e-5 and f.max_abs_norm_diff <= 1e-5,
+            line)
+      end
+   end)
+
+   it("sends the analytic bytes per step, with and without it (GPT, tp 2)", function()
+      local N = 2
+      -- tp: all_reduces of (B, T, dim): the embedding, 2 per block forward and 2 backward, the head's input backward;
+      -- and the cross-entropy's 3 of (B * T)
+      local tp_bytes = ring((1 + 4 * L + 1) * BTD, N, 2) + ring(3 * BT, N, 2)
+      -- sp: the embedding's all_reduce, per block 2 x (all_gather + reduce_scatter) each way, the head's all_gather
+      -- forward and reduce_scatter backward, the first block's cut gathered backward; the cross-entropy's 3
+      local sp_bytes = ring(BTD, N, 2) + L * 8 * ring(BTD, N, 1) + 2 * ring(BTD, N, 1) + ring(BTD, N, 1)
+         + ring(3 * BT, N, 2)
+      -- and the gradients of what runs on the shards, summed: per block 2 LayerNorms (weight, bias) and 2 output
+      -- biases, and the final LayerNorm
+      local grad_bytes = ring(L * (4 * D + 2 * D) + 2 * D, N, 2)
+      local f = fields(fixture("spec/fixtures/tp_equivalence.lua --nproc 2", "tp ")[1])
+      assert.equal(STEPS * tp_bytes, f.tp_bytes)
+      assert.equal(0, f.grad_bytes)
+      f = fields(fixture("spec/fixtures/tp_equivalence.lua --nproc 2 sp=true", "tp ")[1])
+      assert.equal(STEPS * sp_bytes, f.tp_bytes)
+      assert.equal(STEPS * grad_bytes, f.grad_bytes)
    end)
 end)
 
@@ -115,7 +156,7 @@ describe("vocab-parallel cross-entropy", function()
          assert.is_true(f.max_abs_loss_diff <= 1e-5, line)
          assert.is_true(f.max_abs_grad_diff <= 1e-7, line)
          assert.is_true(f.peak_growth < f.full_logits_bytes, line)
-         assert.equal(3, f.all_reduces, line)
+         assert.equal(3, f.collectives, line)
       end
    end)
 end)
@@ -136,16 +177,27 @@ describe("mesh_shape (dt.parallel.layout)", function()
    it("rejects unknown axis names, naming the known ones, and meshes that do not fit the world", function()
       local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 } end
       testing.expect_error(function() layout.wrap(gpt(), { { 1, 1 }, { "fsdp", "pp2" } }) end,
-         "mesh_shape: unknown axis 'pp2' (known: dp, fsdp, replicate, tp)")
+         "mesh_shape: unknown axis 'pp2' (known: dp, fsdp, pp, replicate, tp)")
       testing.expect_error(function() layout.wrap(gpt(), { { 2, 2 }, { "dp", "tp" } }) end,
          "mesh_shape: mesh: shape {2, 2} holds 4 ranks but the world has 1")
    end)
 
-   it("recipes/train.lua takes the seeds' form model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]] (2 ranks)", function()
-      local r = helpers.dtrun("recipes/train.lua --nproc 2 steps=2 log_every=1 model.dim=32 model.layers=1 "
-         .. "model.heads=2 batch=2 seq=16 sample=4 eval_batches=1 'model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]]'")
+   -- A recipe's 2 tiny steps with `words`; returns its output once it ran to the end.
+   local function recipe(words)
+      local r = helpers.dtrun(words .. " steps=2 log_every=1 model.dim=32 model.layers=1 model.heads=2 batch=2 seq=16 "
+         .. "sample=4 eval_batches=1")
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)
       assert.truthy(r.out:find("[0] done: step 2", 1, true), r.out)
+      return r
+   end
+
+   it("recipes/train.lua takes the seeds' form model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]] (2 ranks)", function()
+      recipe("recipes/train.lua --nproc 2 'model.mesh_shape=[[1,2],[\"fsdp\",\"tp\"]]'")
+   end)
+
+   it("recipes/fsdp.lua takes mesh_shape={{2,2},{\"fsdp\",\"tp\"}}: FSDP over tp's parts (4 ranks)", function()
+      local r = recipe("recipes/fsdp.lua --nproc 4 'mesh_shape={{2,2},{\"fsdp\",\"tp\"}}'")
+      assert.truthy(r.out:find("4 rank(s), 2 shard(s)", 1, true), r.out)
    end)
 end)

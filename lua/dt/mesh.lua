@@ -70,6 +70,18 @@ function M.new(world, spec)
    return self
 end
 
+-- A strategy's mesh and axis from its options: opts.mesh (a Mesh or a spec; default: one axis `default` over every
+-- rank of `world`) and opts.axis (default `default`); an error in the name of `who` when the mesh lacks the axis.
+function M.strategy_axis(world, opts, default, who)
+   local mesh = opts.mesh or { shape = { world.size }, names = { default } }
+   if getmetatable(mesh) ~= Mesh then mesh = M.new(world, mesh) end
+   local axis = opts.axis or default
+   if not mesh.index[axis] then
+      error(("%s: the mesh has no axis '%s' (axes: %s)"):format(who, axis, table.concat(mesh.names, ", ")), 3)
+   end
+   return mesh, axis
+end
+
 -- Axis number of `name` (error naming the valid axes).
 function Mesh:axis(name)
    local i = self.index[name]

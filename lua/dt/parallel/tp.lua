@@ -24,8 +24,16 @@
 --    tp.wrap(model, { mesh = mesh, plan = { ["layers.*.ff"] = { w_in = "colwise", w_out = "rowwise" },
 --                                           ["layers.*.attn"] = "attention" } })
 -- Every parameter gets its placement (dt.parallel.placement): Shard(0)@tp, Shard(1)@tp or Replicate.
+--
+-- Sequence parallelism (opts.sequence_parallel, Megatron's): between the regions the activations are cut along the
+-- sequence (B, T / tp, dim) — "sequence_start" cuts the first block's input, "norm" modules (and dropout, and the
+-- biases after a row-parallel region) run on the shards — and each region's input is all_gathered along T and its
+-- output reduce_scattered along T in place of the all_reduces (the same bytes on a ring); the gradients of the
+-- parameters used on shards are summed over tp before the optimizer step. T must be divisible by tp. Dropout then
+-- draws one mask per shard, which matches tp without sequence parallelism in distribution, not bit for bit.
 local dt = require "dt"
 local nn = require "dt.nn"
+local autograd = require "dt.autograd"
 local meshmod = require "dt.mesh"
 local dist = require "dt.dist"
 local placement = require "dt.parallel.placement"
@@ -35,12 +43,13 @@ local M = {}
 local TP = {}
 TP.__index = TP
 
-M.plans = {
-   GPT = { wte = "vocab_embedding", ["blocks.*.attn"] = "attention",
-      ["blocks.*.mlp"] = { fc = "colwise", proj = "rowwise" }, head = "vocab_head" },
-   Llama = { wte = "vocab_embedding", ["blocks.*.attn"] = "attention",
-      ["blocks.*.mlp"] = { gate = "colwise", up = "colwise", down = "rowwise" }, head = "vocab_head" },
-}
+local function lm_plan(mlp)
+   return { wte = "vocab_embedding", ["blocks.1"] = "sequence_start", ["blocks.*.ln1"] = "norm",
+      ["blocks.*.attn"] = "attention", ["blocks.*.ln2"] = "norm", ["blocks.*.mlp"] = mlp, lnf = "norm",
+      head = "vocab_head" }
+end
+M.plans = { GPT = lm_plan { fc = "colwise", proj = "rowwise" },
+   Llama = lm_plan { gate = "colwise", up = "colwise", down = "rowwise" } }
 
 -- "tp size 3 does not divide heads 4 (blocks.1.attn); the nearest valid tp sizes are 2 and 4".
 local function check_divides(tp, n, what, path)
@@ -80,24 +89,50 @@ local function even(per) return function(r) return { { r * per, per } } end end
 
 -- Styles: fn(tp, module, path, model) ------------------------------------------------------------------------
 
+-- Sequence parallelism is on while gradients are recorded (training); evaluation and generation (any length) run as
+-- plain tp, which computes the same values.
+local function seq(tp) return tp.sequence and autograd.is_enabled() end
+
 local Rowwise = nn.Linear:extend("RowwiseLinear")
 function Rowwise:forward(x)
-   local y = ops.reduce_from(self.tp, dt.linear(x, self.weight))
+   local tp = self.tp
+   local y = (seq(tp) and ops.scatter_to_seq or ops.reduce_from)(tp, dt.linear(x, self.weight))
    return self.bias and y + self.bias or y
 end
 
 local VocabEmbedding = nn.Embedding:extend("VocabParallelEmbedding")
 function VocabEmbedding:forward(idx) return ops.vocab_embedding(self.tp, idx, self.weight, self.first) end
 
--- The input of m enters the tp ranks (Megatron's f) once, whatever its children do with it.
+-- The input of m enters the tp ranks (Megatron's f; sequence parallel: gathered from the sequence shards) once,
+-- whatever its children do with it.
 local function region(tp, m)
    m:register_hook("pre_forward", function(_, args)
-      args[1] = ops.copy_to(tp, args[1])
+      args[1] = (seq(tp) and ops.gather_from_seq or ops.copy_to)(tp, args[1])
       return args
    end)
 end
 
+-- Replicated over tp; under sequence parallelism used on sequence shards, so each rank's gradient is a share.
+local function replicated(tp, p)
+   placement.replicate(p, tp.axis, tp.size)
+   if tp.sequence then placement.of(p):on(tp.axis).partial = true end
+end
+
 local styles = {}
+
+-- Sequence parallel: the input of m (the first block) is cut into this rank's chunk of the sequence.
+function styles.sequence_start(tp, m)
+   if not tp.sequence then return end
+   m:register_hook("pre_forward", function(_, args)
+      if seq(tp) then args[1] = ops.split_seq(tp, args[1]) end
+      return args
+   end)
+end
+
+-- A module run on the sequence shards under sequence parallelism (norms): its parameters' gradients are shares.
+function styles.norm(tp, m)
+   for _, np in ipairs(m:named_parameters()) do replicated(tp, np[2]) end
+end
 
 function styles.colwise(tp, m, path)
    local per = check_divides(tp, m.out_features, "the output features", path)
@@ -109,7 +144,7 @@ end
 function styles.rowwise(tp, m, path)
    local per = check_divides(tp, m.in_features, "the input features", path)
    tp:split(m, "weight", path, 1, even(per))
-   if rawget(m, "bias") then placement.replicate(m.bias, tp.axis, tp.size) end
+   if rawget(m, "bias") then replicated(tp, m.bias) end
    m.in_features, m.tp = per, tp
    setmetatable(m, Rowwise)
 end
@@ -229,23 +264,20 @@ function TP:style(style, m, path, model)
 end
 
 -- Shard `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec; default: tp over every rank),
--- axis ("tp"), plan (default tp.plans[model class]). Every rank must build the model with the same weights.
+-- axis ("tp"), plan (default tp.plans[model class]), sequence_parallel (false; see the top of this file). Every rank
+-- must build the model with the same weights.
 function M.wrap(model, opts)
    opts = opts or {}
    local world = dist.init()
-   local mesh = opts.mesh or { shape = { world.size }, names = { "tp" } }
-   if getmetatable(mesh) ~= meshmod.Mesh then mesh = dist.mesh(world, mesh) end
-   local axis = opts.axis or "tp"
-   if not mesh.index[axis] then
-      error(("tp.wrap: the mesh has no axis '%s' (axes: %s)"):format(axis, table.concat(mesh.names, ", ")), 2)
-   end
+   local mesh, axis = meshmod.strategy_axis(world, opts, "tp", "tp.wrap")
    if model.strategy then
       error("tp.wrap: the model is already wrapped (ddp/fsdp); apply tensor parallelism first, then ddp.wrap or "
          .. "fsdp.wrap", 2)
    end
    local comm = mesh:comm(axis)
    local self = setmetatable({ model = model, mesh = mesh, axis = axis, comm = comm, rank = comm.rank,
-      size = comm.size, layout = setmetatable({}, { __mode = "k" }), stats = { bytes = 0, all_reduces = 0 } }, TP)
+      size = comm.size, layout = setmetatable({}, { __mode = "k" }), sequence = opts.sequence_parallel or false,
+      stats = { bytes = 0, collectives = 0 }, grad_stats = { bytes = 0, collectives = 0 } }, TP)
    local plan = opts.plan or M.plans[model.__name]
    if not plan then
       error(("tp.wrap: no plan for a %s; pass opts.plan (see dt/parallel/tp.lua)"):format(model.__name), 2)
@@ -271,6 +303,16 @@ function TP:over(inner)
       if type(v) == "function" then return function(_, ...) return v(inner, ...) end end
       return v
    end })
+   -- sequence parallel: the shares of the parameters used on sequence shards summed (after inner's reductions)
+   s.before_optimizer = function(_, trainer)
+      if inner and inner.before_optimizer then inner:before_optimizer(trainer) end
+      local grads = {}
+      for _, p in ipairs(trainer.params) do
+         local e = p.grad ~= nil and placement.of(p):on(self.axis)
+         if e and e.partial then grads[#grads + 1] = p.grad end
+      end
+      ops.sum_grads({ comm = self.comm, stats = self.grad_stats }, grads)
+   end
    s.reduce_grad_sumsq = function(_, trainer, _)
       local sum = 0
       for _, p in ipairs(trainer.params) do

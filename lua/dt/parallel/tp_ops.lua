@@ -1,18 +1,79 @@
 -- dt/parallel/tp_ops.lua: tensor-parallel autograd ops over a tp communicator: copy/reduce across the tp ranks,
--- the vocab-parallel embedding and the vocab-parallel cross-entropy (never gathers the full logits).
+-- sequence-parallel gather/scatter along T, the vocab-parallel embedding and the vocab-parallel cross-entropy (never
+-- gathers the full logits).
 --
--- Every op takes `tp` = { comm = the tp communicator, stats = { bytes = 0, all_reduces = 0 } }: the payload bytes of
--- every collective it issues are counted there (an all_reduce of n f32 elements counts 4n, whatever the algorithm
--- moves on the wire).
+-- Every op takes `tp` = { comm = the tp communicator, stats = { bytes = 0, collectives = 0 } }: the bytes each rank
+-- sends in every collective it issues are counted there, as ring algorithms send them: over N ranks, an all_reduce
+-- of an n-byte tensor sends 2 (N - 1) / N * n, an all_gather or reduce_scatter whose full tensor has n bytes
+-- (N - 1) / N * n (so sequence parallelism's gather + scatter costs what tensor parallelism's all_reduce does).
 local dt = require "dt"
 local autograd = require "dt.autograd"
 
 local M = {}
 
+local function count(tp, t, share)
+   local n = tp.comm.size
+   tp.stats.bytes = tp.stats.bytes + share * (n - 1) / n * t:numel() * t:dtype_info().size
+   tp.stats.collectives = tp.stats.collectives + 1
+end
+
 local function all_reduce(tp, t, op)
-   tp.stats.bytes = tp.stats.bytes + t:numel() * t:dtype_info().size
-   tp.stats.all_reduces = tp.stats.all_reduces + 1
+   count(tp, t, 2)
    return tp.comm:all_reduce(t, op or "sum")
+end
+
+-- x (B, T / N, ...) on every rank -> (B, T, ...): the ranks' chunks in rank order along dim 2.
+local function gather_seq(tp, x)
+   local B = x:size(1)
+   local all = tp.comm:all_gather(x:contiguous())
+   count(tp, all, 1)
+   local parts = {}
+   for r = 1, tp.comm.size do parts[r] = all:narrow(1, (r - 1) * B + 1, B) end
+   return dt.cat(parts, 2)
+end
+
+-- x (B, T, ...) partial sums -> this rank's chunk (B, T / N, ...) of their sum over the ranks.
+local function scatter_seq(tp, x)
+   local n, T = tp.comm.size, x:size(2)
+   if T % n ~= 0 then
+      error(("tp: sequence parallelism needs the sequence length %d divisible by the tp size %d"):format(T, n), 0)
+   end
+   local parts = {}
+   for r = 1, n do parts[r] = x:narrow(2, (r - 1) * T / n + 1, T / n) end
+   local blocks = dt.cat(parts, 1) -- (N * B, T / N, ...): rank r's block is chunk r of every row
+   count(tp, blocks, 1)
+   return tp.comm:reduce_scatter(blocks)
+end
+
+-- Sequence parallelism's f: all_gather along T forward (a region's input from the sequence shards), reduce_scatter of
+-- the gradient backward.
+function M.gather_from_seq(tp, x)
+   local y = dt.no_grad(gather_seq, tp, x)
+   return autograd.record(y, { x }, function(g) return scatter_seq(tp, g) end, "tp_gather_seq")
+end
+
+-- Sequence parallelism's g: reduce_scatter along T forward (a row-parallel region's partial sums onto the sequence
+-- shards), all_gather of the gradient backward.
+function M.scatter_to_seq(tp, x)
+   local y = dt.no_grad(scatter_seq, tp, x)
+   return autograd.record(y, { x }, function(g) return gather_seq(tp, g) end, "tp_scatter_seq")
+end
+
+-- This rank's chunk along T of a tensor every rank holds whole (forward no communication), all_gather of the
+-- gradient backward.
+function M.split_seq(tp, x)
+   local n, T = tp.comm.size, x:size(2)
+   if T % n ~= 0 then
+      error(("tp: sequence parallelism needs the sequence length %d divisible by the tp size %d"):format(T, n), 0)
+   end
+   local y = dt.no_grad(function() return x:narrow(2, tp.comm.rank * T / n + 1, T / n):contiguous() end)
+   return autograd.record(y, { x }, function(g) return gather_seq(tp, g) end, "tp_split_seq")
+end
+
+-- The gradients of parameters used on sequence shards (norms, biases after a scatter) hold this rank's share: their
+-- sum over the tp ranks, in place.
+function M.sum_grads(tp, grads)
+   for _, g in ipairs(grads) do all_reduce(tp, g) end
 end
 
 -- Megatron's f: identity forward, all_reduce(sum) of the gradient backward (the input of a column-parallel region,
