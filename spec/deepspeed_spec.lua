@@ -24,7 +24,8 @@ end
 
 -- Train model for `steps` on one fixed batch; returns each step's result.
 local function run(model, steps, scaler, accum)
-   local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
+   -- the Trainer copies the batch to the model's device
+   local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1), device = "cpu" })
    local data = { next = function() return x, x end, position = function() return 0 end }
    local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
    local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,

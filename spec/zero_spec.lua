@@ -42,10 +42,11 @@ local function train_steps(model, params, steps, dev, batch)
    return losses, opt, last
 end
 
--- Run spec/fixtures/fsdp_ckpt.lua with offload on cuda devices (args: --nproc N and the fixture's words); returns
--- its losses by step.
-local function ckpt_run(args)
-   local r = helpers.dtrun("spec/fixtures/fsdp_ckpt.lua --device cuda offload=true " .. args, NH.env)
+-- Run spec/fixtures/fsdp_ckpt.lua (args: --nproc N and the fixture's words; `how`: the device and the strategy's words,
+-- default offload on cuda devices); returns its losses by step.
+local function ckpt_run(args, how)
+   local r = helpers.dtrun(("spec/fixtures/fsdp_ckpt.lua %s %s"):format(how or "--device cuda offload=true", args),
+      NH.env)
    helpers.remove_run(r.run_dir)
    assert.equal(0, r.code, r.out)
    local losses = {}
@@ -246,6 +247,39 @@ describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with D
          assert.equal(4, seen, r.out)
       end)
    end
+
+   it("stage 2 in one process: loading a checkpoint replaces the replicated parameters it had gathered", function()
+      local root = tmpdir()
+      -- bf16: the gathered parameters are a copy (one rank's f32 "gather" is the shard itself)
+      local model = zero.wrap(gpt("cpu"), { zero_optimization = { stage = 2 }, bf16 = { enabled = true } })
+      local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1), device = "cpu" })
+      local data = { next = function() return x, x end, position = function() return 0 end,
+         set_position = function() end }
+      local function eval() return dt.no_grad(function() return model(x, x):item() end) end
+      local trainer = train.Trainer { model = model, data = data, run_dir = root, print = function() end,
+         optimizer = optim.AdamW(model:parameters(), { lr = 1e-2 }),
+         config = { steps = 4, log_every = 0, checkpoint_every = 2, tensorboard = false } }
+      local at_2
+      trainer:add_step_callback(function(r) if r.step == 2 then at_2 = eval() end end)
+      trainer:run()
+      local at_4 = eval() -- gathers step 4's weights
+      assert.are_not.equal(at_2, at_4)
+      trainer:load_checkpoint(fs.join(root, "checkpoints", "step-2"))
+      assert.equal(at_2, eval())
+      fs.remove_tree(root)
+   end)
+
+   it("stages 1 and 2 saved at step 10 and resumed continue the uninterrupted run (2 ranks, cpu)", function()
+      for _, stage in ipairs { 1, 2 } do
+         local root, how = tmpdir(), "--device cpu stage=" .. stage
+         local full = ckpt_run("--nproc 2 steps=20", how)
+         ckpt_run(("--nproc 2 steps=10 save_every=10 run_dir=%s/run"):format(root), how)
+         local resumed = ckpt_run(("--nproc 2 steps=20 resume=true run_dir=%s/run"):format(root), how)
+         -- the loaded shards are gathered again into the replicated parameters before the first forward
+         for step = 11, 20 do assert.is_true(math.abs(resumed[step] - full[step]) <= 1e-6, stage .. ": " .. step) end
+         fs.remove_tree(root)
+      end
+   end)
 end)
 
 describe("recipes/zero3_offload.lua", function()
