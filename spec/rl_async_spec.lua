@@ -36,13 +36,13 @@ end)
 
 describe("GRPO with adaptive_async", function()
    -- steps of GRPO by hand (what the Trainer does); returns each step's x, loss and metrics
-   local function run(adaptive_async, steps)
+   local function run(adaptive_async, steps, num_iterations)
       local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2, seed = 5 }
       local prompts = { { prompt = "1+1=" }, { prompt = "2+2=" }, { prompt = "3=" } }
       local g = rl.grpo.setup { model = model, prompts = prompts,
          rewards = { function(_, c) return #c end }, generator = dt.Generator(9),
          config = { group_size = 2, prompts_per_step = 2, max_new_tokens = 3, stop = 50,
-            adaptive_async = adaptive_async } }
+            adaptive_async = adaptive_async, num_iterations = num_iterations } }
       local opt = optim.AdamW(model:parameters(), { lr = 1e-2 })
       local out = {}
       for step = 1, steps do
@@ -81,4 +81,14 @@ describe("GRPO with adaptive_async", function()
          assert.is_true(out[i].m.offpolicy_kl >= 0)
       end
    end)
+
+   it("with num_iterations = 2 an early rollout is trained on up to 2 * 2 - 1 versions after it was generated",
+      function()
+         -- batch 2 (steps 3-4) starts at step 1 (version 0): staleness 2 at step 3, 3 at step 4
+         local out = run({ min_async_ratio = 0.5, max_async_ratio = 0.5 }, 4, 2)
+         assert.equal(1, out[2].m.staleness_max) -- batch 1 at version 1
+         assert.equal(2, out[3].m.staleness_max)
+         assert.equal(3, out[4].m.staleness_max)
+         assert.is_not_nil(out[4].m.staleness_histogram["3"])
+      end)
 end)

@@ -270,9 +270,11 @@ function M.setup(opts)
    -- next ratio.
    g.metrics = function(result)
       local info, fresh = g.batch.info, uses == 1 -- the step that drew the batch waited for it (or generated it)
+      -- staleness bound: an early rollout starts one batch (num_iterations versions) before its batch is drawn,
+      -- which is then trained on for num_iterations steps
       local m = step_metrics.step(roles.comm, { samples = g.batch.samples, equal = g.batch.equal, names = names,
-         failures = scorer.failures, version = g.version, bound = cfg.num_iterations, loss = loss_stats, info = info,
-         fresh = fresh, tokens = tokens,
+         failures = scorer.failures, version = g.version, bound = 2 * cfg.num_iterations - 1, loss = loss_stats,
+         info = info, fresh = fresh, tokens = tokens,
          train_seconds = result.step_seconds - (fresh and (info.train_idle_seconds or info.rollout_seconds) or 0) })
       tokens = 0
       g.version = result.step

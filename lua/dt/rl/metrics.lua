@@ -61,7 +61,7 @@ function M.step(comm, b)
    local st, hist = async.staleness(b.samples, b.version), {}
    for d = 0, b.bound do hist[d] = put(sum, st.histogram[d] or 0) end
    if st.max > b.bound then
-      error(("grpo: staleness %d exceeds its bound %d (num_iterations)"):format(st.max, b.bound), 0)
+      error(("grpo: staleness %d exceeds its bound %d"):format(st.max, b.bound), 0)
    end
    if comm and comm.size > 1 then -- one sum and one max over the trainers, in a fixed rank order
       sum = comm:all_reduce(dt.tensor(sum, { dtype = "f64" }), "sum"):totable()
