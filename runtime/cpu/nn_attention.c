@@ -4,14 +4,18 @@
 #include "nn_common.h"
 #include "dt_nn.h"
 
-/* k and v hold (rows of kv heads, lk, D): batch b's kv head h is row b * hkv + h (lk = tk), or with `slots` (decode
- * attention against a cache of lk positions per slot) row slots[b] * hkv + h. */
 typedef struct {
-  int64_t b, hq, hkv, t, tk, d, lk;
-  const int64_t *slots;
+  int64_t b, hq, hkv, t, tk, d;
   double scale;
   bool causal;
 } attn_dims;
+
+/* Decode attention: q (b, hq, t, d) at positions pos .. pos + t - 1 of slots[b] in a cache (S, hkv, l, d). */
+typedef struct {
+  int64_t b, hq, hkv, t, d, l, pos;
+  const int64_t *slots;
+  double scale;
+} decode_dims;
 
 /* Query and key tile sizes: a (64, 64) score tile and the rows it touches stay in L1/L2. */
 enum { ATT_BR = 64, ATT_BC = 64 };
@@ -25,6 +29,8 @@ static inline int64_t attn_key_end(const attn_dims *a, int64_t t) {
 
 #define DT_NN_GENERIC "nn_attention_gen.h"
 #include "nn_generic.h"
+#define DT_NN_GENERIC "nn_decode_gen.h"
+#include "nn_generic.h"
 
 static dt_status check_attention(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                  double scale, bool causal, attn_dims *a) {
@@ -34,7 +40,7 @@ static dt_status check_attention(const char *op, const dt_tensor *q, const dt_te
   DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
   int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
-                   .lk = k->shape[2], .scale = scale, .causal = causal};
+                   .scale = scale, .causal = causal};
   return DT_OK;
 }
 
@@ -110,10 +116,8 @@ dt_status dt_cpu_nn_decode_attention(const dt_tensor *q, const dt_tensor *kcache
   DT_TRY(check_like(op, q, "q", out, "out"));
   DT_CHECK(isfinite(scale), DT_ERR_ARG, "%s: scale must be finite, got %g", op, scale);
   DT_TRY(check_slots(op, slots, kcache->shape[0]));
-  attn_dims a = {.b = q->shape[0], .hq = q->shape[1], .hkv = kcache->shape[1], .t = q->shape[2],
-                 .tk = pos + q->shape[2], .d = q->shape[3], .lk = kcache->shape[2], .slots = dt_tensor_ptr(slots),
-                 .scale = scale, .causal = true};
+  decode_dims a = {.b = q->shape[0], .hq = q->shape[1], .hkv = kcache->shape[1], .t = q->shape[2], .d = q->shape[3],
+                   .l = kcache->shape[2], .pos = pos, .slots = dt_tensor_ptr(slots), .scale = scale};
   if (a.b * a.hq * a.t == 0) return DT_OK;
-  return q->dtype == DT_DTYPE_F64 ? attn_fwd_f64(&a, q, kcache, vcache, out, NULL)
-                                  : attn_fwd_f32(&a, q, kcache, vcache, out, NULL);
+  return q->dtype == DT_DTYPE_F64 ? decode_f64(&a, q, kcache, vcache, out) : decode_f32(&a, q, kcache, vcache, out);
 }

@@ -20,8 +20,8 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
                               real *lse, real *work) {
   int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, d = a->d;
   int64_t bh = task / ntiles, i0 = task % ntiles * ATT_BR, br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR;
-  int64_t b = bh / a->hq, kvh = (a->slots ? a->slots[b] : b) * a->hkv + bh % a->hq / (a->hq / a->hkv);
-  const real *qi = q + (bh * a->t + i0) * d, *kh = k + kvh * a->lk * d, *vh = v + kvh * a->lk * d;
+  int64_t kvh = bh / a->hq * a->hkv + bh % a->hq / (a->hq / a->hkv);
+  const real *qi = q + (bh * a->t + i0) * d, *kh = k + kvh * a->tk * d, *vh = v + kvh * a->tk * d;
   real *oi = o + (bh * a->t + i0) * d, *li = lse + bh * a->t + i0;
   real *s = work, *m = s + ATT_BR * ATT_BC, *l = m + ATT_BR;
   memset(oi, 0, (size_t)(br * d) * sizeof(real));
@@ -104,7 +104,6 @@ static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, 
   }
 }
 
-/* lse NULL: not kept. */
 static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                               dt_tensor *out, dt_tensor *lse) {
   const real *qp = NULL, *kp = NULL, *vp = NULL;
@@ -116,17 +115,15 @@ static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_t
   if (st == DT_OK) st = RF(tensor_in)(k, &kp, &own[1]);
   if (st == DT_OK) st = RF(tensor_in)(v, &vp, &own[2]);
   if (st == DT_OK) st = RF(tensor_out)(out, &op, &own[3]);
-  if (st == DT_OK && lse) st = RF(tensor_out)(lse, &lp, &own[4]);
-  size_t lse_bytes = lse ? 0 : (size_t)(a->b * a->hq * a->t) * sizeof(real); /* no lse wanted: scratch */
-  if (st == DT_OK) st = dt_nn_scratch(lse_bytes, ATT_BR * (ATT_BC + 2) * sizeof(real), &scr, &stride, &shared);
+  if (st == DT_OK) st = RF(tensor_out)(lse, &lp, &own[4]);
+  if (st == DT_OK) st = dt_nn_scratch(0, ATT_BR * (ATT_BC + 2) * sizeof(real), &scr, &stride, &shared);
   if (st == DT_OK) {
-    if (!lse) lp = shared;
     int64_t ntasks = a->b * a->hq * ((a->t + ATT_BR - 1) / ATT_BR);
 #pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && ntasks * ATT_BR * a->tk * a->d > DT_NN_PAR_MIN)
     for (int64_t task = 0; task < ntasks; task++)
       RF(attn_fwd_tile)(a, task, qp, kp, vp, op, lp, dt_nn_slice(scr, stride));
     RF(tensor_flush)(out, own[3]);
-    if (lse) RF(tensor_flush)(lse, own[4]);
+    RF(tensor_flush)(lse, own[4]);
     own[3] = own[4] = NULL;
   }
   free(scr);
