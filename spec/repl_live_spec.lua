@@ -51,7 +51,8 @@ describe("a live REPL chunk on a DDP job", function()
          assert.matches("state_of: this tensor is not a parameter this optimizer steps", r.out)
       end)
 
-   it("an lr set under the lr schedule overrides it on every rank from one step until lr_override = nil", function()
+   it("an lr set under the lr schedule overrides it on every rank from one step until lr_override = nil; a new "
+      .. "schedule is set on every rank", function()
       local r = attach(job, e("optimizer.lr = 1e-4"))
       assert.equal(0, r.code, r.out)
       assert.matches("%(lr 0.0001 overrides the trainer's lr schedule from the next step on, until "
@@ -67,6 +68,15 @@ describe("a live REPL chunk on a DDP job", function()
       assert.matches("%(trainer.lr_override cleared: the lr schedule sets the lr again from the next step%)", r.out)
       -- back on the schedule: 3e-3 decaying linearly over 1e6 steps
       until_both(job, "return trainer.lr_override == nil and trainer.last_result.lr > 2e-3", "true")
+      -- a new schedule is a job-wide change too
+      r = attach(job, "--rank 0 " .. e("trainer.schedule = function() return 1e-3 end"))
+      assert.matches("rank 0: error: refused: trainer.schedule changed on 1 of 2 ranks", r.out)
+      r = attach(job, e("trainer.schedule = 3"))
+      assert.matches("refused: trainer.schedule must be a function step %-> lr %(optim.schedule{...}%) or nil, got "
+         .. "number", r.out)
+      r = attach(job, e("trainer.schedule = function() return 1e-3 end"))
+      assert.equal(0, r.code, r.out)
+      until_both(job, "return trainer.last_result.lr", "0.001")
    end)
 
    it("optimizer hyper-parameters and trainer config are set on every rank at one step, refused on some or when "
@@ -104,8 +114,14 @@ describe("a live REPL chunk on a DDP job", function()
       assert.matches("^ranks 0%-1: true", out)
       local first = attach(job, e("return first_seen")).lines[1]
       assert.matches("^ranks 0%-1: %d+$", first)
-      assert.matches("%[0%] probe at step\t" .. first:match("%d+$"), rh.log(job))
-      assert.matches("%[1%] probe at step\t" .. first:match("%d+$"), rh.log(job))
+      for rank = 0, 1 do
+         local said = ("%%[%d%%] probe at step\t%s\n"):format(rank, first:match("%d+$"))
+         for _ = 1, 100 do -- the rank's output reaches the log through the launcher
+            if rh.log(job):match(said) then break end
+            sh("sleep 0.1")
+         end
+         assert.matches(said, rh.log(job))
+      end
       -- hot reload: the same name replaces the callback in its place
       r = attach(job, e("trainer:add_step_callback(function(r) replaced_at = replaced_at or r.step end, \"probe\")"))
       assert.equal(0, r.code, r.out)

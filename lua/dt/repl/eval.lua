@@ -129,7 +129,7 @@ local function settle(ctx, changed, targets, id, out)
    local note = settings.prepare(t, changed)
    if world_size() == 1 and not ctx.within_step then
       settings.apply(changed)
-   else -- a single process inside a step: at its next step boundary
+   else -- several ranks, or a single process inside a step (dt.repl.serve): at a step boundary
       agree.queue(id, function() settings.apply(changed) end, targets)
       out[#out + 1] = ("(%s: set %s)"):format(settings.names(changed), world_size() == 1 and
          "at the next step boundary" or "on every rank at the same step boundary, agreed through the job's store")

@@ -5,9 +5,9 @@ local M = {}
 
 -- Every rank must agree on these (under DDP/FSDP an lr on one rank alone would let the replicas drift apart, a step
 -- callback on one rank alone could wait in a collective the others never join): the optimizer's lr and per-group
--- hyper-parameters (a list such as betas also element by element), the trainer's config values, trainer.lr_override
--- and trainer.callbacks (replaced by a new table at each change: dt/train/trainer.lua). Each is { name, tbl, key,
--- value }.
+-- hyper-parameters (a list such as betas also element by element), the trainer's config values, trainer.lr_override,
+-- trainer.schedule and trainer.callbacks (replaced by a new table at each change: dt/train/trainer.lua). Each is
+-- { name, tbl, key, value }.
 function M.find(trainer)
    local out, t = {}, trainer
    local function setting(name, tbl, key) out[#out + 1] = { name = name, tbl = tbl, key = key, value = tbl[key] } end
@@ -31,6 +31,7 @@ function M.find(trainer)
    end
    add("trainer.config", t.config or {})
    setting("trainer.lr_override", t, "lr_override")
+   setting("trainer.schedule", t, "schedule")
    setting("trainer.callbacks", t, "callbacks")
    return out
 end
@@ -69,6 +70,10 @@ function M.check(trainer, changed)
          if not (now == "number" and c.value >= 0 or c.name == "trainer.lr_override" and c.value == nil) then
             return ("%s must be a number >= 0%s, got %s"):format(c.name,
                c.name == "trainer.lr_override" and " (or nil: back to the schedule)" or "", tostring(c.value))
+         end
+      elseif c.name == "trainer.schedule" then
+         if now ~= "function" and now ~= "nil" then
+            return ("trainer.schedule must be a function step -> lr (optim.schedule{...}) or nil, got %s"):format(now)
          end
       elseif c.name ~= "trainer.callbacks" and was ~= now then
          return ("%s was a %s (%s); it cannot become a %s (%s)"):format(c.name, was, tostring(c.old), now,

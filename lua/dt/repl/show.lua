@@ -95,7 +95,7 @@ function State:__tostring()
    for k, v in pairs(self) do if Tensor.is_tensor(v) then names[#names + 1] = k end end
    table.sort(names)
    for _, k in ipairs(names) do lines[#lines + 1] = ("  %s: %s"):format(k, tostring(self[k])) end
-   if #names == 0 then lines[#lines + 1] = "  (none yet: the optimizer has not stepped it)" end
+   if #names == 0 then lines[#lines + 1] = ("  (none: %s)"):format(self.none) end
    return table.concat(lines, "\n")
 end
 
@@ -116,8 +116,12 @@ function Optimizer:state_of(p)
    end
    local shard = p:local_shard()
    local where = M.placement(p)
-   local out = setmetatable({ kind = self.kind, step = 0, of = where or name_of(p) }, State)
-   if shard:numel() == 0 and where then return out end -- this rank holds none of it
+   local out = setmetatable({ kind = self.kind, step = 0, of = where or name_of(p),
+      none = "the optimizer has not stepped it yet" }, State)
+   if shard:numel() == 0 and where then
+      out.none = "this rank holds no element of it"
+      return out
+   end
    local owned = false
    for _, q in ipairs(self.params) do owned = owned or rawequal(q, shard) end
    if not owned then
