@@ -123,6 +123,27 @@ describe("dt.hf.load", function()
       end)
    end
 
+   it("dtrun ckpt export-hf writes a 2-rank sharded checkpoint as what transformers loads, weights bit-identical",
+      function()
+      local tmp = helpers.tmpdir()
+      finally(function() fs.remove_tree(tmp) end)
+      local src, ck, out = fs.join(dir, "llama_tied_bf16_sharded"), fs.join(tmp, "ckpt"), fs.join(tmp, "exported")
+      local r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s"):format(src, ck))
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      r = dist.dtrun(("ckpt export-hf %s %s"):format(ck, out))
+      assert.equal(0, r.code, r.out)
+      assert.matches("exported step 1 of .* as a Hugging Face llama model", r.out)
+      assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", src, out))
+      r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s nopath"):format(src, fs.join(tmp, "bare")))
+      dist.remove_run(r.run_dir)
+      r = dist.dtrun(("ckpt export-hf %s %s"):format(fs.join(tmp, "bare"), fs.join(tmp, "never")))
+      assert.equal(1, r.code, r.out)
+      assert.matches("the run's config has no model.path: only a model loaded from a Hugging Face directory", r.out,
+         1, true)
+      assert.is_false(fs.is_dir(fs.join(tmp, "never")))
+   end)
+
    it("refuses a device beside opts.wrap (the wrapper places the shards)", function()
       assert.matches("with opts.wrap the wrapper places the shards", helpers.errmsg(function()
          hf.load(fs.join(dir, "llama"), { device = "cpu", wrap = function(m) return m end })

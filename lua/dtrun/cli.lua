@@ -15,6 +15,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
+       dtrun ckpt export-hf DIR OUT_DIR                        a checkpoint as a Hugging Face model directory
        dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]
                                                                draw runs' metrics.jsonl curves to an SVG
        dtrun info                                              build, CUDA/NCCL versions, threads and devices

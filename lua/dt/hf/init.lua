@@ -113,6 +113,17 @@ local function read_range(srcs, transposed, first, n, dst)
    return bytes
 end
 
+-- Replace parameter `name` (dotted, as named_parameters gives it) of model by tensor t.
+local function set_param(model, name, t)
+   local m, key = model, nil
+   for seg in name:gmatch("[^.]+") do
+      if key then m = m[key] or m[tonumber(key)] end
+      key = seg
+   end
+   t.requires_grad = true
+   m[key] = t
+end
+
 -- The architecture table of a decoded config.json, or an error listing the supported model types.
 local function arch_of(c)
    local a = arch[c.model_type]
@@ -140,22 +151,40 @@ local COPIED = { "generation_config.json", "tokenizer.json", "tokenizer_config.j
 -- into its parameter). opts.dtype (default f32, as transformers' from_pretrained), opts.device. opts.wrap: a function
 -- that shards the model and returns it (fsdp.wrap or zero.wrap with their options, device included): the model is then
 -- built without weights (dt.nn.layers.skeleton), wrapped, and each rank reads only the slices of its own shards, so
--- no rank ever holds the whole model. Returns the model (in eval mode; model.hf = { config =, dir =, read_bytes = }
--- for save and for what this rank read) and the decoded config.json. A tied output layer shares the embedding's
--- tensor. Errors name the file, the tensor and both shapes; nothing is returned half-loaded.
+-- no rank ever holds the whole model. opts.state: { [dtrun parameter name] = tensor } (a dtrun checkpoint's weights)
+-- instead of the directory's safetensors: the model is built without weights and takes these tensors as its
+-- parameters (shapes checked); `dtrun ckpt export-hf` saves it back with the directory's config. Returns the model
+-- (in eval mode; model.hf = { config =, dir =, read_bytes = } for save and for what this rank read) and the decoded
+-- config.json. A tied output layer shares the embedding's tensor. Errors name the file, the tensor and both shapes;
+-- nothing is returned half-loaded.
 function M.load(dir, opts)
    opts = opts or {}
    if opts.wrap and opts.device then
       error("dt.hf.load: with opts.wrap the wrapper places the shards: give it the device (fsdp.wrap's device)", 2)
    end
+   if opts.wrap and opts.state then error("dt.hf.load: opts.wrap and opts.state exclude each other", 2) end
    local c = read_json(fs.join(dir, "config.json"), "config.json (not a Hugging Face model directory?)")
    c._path, c._dtype = fs.join(dir, "config.json"), opts.dtype or "f32"
    local a = arch_of(c)
-   local model = opts.wrap and layers.skeleton(function() return a.build(c) end) or a.build(c)
+   local bare = opts.wrap or opts.state
+   local model = bare and layers.skeleton(function() return a.build(c) end) or a.build(c)
    if is_tied(c) then model.head.weight = model.wte.weight end
-   local lookup = open_weights(dir, a.prefix)
+   if opts.state then
+      for _, np in ipairs(model:named_parameters()) do
+         local t, want = opts.state[np[1]], np[2].shape
+         if not t then error(("dt.hf.load: the weights given lack dtrun's %s"):format(np[1]), 2) end
+         if shape_str(t.shape) ~= shape_str(want) then
+            error(("dt.hf.load: the weights given have %s as %s, but %s needs %s"):format(np[1], shape_str(t.shape),
+               c._path, shape_str(want)), 2)
+         end
+         set_param(model, np[1], t)
+      end
+      if is_tied(c) then model.head.weight = model.wte.weight end
+   end
+   local lookup = not opts.state and open_weights(dir, a.prefix)
    local read = 0
    dt.no_grad(function()
+      if opts.state then return end
       if not opts.wrap then
          for _, np in ipairs(model:named_parameters()) do
             local p = np[2]
