@@ -4,6 +4,7 @@
 --    local hf = require "dt.hf"
 --    local model, config = hf.load("Qwen2.5-0.5B", { dtype = "bf16", device = "cuda" })
 --    local tok = hf.tokenizer("Qwen2.5-0.5B")     -- tok:encode(text), tok:decode(ids), tok:stream()
+--    local chat = hf.chat("Qwen2.5-0.5B")         -- chat:encode(messages, tok) -> ids, assistant mask
 local cjson = require "cjson"
 local dt = require "dt"
 local fs = require "dt.fs"
@@ -11,7 +12,7 @@ local safetensors = require "dt.ckpt.safetensors"
 local arch = require "dt.hf.arch"
 local layers = require "dt.nn.layers"
 
-local M = { tokenizer = require("dt.hf.tokenizer").load }
+local M = { tokenizer = require("dt.hf.tokenizer").load, chat = require("dt.hf.chat").load }
 
 local function read_json(path, what)
    if not fs.is_file(path) then error(("%s: no %s"):format(path, what), 0) end
