@@ -6,6 +6,7 @@ local hf = require "dt.hf"
 local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local refs = require "spec.fixtures.py_refs"
+local train = require "dt.train"
 
 describe("dt.hf.chat", function()
    local dir, ref = refs.fixture("hf_chat.py")
@@ -38,6 +39,40 @@ describe("dt.hf.chat", function()
          end
          assert.is_true(ones > 5 and zeros > 5, family)
       end
+   end)
+
+   it("train.chat packs the conversations into rows with targets only on assistant tokens", function()
+      local tmp = helpers.tmpdir()
+      finally(function() fs.remove_tree(tmp) end)
+      local lines, ids, mask = {}, {}, {}
+      for _, case in ipairs(ref.chatml) do
+         if not case.add_generation_prompt then
+            lines[#lines + 1] = cjson.encode { messages = case.messages }
+            for i, id in ipairs(case.ids) do ids[#ids + 1], mask[#mask + 1] = id, case.mask[i] end
+         end
+      end
+      local path = fs.join(tmp, "chats.jsonl")
+      fs.write(path, table.concat(lines, "\n") .. "\n")
+      local dir_ = fs.join(dir, "chatml")
+      local T, B = 8, 2
+      local data = train.chat { path = path, chat = hf.chat(dir_), tokenizer = hf.tokenizer(dir_), seq = T, batch = B,
+         world = { rank = 1, size = 2 } }
+      assert.equal(#ids, data.tokens)
+      local rows = math.floor((#ids - 1) / T)
+      assert.equal(rows, data.rows)
+      local x, y = data:next()
+      x, y = x:totable(), y:totable()
+      for b = 1, B do
+         local s = ((0 * 2 + 1) * B + (b - 1)) % rows * T -- rank 1's rows of batch 0
+         for t = 1, T do
+            assert.equal(ids[s + t], x[b][t])
+            assert.equal(mask[s + t + 1] == 1 and ids[s + t + 1] or -100, y[b][t])
+         end
+      end
+      fs.write(path, '{"messages": []}\n')
+      assert.matches("chats.jsonl:1: expected {\"messages\"", helpers.errmsg(function()
+         train.chat { path = path, chat = hf.chat(dir_), tokenizer = hf.tokenizer(dir_), seq = T, batch = B }
+      end), 1, true)
    end)
 
    describe("errors", function()
