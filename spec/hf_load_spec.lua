@@ -19,14 +19,7 @@ describe("dt.hf.load", function()
 
    -- Largest |dtrun's logit - transformers'| of model on the reference's fixed batch.
    local function max_diff(model, r)
-      local logits = model(dt.tensor(r.input, { dtype = "i64" })):totable()
-      local worst = 0
-      for b, rows in ipairs(r.logits) do
-         for t, row in ipairs(rows) do
-            for v, x in ipairs(row) do worst = math.max(worst, math.abs(logits[b][t][v] - x)) end
-         end
-      end
-      return worst
+      return refs.max_diff(model(dt.tensor(r.input, { dtype = "i64" })):totable(), r.logits)
    end
 
    local models = { "llama", "llama3_rope_scaling", "llama_tied_bf16_sharded", "qwen2_f16", "qwen3", "mistral", "gpt2" }

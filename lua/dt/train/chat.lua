@@ -13,11 +13,12 @@ local ffi = require "ffi"
 local Tensor = require "dt.tensor"
 local dtffi = require "dt.ffi"
 local jsonl = require "dt.train.jsonl"
+local data = require "dt.train.data"
 
 local C = dtffi.C
 local i64p = ffi.typeof("int64_t*")
 local M = {}
-local Chat = {}
+local Chat = setmetatable({}, { __index = data.Windows }) -- its next, position and set_position
 Chat.__index = Chat
 
 function M.new(opts)
@@ -61,14 +62,5 @@ function Chat:batch_at(pos)
    end
    return x, y
 end
-
-function Chat:next()
-   local x, y = self:batch_at(self.pos)
-   self.pos = self.pos + 1
-   return x, y
-end
-
-function Chat:position() return self.pos end
-function Chat:set_position(p) self.pos = p end
 
 return M

@@ -24,6 +24,7 @@ local token_sizes = { u8 = 1, u16 = 2, u32 = 4 }
 
 local Windows = {}
 Windows.__index = Windows
+M.Windows = Windows -- next/position/set_position over a batch_at(pos), shared by train.chat
 
 -- A stream of random (B, T+1) windows over ptr[first .. first+count-1].
 local function windows(src, first, count, opts, split, name)
