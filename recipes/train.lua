@@ -7,7 +7,9 @@
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 --    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
+--    dtrun recipes/train.lua model.path=DIR      # a Hugging Face model (and its tokenizer; tokenizer=DIR for another)
 local dt    = require "dt"
+local hf    = require "dt.hf"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
@@ -21,7 +23,9 @@ local cfg = train.config {
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
       mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
-      sequence_parallel = false },              -- with a tp axis: activations cut along the sequence between regions
+      sequence_parallel = false,                -- with a tp axis: activations cut along the sequence between regions
+      path = "" },                              -- a Hugging Face model directory ("": a new byte-level GPT)
+   tokenizer = "",                              -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    sample = 200,                                -- bytes to generate at the end (0: skip)
    eval_batches = 8,                            -- val batches for the final val loss
 }
@@ -29,13 +33,19 @@ local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()                      -- rank and world size from the launcher (1 rank alone)
 local say = world.is_main and print or function() end
 
--- Model: GPT-2-like over the 256 byte values, on the default device (cuda:LOCAL_RANK under --gpus or with
--- DT_DEVICE=cuda; the trainer copies each batch there).
+-- With a tokenizer (tokenizer=DIR, or model.path's), the data are windows of its token ids instead of bytes.
+local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
+local tok = tok_dir ~= "" and hf.tokenizer(tok_dir) or nil
+
+-- Model: GPT-2-like over the 256 byte values, or the Hugging Face model of model.path, on the default device
+-- (cuda:LOCAL_RANK under --gpus or with DT_DEVICE=cuda; the trainer copies each batch there).
 dt.manual_seed(cfg.seed)
-local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
-   heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
-say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.layers, cfg.model.dim,
-   model:num_parameters() / 1e6, world.size, dt.default_device()))
+local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() }):train()
+   or nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
+      heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
+say(("model: %s, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.path ~= "" and cfg.model.path
+   or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6, world.size,
+   dt.default_device()))
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
 local data_world = world                        -- the ranks that read different rows of the global batch
 if ds then                                      -- DDP, or the mesh's strategies
@@ -44,10 +54,11 @@ else
    data_world = layout.wrap(model, cfg.model.mesh_shape, { sequence_parallel = cfg.model.sequence_parallel })
 end
 
--- Data: random (batch, seq) byte windows; targets are the inputs shifted by one. Each data-parallel rank reads
--- its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the same rows).
+-- Data: random (batch, seq) windows of bytes (or token ids); targets are the inputs shifted by one. Each
+-- data-parallel rank reads its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the
+-- same rows).
 local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
-   seed = cfg.seed, world = data_world }
+   seed = cfg.seed, world = data_world, tokenizer = tok }
 
 -- AdamW with weight decay on matrices only; linear warmup, then cosine decay to min_lr.
 local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay),
@@ -61,15 +72,20 @@ local last = trainer:run()
 local val = trainer:evaluate(cfg.eval_batches) -- every rank: with tensor parallelism this is a collective
 if last then say(("done: step %d  train loss %.4f  val loss %.4f"):format(last.step, last.loss, val)) end
 
--- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40); every rank draws the same bytes.
+-- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40), or token by token with a tokenizer; every
+-- rank draws the same ones.
 if cfg.sample > 0 and not trainer.stopped then
    local prompt = "The "
-   local idx = dt.tensor({ { prompt:byte(1, -1) } }, { dtype = "i64" })
+   local idx = dt.tensor({ tok and tok:encode(prompt) or { prompt:byte(1, -1) } }, { dtype = "i64" })
    local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })
-   local bytes = {}
-   for i = 1, out:numel() do
-      local b = out:get(i)
-      bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
+   local text = tok and tok:decode(out:totable()[1])
+   if not text then
+      local bytes = {}
+      for i = 1, out:numel() do
+         local b = out:get(i)
+         bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
+      end
+      text = table.concat(bytes)
    end
-   say("sample:\n" .. table.concat(bytes))
+   say("sample:\n" .. text)
 end

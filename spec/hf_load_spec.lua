@@ -1,12 +1,13 @@
 -- spec/hf_load_spec.lua: dt.hf.load and dt.hf.save on tiny random models that transformers saves
 -- (spec/fixtures/hf_models.py): logits within 1e-4 of its own, the same greedy tokens, saved weights bit-identical, and
--- errors for bad directories.
+-- errors for bad directories; under FSDP/ZeRO-3 on 2 ranks each rank reads only its own shards' slices.
 local cjson = require "cjson"
 local dt = require "dt"
 local hf = require "dt.hf"
 local fs = require "dt.fs"
 local helpers = require "spec.train_helpers"
 local refs = require "spec.fixtures.py_refs"
+local dist = require "spec.dist_helpers"
 
 describe("dt.hf.load", function()
    local dir, ref = refs.fixture("hf_models.py")
@@ -18,14 +19,7 @@ describe("dt.hf.load", function()
 
    -- Largest |dtrun's logit - transformers'| of model on the reference's fixed batch.
    local function max_diff(model, r)
-      local logits = model(dt.tensor(r.input, { dtype = "i64" })):totable()
-      local worst = 0
-      for b, rows in ipairs(r.logits) do
-         for t, row in ipairs(rows) do
-            for v, x in ipairs(row) do worst = math.max(worst, math.abs(logits[b][t][v] - x)) end
-         end
-      end
-      return worst
+      return refs.max_diff(model(dt.tensor(r.input, { dtype = "i64" })):totable(), r.logits)
    end
 
    local models = { "llama", "llama3_rope_scaling", "llama_tied_bf16_sharded", "qwen2_f16", "qwen3", "mistral", "gpt2" }
@@ -82,6 +76,71 @@ describe("dt.hf.load", function()
       local qwen3 = hf.load(fs.join(dir, "qwen3"))
       assert.equal(16, qwen3.blocks[1].attn.head_dim)
       assert.equal(qwen3.wte.weight, qwen3.head.weight)
+   end)
+
+   -- Bytes of every tensor in the model's safetensors files.
+   local function stored_bytes(model_dir)
+      local st, total = require "dt.ckpt.safetensors", 0
+      for _, e in ipairs(fs.list(model_dir)) do
+         if e.name:match("%.safetensors$") then
+            local file = st.open(fs.join(model_dir, e.name))
+            for _, n in ipairs(file.names) do total = total + file.entries[n].last - file.entries[n].first end
+            file:close()
+         end
+      end
+      return total
+   end
+
+   for _, case in ipairs { { "llama", "" }, { "llama_tied_bf16_sharded", "zero" } } do
+      it(("%s under %s on 2 ranks: each rank reads only its shards' slices and allocates nothing more"):format(
+         case[1], case[2] == "zero" and "ZeRO-3 (CPU offload)" or "FSDP"), function()
+         local r = dist.dtrun(("spec/fixtures/hf_sharded_load.lua --nproc 2 %s %s %s %s"):format(dir,
+            fs.join(dir, "ref.json"), case[1], case[2]))
+         dist.remove_run(r.run_dir)
+         assert.equal(0, r.code, r.out)
+         local read = 0
+         for rank = 0, 1 do
+            local line = r.out:match("hf_sharded rank=" .. rank .. " [^\n]*")
+            assert.is_not_nil(line, r.out)
+            local f = {}
+            for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
+            assert.is_true(f.max_diff <= 1e-4, line)
+            -- the f32 shard holds half the model; the rank read at most its slices (bf16 on disk: half the bytes)
+            assert.is_true(f.shard_bytes <= f.full_bytes / 2 + 4, line)
+            assert.is_true(f.read_bytes <= f.shard_bytes, line)
+            -- during the load: the shard and FSDP's gradient buffer of it, the placeholders' few bytes, no staging
+            assert.is_true(f.load_peak <= 2 * f.shard_bytes + 1024, line)
+            read = read + f.read_bytes
+         end
+         assert.equal(stored_bytes(fs.join(dir, case[1])), read) -- every stored byte read once, by one rank
+      end)
+   end
+
+   it("dtrun ckpt export-hf writes a 2-rank sharded checkpoint as what transformers loads, weights bit-identical",
+      function()
+      local tmp = helpers.tmpdir()
+      finally(function() fs.remove_tree(tmp) end)
+      local src, ck, out = fs.join(dir, "llama_tied_bf16_sharded"), fs.join(tmp, "ckpt"), fs.join(tmp, "exported")
+      local r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s"):format(src, ck))
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      r = dist.dtrun(("ckpt export-hf %s %s"):format(ck, out))
+      assert.equal(0, r.code, r.out)
+      assert.matches("exported step 1 of .* as a Hugging Face llama model", r.out)
+      assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", src, out))
+      r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s nopath"):format(src, fs.join(tmp, "bare")))
+      dist.remove_run(r.run_dir)
+      r = dist.dtrun(("ckpt export-hf %s %s"):format(fs.join(tmp, "bare"), fs.join(tmp, "never")))
+      assert.equal(1, r.code, r.out)
+      assert.matches("the run's config has no model.path: only a model loaded from a Hugging Face directory", r.out,
+         1, true)
+      assert.is_false(fs.is_dir(fs.join(tmp, "never")))
+   end)
+
+   it("refuses a device beside opts.wrap (the wrapper places the shards)", function()
+      assert.matches("with opts.wrap the wrapper places the shards", helpers.errmsg(function()
+         hf.load(fs.join(dir, "llama"), { device = "cpu", wrap = function(m) return m end })
+      end), 1, true)
    end)
 
    it("loads in another dtype", function()

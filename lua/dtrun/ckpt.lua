@@ -1,8 +1,10 @@
--- dtrun/ckpt.lua: `dtrun ckpt inspect|consolidate`: list and verify a checkpoint, or write its weights to one file.
+-- dtrun/ckpt.lua: `dtrun ckpt inspect|consolidate|export-hf`: list and verify a checkpoint, write its weights to one
+-- file, or to a Hugging Face directory.
 local cjson = require "cjson"
 local checkpoint = require "dt.ckpt.checkpoint"
 local sharded = require "dt.ckpt.sharded"
 local safetensors = require "dt.ckpt.safetensors"
+local hf = require "dt.hf"
 
 local M = {}
 
@@ -10,6 +12,8 @@ local usage = [[
 usage: dtrun ckpt inspect DIR                      list tensors, shapes and shards; verify index.json and every file's
                                                    size and CRC32
        dtrun ckpt consolidate DIR OUT.safetensors  write the model's full weights into one file
+       dtrun ckpt export-hf DIR OUT_DIR            write the weights of a model loaded from Hugging Face (the run's
+                                                   config.model.path) as a Hugging Face directory
 DIR: a step dir, a checkpoints dir (its `latest`) or a run dir.]]
 
 local function sorted_keys(t)
@@ -76,8 +80,8 @@ local function inspect(path)
    return bad == 0 and 0 or 1
 end
 
-local function consolidate(path, out)
-   local dir, index, is_sharded = open(path)
+-- The model's full weights in the checkpoint: { { name (without "model."), tensor }, ... }.
+local function model_tensors(dir, index, is_sharded)
    local entries = {}
    if is_sharded then
       local wants = {}
@@ -98,6 +102,12 @@ local function consolidate(path, out)
       for i, name in ipairs(r.names) do entries[i] = { name, r:tensor(name) } end
       r:close()
    end
+   return entries
+end
+
+local function consolidate(path, out)
+   local dir, index, is_sharded = open(path)
+   local entries = model_tensors(dir, index, is_sharded)
    local numel = 0
    for _, e in ipairs(entries) do numel = numel + e[2]:numel() end
    safetensors.write(out, entries, { format = "pt", source = dir })
@@ -106,10 +116,35 @@ local function consolidate(path, out)
    return 0
 end
 
+-- The Hugging Face directory the checkpoint's run loaded its model from: its config's model.path.
+local function hf_source(dir, index, is_sharded)
+   local config = is_sharded and checkpoint.decode(index.meta or { table = {} }).config
+      or index.config and checkpoint.decode(index.config)
+   local path = type(config) == "table" and type(config.model) == "table" and config.model.path
+   if type(path) ~= "string" or path == "" then
+      error(("%s: the run's config has no model.path: only a model loaded from a Hugging Face directory "
+         .. "(model.path=DIR) can be exported to one"):format(dir), 0)
+   end
+   return path
+end
+
+local function export_hf(path, out)
+   local dir, index, is_sharded = open(path)
+   local src = hf_source(dir, index, is_sharded)
+   local state = {}
+   for _, e in ipairs(model_tensors(dir, index, is_sharded)) do state[e[1]] = e[2] end
+   local model = hf.load(src, { state = state })
+   hf.save(model, out)
+   print(("exported step %d of %s as a Hugging Face %s model (config and tokenizer files from %s) into %s"):format(
+      index.step, dir, model.hf.config.model_type, src, out))
+   return 0
+end
+
 function M.main(args)
    local cmd = args[1]
    if cmd == "inspect" and args[2] and not args[3] then return inspect(args[2]) end
    if cmd == "consolidate" and args[2] and args[3] and not args[4] then return consolidate(args[2], args[3]) end
+   if cmd == "export-hf" and args[2] and args[3] and not args[4] then return export_hf(args[2], args[3]) end
    io.stderr:write(usage .. "\n")
    return 2
 end

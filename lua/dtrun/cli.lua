@@ -18,6 +18,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
                                                                adamw, memory, kernels, grpo, generate)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
+       dtrun ckpt export-hf DIR OUT_DIR                        a checkpoint as a Hugging Face model directory
        dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg|.png]
                                                                draw runs' metrics.jsonl curves (SVG or PNG)
        dtrun report RUN_DIR [-o OUT.html]                      one self-contained HTML page of a run

@@ -4,13 +4,15 @@
 --    local hf = require "dt.hf"
 --    local model, config = hf.load("Qwen2.5-0.5B", { dtype = "bf16", device = "cuda" })
 --    local tok = hf.tokenizer("Qwen2.5-0.5B")     -- tok:encode(text), tok:decode(ids), tok:stream()
+--    local chat = hf.chat("Qwen2.5-0.5B")         -- chat:encode(messages, tok) -> ids, assistant mask
 local cjson = require "cjson"
 local dt = require "dt"
 local fs = require "dt.fs"
 local safetensors = require "dt.ckpt.safetensors"
 local arch = require "dt.hf.arch"
+local layers = require "dt.nn.layers"
 
-local M = { tokenizer = require("dt.hf.tokenizer").load }
+local M = { tokenizer = require("dt.hf.tokenizer").load, chat = require("dt.hf.chat").load }
 
 local function read_json(path, what)
    if not fs.is_file(path) then error(("%s: no %s"):format(path, what), 0) end
@@ -55,35 +57,72 @@ local function open_weights(dir, prefix)
    end
 end
 
--- Copy the HF tensors `sources` (rows concatenated; transposed when stored (in, out)) into parameter p.
-local function fill(dir, lookup, pname, p, sources, transposed)
-   local row = 1
+-- The stored tensors that make dtrun's parameter pname of `shape`: { { reader =, name =, numel =, size = }, ... } in
+-- row order (their shapes checked against `shape`; q/k/v rows concatenated), and whether stored (in, out) (Conv1D).
+local function sources_of(dir, lookup, a, pname, shape)
+   local sources, transposed = arch.sources(a, pname)
+   if not sources then error(("dt.hf: no Hugging Face name for dtrun's %s"):format(pname), 0) end
+   local out, row = {}, 1
    for _, src in ipairs(sources) do
       local reader, stored = lookup(src)
       if not reader then error(("%s: missing tensor '%s' (for dtrun's %s)"):format(dir, src, pname), 0) end
       local e, multi = reader.entries[stored], #sources > 1
-      local want = transposed and { p.shape[2], p.shape[1] } or multi and { e.shape[1], unpack(p.shape, 2) } or p.shape
-      local rows = multi and e.shape[1] or p.shape[1]
-      local fits = #e.shape == #want and rows ~= nil and row + rows - 1 <= p.shape[1]
-      for i = 1, #want do fits = fits and e.shape[i] == want[i] end
+      local want = transposed and { shape[2], shape[1] } or multi and { e.shape[1], unpack(shape, 2) } or shape
+      local rows = multi and e.shape[1] or shape[1]
+      local fits = #e.shape == #want and rows ~= nil and row + rows - 1 <= shape[1]
+      local numel = 1
+      for i = 1, #want do
+         fits = fits and e.shape[i] == want[i]
+         numel = numel * e.shape[i]
+      end
       if not fits then
          error(("%s: tensor '%s' has shape %s, but dtrun's %s %s needs %s%s"):format(reader.path, stored,
-            shape_str(e.shape), pname, shape_str(p.shape), multi and "rows of " or "", shape_str(want)), 0)
+            shape_str(e.shape), pname, shape_str(shape), multi and "rows of " or "", shape_str(want)), 0)
       end
-      local dst = multi and p:narrow(1, row, rows) or p
-      if transposed then
-         local t = reader:tensor(stored)
-         dst:copy_(t:transpose(1, 2))
-         t:free()
-      else
-         reader:copy_into(stored, dst)
-      end
+      out[#out + 1] = { reader = reader, name = stored, numel = numel, size = e.dtype.size }
       row = row + rows
    end
-   if row - 1 ~= p.shape[1] then
+   if row - 1 ~= shape[1] then
       error(("%s: tensors %s give %d rows, but dtrun's %s has %d"):format(dir, table.concat(sources, ", "), row - 1,
-         pname, p.shape[1]), 0)
+         pname, shape[1]), 0)
    end
+   return out, transposed
+end
+
+-- Copy elements [first, first + n) (row-major) of the parameter that `srcs` make into dst (a 1-D tensor of n), reading
+-- only those from the memory-mapped files, except a transposed (Conv1D) weight, read whole (its rows are columns
+-- there). Returns the bytes read.
+local function read_range(srcs, transposed, first, n, dst)
+   if transposed then
+      local s = srcs[1]
+      local t = s.reader:tensor(s.name)
+      local rows = t:transpose(1, 2):contiguous()
+      dst:copy_(rows:view({ s.numel }):narrow(1, first + 1, n))
+      t:free()
+      rows:free()
+      return s.numel * s.size
+   end
+   local at, bytes = 0, 0
+   for _, s in ipairs(srcs) do
+      local lo, hi = math.max(first, at), math.min(first + n, at + s.numel)
+      if lo < hi then
+         s.reader:copy_range(s.name, lo - at, hi - lo, dst:narrow(1, lo - first + 1, hi - lo))
+         bytes = bytes + (hi - lo) * s.size
+      end
+      at = at + s.numel
+   end
+   return bytes
+end
+
+-- Replace parameter `name` (dotted, as named_parameters gives it) of model by tensor t.
+local function set_param(model, name, t)
+   local m, key = model, nil
+   for seg in name:gmatch("[^.]+") do
+      if key then m = m[key] or m[tonumber(key)] end
+      key = seg
+   end
+   t.requires_grad = true
+   m[key] = t
 end
 
 -- The architecture table of a decoded config.json, or an error listing the supported model types.
@@ -110,27 +149,65 @@ local COPIED = { "generation_config.json", "tokenizer.json", "tokenizer_config.j
    "vocab.json", "merges.txt" }
 
 -- Build the dtrun model for Hugging Face directory `dir` and read its weights (memory-mapped; each tensor copied once
--- into its parameter). opts.dtype (default f32, as transformers' from_pretrained), opts.device. Returns the model (in
--- eval mode; model.hf = { config =, dir = } for save) and the decoded config.json. A tied output layer shares the
--- embedding's tensor. Errors name the file, the tensor and both shapes; nothing is returned half-loaded.
+-- into its parameter). opts.dtype (default f32, as transformers' from_pretrained), opts.device. opts.wrap: a function
+-- that shards the model and returns it (fsdp.wrap or zero.wrap with their options, device included): the model is then
+-- built without weights (dt.nn.layers.skeleton), wrapped, and each rank reads only the slices of its own shards, so
+-- no rank ever holds the whole model. opts.state: { [dtrun parameter name] = tensor } (a dtrun checkpoint's weights)
+-- instead of the directory's safetensors: the model is built without weights and takes these tensors as its
+-- parameters (shapes checked); `dtrun ckpt export-hf` saves it back with the directory's config. Returns the model
+-- (in eval mode; model.hf = { config =, dir =, read_bytes = } for save and for what this rank read) and the decoded
+-- config.json. A tied output layer shares the embedding's tensor. Errors name the file, the tensor and both shapes;
+-- nothing is returned half-loaded.
 function M.load(dir, opts)
    opts = opts or {}
+   if opts.wrap and opts.device then
+      error("dt.hf.load: with opts.wrap the wrapper places the shards: give it the device (fsdp.wrap's device)", 2)
+   end
+   if opts.wrap and opts.state then error("dt.hf.load: opts.wrap and opts.state exclude each other", 2) end
    local c = read_json(fs.join(dir, "config.json"), "config.json (not a Hugging Face model directory?)")
    c._path, c._dtype = fs.join(dir, "config.json"), opts.dtype or "f32"
    local a = arch_of(c)
-   local model = a.build(c)
+   local bare = opts.wrap or opts.state
+   local model = bare and layers.skeleton(function() return a.build(c) end) or a.build(c)
    if is_tied(c) then model.head.weight = model.wte.weight end
-   local lookup = open_weights(dir, a.prefix)
-   dt.no_grad(function()
+   if opts.state then
       for _, np in ipairs(model:named_parameters()) do
-         local sources, transposed = arch.sources(a, np[1])
-         if not sources then error(("dt.hf: no Hugging Face name for dtrun's %s"):format(np[1]), 0) end
-         fill(dir, lookup, np[1], np[2], sources, transposed)
+         local t, want = opts.state[np[1]], np[2].shape
+         if not t then error(("dt.hf.load: the weights given lack dtrun's %s"):format(np[1]), 2) end
+         if shape_str(t.shape) ~= shape_str(want) then
+            error(("dt.hf.load: the weights given have %s as %s, but %s needs %s"):format(np[1], shape_str(t.shape),
+               c._path, shape_str(want)), 2)
+         end
+         set_param(model, np[1], t)
+      end
+      if is_tied(c) then model.head.weight = model.wte.weight end
+   end
+   local lookup = not opts.state and open_weights(dir, a.prefix)
+   local read = 0
+   dt.no_grad(function()
+      if opts.state then return end
+      if not opts.wrap then
+         for _, np in ipairs(model:named_parameters()) do
+            local p = np[2]
+            local srcs, transposed = sources_of(dir, lookup, a, np[1], p.shape)
+            read = read + read_range(srcs, transposed, 0, p:numel(), p:view({ p:numel() }))
+         end
+         return
+      end
+      model = opts.wrap(model)
+      if type(model) ~= "table" or not model.fsdp then
+         error("dt.hf.load: opts.wrap must return the model sharded (by fsdp.wrap or zero.wrap)", 0)
+      end
+      for _, u in ipairs(model.fsdp.units) do
+         for _, v in ipairs(u.views) do
+            local srcs, transposed = sources_of(dir, lookup, a, v.name, v.shape)
+            read = read + read_range(srcs, transposed, v.start, v.numel, v.t)
+         end
       end
    end)
    c._path, c._dtype = nil, nil
    if opts.device then model:to(opts.device) end
-   model.hf = { config = c, dir = dir }
+   model.hf = { config = c, dir = dir, read_bytes = read }
    return model:eval(), c
 end
 

@@ -170,6 +170,9 @@ local function bytes(self, ids, opts)
    return ffi.string(buf, n[0])
 end
 
+-- The bytes of ids as the decoder produces them before its Strip (dt.hf.chat measures tokens with it).
+function Tokenizer:raw_bytes(ids) return bytes(self, ids) end
+
 -- SentencePiece-style decoders strip the space the normalizer put in front.
 local function strip(self, text)
    if self.strip and text:sub(1, 1) == " " then return text:sub(2) end

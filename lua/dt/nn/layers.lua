@@ -7,14 +7,37 @@ local Module = require("dt.nn.module").Module
 
 local M = {}
 
-local function param(shape, opts)
-   return dt.empty(shape, { dtype = opts.dtype or "f32", requires_grad = true })
+-- While M.skeleton(fn) runs fn, parameters are placeholders: their shape over one element (stride 0), flagged
+-- `unmaterialized` and not initialised, for a sharding strategy to lay out before any weights exist (dt.hf.load's
+-- opts.wrap: each rank then reads only its shards).
+local skeleton = false
+
+function M.skeleton(fn)
+   skeleton = true
+   local ok, out = pcall(fn)
+   skeleton = false
+   if not ok then error(out, 0) end
+   return out
 end
 
-local function init_normal(p, std, opts)
-   p:normal_(0, std, opts.generator)
+-- A parameter of `shape` in opts.dtype, initialised by init(p) (skipped for a skeleton's placeholder).
+local function param(shape, opts, init)
+   local dtype = opts.dtype or "f32"
+   if skeleton then
+      local strides = {}
+      for i = 1, #shape do strides[i] = 0 end
+      local p = dt.empty({ 1 }, { dtype = dtype }):as_strided(shape, strides, 0)
+      p.requires_grad, p.unmaterialized = true, true
+      return p
+   end
+   local p = dt.empty(shape, { dtype = dtype, requires_grad = true })
+   init(p)
    return p
 end
+
+local function normal(std, opts) return function(p) p:normal_(0, std, opts.generator) end end
+local function uniform(bound, opts) return function(p) p:uniform_(-bound, bound, opts.generator) end end
+local function fill(v) return function(p) p:fill_(v) end end
 
 -- y = x @ weight^T + bias; weight (out, in). Default init: uniform(-1/sqrt(in), 1/sqrt(in)) like torch.
 local Linear = Module:extend("Linear")
@@ -23,14 +46,11 @@ M.Linear = Linear
 function Linear:init(in_features, out_features, opts)
    opts = opts or {}
    self.in_features, self.out_features = in_features, out_features
-   local w = param({ out_features, in_features }, opts)
    local bound = 1 / math.sqrt(in_features)
-   if opts.std then init_normal(w, opts.std, opts) else w:uniform_(-bound, bound, opts.generator) end
-   self.weight = w
+   self.weight = param({ out_features, in_features }, opts,
+      opts.std and normal(opts.std, opts) or uniform(bound, opts))
    if opts.bias ~= false then
-      local b = param({ out_features }, opts)
-      if opts.std then b:fill_(0) else b:uniform_(-bound, bound, opts.generator) end
-      self.bias = b
+      self.bias = param({ out_features }, opts, opts.std and fill(0) or uniform(bound, opts))
    end
 end
 
@@ -47,7 +67,7 @@ M.Embedding = Embedding
 function Embedding:init(num, dim, opts)
    opts = opts or {}
    self.num, self.dim = num, dim
-   self.weight = init_normal(param({ num, dim }, opts), opts.std or 1, opts)
+   self.weight = param({ num, dim }, opts, normal(opts.std or 1, opts))
 end
 
 function Embedding:forward(idx) return dt.embedding(idx, self.weight) end
@@ -60,8 +80,8 @@ M.LayerNorm = LayerNorm
 function LayerNorm:init(dim, opts)
    opts = opts or {}
    self.dim, self.eps = dim, opts.eps or 1e-5
-   self.weight = param({ dim }, opts):fill_(1)
-   if opts.bias ~= false then self.bias = param({ dim }, opts):fill_(0) end
+   self.weight = param({ dim }, opts, fill(1))
+   if opts.bias ~= false then self.bias = param({ dim }, opts, fill(0)) end
 end
 
 function LayerNorm:forward(x) return dt.F.layer_norm(x, self.weight, self.bias, self.eps) end
@@ -74,7 +94,7 @@ M.RMSNorm = RMSNorm
 function RMSNorm:init(dim, opts)
    opts = opts or {}
    self.dim, self.eps = dim, opts.eps or 1e-6
-   self.weight = param({ dim }, opts):fill_(1)
+   self.weight = param({ dim }, opts, fill(1))
 end
 
 function RMSNorm:forward(x) return dt.F.rms_norm(x, self.weight, self.eps) end

@@ -130,10 +130,11 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
       local a, b = math.max(lo, e.offset), math.min(hi, e.offset + e.numel)
       if a < b then
          local n = b - a
-         local c = e.p:contiguous()
-         local src = c:as_strided({ n }, { 1 }, c.h.offset + (a - e.offset))
          local v = u.shard:as_strided({ n }, { 1 }, a - lo)
-         v:copy_(src)
+         if not e.p.unmaterialized then -- a skeleton's placeholder (dt.nn.layers.skeleton): its owner fills the shard
+            local c = e.p:contiguous()
+            v:copy_(c:as_strided({ n }, { 1 }, c.h.offset + (a - e.offset)))
+         end
          v.requires_grad = true
          u.views[#u.views + 1] = { t = v, name = e.name, shape = e.shape, start = a - e.offset, numel = n,
             ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, u.grad.h.offset + a - lo), param = e.p }

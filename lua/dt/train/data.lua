@@ -24,6 +24,7 @@ local token_sizes = { u8 = 1, u16 = 2, u32 = 4 }
 
 local Windows = {}
 Windows.__index = Windows
+M.Windows = Windows -- next/position/set_position over a batch_at(pos), shared by train.chat
 
 -- A stream of random (B, T+1) windows over ptr[first .. first+count-1].
 local function windows(src, first, count, opts, split, name)
@@ -110,7 +111,8 @@ local function text_files(path)
 end
 
 -- Byte-level text: vocab 256. opts: path (file or directory; gzip'd files are read transparently),
--- seq, batch, seed or generator, val_fraction (0.1), world = {rank=, size=}.
+-- seq, batch, seed or generator, val_fraction (0.1), world = {rank=, size=}. opts.tokenizer (dt.hf.tokenizer): each
+-- file's text as its token ids instead of bytes (vocab: the tokenizer's).
 function M.text(opts)
    opts = opts or {}
    local path = opts.path or M.DEFAULT_TEXT
@@ -123,7 +125,17 @@ function M.text(opts)
    local parts, n = {}, 0
    for i, file in ipairs(text_files(path)) do
       parts[i] = fs.read(file)
+      if opts.tokenizer then parts[i] = opts.tokenizer:encode(parts[i], { add_special_tokens = false }) end
       n = n + #parts[i]
+   end
+   if opts.tokenizer then
+      local ids = Tensor.empty({ n }, { dtype = "i32", device = "cpu" })
+      local dst, at = ffi.cast("int32_t*", C.dt_tensor_ptr(ids.h)), 0
+      for _, t in ipairs(parts) do
+         for j = 1, #t do dst[at + j - 1] = t[j] end
+         at = at + #t
+      end
+      return split({ ptr = dst, tensor = ids, vocab = opts.tokenizer.vocab_size }, n, opts, "train.text")
    end
    local bytes = Tensor.empty({ n }, { dtype = "u8", device = "cpu" })
    local dst, at = ffi.cast("uint8_t*", C.dt_tensor_ptr(bytes.h)), 0

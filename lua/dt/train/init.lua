@@ -13,6 +13,7 @@ local train = {
    config = config.parse,
    text = data.text,
    tokens = data.tokens,
+   chat = require("dt.train.chat").new,
    jsonl = require("dt.train.jsonl").read,
    checkpoint = require "dt.ckpt.checkpoint",
    safetensors = require "dt.ckpt.safetensors",

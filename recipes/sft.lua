@@ -1,0 +1,64 @@
+-- recipes/sft.lua: supervised fine-tuning of a Hugging Face model on chat JSONL, loss on the assistant's tokens only.
+--
+--    python spec/fixtures/hf_tiny.py /tmp/tiny        # a tiny Qwen2 model, tokenizer and chats (tools/py_refs.sh venv)
+--    dtrun recipes/sft.lua model.path=/tmp/tiny data=/tmp/tiny/chats.jsonl steps=20
+--    dtrun recipes/sft.lua --nproc 2 strategy=fsdp model.path=DIR data=chats.jsonl    # or ddp, zero3 (CPU offload)
+--    dtrun recipes/sft.lua ... out=runs/tuned          # then the tuned model as a Hugging Face directory
+--
+-- Each JSONL line is {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}, rendered by
+-- the chat template of the tokenizer directory (dt.hf.chat: ChatML/Qwen, Llama-3, Mistral) and packed into rows.
+local hf    = require "dt.hf"
+local optim = require "dt.optim"
+local train = require "dt.train"
+local dist  = require "dt.dist"
+local ddp   = require "dt.parallel.ddp"
+local fsdp  = require "dt.parallel.fsdp"
+local zero  = require "dt.parallel.zero"
+
+local cfg = train.config {
+   steps = 100, seed = 1, log_every = 10,
+   lr = 2e-5, min_lr = 2e-6, warmup = 10, weight_decay = 0.0,
+   batch = 4, seq = 256,                        -- batch: packed rows per rank
+   data = "",                                   -- chat JSONL (required)
+   model = { path = "" },                       -- a Hugging Face model directory (required)
+   tokenizer = "",                              -- tokenizer.json + tokenizer_config.json ("": model.path's)
+   strategy = "ddp",                            -- ddp | fsdp | zero3 (ZeRO-3 with CPU offload)
+   out = "",                                    -- write the tuned model here as a Hugging Face directory ("": don't)
+}
+if cfg.model.path == "" or cfg.data == "" then error("sft: set model.path=DIR and data=CHATS.jsonl", 0) end
+if not ({ ddp = true, fsdp = true, zero3 = true })[cfg.strategy] then
+   error(("sft: strategy must be ddp, fsdp or zero3, got %s"):format(cfg.strategy), 0)
+end
+local dir = train.run_dir(cfg)
+local world = dist.init()
+local say = world.is_main and print or function() end
+
+-- Model: loaded from the directory; fsdp and zero3 shard it as it loads (each rank reads only its shards).
+local wrap = cfg.strategy == "fsdp" and fsdp.wrap or cfg.strategy == "zero3" and function(m)
+   return zero.wrap(m, { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" } } })
+end
+local model, hf_config = hf.load(cfg.model.path, { wrap = wrap or nil })
+if cfg.strategy == "ddp" and world.size > 1 then ddp.wrap(model, { comm = world.comm }) end
+model:train()
+say(("model: %s from %s, %d rank(s), %s"):format(hf_config.model_type, cfg.model.path, world.size, cfg.strategy))
+
+-- Data: the conversations' tokens packed into rows; targets only where the next token is the assistant's.
+local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
+local data = train.chat { path = cfg.data, chat = hf.chat(tok_dir), tokenizer = hf.tokenizer(tok_dir),
+   seq = math.min(cfg.seq, model.seq - 1), batch = cfg.batch, world = world }
+say(("data: %d tokens, %d on assistant turns, %d rows of %d"):format(data.tokens, data.assistant_tokens, data.rows,
+   data.seq))
+
+local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), cfg.weight_decay), { lr = cfg.lr })
+local schedule = optim.schedule { lr = cfg.lr, min_lr = cfg.min_lr, total = cfg.steps,
+   warmup = math.min(cfg.warmup, cfg.steps - 1) }
+local trainer = train.Trainer { model = model, optimizer = opt, data = data, config = cfg, run_dir = dir,
+   schedule = schedule, print = say }
+local last = trainer:run()
+if last then say(("done: step %d  train loss %.4f"):format(last.step, last.loss)) end
+
+-- The tuned model as a Hugging Face directory (ddp: rank 0 writes it; sharded: `dtrun ckpt export-hf` on a checkpoint).
+if cfg.out ~= "" and cfg.strategy == "ddp" and world.is_main then
+   hf.save(model, cfg.out)
+   say("saved " .. cfg.out)
+end

@@ -1,0 +1,66 @@
+-- spec/sft_spec.lua: recipes/sft.lua on the tiny Hugging Face model of spec/fixtures/hf_tiny.py: FSDP on 2 ranks
+-- (each loading only its shards) and one rank saving the tuned model back as a Hugging Face directory.
+local fs = require "dt.fs"
+local hf = require "dt.hf"
+local dist = require "spec.dist_helpers"
+local refs = require "spec.fixtures.py_refs"
+local helpers = require "spec.train_helpers"
+
+describe("recipes/sft.lua", function()
+   local py, why = refs.python()
+   if not py then
+      pending(why)
+      return
+   end
+   local tmp = helpers.tmpdir()
+   local tiny = fs.join(tmp, "tiny")
+   refs.run("hf_tiny.py", tiny)
+   teardown(function() fs.remove_tree(tmp) end)
+   local args = ("model.path=%s data=%s seq=32 batch=2 log_every=1 tensorboard=false "):format(tiny,
+      fs.join(tiny, "chats.jsonl"))
+
+   -- The losses the run logged, in order.
+   local function losses(out)
+      local l = {}
+      for v in out:gmatch("step %d+/%d+%s+loss (%S+)") do l[#l + 1] = tonumber(v) end
+      return l
+   end
+
+   it("fine-tunes under FSDP on 2 ranks", function()
+      local r = dist.dtrun("recipes/sft.lua --nproc 2 " .. args .. "strategy=fsdp steps=3")
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.matches("model: qwen2 from .*, 2 rank%(s%), fsdp", r.out)
+      assert.matches("done: step 3", r.out)
+      local l = losses(r.out)
+      assert.equal(3, #l, r.out)
+      for _, v in ipairs(l) do assert.is_true(v > 0 and v < 20, r.out) end
+   end)
+
+   it("saves the tuned model as a Hugging Face directory that dt.hf.load reads back", function()
+      local out = fs.join(tmp, "tuned")
+      local r = dist.dtrun("recipes/sft.lua " .. args .. "steps=2 out=" .. out)
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.is_true(fs.is_file(fs.join(out, "tokenizer_config.json")))
+      local model = hf.load(out)
+      assert.equal("qwen2", model.hf.config.model_type)
+   end)
+
+   it("recipes/train.lua pretrains the model of model.path on text its tokenizer encodes", function()
+      local r = dist.dtrun(("recipes/train.lua model.path=%s steps=2 seq=32 batch=2 sample=8 eval_batches=1 "
+         .. "tensorboard=false"):format(tiny))
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.matches("model: " .. tiny, r.out, 1, true)
+      assert.matches("done: step 2", r.out, 1, true)
+      assert.matches("sample:\nThe ", r.out, 1, true)
+   end)
+
+   it("names what is missing", function()
+      local r = dist.dtrun("recipes/sft.lua tensorboard=false steps=1")
+      if r.run_dir then dist.remove_run(r.run_dir) end
+      assert.is_true(r.code ~= 0)
+      assert.matches("sft: set model.path=DIR and data=CHATS.jsonl", r.out, 1, true)
+   end)
+end)
