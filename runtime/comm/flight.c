@@ -35,6 +35,15 @@ double dt_flight_clock(void) {
 
 static flight_entry *entry_of(flight_ring *r, int64_t id) { return &r->e[id % r->entries]; }
 
+/* Call id's entry, or NULL when not recording or when the ring has wrapped past it (a long call while other
+ * communicators made DT_FLIGHT_ENTRIES more): its slot holds a newer call then. */
+static flight_entry *live_entry(int64_t id) {
+  flight_ring *r = atomic_load_explicit(&g_ring, memory_order_acquire);
+  if (!r || id < 0) return NULL;
+  flight_entry *e = entry_of(r, id);
+  return atomic_load_explicit(&e->id, memory_order_acquire) == (uint64_t)id + 1 ? e : NULL;
+}
+
 /* ---- recording: called by the communicator around each call (shm_segment.c, comm_api.c) ---- */
 
 int64_t flight_begin(const dt_comm *c, const shm_fp *fp, const comm_call *call) {
@@ -62,8 +71,8 @@ int64_t flight_begin(const dt_comm *c, const shm_fp *fp, const comm_call *call) 
 }
 
 void flight_ready(int64_t id) {
-  flight_ring *r = atomic_load_explicit(&g_ring, memory_order_acquire);
-  if (r && id >= 0) entry_of(r, id)->t_ready = dt_flight_clock();
+  flight_entry *e = live_entry(id);
+  if (e) e->t_ready = dt_flight_clock();
 }
 
 static dt_status dump_ring(const flight_ring *r, const char *path, const char *reason);
@@ -71,9 +80,11 @@ static dt_status dump_ring(const flight_ring *r, const char *path, const char *r
 void flight_end(int64_t id, dt_status st) {
   flight_ring *r = atomic_load_explicit(&g_ring, memory_order_acquire);
   if (!r || id < 0) return;
-  flight_entry *e = entry_of(r, id);
-  e->t_end = dt_flight_clock();
-  atomic_store_explicit(&e->state, st == DT_OK ? FLIGHT_COMPLETED : FLIGHT_FAILED, memory_order_release);
+  flight_entry *e = live_entry(id);
+  if (e) {
+    e->t_end = dt_flight_clock();
+    atomic_store_explicit(&e->state, st == DT_OK ? FLIGHT_COMPLETED : FLIGHT_FAILED, memory_order_release);
+  }
   if (st == DT_OK) return;
   char err[sizeof r->error];
   snprintf(err, sizeof err, "%s", dt_last_error());
