@@ -30,6 +30,8 @@ extern "C" {
   T *name = reinterpret_cast<T *>(dt_dyn_smem_)
 /* Unroll the next loop fully (keeps per-thread arrays indexed by its counter in registers). */
 #define DT_UNROLL _Pragma("unroll")
+/* Keep the next loop rolled (bounds the registers live across its iterations). */
+#define DT_NO_UNROLL _Pragma("unroll 1")
 #else
 #include "simt.h"
 #define DT_LAUNCH_NAMED(kernel, name, grid, block, smem, stream, ...)               \
@@ -40,6 +42,7 @@ extern "C" {
 #define DT_SHARED(T, name, dims) T(&name) dims = *reinterpret_cast<T(*) dims>(dt_emu::shared_static(sizeof(T dims)))
 #define DT_DYN_SMEM(T, name) T *name = reinterpret_cast<T *>(dt_emu::shared_dynamic())
 #define DT_UNROLL
+#define DT_NO_UNROLL
 #endif
 
 #define DT_LAUNCH(kernel, grid, block, smem, stream, ...) \
