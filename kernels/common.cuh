@@ -158,6 +158,17 @@ static inline unsigned grid_for(int64_t n, unsigned threads) {
   return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
+/* Four consecutive elements of T moved as one access (16 bytes for f32: vectorised loads and stores). */
+template <typename T>
+struct alignas(4 * sizeof(T)) vec4 {
+  T x[4];
+};
+/* Whether p may be read and written as vec4<T>. */
+template <typename T>
+__device__ __forceinline__ bool vec4_aligned(const T *p) {
+  return (uintptr_t)p % sizeof(vec4<T>) == 0;
+}
+
 /* Keeps the first argument error reported on the device (see dt_k_error). */
 __device__ __forceinline__ void report(dt_k_error *e, int code, int64_t value, int64_t where, int64_t limit) {
   if (atomicCAS(&e->code, 0, code) == 0) {
