@@ -1,5 +1,6 @@
 /* attention.cu: fused tiled causal/GQA attention (FlashAttention-2 style) forward and deterministic backward. */
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 namespace dtk {
 
@@ -99,6 +100,260 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
     if (j < p.d) orow[j] = num<T>::store(l > 0 ? o[jj] / l : 0.0f);
   }
   if (q == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l > 0 ? m + logf(l) : -INFINITY);
+}
+
+/* The tensor-core forward (bf16/f16, D a multiple of 8): 64 query rows per block, 16 per warp (FlashAttention-2's
+ * split: query tiles over blocks, rows over warps, no inter-warp reduction), 64-key tiles; Q K^T and P V on
+ * mma.sync m16n8k16 with f32 accumulators, the online softmax in registers. Tiles come in by cp.async (K of the next
+ * tile while this one's softmax and P V run, V while the next Q K^T runs) and feed the mma through ldmatrix. */
+enum { TC_BR = 64, TC_BC = 64, TC_THREADS = 128 };
+
+/* Shared-memory row stride of a tile (elements): 16-byte aligned rows, consecutive rows 16 bytes apart modulo 128 so
+ * the 8 rows an ldmatrix reads fall in distinct banks. */
+template <int HD>
+__host__ __device__ constexpr int tc_ld() { return HD + 8; }
+
+/* rows x HD of dst := rows [r0, r0 + rows) of an (n, d) slab (d a multiple of 8), zero past n rows or d columns: one
+ * 16-byte cp.async per 8 elements, in the calling thread's current group. */
+template <typename T, int HD>
+__device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t r0, int64_t n, int64_t d, int rows) {
+  for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
+    int r = idx / (HD / 8), c = idx % (HD / 8) * 8;
+    bool in = r0 + r < n && c < d;
+    cp_async16(dst + r * tc_ld<HD>() + c, in ? src + (r0 + r) * d + c : src, in ? 16 : 0);
+  }
+}
+
+/* The warp's 16 x 8N tile acc (C fragments over N n-tiles) += A B^T, A: the 16 rows of a (rows x HD) tile at `a`, B:
+ * the 8N rows of the tile at `b` (both row major with stride tc_ld<HD>()); A and B through ldmatrix. */
+template <typename T, int HD, int N>
+__device__ __forceinline__ void tc_mma_abt(float (&acc)[N][4], const T *a, const T *b) {
+  constexpr int LD = tc_ld<HD>();
+  const int lane = threadIdx.x % WARP;
+  DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) {
+    uint32_t af[4];
+    ldmatrix<4, false>(af, a + (lane % 16) * LD + 16 * ks + lane / 16 * 8);
+    DT_UNROLL for (int n = 0; n < N; n += 2) { /* rows of b are columns of B: two n-tiles per load */
+      uint32_t bf[4];
+      ldmatrix<4, false>(bf, b + (8 * n + lane % 8 + lane / 16 * 8) * LD + 16 * ks + lane / 8 % 2 * 8);
+      mma_16816<T>(acc[n], af, bf, acc[n]);
+      mma_16816<T>(acc[n + 1], af, bf + 2, acc[n + 1]);
+    }
+  }
+}
+
+/* acc (the warp's 16 x HD, C fragments over HD / 8 n-tiles) += P B, P: 16 x 8N in C fragments (rounded to T as the A
+ * operand), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix. */
+template <typename T, int HD, int N>
+__device__ __forceinline__ void tc_mma_pb(float (&acc)[HD / 8][4], const float (&pf)[N][4], const T *b) {
+  constexpr int LD = tc_ld<HD>();
+  const int lane = threadIdx.x % WARP;
+  DT_UNROLL for (int kk = 0; kk < N / 2; kk++) {
+    /* the accumulator fragments of columns 16 kk .. 16 kk + 15 are the A fragment of the product */
+    uint32_t pa[4] = {pack2<T>(pf[2 * kk][0], pf[2 * kk][1]), pack2<T>(pf[2 * kk][2], pf[2 * kk][3]),
+                      pack2<T>(pf[2 * kk + 1][0], pf[2 * kk + 1][1]), pack2<T>(pf[2 * kk + 1][2], pf[2 * kk + 1][3])};
+    DT_UNROLL for (int dn = 0; dn < HD / 8; dn += 2) {
+      uint32_t bf[4];
+      ldmatrix<4, true>(bf, b + (16 * kk + lane % 16) * LD + 8 * dn + lane / 16 * 8);
+      mma_16816<T>(acc[dn], pa, bf, acc[dn]);
+      mma_16816<T>(acc[dn + 1], pa, bf + 2, acc[dn + 1]);
+    }
+  }
+}
+
+/* Row h (0: g, 1: g + 8) of the warp's 16 x HD accumulator acc, times scale, into out (d elements of T). */
+template <typename T, int HD>
+__device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][4], int h, float scale, int64_t d) {
+  const int t = threadIdx.x % 4;
+  DT_UNROLL for (int dn = 0; dn < HD / 8; dn++) {
+    int j = 8 * dn + 2 * t;
+    if (j < d) {
+      out[j] = num<T>::store(scale * acc[dn][2 * h]);
+      out[j + 1] = num<T>::store(scale * acc[dn][2 * h + 1]);
+    }
+  }
+}
+
+/* Block (query tile, batch * Hq): out and lse of 64 query rows. Lane (g, t) = (lane / 4, lane % 4) of warp w holds
+ * rows i0 + 16 w + g and + 8 of the score and output fragments. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
+  constexpr int LD = tc_ld<HD>(), NT = TC_BC / 8, DN = HD / 8;
+  DT_DYN_SMEM(T, sm);
+  T *Qs = sm, *Ks = Qs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
+  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
+  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
+  int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
+  for (int h = 0; h < 2; h++) rend[h] = row[h] < p.t ? key_end(p, row[h]) : 0;
+  int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1); /* keys past the tile's last row: skipped */
+  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+  tc_load_tile<T, HD>(Ks, kh, 0, p.tk, p.d, TC_BC);
+  cp_async_commit();
+  tc_load_tile<T, HD>(Vs, vh, 0, p.tk, p.d, TC_BC);
+  cp_async_commit();
+  float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0;
+  for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
+    bool more = j0 + TC_BC < kend;
+    cp_async_wait<1>(); /* Q and this tile's K have landed (its V may still be in flight) */
+    __syncthreads();    /* ... for every thread's copies */
+    float s[NT][4];
+    DT_UNROLL for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+    tc_mma_abt<T, HD, NT>(s, Qs + 16 * warp * LD, Ks);
+    __syncthreads(); /* every warp is done with K: the next tile's K may come in */
+    if (more) tc_load_tile<T, HD>(Ks, kh, j0 + TC_BC, p.tk, p.d, TC_BC);
+    cp_async_commit(); /* (an empty group after the last tile keeps the wait counts below uniform) */
+    float mx[2] = {-INFINITY, -INFINITY};
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) {
+        int64_t key = j0 + 8 * n + 2 * t + i % 2;
+        s[n][i] = key < rend[i / 2] ? p.scale * s[n][i] : -INFINITY;
+        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+      }
+    }
+    float alpha[2], psum[2] = {0, 0};
+    DT_UNROLL for (int h = 0; h < 2; h++) {
+      float mnew = fmaxf(m[h], quad_max(mx[h]));
+      alpha[h] = mnew == -INFINITY ? 1.0f : expf(m[h] - mnew);
+      m[h] = mnew;
+    }
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) {
+        float mh = m[i / 2];
+        s[n][i] = mh == -INFINITY ? 0.0f : expf(s[n][i] - mh); /* a row that sees no key yet keeps l = 0 */
+        psum[i / 2] += s[n][i];
+      }
+    }
+    DT_UNROLL for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + quad_sum(psum[h]);
+    DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) o[dn][i] *= alpha[i / 2];
+    }
+    cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
+    __syncthreads();    /* ... for every thread's copies */
+    tc_mma_pb<T, HD, NT>(o, s, Vs);
+    __syncthreads(); /* every warp is done with V: the next tile's V may come in */
+    if (more) tc_load_tile<T, HD>(Vs, vh, j0 + TC_BC, p.tk, p.d, TC_BC);
+    cp_async_commit();
+  }
+  cp_async_wait<0>(); /* no copy outlives the block (with no visible key the loop never waited for Q, K, V) */
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    if (row[h] >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.o) + (bh * p.t + row[h]) * p.d, o, h, l[h] > 0 ? 1.0f / l[h] : 0.0f, p.d);
+    if (t == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row[h], l[h] > 0 ? m[h] + logf(l[h]) : -INFINITY);
+  }
+}
+
+/* Block (query tile, batch * Hq) on the tensor cores: dQ = scale * sum over key tiles of dS K, with
+ * P = exp(scale Q K^T - lse) and dS = P * (dO V^T - delta); warp w owns rows 16 w .. 16 w + 15 of the tile. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
+  constexpr int LD = tc_ld<HD>(), NT = TC_BC / 8, DN = HD / 8;
+  DT_DYN_SMEM(T, sm);
+  T *Qs = sm, *dOs = Qs + TC_BR * LD, *Ks = dOs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
+  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
+  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
+  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+  tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+  int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
+  float lr[2], dr[2], dq[DN][4];
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    lr[h] = row[h] < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row[h]) : -INFINITY;
+    dr[h] = row[h] < p.t ? p.delta[bh * p.t + row[h]] : 0.0f;
+    rend[h] = row[h] < p.t && lr[h] != -INFINITY ? key_end(p, row[h]) : 0;
+  }
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0;
+  int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1);
+  for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
+    __syncthreads(); /* every warp is done with the previous K and V */
+    tc_load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, TC_BC);
+    tc_load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, TC_BC);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads(); /* every thread's copies have landed */
+    float pf[NT][4], dp[NT][4];
+    DT_UNROLL for (int n = 0; n < NT; n++) pf[n][0] = pf[n][1] = pf[n][2] = pf[n][3] = dp[n][0] = dp[n][1] =
+        dp[n][2] = dp[n][3] = 0;
+    tc_mma_abt<T, HD, NT>(pf, Qs + 16 * warp * LD, Ks);
+    tc_mma_abt<T, HD, NT>(dp, dOs + 16 * warp * LD, Vs);
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) {
+        int64_t key = j0 + 8 * n + 2 * t + i % 2;
+        float pv = key < rend[i / 2] ? expf(p.scale * pf[n][i] - lr[i / 2]) : 0.0f;
+        pf[n][i] = pv * (dp[n][i] - dr[i / 2]); /* dS */
+      }
+    }
+    tc_mma_pb<T, HD, NT>(dq, pf, Ks);
+  }
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    if (row[h] >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.dq) + (bh * p.t + row[h]) * p.d, dq, h, p.scale, p.d);
+  }
+}
+
+/* Block (key tile, batch * Hkv) on the tensor cores: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the kv
+ * head's query heads, then query tiles, in order; warp w owns keys 16 w .. 16 w + 15 of the tile. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
+  constexpr int LD = tc_ld<HD>(), NT = 2, DN = HD / 8;
+  DT_DYN_SMEM(T, sm);
+  T *Ks = sm, *Vs = Ks + TC_BC * LD, *Qs = Vs + TC_BC * LD, *dOs = Qs + TC_BR * LD;
+  float *Ls = reinterpret_cast<float *>(dOs + TC_BR * LD), *Dl = Ls + TC_BR;
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, group = p.hq / p.hkv, j0 = (int64_t)blockIdx.x * TC_BC;
+  int64_t key[2] = {j0 + 16 * warp + g, j0 + 16 * warp + g + 8};
+  tc_load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + bk * p.tk * p.d, j0, p.tk, p.d, TC_BC);
+  tc_load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + bk * p.tk * p.d, j0, p.tk, p.d, TC_BC);
+  float dk[DN][4], dv[DN][4];
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+    DT_UNROLL for (int i = 0; i < 4; i++) dk[dn][i] = dv[dn][i] = 0;
+  }
+  int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
+  first = first < 0 ? 0 : first / TC_BR * TC_BR;
+  for (int64_t h = bk % p.hkv * group; h < (bk % p.hkv + 1) * group; h++) {
+    int64_t bh = b * p.hq + h;
+    for (int64_t i0 = first; i0 < p.t; i0 += TC_BR) {
+      __syncthreads(); /* every warp is done with the previous Q, dO, lse and delta */
+      tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+      tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+      cp_async_commit();
+      for (int r = threadIdx.x; r < TC_BR; r += blockDim.x) {
+        bool in = i0 + r < p.t;
+        Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) : -INFINITY;
+        Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
+      }
+      cp_async_wait<0>();
+      __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
+      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) { /* 16 queries at a time: no spills at D = 128 */
+        float pf[NT][4], dp[NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
+        DT_UNROLL for (int n = 0; n < NT; n++) {
+          DT_UNROLL for (int i = 0; i < 4; i++) pf[n][i] = dp[n][i] = 0;
+        }
+        const T *qh = Qs + 8 * NT * part * LD, *doh = dOs + 8 * NT * part * LD;
+        tc_mma_abt<T, HD, NT>(pf, Ks + 16 * warp * LD, qh);
+        tc_mma_abt<T, HD, NT>(dp, Vs + 16 * warp * LD, doh);
+        DT_UNROLL for (int n = 0; n < NT; n++) {
+          DT_UNROLL for (int i = 0; i < 4; i++) {
+            int r = 8 * NT * part + 8 * n + 2 * t + i % 2;
+            int64_t kk = key[i / 2];
+            bool visible = kk < p.tk && i0 + r < p.t && Ls[r] != -INFINITY && kk < key_end(p, i0 + r);
+            pf[n][i] = visible ? expf(p.scale * pf[n][i] - Ls[r]) : 0.0f;
+            dp[n][i] = pf[n][i] * (dp[n][i] - Dl[r]); /* dS^T */
+          }
+        }
+        tc_mma_pb<T, HD, NT>(dv, pf, doh);
+        tc_mma_pb<T, HD, NT>(dk, dp, qh);
+      }
+    }
+  }
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    if (key[h] >= p.tk) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.dk) + (bk * p.tk + key[h]) * p.d, dk, h, p.scale, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dv) + (bk * p.tk + key[h]) * p.d, dv, h, 1.0f, p.d);
+  }
 }
 
 /* delta[row] = <dout[row], out[row]>: a warp per row. */

@@ -1,6 +1,6 @@
-/* attention.cuh: launchers of the attention kernels for head dims up to 32, 64, 128 (host code, end of attention.cu). */
+/* attention.cuh: launchers of the attention kernels for head dims up to 32, 64, 96, 128 (host code, end of attention.cu). */
 
-/* Calls f(T(), std::integral_constant<int, HD>()) for f32/bf16/f16 storage and the smallest HD >= d. */
+/* Calls f(T(), std::integral_constant<int, HD>()) for f32/bf16/f16 storage and the smallest HD (32, 64, 96, 128) >= d. */
 template <typename F>
 static cudaError_t attn_dispatch(int dtype, int64_t d, F f) {
   return dtk::with_float_type(dtype, [&](auto tag) -> cudaError_t {
@@ -10,6 +10,7 @@ static cudaError_t attn_dispatch(int dtype, int64_t d, F f) {
     } else {
       if (d <= 32) return f(tag, std::integral_constant<int, 32>());
       if (d <= 64) return f(tag, std::integral_constant<int, 64>());
+      if (d <= 96) return f(tag, std::integral_constant<int, 96>());
       if (d <= DT_K_ATTN_MAX_D) return f(tag, std::integral_constant<int, DT_K_ATTN_MAX_D>());
       return cudaErrorInvalidValue;
     }
@@ -33,13 +34,14 @@ static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, cons
   return p;
 }
 
-/* Launches a tile kernel over `tiles` tiles (grid.x) of `heads` (batch, head) pairs (grid.y, in launches of at most
- * 65535: the grid.y limit) with `floats` of dynamic shared memory, raising the kernel's limit past 48 KiB if needed. */
+/* Launches a tile kernel of 128 threads over `tiles` tiles (grid.x) of `heads` (batch, head) pairs (grid.y, in
+ * launches of at most 65535: the grid.y limit) with `smem` bytes of dynamic shared memory, raising the kernel's limit
+ * past 48 KiB if needed. */
 template <typename K>
-static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_t heads, size_t floats,
+static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_t heads, size_t smem,
                                cudaStream_t s, dtk::attn_params p) {
+  static_assert((int)dtk::ATT_THREADS == (int)dtk::TC_THREADS, "the attention kernels share a block size");
   const int64_t MAX_GRID_Y = 65535;
-  size_t smem = floats * sizeof(float);
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
@@ -51,6 +53,13 @@ static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+/* Whether bf16/f16 attention runs on the tensor cores: rows of D elements (a multiple of 8) in 16-byte chunks, so the
+ * tiles come in by 16-byte cp.async (other head dims, and f32, take the scalar kernels). */
+static bool attn_tensor_cores(int dtype, int64_t d, const void *q, const void *k, const void *v, const void *o) {
+  uintptr_t bits = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)o;
+  return (dtype == DT_DTYPE_BF16 || dtype == DT_DTYPE_F16) && d % 8 == 0 && bits % 16 == 0;
 }
 
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
@@ -65,12 +74,20 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
   dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.o = out;
   p.lse_out = lse;
-  int64_t tiles = (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR;
+  bool tc = attn_tensor_cores(dtype, a->d, q, k, v, out);
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
+    if constexpr (dtk::is_mma_type<T>::value) {
+      if (tc) {
+        size_t smem = (size_t)(dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
+        return attn_launch(dtk::attn_fwd_tc<T, HD>, "attn_fwd_tc", (a->t + dtk::TC_BR - 1) / dtk::TC_BR,
+                           a->b * a->hq, smem, s, p);
+      }
+    }
     size_t floats = (size_t)(dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", tiles, a->b * a->hq, floats, s, p);
+    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
+                       floats * sizeof(float), s, p);
   });
 }
 
@@ -96,22 +113,36 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
   p.dv = dv;
   p.delta = delta;
   int64_t rows = a->b * a->hq * a->t;
+  bool tc = attn_tensor_cores(dtype, a->d, q, k, v, dout) && attn_tensor_cores(dtype, a->d, dq, dk, dv, out);
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
     cudaError_t e = cudaSuccess;
-    if (rows > 0) {
+    if (rows > 0)
       DT_LAUNCH(dtk::attn_delta<T>, (unsigned)((rows + 3) / 4), 4 * dtk::WARP, 0, s, static_cast<const T *>(out),
                 static_cast<const T *>(dout), delta, rows, a->d);
+    if constexpr (dtk::is_mma_type<T>::value) {
+      if (tc) {
+        size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
+        if (rows > 0)
+          e = attn_launch(dtk::attn_bwd_dq_tc<T, HD>, "attn_bwd_dq_tc", (a->t + dtk::TC_BR - 1) / dtk::TC_BR,
+                          a->b * a->hq, smem, s, p);
+        if (e == cudaSuccess && a->b * a->hkv * a->tk > 0)
+          e = attn_launch(dtk::attn_bwd_dkv_tc<T, HD>, "attn_bwd_dkv_tc", (a->tk + dtk::TC_BC - 1) / dtk::TC_BC,
+                          a->b * a->hkv, smem + 2 * dtk::TC_BR * sizeof(float), s, p);
+        return e;
+      }
+    }
+    if (rows > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
       e = attn_launch(dtk::attn_bwd_dq<T, HD>, "attn_bwd_dq", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
-                      floats, s, p);
+                      floats * sizeof(float), s, p);
     }
     if (e == cudaSuccess && a->b * a->hkv * a->tk > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + 2 * dtk::ATT_BC * (dtk::ATT_BR + 1) +
                       2 * dtk::ATT_BR;
       e = attn_launch(dtk::attn_bwd_dkv<T, HD>, "attn_bwd_dkv", (a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC,
-                      a->b * a->hkv, floats, s, p);
+                      a->b * a->hkv, floats * sizeof(float), s, p);
     }
     return e;
   });

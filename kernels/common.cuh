@@ -30,6 +30,8 @@ extern "C" {
   T *name = reinterpret_cast<T *>(dt_dyn_smem_)
 /* Unroll the next loop fully (keeps per-thread arrays indexed by its counter in registers). */
 #define DT_UNROLL _Pragma("unroll")
+/* Keep the next loop rolled (bounds the registers live across its iterations). */
+#define DT_NO_UNROLL _Pragma("unroll 1")
 #else
 #include "simt.h"
 #define DT_LAUNCH_NAMED(kernel, name, grid, block, smem, stream, ...)               \
@@ -40,6 +42,7 @@ extern "C" {
 #define DT_SHARED(T, name, dims) T(&name) dims = *reinterpret_cast<T(*) dims>(dt_emu::shared_static(sizeof(T dims)))
 #define DT_DYN_SMEM(T, name) T *name = reinterpret_cast<T *>(dt_emu::shared_dynamic())
 #define DT_UNROLL
+#define DT_NO_UNROLL
 #endif
 
 #define DT_LAUNCH(kernel, grid, block, smem, stream, ...) \
@@ -153,6 +156,17 @@ static inline unsigned row_threads(int64_t len) {
 static inline unsigned grid_for(int64_t n, unsigned threads) {
   int64_t b = (n + threads - 1) / threads;
   return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* Four consecutive elements of T moved as one access (16 bytes for f32: vectorised loads and stores). */
+template <typename T>
+struct alignas(4 * sizeof(T)) vec4 {
+  T x[4];
+};
+/* Whether p may be read and written as vec4<T>. */
+template <typename T>
+__device__ __forceinline__ bool vec4_aligned(const T *p) {
+  return (uintptr_t)p % sizeof(vec4<T>) == 0;
 }
 
 /* Keeps the first argument error reported on the device (see dt_k_error). */

@@ -1,46 +1,64 @@
 #!/usr/bin/env bash
-# cuda_report.sh: compiles kernels/*.cu with nvcc for one arch (sm_90 by default) and prints every kernel's registers, stack, spills and static shared memory from ptxas -v, flagging spills.
-# Usage: tools/cuda_report.sh [arch, e.g. 90 or 80]. NVCC overrides the compiler. Exit status 1 when any kernel spills.
+# cuda_report.sh: the compiled kernels on sm_80/sm_90: registers, spills, instruction mix, occupancy, roofline model.
+# Usage: tools/cuda_report.sh [--check] [--markdown] [build dir, default build/]. Every kernel's registers and local
+# memory, then the hot kernels of tools/cuda_hot_kernels.tsv (tools/cuda_report.py models them). SASS: the kernels nvcc
+# built in the build dir (DT_CUDA=ON), read with cuobjdump/nvdisasm from PyPI (nvidia-cuda-cuobjdump,
+# nvidia-cuda-nvdisasm, installed into build/py-refs). Without them: PTX only (nvcc --keep, ptxas -v) of the hot
+# kernels' families, as it says.
+# Exit 77: no nvcc-built kernels and no nvcc; with --check, 1 when a hot kernel regressed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-arch=${1:-90}
-nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-[ -x "$nvcc" ] || { echo "cuda_report: nvcc not found (set NVCC)" >&2; exit 2; }
-demangle=cat
-command -v c++filt >/dev/null && demangle=c++filt
+flags=()
+build=$root/build
+for arg in "$@"; do
+  case "$arg" in
+    --check | --markdown) flags+=("$arg") ;;
+    *) build=$(cd "$arg" && pwd) ;;
+  esac
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+objs=("$build"/CMakeFiles/dt_kernels.dir/kernels/*.cu.o)
+table=$root/tools/cuda_hot_kernels.tsv
+hot=$(grep -v '^#' "$table" | tail -n +2 | cut -f2 | sort -u)
 
-printf '%-12s %-64s %5s %6s %12s %8s  %s\n' family kernel regs stack "spill st/ld" smem flag
-total=0
-spilling=0
-for src in "$root"/kernels/*.cu; do
-  family=$(basename "$src" .cu)
-  if ! "$nvcc" -std=c++17 -O3 -arch="sm_$arch" -cubin -Xptxas -v -I"$root/runtime/include" -I"$root/runtime" \
-       -I"$root/kernels" "$src" -o "$tmp/$family.cubin" 2>"$tmp/$family.log"; then
-    cat "$tmp/$family.log" >&2
-    exit 2
+# cuobjdump (and the nvdisasm it runs for -sass) from the specs' Python venv, installed there on first use
+tools=""
+if [ -e "${objs[0]}" ]; then
+  find_tools() { find "$build/py-refs" -path '*/nvidia/*/bin/cuobjdump' 2>/dev/null | head -1; }
+  cuobjdump=$(find_tools)
+  if [ -z "$cuobjdump" ] && [ -x "$build/py-refs/bin/pip" ]; then
+    "$build/py-refs/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-cuobjdump>=13,<14" \
+      "nvidia-cuda-nvdisasm>=13,<14" >"$tmp/pip.log" 2>&1 || true
+    cuobjdump=$(find_tools)
   fi
-  # ptxas prints, per entry: "Compiling entry function 'NAME'", "N bytes stack frame, N bytes spill stores, N bytes
-  # spill loads", "Used N registers, ... N bytes smem"; one tab-separated line per kernel
-  awk '
-    /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); name = substr($0, RSTART + 1, RLENGTH - 2) }
-    /bytes stack frame/ { stack = $1; st = $5; ld = $9 }
-    /Used [0-9]+ registers/ {
-      regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
-      smem = 0; if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART, RLENGTH); sub(/ bytes smem/, "", smem) }
-      print name "\t" regs "\t" stack "\t" st "\t" ld "\t" smem
-    }' "$tmp/$family.log" >"$tmp/$family.tsv"
-  while IFS=$'\t' read -r name regs stack st ld smem; do
-    pretty=$(echo "$name" | $demangle | sed -e 's/(.*//' -e 's/^void //' -e 's/dtk:://g' -e 's/(anonymous namespace):://g')
-    flag=""
-    if [ "$st" != 0 ] || [ "$ld" != 0 ]; then
-      flag="SPILLS"
-      spilling=$((spilling + 1))
-    fi
-    total=$((total + 1))
-    printf '%-12s %-64.64s %5s %6s %12s %8s  %s\n' "$family" "$pretty" "$regs" "$stack" "$st/$ld" "$smem" "$flag"
-  done <"$tmp/$family.tsv"
-done
-echo "sm_$arch: $total kernels, $spilling with spills (smem is static shared memory; attention tiles are dynamic: 27-73 KiB)"
-[ "$spilling" -eq 0 ]
+  [ -n "$cuobjdump" ] && [ -x "$(dirname "$cuobjdump")/nvdisasm" ] && tools=$(dirname "$cuobjdump")
+fi
+
+if [ -n "$tools" ]; then
+  for arch in 80 90; do
+    for o in "${objs[@]}"; do # (one object per call: given several, cuobjdump prints nothing)
+      PATH="$tools:$PATH" cuobjdump -res-usage -arch "sm_$arch" "$o" >>"$tmp/res_$arch.txt"
+    done
+    for f in $hot; do # SASS (slow to disassemble) of the hot kernels' families only
+      PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" "$build/CMakeFiles/dt_kernels.dir/kernels/$f.cu.o" \
+        >>"$tmp/sass_$arch.txt"
+    done
+  done
+else
+  nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  if [ ! -x "$nvcc" ]; then
+    echo "cuda_report: skipped: no nvcc-built kernels in $build (DT_CUDA=ON) and no nvcc (set NVCC)"
+    exit 77
+  fi
+  echo "cuda_report: no cuobjdump (pip nvidia-cuda-cuobjdump into build/py-refs failed): PTX only, of the hot" \
+    "kernels' families ($(echo $hot)), compiled with $nvcc"
+  for arch in 80 90; do
+    for f in $hot; do
+      "$nvcc" -std=c++17 -O3 -arch="sm_$arch" -cubin --keep --keep-dir "$tmp" -Xptxas -v -I"$root/runtime/include" \
+        -I"$root/runtime" -I"$root/kernels" "$root/kernels/$f.cu" -o "$tmp/$f.cubin" 2>>"$tmp/ptxas_$arch.txt"
+      cat "$tmp/$f.ptx" >>"$tmp/ptx_$arch.txt"
+    done
+  done
+fi
+python3 "$root/tools/cuda_report.py" --dir "$tmp" --table "$table" ${flags[@]+"${flags[@]}"}

@@ -94,7 +94,8 @@ void warp_mma_m16n8k16(bool f16, mma_lane *lane) {
 }
 
 void warp_ldmatrix(int num, bool trans, ldmatrix_lane *lane) {
-  if (num != 1 && num != 2 && num != 4) thread_fault(cudaErrorLaunchFailure, "ldmatrix .x%d: the count is 1, 2 or 4", num);
+  if (num != 1 && num != 2 && num != 4)
+    thread_fault(cudaErrorLaunchFailure, "ldmatrix .x%d: the count is 1, 2 or 4", num);
   warp_collective(COLL_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane, num | (int)trans << 3, WARP);
 }
 

@@ -1,4 +1,5 @@
-/* cuda_attention_spec.c: the fused attention kernels (causal, GQA, ragged tiles, D to 128) against the CPU backend. */
+/* cuda_attention_spec.c: the fused attention kernels (causal, GQA, ragged tiles, D to 128; bf16/f16 on the tensor
+ * cores) against the CPU backend. */
 #include "cuda_spec_util.h"
 #include "dt_nn.h"
 
@@ -45,6 +46,51 @@ static dt_tensor *attention_case(acase c, int dtype, bool keep) {
   return kept;
 }
 
+/* dk sums over query heads and tiles in a fixed order: identical under any thread order (two emulator seeds). */
+static void expect_deterministic(acase c, int dtype, const char *what) {
+  setenv("DT_EMU_SEED", "0", 1);
+  dt_tensor *a = attention_case(c, dtype, true);
+  setenv("DT_EMU_SEED", "5", 1);
+  dt_tensor *b = attention_case(c, dtype, true);
+  unsetenv("DT_EMU_SEED");
+  expect(bitwise_equal(a, b), what);
+  dt_tensor_free(a);
+  dt_tensor_free(b);
+}
+
+/* bf16/f16 with D a multiple of 8 run on the tensor cores (mma.sync m16n8k16): every head dim, causal and not, GQA,
+ * T not a multiple of the 64-row tile, more or fewer queries than keys. Tolerance: P is rounded to the storage type
+ * before P V (as FlashAttention does) and out is rounded once, so |gpu - cpu| / (1 + |cpu|) stays within two ulps of
+ * the storage type (bf16: 2 * 1.6e-2, f16: 2 * 2e-3, tol_of's per-dtype bound with a slack of 2). */
+static void test_tensor_cores(void) {
+  static const acase cases[] = {
+      {1, 4, 2, 70, 70, 64, true},    /* GQA, a ragged second query tile */
+      {1, 2, 1, 45, 83, 96, false},   /* head dim 96, cross-length, GQA, one partial tile of queries */
+      {2, 2, 2, 67, 67, 128, true},   /* head dim 128: shared memory past 48 KiB, opted in */
+      {1, 2, 2, 5, 70, 128, false},   /* fewer queries than keys */
+      {1, 1, 1, 80, 10, 64, true},    /* more queries than keys: the first 70 see no key */
+      {1, 2, 2, 20, 20, 40, true},    /* head dim 40 (the 64 instance, zero-padded) */
+  };
+  for (size_t i = 1; i < sizeof cases / sizeof cases[0]; i++) {
+    attention_case(cases[i], DT_DTYPE_BF16, false);
+    attention_case(cases[i], DT_DTYPE_F16, false);
+  }
+  expect_deterministic(cases[0], DT_DTYPE_BF16,
+                       "the tensor-core backward is bitwise identical under another thread order");
+  attention_case(cases[0], DT_DTYPE_F16, false);
+}
+
+/* The emulation's grid.y limit (DT_EMU_MAX_GRID_Y) makes the launch fail, and the error names the kernel chosen. */
+static void test_tensor_core_kernel_chosen(void) {
+  dt_tensor *q = dev_empty(S, 4, SHAPE(1, 2, 4, 64), DT_DTYPE_BF16), *l = dev_empty(S, 3, SHAPE(1, 2, 4), DT_DTYPE_F32);
+  setenv("DT_EMU_MAX_GRID_Y", "1", 1);
+  expect_error(dt_cuda_nn_attention_fwd(S, q, q, q, 1, true, q, l), "kernel attn_fwd_tc ",
+               "bf16 attention with D = 64 runs the tensor-core kernel");
+  unsetenv("DT_EMU_MAX_GRID_Y");
+  dev_free(S, q);
+  dev_free(S, l);
+}
+
 static void test_errors(void) {
   dt_tensor *q = dev_empty(S, 4, SHAPE(1, 3, 4, 8), DT_DTYPE_F32), *k = dev_empty(S, 4, SHAPE(1, 2, 4, 8), DT_DTYPE_F32);
   dt_tensor *l = dev_empty(S, 3, SHAPE(1, 3, 4), DT_DTYPE_F32);
@@ -74,15 +120,11 @@ int main(void) {
   attention_case(cases[0], DT_DTYPE_BF16, false);
   attention_case(cases[2], DT_DTYPE_BF16, false);
   attention_case(cases[1], DT_DTYPE_F16, false);
-  /* dk sums over query heads and tiles in a fixed order: identical under any thread order */
-  setenv("DT_EMU_SEED", "0", 1);
-  dt_tensor *a = attention_case(cases[0], DT_DTYPE_F32, true);
-  setenv("DT_EMU_SEED", "5", 1);
-  dt_tensor *b = attention_case(cases[0], DT_DTYPE_F32, true);
-  unsetenv("DT_EMU_SEED");
-  expect(bitwise_equal(a, b), "the backward is bitwise identical under another thread order");
-  dt_tensor_free(a);
-  dt_tensor_free(b);
+  expect_deterministic(cases[0], DT_DTYPE_F32, "the backward is bitwise identical under another thread order");
+  test_tensor_cores();
+  dt_cuda_device_info info;
+  die_on(dt_cuda_device_info_get(0, &info), "device info");
+  if (info.emulated) test_tensor_core_kernel_chosen();
   test_errors();
   die_on(dt_cuda_device_synchronize(0), "final synchronize");
   return spec_finish();

@@ -6,19 +6,11 @@
 #include <unistd.h>
 
 #include "cuda_emu_kernels.h"
+#include "cuda_kernel_spec_util.h"
 #include "dt_ops.h"
 
 static dt_stream *S;
 static bool emulated;
-
-static void *dmalloc(size_t n) {
-  void *p = NULL;
-  if (cudaMalloc(&p, n) != cudaSuccess) {
-    printf("cudaMalloc: %s\n", cudaGetErrorString(cudaGetLastError()));
-    exit(1);
-  }
-  return p;
-}
 
 static void test_collectives(void) {
   int *d = dmalloc(64 * 8 * sizeof(int)), h[64 * 8];

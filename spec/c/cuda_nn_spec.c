@@ -161,33 +161,48 @@ static void test_rope(int dtype) {
   release();
 }
 
-/* Three parameters of mixed dtype pairs in one call against per-tensor CPU steps. */
+/* A device copy of h 1 element past a 16-byte boundary (a view at element 1 of a longer tensor): not vec4_aligned. */
+static dt_tensor *up_misaligned(const dt_tensor *h) {
+  int64_t n = dt_tensor_numel(h);
+  dt_tensor *view = NULL;
+  die_on(dt_tensor_view(dzeros(1, SHAPE(n + 1), h->dtype), 1, SHAPE(n), SHAPE(1), 1, &view), "offset view");
+  die_on(dt_cuda_memcpy(S, dt_tensor_ptr(view), dt_tensor_ptr(h), (size_t)n * dt_dtype_size(h->dtype)), "upload");
+  return view;
+}
+
+/* Four parameters of mixed dtype pairs in one call against per-tensor CPU steps; the last one misaligned (the kernel's
+ * element-by-element path; the others take groups of four, with the sizes' tails element by element). */
 static void test_adamw(void) {
-  const int pd[3] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_BF16}, gd[3] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_BF16};
-  const int64_t sizes[3] = {5000, 37, 4100};
-  dt_tensor *hp[3], *hg[3], *hm[3], *hv[3], *dp[3], *dgr[3], *dm[3], *dv[3];
-  for (int i = 0; i < 3; i++) {
+  enum { N = 4 };
+  const int pd[N] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_BF16, DT_DTYPE_F32};
+  const int gd[N] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F32};
+  const int64_t sizes[N] = {5000, 37, 4100, 1001};
+  dt_tensor *hp[N], *hg[N], *hm[N], *hv[N], *dp[N], *dgr[N], *dm[N], *dv[N];
+  for (int i = 0; i < N; i++) {
     hp[i] = H(host_sample(1, SHAPE(sizes[i]), pd[i], 20 + i, 1));
     hg[i] = H(host_sample(1, SHAPE(sizes[i]), gd[i], 30 + i, 1));
     hm[i] = H(host_sample(1, SHAPE(sizes[i]), DT_DTYPE_F32, 40 + i, 0.1));
     hv[i] = H(host_sample(1, SHAPE(sizes[i]), DT_DTYPE_F32, 50 + i, 0.1));
     for (int64_t k = 0; k < sizes[i]; k++) dt_tensor_set(hv[i], k, fabs(at(hv[i], k)));
-    dp[i] = up(hp[i]);
-    dgr[i] = up(hg[i]);
-    dm[i] = up(hm[i]);
-    dv[i] = up(hv[i]);
+    dt_tensor *(*put)(const dt_tensor *) = i == N - 1 ? up_misaligned : up;
+    dp[i] = put(hp[i]);
+    dgr[i] = put(hg[i]);
+    dm[i] = put(hm[i]);
+    dv[i] = put(hv[i]);
   }
   for (int step = 1; step <= 2; step++) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < N; i++)
       die_on(dt_optim_adamw_step(hp[i], hg[i], hm[i], hv[i], 1e-2, 0.9, 0.95, 1e-8, 0.1, step), "cpu adamw");
-    expect_ok(dt_cuda_optim_adamw(S, 3, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
+    expect_ok(dt_cuda_optim_adamw(S, N, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
               "multi-tensor adamw runs");
   }
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < N; i++) {
     expect_close(S, dp[i], hp[i], 1, "adamw params match the CPU steps");
     expect_close(S, dm[i], hm[i], 1, "adamw m matches");
     expect_close(S, dv[i], hv[i], 1, "adamw v matches");
   }
+  dt_tensor *views[] = {dp[N - 1], dgr[N - 1], dm[N - 1], dv[N - 1]}; /* (their storage goes with release()) */
+  for (int i = 0; i < 4; i++) dt_tensor_free(views[i]);
   expect_error(dt_cuda_optim_adamw(S, 1, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 0),
                "adamw: step is 1-based, got 0", "step 0 is refused");
   release();

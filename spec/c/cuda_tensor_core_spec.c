@@ -2,18 +2,10 @@
  * references, in the PTX ISA's fragment layouts (emulated, or on a real GPU when there is one). */
 #include "cuda_spec_util.h"
 
+#include "cuda_kernel_spec_util.h"
 #include "cuda_tensor_core_kernels.h"
 
 static bool emulated;
-
-static void *dmalloc(size_t n) {
-  void *p = NULL;
-  if (cudaMalloc(&p, n) != cudaSuccess) {
-    printf("cudaMalloc: %s\n", cudaGetErrorString(cudaGetLastError()));
-    exit(1);
-  }
-  return p;
-}
 
 static void *upload(const void *h, size_t n) {
   void *d = dmalloc(n);
@@ -39,6 +31,18 @@ static void sample16(uint16_t *bits, double *vals, int n, int dtype, int mul, in
   dt_tensor_free(t);
 }
 
+/* How many of the 16 x 8 elements of d differ from a (16 x 16) b (16 x 8) + c (exact: see sample16). */
+static int wrong_products(const float *d, const double *av, const double *bv, const float *c) {
+  int wrong = 0;
+  for (int m = 0; m < 16; m++)
+    for (int n = 0; n < 8; n++) {
+      double s = c[m * 8 + n];
+      for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * 8 + n];
+      wrong += d[m * 8 + n] != (float)s;
+    }
+  return wrong;
+}
+
 /* D = A B + C on one warp, each lane placing its own fragments, for bf16 and f16. */
 static void test_mma(void) {
   for (int f16 = 0; f16 <= 1; f16++) {
@@ -52,13 +56,7 @@ static void test_mma(void) {
     void *da = upload(a, sizeof a), *db = upload(b, sizeof b), *dc = upload(c, sizeof c), *dd = dmalloc(sizeof d);
     expect(spec_k_mma(0, f16, da, db, dc, dd) == cudaSuccess, "the mma kernel launches");
     download(d, dd, sizeof d);
-    int wrong = 0;
-    for (int m = 0; m < 16; m++)
-      for (int n = 0; n < 8; n++) {
-        double s = c[m * 8 + n];
-        for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * 8 + n];
-        wrong += d[m * 8 + n] != (float)s;
-      }
+    int wrong = wrong_products(d, av, bv, c);
     if (wrong) printf("  %s: %d of 128 elements of D differ from the scalar A B + C\n", f16 ? "f16" : "bf16", wrong);
     expect(wrong == 0, f16 ? "mma.sync m16n8k16 f16: D = A B + C in the PTX fragment layout"
                            : "mma.sync m16n8k16 bf16: D = A B + C in the PTX fragment layout");
@@ -123,14 +121,10 @@ static void test_mma_from_ldmatrix(void) {
     void *da = upload(a, sizeof a), *db = upload(b, sizeof b), *dd = dmalloc(sizeof d);
     expect(spec_k_mma_ldmatrix(0, f16, da, db, dd) == cudaSuccess, "the ldmatrix + mma kernel launches");
     download(d, dd, sizeof d);
-    int wrong = 0;
-    for (int m = 0; m < 16; m++)
-      for (int n = 0; n < 8; n++) {
-        double s = 0;
-        for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * 8 + n];
-        wrong += d[m * 8 + n] != (float)s;
-      }
-    expect(wrong == 0, f16 ? "f16 tiles loaded by ldmatrix multiply to A B" : "bf16 tiles loaded by ldmatrix multiply to A B");
+    float zero[128] = {0};
+    int wrong = wrong_products(d, av, bv, zero);
+    expect(wrong == 0,
+           f16 ? "f16 tiles loaded by ldmatrix multiply to A B" : "bf16 tiles loaded by ldmatrix multiply to A B");
     cudaFree(da);
     cudaFree(db);
     cudaFree(dd);

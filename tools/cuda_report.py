@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""cuda_report.py: per-kernel resources, instruction mix, occupancy and a roofline model of the compiled kernels.
+
+Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdump -sass) plus resource usage
+(cuobjdump -res-usage), or PTX plus ptxas -v output. Prints every kernel's registers / local memory, then the hot
+kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100;
+--check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
+"""
+import argparse
+import os
+import re
+import sys
+
+# Per-SM limits (CUDA C Programming Guide, compute capabilities 8.0 and 9.0): warps, blocks, 32-bit registers,
+# shared memory (bytes; 1 KiB of it reserved per block), register allocation unit (per warp).
+SM = {
+    "80": dict(warps=64, blocks=32, regs=65536, smem=167936, reserved=1024, reg_unit=256),
+    "90": dict(warps=64, blocks=32, regs=65536, smem=233472, reserved=1024, reg_unit=256),
+}
+# Published dense peaks: A100 SXM4 80 GB (312 TFLOP/s bf16/f16 tensor, 19.5 TFLOP/s f32, 2039 GB/s HBM2e) and
+# H100 SXM5 (989.4 TFLOP/s bf16/f16 tensor, 66.9 TFLOP/s f32, 3350 GB/s HBM3).
+GPUS = [
+    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9)),
+    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9)),
+]
+# What each "needs" word is in SASS and in PTX.
+NEEDS = {
+    "mma": (r"\bHMMA\.|\bHGMMA\.", r"\bmma\.sync\.|\bwgmma\."),
+    "ldmatrix": (r"\bLDSM\.", r"\bldmatrix\."),
+    "cp.async": (r"\bLDGSTS\.", r"\bcp\.async\.c[ag]\."),
+    "v4": (r"\bLDG\.E\.(128|ENL2\.128)",
+           r"\bld\.global(\.nc)?\.v4\.(f32|b32|u32|s32)|\bld\.global(\.nc)?\.v2\.(f64|b64|u64)"),
+}
+LOCAL = (r"\b(STL|LDL)\b", r"\b(st|ld)\.local\.")
+
+
+def parse_res_usage(text):
+    """{name: dict(regs, stack, shared, local)} from cuobjdump -res-usage of one arch."""
+    out, name = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.match(r"\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and name:
+            out[name] = dict(zip(("regs", "stack", "shared", "local"), map(int, m.groups())))
+            name = None
+    return out
+
+
+def parse_ptxas(text):
+    """{name: dict(regs, stack, shared, local)} from ptxas -v (local: spill stores + loads)."""
+    out, name, stack, spill = {}, None, 0, 0
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            stack, spill = int(m.group(1)), int(m.group(2)) + int(m.group(3))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            sm = re.search(r"(\d+) bytes smem", line)
+            out[name] = dict(regs=int(m.group(1)), stack=stack, shared=int(sm.group(1)) if sm else 0, local=spill)
+    return out
+
+
+def split_functions(text, sass):
+    """{name: code} from cuobjdump -sass ("Function : NAME") or PTX (".entry NAME(")."""
+    pat = r"^\s*Function : (\S+)" if sass else r"^\.(?:visible )?\.entry (\w+)\("
+    out, name = {}, None
+    for line in text.splitlines():
+        m = re.match(pat, line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name:
+            out[name].append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def occupancy(arch, regs, threads, smem):
+    """(resident blocks per SM, % of its warps) from the SM's limits."""
+    L = SM[arch]
+    wpb = -(-threads // 32)
+    per_warp = -(-regs * 32 // L["reg_unit"]) * L["reg_unit"]
+    by_regs = (L["regs"] // per_warp) // wpb if per_warp else L["blocks"]
+    by_smem = L["smem"] // (smem + L["reserved"])
+    blocks = min(L["blocks"], L["warps"] // wpb, by_regs, by_smem)
+    return blocks, 100.0 * blocks * wpb / L["warps"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True,
+                    help="per arch: sass_ARCH.txt + res_ARCH.txt, or ptx_ARCH.txt + ptxas_ARCH.txt")
+    ap.add_argument("--table", required=True)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="print the hot kernels as the README's table")
+    a = ap.parse_args()
+    sass = os.path.exists(os.path.join(a.dir, "sass_80.txt"))
+    res, code = {}, {}
+    for arch in SM:
+        def read(name):
+            with open(os.path.join(a.dir, f"{name}_{arch}.txt")) as f:
+                return f.read()
+        res[arch] = parse_res_usage(read("res")) if sass else parse_ptxas(read("ptxas"))
+        code[arch] = split_functions(read("sass" if sass else "ptx"), sass)
+    col = 0 if sass else 1
+    print(f"source: {'SASS (cuobjdump)' if sass else 'PTX only (no cuobjdump: instructions are PTX, local = spills)'}")
+    if not a.markdown:
+        print(f"{'kernel':72} {'regs 80/90':>10} {'local 80/90':>12}")
+        for name in sorted(res["90"]):
+            r80, r90 = res["80"].get(name, {}), res["90"][name]
+            print(f"{name[:72]:72} {r80.get('regs', '-'):>4}/{r90['regs']:<5} "
+                  f"{r80.get('local', '-'):>5}/{r90['local']:<6}")
+    rows = []
+    with open(a.table) as f:
+        lines = [l.rstrip("\n") for l in f if l.strip() and not l.startswith("#")]
+    header = lines[0].split("\t")
+    failures = []
+    for line in lines[1:]:
+        h = dict(zip(header, line.split("\t")))
+        shape = {k: int(v) for k, v in (kv.split("=") for kv in h["shape"].split(","))}
+        flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
+        needs = [n for n in h["needs"].split(",") if n]
+        mix, occ, pred = [], {}, []
+        for arch in SM:
+            names = [n for n in res[arch] if h["symbol"] in n]
+            if len(names) != 1:
+                failures.append(f"{h['label']}: {len(names)} kernels match '{h['symbol']}' on sm_{arch}")
+                continue
+            name, r = names[0], res[arch][names[0]]
+            text = code[arch].get(name, "")
+            counts = {n: len(re.findall(NEEDS[n][col], text)) for n in NEEDS}
+            local = len(re.findall(LOCAL[col], text)) if sass else r["local"]
+            blocks, pct = occupancy(arch, r["regs"], int(h["threads"]), int(h["smem"]) + r["shared"])
+            occ[arch] = (r["regs"], local, blocks, pct)
+            if arch == "90":
+                mix = [f"{n} {counts[n]}" for n in NEEDS if counts[n]]
+            for n in needs:
+                if not counts[n]:
+                    failures.append(f"{h['label']}: no {n} instruction on sm_{arch} ({name})")
+            if local:
+                what = "instructions" if sass else "bytes"
+                failures.append(f"{h['label']}: {local} local-memory (spill) {what} on sm_{arch}")
+            if r["regs"] > int(h["max_regs"]):
+                failures.append(f"{h['label']}: {r['regs']} registers on sm_{arch}, the table allows {h['max_regs']}")
+            if arch == "80" and pct < float(h["min_occ"]):
+                failures.append(f"{h['label']}: occupancy {pct:.1f}% on sm_80, the table wants >= {h['min_occ']}%")
+        for gpu, arch, peak in GPUS:
+            unit = h["unit"]
+            t = max(flops / peak[unit] if unit != "dram" else 0.0, nbytes / peak["dram"])
+            ref = peak["tensor"] if unit != "dram" else peak["dram"]
+            achieved = (flops if unit != "dram" else nbytes) / t
+            pred.append((gpu, t, 100.0 * achieved / ref))
+        rows.append((h, mix, occ, pred, flops, nbytes))
+    print()
+    if a.markdown:
+        print("| kernel | instruction mix (sm_90 SASS) | regs | occupancy sm_80 / sm_90 | A100 | H100 |")
+        print("|---|---|---|---|---|---|")
+    for h, mix, occ, pred, flops, nbytes in rows:
+        o80, o90 = occ.get("80", (0, 0, 0, 0)), occ.get("90", (0, 0, 0, 0))
+        p = {g: (t, pct) for g, t, pct in pred}
+        ref = "DRAM" if h["unit"] == "dram" else "bf16 TC"
+        if a.markdown:
+            print(f"| {h['label']} ({h['shape']}) | {', '.join(mix) or '-'} | {o90[0]} | "
+                  f"{o80[3]:.0f}% / {o90[3]:.0f}% | "
+                  f"{p['A100'][0] * 1e3:.3f} ms, {p['A100'][1]:.0f}% of {ref} | {p['H100'][0] * 1e3:.3f} ms, "
+                  f"{p['H100'][1]:.0f}% of {ref} |")
+        else:
+            print(f"{h['label']} [{h['shape']}]: {flops / 1e9:.1f} GFLOP, {nbytes / 1e6:.1f} MB per call")
+            print(f"  mix (sm_90): {', '.join(mix) or '-'}; regs {o80[0]}/{o90[0]}, local {o80[1]}/{o90[1]}; "
+                  f"occupancy sm_80 {o80[2]} blocks {o80[3]:.1f}%, sm_90 {o90[2]} blocks {o90[3]:.1f}%")
+            for g, t, pct in pred:
+                print(f"  {g}: predicted {t * 1e3:.3f} ms ({h['unit']}-bound roofline), {pct:.1f}% of {ref} peak")
+    if failures:
+        print("\nregressions:\n  " + "\n  ".join(failures))
+    return 1 if a.check and failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
