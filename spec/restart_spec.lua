@@ -50,8 +50,11 @@ describe("restarts", function()
       for _, launcher in ipairs { "", "--nproc 1" } do
          local logfile = os.tmpname()
          local cmd = ("cd %s && (%s spec/fixtures/restart_recipe.lua %s steps=1000 checkpoint_every=1000 "
-            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > %s 2>&1 & pid=$!; sleep 2; "
-            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher, logfile)
+            .. "step_sleep=0.2 run_dir=runs/sigterm-spec > %s 2>&1 & pid=$!; "
+            -- SIGTERM once a step has finished (the trainer's handler is in place), however slow the machine is
+            .. "for i in $(seq 600); do grep -q 'step 1/1000 ' %s && break; sleep 0.1; done; "
+            .. "kill -TERM $pid; wait $pid; echo exit=$?)"):format(helpers.root, helpers.exe, launcher, logfile,
+               logfile)
          local p = io.popen(cmd)
          local out = p:read("*a")
          p:close()
