@@ -43,7 +43,21 @@ function M.stop(job)
    return log
 end
 
-function M.attach(job, args, env) return helpers.dtrun(("attach %s %s"):format(job.dir, args), env) end
+-- A client's output without its notes that a rank is slow to answer ("(waiting for rank 0: ...)", on stderr after
+-- 2 s: a loaded machine's steps can be that slow).
+function M.without_notes(out) return (out:gsub("%(waiting for rank %d+: [^\n]*\n", "")) end
+
+-- `dtrun attach RUN_DIR args`, as helpers.dtrun returns it, without the client's notes.
+function M.attach(job, args, env)
+   local r = helpers.dtrun(("attach %s %s"):format(job.dir, args), env)
+   r.out = M.without_notes(r.out)
+   local lines = {}
+   for _, l in ipairs(r.lines) do
+      if not l:match("^%(waiting for rank %d+: ") then lines[#lines + 1] = l end
+   end
+   r.lines = lines
+   return r
+end
 
 -- `-e chunk` quoted for the shell
 function M.e(chunk) return "-e '" .. chunk:gsub("'", "'\\''") .. "'" end

@@ -339,17 +339,19 @@ function Trainer:run()
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
    dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
+   local function sigterm()
+      if dtffi.C.dt_signal_take() ~= SIGTERM then return false end
+      if saves and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
+      self.print(("stopping after step %d: SIGTERM received"):format(self.step))
+      self.stopped = true
+      dt.exit_status = 128 + SIGTERM -- once end_run below has made the checkpoint durable
+      return true
+   end
    local ok, err = pcall(function()
       repl.safe_point(self) -- attached clients are served between steps (dt/repl), from before the first one
       while self.step < cfg.steps do
          result = self:train_step()
-         if dtffi.C.dt_signal_take() == SIGTERM then
-            if saves and self.run_dir and cfg.checkpoint_every > 0 then self:save_checkpoint() end
-            self.print(("stopping after step %d: SIGTERM received"):format(result.step))
-            self.stopped = true
-            dt.exit_status = 128 + SIGTERM -- once end_run below has made the checkpoint durable
-            break
-         end
+         if sigterm() then break end
          if log then
             local rec = metrics.record(result)
             log:write(rec)
@@ -364,6 +366,9 @@ function Trainer:run()
             traced(self.tracer, "checkpoint save", "checkpoint", self.save_checkpoint, self)
          end
          repl.safe_point(self)
+         -- again after the safe point: a pause ended by SIGTERM (dt/repl raises it again) stops before another step,
+         -- as do ranks still inside the paused step when it came, so every rank stops after the same step
+         if sigterm() then break end
       end
       self:hook("end_run")
    end)
