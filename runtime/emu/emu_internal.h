@@ -63,8 +63,9 @@ void flush_device(int device);
 /* The device a stream belongs to (the current device for the legacy stream). */
 int stream_device(cudaStream_t stream);
 
-/* Whether [p, p + n) lies inside one live allocation of device memory or pinned host memory. */
-bool device_range_ok(const void *p, size_t n);
+/* Whether [p, p + n) lies inside one live allocation of device memory or pinned host memory; pending_ok: or of one
+ * whose stream-ordered free is queued (what queued work, running before that free, may still use). */
+bool device_range_ok(const void *p, size_t n, bool pending_ok = false);
 /* DT_EMU_DEVICE_MEMORY bytes per device (default 80 GiB). */
 int64_t device_memory_limit();
 /* Frees every allocation of a device (cudaDeviceReset). */

@@ -187,10 +187,10 @@ cudaError_t copy(const char *what, void *dst, const void *src, size_t n, cudaMem
 
 } // namespace
 
-bool device_range_ok(const void *p, size_t n) {
+bool device_range_ok(const void *p, size_t n, bool pending_ok) {
   uintptr_t base;
   alloc *a = find_alloc(p, &base);
-  return a && !a->free_pending && (uintptr_t)p + n <= base + a->size;
+  return a && (pending_ok || !a->free_pending) && (uintptr_t)p + n <= base + a->size;
 }
 
 void release_device_memory(int device) {

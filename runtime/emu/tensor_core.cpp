@@ -110,7 +110,7 @@ void cp_async(void *dst, const void *src, int bytes, int src_bytes) {
                  src, dst, bytes);
   if (!shared_range_ok(dst, (size_t)bytes))
     thread_fault(cudaErrorIllegalAddress, "cp.async to %p: %d bytes there are not shared memory", dst, bytes);
-  if (src_bytes > 0 && !device_range_ok(src, (size_t)src_bytes))
+  if (src_bytes > 0 && !device_range_ok(src, (size_t)src_bytes, true)) /* (frees queued after the kernel: pending) */
     thread_fault(cudaErrorIllegalAddress, "cp.async from %p: %d bytes there are not inside one device allocation", src,
                  src_bytes);
   async_queue *q = thread_async_queue();

@@ -138,6 +138,8 @@ static void test_cp_async(void) {
   for (int i = 0; i < 256; i++) src[i] = (float)(i + 1);
   void *ds = upload(src, sizeof src), *dout = dmalloc(sizeof out);
   expect(spec_k_cp_async(0, ds, dout) == cudaSuccess, "the cp.async kernel launches");
+  /* freeing the source in stream order right after the launch is allowed: the kernel runs first */
+  expect(cudaFreeAsync(ds, 0) == cudaSuccess, "the source is freed after the kernel, in stream order");
   download(out, dout, sizeof out);
   bool group0 = true, group1 = true, neighbour = true, pending = true;
   for (int i = 0; i < 128; i++) {
@@ -151,7 +153,6 @@ static void test_cp_async(void) {
   expect(group1, "cp.async.wait_group 0 lands the newest group, zero past src-size");
   expect(neighbour, "after the wait and a barrier every thread sees the other threads' copies");
   if (emulated) expect(pending, "the emulator lands a group no earlier than the wait that covers it");
-  cudaFree(ds);
   cudaFree(dout);
 }
 
