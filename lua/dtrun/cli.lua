@@ -13,7 +13,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua]   run a recipe in th
              --force: start N ranks although N x 150 MiB exceeds the available memory.)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
-                                                               adamw, memory, kernels)
+                                                               adamw, memory, kernels, tokenize)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun ckpt export-hf DIR OUT_DIR                        a checkpoint as a Hugging Face model directory
        dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg]
