@@ -114,4 +114,20 @@ describe("dt.hf.tokenizer", function()
          end), 1, true)
       end)
    end)
+
+   it("dtrun bench tokenize: our token count is the tokenizers library's; the last line carries the ratio", function()
+      local tmp = helpers.tmpdir()
+      finally(function() fs.remove_tree(tmp) end)
+      local lines = {}
+      for i = 1, 200 do lines[i] = cjson.encode { text = ref.llama3_style[i].text } end
+      local corpus = fs.join(tmp, "corpus.jsonl")
+      fs.write(corpus, table.concat(lines, "\n") .. "\n")
+      local r = require("spec.dist_helpers").dtrun(("bench tokenize tokenizer=%s corpus=%s rounds=1"):format(
+         fs.join(dir, "llama3_style"), corpus))
+      assert.equal(0, r.code, r.out)
+      assert.matches("peer configurations: default bytes_per_second=", r.out, 1, true)
+      assert.is_nil(r.out:find("a different token count", 1, true), r.out)
+      assert.matches("^bench tokenize: bytes_per_second=%d+ tokens=%d+ ratio=[%d.e+-]+ roofline_fraction=[%d.e+-]+ "
+         .. "peer_config=%S+$", r.lines[#r.lines])
+   end)
 end)

@@ -16,7 +16,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
              [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
        dtrun bench NAME [options] [launcher flags]             run a benchmark (train, collectives, ddp,
-                                                               adamw, memory, kernels, grpo, generate)
+                                                               adamw, memory, kernels, grpo, generate,
+                                                               tokenize)
        dtrun ckpt inspect|consolidate DIR [OUT.safetensors]    list/verify or consolidate a checkpoint
        dtrun ckpt export-hf DIR OUT_DIR                        a checkpoint as a Hugging Face model directory
        dtrun plot RUN_DIR [RUN_DIR ...] [--keys loss,lr] [--x step|time] [--smooth W] [-o OUT.svg|.png]

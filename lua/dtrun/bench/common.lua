@@ -87,11 +87,11 @@ local function peer_dir()
    return root and (root .. "/tools/bench") or "tools/bench"
 end
 
--- Run a PyTorch peer script with Debian's python3 (`env`, optional: VAR=value words for its environment) and return
--- its `key=value` fields, or nil and the reason.
-function M.run_peer(script, args, env)
-   local cmd = ("%s/usr/bin/python3 %s/%s %s 2>&1"):format(env and env ~= "" and env .. " " or "", peer_dir(), script,
-      args or "")
+-- Run a PyTorch peer script with Debian's python3 (or `python`; `env`, optional: VAR=value words for its environment)
+-- and return its `key=value` fields, or nil and the reason.
+function M.run_peer(script, args, env, python)
+   local cmd = ("%s%s %s/%s %s 2>&1"):format(env and env ~= "" and env .. " " or "", python or "/usr/bin/python3",
+      peer_dir(), script, args or "")
    local p = io.popen(cmd)
    local out = p:read("*a")
    p:close()
@@ -135,11 +135,11 @@ end
 
 -- Run a peer once per configuration ({ name =, args =, env = }, added to `args`) and keep the one with the highest
 -- numeric field `key`: returns its fields with `config` set to its name, or nil and the first reason none gave `key`.
--- Prints one line with every configuration's result, so the choice can be checked.
-function M.run_peer_best(script, args, configs, key)
+-- Prints one line with every configuration's result, so the choice can be checked. python: as run_peer's.
+function M.run_peer_best(script, args, configs, key, python)
    local best, first_why, tried = nil, nil, {}
    for _, c in ipairs(configs) do
-      local fields, why = M.run_peer(script, args .. " " .. (c.args or ""), c.env)
+      local fields, why = M.run_peer(script, args .. " " .. (c.args or ""), c.env, python)
       local v = fields and tonumber(fields[key])
       if v then
          tried[#tried + 1] = ("%s %s=%s"):format(c.name, key, fields[key])
