@@ -435,9 +435,9 @@ static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n,
   return DT_OK;
 }
 
-/* split_pieces on p[0..n), NFC-normalized first when the tokenizer asks for it. */
-static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *ids,
-                              size_t cap, size_t *count) {
+/* split_pieces on p[0..n), NFC-normalized first when the tokenizer asks for it; at_start: p is the text's beginning. */
+static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, bool at_start, pcre2_match_data *md,
+                              int32_t *ids, size_t cap, size_t *count) {
   if (n == 0) return DT_OK;
   utf8proc_uint8_t *nfc = NULL;
   if (t->flags & DT_TOKENIZER_NFC) {
@@ -446,7 +446,10 @@ static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n,
     p = nfc;
     n = (size_t)len;
   }
-  if (t->flags & DT_TOKENIZER_SENTENCEPIECE) { /* Prepend("\u2581") applies to every segment between added tokens */
+  /* Prepend("\u2581") applies to every segment between added tokens; Metaspace only to one at the text's start that
+   * does not start with a space */
+  bool meta = t->flags & DT_TOKENIZER_METASPACE;
+  if ((t->flags & DT_TOKENIZER_SENTENCEPIECE) && (!meta || (at_start && p[0] != ' '))) {
     utf8proc_uint8_t *spaced = malloc(n + 1);
     DT_CHECK(spaced, DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
     spaced[0] = ' ';
@@ -481,13 +484,13 @@ static dt_status encode_all(dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_m
     DT_CHECK(rc > 0, DT_ERR_STATE, "tokenizer: the added tokens' pattern failed to match (PCRE2 error %d)", rc);
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
     size_t b = ov[0], e = ov[1];
-    DT_TRY(encode_plain(t, p + pos, b - pos, md, ids, cap, count));
+    DT_TRY(encode_plain(t, p + pos, b - pos, pos == 0, md, ids, cap, count));
     int32_t id = table_find(&t->added_ids, bytes_key(p + b, e - b))->a; /* the pattern matches only added tokens */
     DT_CHECK(*count < cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
     ids[(*count)++] = id;
     pos = e;
   }
-  return encode_plain(t, p + pos, n - pos, md, ids, cap, count);
+  return encode_plain(t, p + pos, n - pos, pos == 0, md, ids, cap, count);
 }
 
 dt_status dt_tokenizer_encode(dt_tokenizer *t, const char *text, size_t n, int32_t *ids, size_t cap, size_t *count) {

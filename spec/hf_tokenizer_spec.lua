@@ -27,7 +27,7 @@ describe("dt.hf.tokenizer", function()
    end
    teardown(function() fs.remove_tree(dir) end)
 
-   for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style" } do
+   for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style", "metaspace_style" } do
       describe(name, function()
          local tok = hf.tokenizer(fs.join(dir, name))
 
@@ -71,7 +71,11 @@ describe("dt.hf.tokenizer", function()
          it("decodes encode(s) back to s (NFC text, no post-processor tokens)", function()
             for _, case in ipairs(ref[name]) do
                local text = name == "qwen2_style" and case.decoded or case.text
-               assert.equal(text, tok:decode(tok:encode(text, { add_special_tokens = false })))
+               -- Metaspace puts no "▁" before text that starts with a space, and the decoder's Strip then drops that
+               -- space: tokenizers does not round-trip such text either (its ids and decoding are checked above)
+               if name ~= "metaspace_style" or text:sub(1, 1) ~= " " then
+                  assert.equal(text, tok:decode(tok:encode(text, { add_special_tokens = false })))
+               end
             end
          end)
 

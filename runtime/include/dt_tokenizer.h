@@ -12,12 +12,14 @@ typedef struct dt_tokenizer dt_tokenizer;
  * tokens is normalized to Unicode NFC first (Qwen2; through utf8proc). SENTENCEPIECE: SentencePiece-style BPE with byte
  * fallback (Llama-2, Mistral): pieces are plain UTF-8 with U+2581 for a space, "<0xXX>" pieces are the fallback for
  * byte XX of a character not in the vocabulary, BPE starts from characters, and every segment between added tokens gets
- * a space in front (tokenizers' Prepend + Replace normalizers). */
+ * a space in front (tokenizers' Prepend + Replace normalizers). METASPACE (with SENTENCEPIECE): only a segment at the
+ * text's start that does not begin with a space gets one (the Metaspace pre-tokenizer, prepend_scheme "first"). */
 enum {
   DT_TOKENIZER_PREFIX_SPACE = 1,
   DT_TOKENIZER_IGNORE_MERGES = 2,
   DT_TOKENIZER_NFC = 4,
-  DT_TOKENIZER_SENTENCEPIECE = 8
+  DT_TOKENIZER_SENTENCEPIECE = 8,
+  DT_TOKENIZER_METASPACE = 16
 };
 /* pattern: the pre-tokenizer's split regex (PCRE2 syntax, UTF-8 with Unicode properties), or NULL (no split); its
  * matches and the text between them are the pieces BPE runs on ("Isolated"). flags: DT_TOKENIZER_*. */

@@ -40,20 +40,26 @@ local function pre_tokenizer(p, fail)
 end
 
 -- Whether j has Llama-2's SentencePiece-style shape: BPE with byte fallback, normalizers Prepend("▁") and
--- Replace(" ", "▁"), no pre-tokenizer, decoders Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0).
+-- Replace(" ", "▁") with no pre-tokenizer, or no normalizer and the Metaspace("▁", split = false) pre-tokenizer of
+-- newer conversions (prepend_scheme "first": a "▁" before the text unless it starts with a space, none after added
+-- tokens); decoders Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0). Returns false, or true and whether it
+-- is the Metaspace shape.
 local SPACE = "\u{2581}"
 local function sentencepiece(j)
-   local n, d = j.normalizer, j.decoder
-   if j.model.byte_fallback ~= true or not null(j.pre_tokenizer) or null(n) or n.type ~= "Sequence"
-      or null(d) or d.type ~= "Sequence" then return false end
-   local a, b = n.normalizers[1] or {}, n.normalizers[2] or {}
+   local n, d, p = j.normalizer, j.decoder, j.pre_tokenizer
+   if j.model.byte_fallback ~= true or null(d) or d.type ~= "Sequence" then return false end
    local kinds = {}
    for i, x in ipairs(d.decoders) do kinds[i] = x.type end
    local strip = d.decoders[4] or {}
+   if table.concat(kinds, ",") ~= "Replace,ByteFallback,Fuse,Strip" or strip.content ~= " " or strip.start ~= 1
+      or strip.stop ~= 0 then return false end
+   if null(n) and not null(p) and p.type == "Metaspace" then
+      return p.replacement == SPACE and p.split == false and p.prepend_scheme == "first", true
+   end
+   if not null(p) or null(n) or n.type ~= "Sequence" then return false end
+   local a, b = n.normalizers[1] or {}, n.normalizers[2] or {}
    return #n.normalizers == 2 and a.type == "Prepend" and a.prepend == SPACE and b.type == "Replace"
-      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE
-      and table.concat(kinds, ",") == "Replace,ByteFallback,Fuse,Strip" and strip.content == " "
-      and strip.start == 1 and strip.stop == 0
+      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE, false
 end
 
 -- The ids a post-processor adds around a single sequence: ByteLevel (none), TemplateProcessing "<special> $A
@@ -91,7 +97,7 @@ function M.load(path)
    if type(m) ~= "table" or m.type ~= "BPE" then
       fail("model type %s is not supported yet (supported: BPE)", cjson.encode(type(m) == "table" and m.type or m))
    end
-   local sp = sentencepiece(j)
+   local sp, metaspace = sentencepiece(j)
    for _, key in ipairs { "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix" } do
       if not null(m[key]) and not (sp and key == "unk_token") then
          fail("BPE option %s = %s is not supported yet", key, cjson.encode(m[key]))
@@ -99,11 +105,12 @@ function M.load(path)
    end
    local flags, pattern, prefix_space
    if sp then
-      flags = C.DT_TOKENIZER_SENTENCEPIECE
+      flags = C.DT_TOKENIZER_SENTENCEPIECE + (metaspace and C.DT_TOKENIZER_METASPACE or 0)
    else
       if m.byte_fallback == true then
          fail("BPE byte_fallback is supported in Llama-2's SentencePiece-style shape only (Prepend and Replace "
-            .. "normalizers, no pre-tokenizer, Replace/ByteFallback/Fuse/Strip decoders)")
+            .. "normalizers, or Metaspace(split = false, prepend_scheme = \"first\"); Replace/ByteFallback/Fuse/Strip "
+            .. "decoders)")
       end
       local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
       if not (null(j.normalizer) or nfc) then
