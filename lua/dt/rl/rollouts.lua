@@ -61,6 +61,7 @@ function Rollouts:score(samples)
       s.per = {}
       s.reward = self.scorer:score(s.row.prompt, s.text, s.row, s.per)
    end
+   dt.repl.serve() -- a safe point between generation batches: the live REPL answers chunks during long rollouts
    return samples
 end
 
@@ -72,7 +73,6 @@ function Rollouts:take(n, version)
    for i = #pending, 1, -1 do table.insert(samples, 1, pending[i]) end
    seconds = seconds + self.pending_seconds
    self.pending, self.pending_seconds = {}, 0
-   dt.repl.serve() -- a safe point between generation batches: the live REPL answers chunks during long rollouts
    return samples, seconds
 end
 
