@@ -13,6 +13,7 @@
 -- model.ddp:prepare() after zero_grad and before backward, and model.ddp:finish() before the step.
 local dist = require "dt.dist"
 local nn = require "dt.nn"
+local tp_ops = require "dt.parallel.tp_ops"
 
 local M = {}
 local DDP = {}
@@ -59,6 +60,7 @@ function M.wrap(model, opts)
       end
    end
    local self = setmetatable({ comm = comm, model = model, sync = true, overlapped = 0,
+      stats = { bytes = 0, collectives = 0 }, -- bytes this rank sends (tp_ops.count's ring figure)
       buckets = make_buckets(params, (opts.bucket_mb or 25) * 2 ^ 20) }, DDP)
    self.entry_of = {} -- param -> { p, offset, view, bucket }
    for _, b in ipairs(self.buckets) do
@@ -93,6 +95,7 @@ function DDP:launch_ready()
    while self.next_launch <= #buckets and buckets[self.next_launch].ready == #buckets[self.next_launch].params do
       local b = buckets[self.next_launch]
       b.work = self.comm:all_reduce(b.flat, "avg", { async = true })
+      tp_ops.count(self, b.flat, 2)
       self.next_launch = self.next_launch + 1
    end
 end

@@ -57,6 +57,7 @@ local offload = require "dt.parallel.offload"
 local sharded = require "dt.ckpt.sharded"
 local memory = require "dt.memory"
 local placement = require "dt.parallel.placement"
+local tp_ops = require "dt.parallel.tp_ops"
 
 local M = {}
 local FSDP = {}
@@ -163,7 +164,8 @@ function M.wrap(model, opts)
       stage = o.stage, reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype,
       reduce_dtype = o.reduce_dtype,
       async_save = o.async_save, sync = true, units = {}, launched = {}, device = device.name(device.parse(dev, 2)),
-      stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0 } }, FSDP)
+      stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0, bytes = 0,
+         collectives = 0 } }, FSDP) -- bytes: what this rank sends over comm (tp_ops.count's ring figure)
    if o.offload_optimizer and self.device ~= "cpu" then
       if o.stage < 3 then
          error(("fsdp.wrap: offload_optimizer on %s is implemented for stage 3 only, got stage %d; use stage 3 "
@@ -263,6 +265,7 @@ function FSDP:start_gather(u)
    else
       u.full = self:empty(u.padded, self.param_dtype)
       u.gather = self.comm:all_gather(send, u.full, { async = true })
+      tp_ops.count(self, u.full, 1)
    end
    u.gather_send = temp and send or nil
    u.prefetch = true
@@ -332,6 +335,7 @@ function FSDP:reduce(u)
    else
       local out = self:empty(u.shard_numel, self.reduce_dtype)
       u.rs = { send = send, out = out, work = self.comm:reduce_scatter(send, out, "avg", { async = true }) }
+      tp_ops.count(self, send, 1)
    end
    self.stats.reduce_scatters = self.stats.reduce_scatters + 1
    self.launched[#self.launched + 1] = u

@@ -11,11 +11,14 @@ local autograd = require "dt.autograd"
 
 local M = {}
 
+-- Count t's bytes in tp.stats (share: 2 for an all_reduce of t, 1 for an all_gather / reduce_scatter whose full
+-- tensor is t); DDP and FSDP count theirs with it too.
 local function count(tp, t, share)
    local n = tp.comm.size
    tp.stats.bytes = tp.stats.bytes + share * (n - 1) / n * t:numel() * t:dtype_info().size
    tp.stats.collectives = tp.stats.collectives + 1
 end
+M.count = count
 
 local function all_reduce(tp, t, op)
    count(tp, t, 2)
