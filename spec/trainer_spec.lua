@@ -222,6 +222,53 @@ describe("train.Trainer", function()
          { model = model, optimizer = opt, data = {}, config = { grad_accum = 0 } }))
    end)
 
+   it("traces each host<->device copy in a span of its own: the batch's, checkpoint reads of device tensors", function()
+      local dir = fs.join(root, "run")
+      fs.mkdir(dir)
+      local t, model = setup({ steps = 2, checkpoint_every = 2, trace = true }, { run_dir = dir })
+      t:run()
+      assert.is_nil(require("dt.tensor").tracer) -- untraced from here on
+      local events = cjson.decode(fs.read(fs.join(dir, "trace", "rank0.json"))).traceEvents
+      -- the spans named `name` and the copies inside each of them
+      local function copies_in(name)
+         local out = {}
+         for _, p in ipairs(events) do
+            if p.name == name then
+               local list = {}
+               for _, e in ipairs(events) do
+                  if e.cat == "copy" and e.name:match("^copy ") and e.ts >= p.ts and e.ts + e.dur <= p.ts + p.dur then
+                     list[#list + 1] = e
+                  end
+               end
+               out[#out + 1] = list
+            end
+         end
+         return out
+      end
+      local batches, saves, dev = copies_in("to device"), copies_in("checkpoint save"), dt.default_device()
+      assert.equal(2, #batches)
+      assert.equal(1, #saves)
+      if dev == "cpu" then -- nothing crosses a device
+         for _, e in ipairs(events) do assert.is_nil(e.name:match("^copy "), cjson.encode(e)) end
+         return
+      end
+      for _, list in ipairs(batches) do -- inputs and targets: (2, 8) i64 each
+         assert.equal(2, #list)
+         for _, e in ipairs(list) do
+            assert.equal("copy cpu -> " .. dev, e.name)
+            assert.equal(2 * 8 * 8, e.args.bytes)
+         end
+      end
+      local params, bytes, read = model:parameters(), 0, 0
+      for _, p in ipairs(params) do bytes = bytes + p:numel() * p:dtype_info().size end
+      for _, e in ipairs(saves[1]) do
+         assert.equal("copy " .. dev .. " -> cpu", e.name)
+         read = read + e.args.bytes
+      end
+      -- the weights, then AdamW's two moments of each
+      assert.is_true(#saves[1] >= 3 * #params and read >= 3 * bytes, ("%d copies, %d bytes"):format(#saves[1], read))
+   end)
+
    it("resumes from a checkpoint with bit-identical losses (dropout, AdamW, schedule, data)", function()
       local sched = function() return optim.schedule { lr = 1e-2, warmup = 2, total = 6 } end
       local function losses(t)

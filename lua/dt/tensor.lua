@@ -26,6 +26,21 @@ Tensor.wrap = wrap
 local function is_tensor(x) return getmetatable(x) == mt end
 Tensor.is_tensor = is_tensor
 
+-- Every copy between devices (host<->device) goes through here. Tensor.tracer, set by dt/obs/trace.lua during traced
+-- steps, times each in a span of its own ("copy cpu -> cuda:0", bytes); unset (trace off), it costs one field read.
+-- level: as check's, for the caller of the function calling this.
+local function copy_across(dst, src, level)
+   local tr = Tensor.tracer
+   if not tr then
+      check(C.dt_tensor_copy(dst.h, src.h), (level or 3) + 1)
+   else
+      local name = ("copy %s -> %s"):format(device.name(src.h.device), device.name(dst.h.device))
+      tr:push(name, "copy", { bytes = src:numel() * src:dtype_info().size })
+      check(C.dt_tensor_copy(dst.h, src.h), (level or 3) + 1)
+      tr:pop(name)
+   end
+end
+
 -- Shape tables: Lua arrays of sizes. Accepts {2, 3} or varargs 2, 3.
 local function shape_arg(s, ...)
    if type(s) == "table" then return s end
@@ -129,7 +144,7 @@ function Tensor.from(data, opts)
    for i = 1, #flat do check(C.dt_tensor_set(h, i - 1, flat[i])) end
    if device.is_cpu(dev) then return t end
    local moved = Tensor.empty(shape, { dtype = opts.dtype, device = dev, requires_grad = opts.requires_grad })
-   check(C.dt_tensor_copy(moved.h, h))
+   copy_across(moved, t)
    return moved
 end
 
@@ -193,7 +208,7 @@ local function host(t)
    local out = handle_out()
    check(C.dt_tensor_empty(t.h.ndim, t.h.shape, t.h.dtype, device.parse("cpu"), out), 3)
    local c = wrap(out[0])
-   check(C.dt_tensor_copy(c.h, t.h), 3)
+   copy_across(c, t)
    return c
 end
 Tensor.host = host
@@ -243,7 +258,7 @@ function Tensor:copy_(src)
    if device.same(self.h.device, src.h.device) then
       check(C.dt_op_axpby(1, src.h, 0, self.h)) -- the elementwise kernels: fast strided copies and casts
    else
-      check(C.dt_tensor_copy(self.h, src.h))
+      copy_across(self, src)
    end
    return self
 end
@@ -439,7 +454,7 @@ function Tensor:to(target)
       local dev = device.parse(target, 2)
       if device.same(dev, self.h.device) then return self end
       local out = Tensor.empty(self.shape, { dtype = self.dtype, device = dev })
-      check(C.dt_tensor_copy(out.h, self.h))
+      copy_across(out, self)
       local back = device.name(self.h.device)
       if self:dtype_info().is_float then
          autograd.record(out, { self }, function(g) return g:to(back) end, "to")

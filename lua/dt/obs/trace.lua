@@ -3,11 +3,12 @@
 --    trace=true                   every step;  trace={steps={5,7}}: steps 5 to 7
 --
 -- Spans (complete "X" events, microseconds on the flight recorder's clock, so ranks line up): on the main thread
--- (tid 1) the step, data loading, host->device copies, forward and backward of each module (module hooks, installed
--- at the first traced step), the optimizer step, GC and checkpoint writes; each communicator's collectives on a track
--- of their own (tid 100 + its number, from the flight recorder's ring: op, bytes, comm, "wait" until every rank had
--- arrived, then "transfer"). Spans nest: one still open when its parent ends is cut there. Off (the default), the
--- trainer holds no tracer and nothing is recorded. Written to <run dir>/trace/rank<N>.json when the run ends;
+-- (tid 1) the step, data loading, every tensor copy between host and device ("copy cpu -> cuda:0", bytes: the batch's,
+-- :to(), values read back, checkpoint reads of device tensors), forward and backward of each module (module hooks,
+-- installed at the first traced step), the optimizer step, GC and checkpoint writes; each communicator's collectives
+-- on a track of their own (tid 100 + its number, from the flight recorder's ring: op, bytes, comm, "wait" until every
+-- rank had arrived, then "transfer"). Spans nest: one still open when its parent ends is cut there. Off (the default),
+-- the trainer holds no tracer and nothing is recorded. Written to <run dir>/trace/rank<N>.json when the run ends;
 -- `dtrun trace merge RUN_DIR` puts every rank on one timeline.
 local ffi = require "ffi"
 local cjson = require "cjson"
@@ -153,6 +154,7 @@ end
 function Tracer:begin_step(step)
    if self.active then self:collectives() end
    self.active = step >= self.range[1] and step <= self.range[2]
+   Tensor.tracer = self.active and self or nil -- host<->device copies (dt/tensor.lua) get spans of their own
    if not self.active then return end
    self:hook_backward()
    self.first_call = C.dt_flight_count()
@@ -194,6 +196,7 @@ end
 function Tracer:close()
    if self.active then self:collectives() end
    self.active = false
+   if Tensor.tracer == self then Tensor.tracer = nil end
    local meta = { { name = "process_name", ph = "M", pid = self.rank, args = { name = "rank " .. self.rank } },
       { name = "thread_name", ph = "M", pid = self.rank, tid = MAIN, args = { name = "main" } } }
    for i, comm in ipairs(self.comms) do
