@@ -1,4 +1,4 @@
-/* tokenizer.c: byte-level BPE (GPT-2, Llama-3, Qwen): NFC, PCRE2 pre-tokenizer split, merges by rank, added tokens. */
+/* tokenizer.c: byte-level and SentencePiece-style BPE: added tokens, normalizers, PCRE2 pre-tokenizers, merges. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <pthread.h>
@@ -8,6 +8,7 @@
 
 #include "dt_internal.h"
 #include "dt_tokenizer.h"
+#include "utf8.h"
 
 /* Open-addressing hash table from a 64-bit key (a byte string's hash pair or a merge's id pair) to two int32 values.
  * Keys are stored + 1 so that 0 marks an empty slot. */
@@ -69,20 +70,25 @@ typedef struct {
   bool special, set;
 } token;
 
+/* tokenizers' two passes over added tokens: those matched in the raw text, then the normalized ones in the normalized
+ * text between them */
+enum { RAW, NORMALIZED };
+
 struct dt_tokenizer {
-  pcre2_code *split, *added; /* added: alternation of the added tokens, longest first (NULL: none) */
+  pcre2_code *split, *added[2]; /* added[pass]: alternation of its added tokens, longest first (NULL: none) */
   int flags; /* DT_TOKENIZER_* */
   table vocab;  /* bytes_key -> (id, -) */
   table merges; /* (left id << 32 | right id) -> (rank, merged id) */
-  table added_ids; /* bytes_key of an added token -> (id, -) */
+  table added_ids[2]; /* bytes_key of an added token as matched -> (id, DT_TOKENIZER_ADDED_*) */
   int32_t byte_id[256];
   token *tokens; /* by id: bytes in arena */
   size_t ntokens;
   uint8_t *arena;
   size_t arena_len, arena_cap;
-  char **added_src; /* escaped added tokens, joined into `added` on first encode */
-  size_t nadded;
+  char **added_src[2]; /* escaped added tokens, joined into `added` on first encode */
+  size_t nadded[2];
   int32_t nmerges;
+  bool compiled; /* the added tokens' patterns are */
 };
 
 /* Byte-level BPE's byte-to-unicode alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes for
@@ -95,42 +101,6 @@ static void init_alphabet(void) {
     unicode_byte[printable ? b : next++] = (int16_t)b;
     if (!printable) unicode_byte[b] = -1;
   }
-}
-
-/* Length of the UTF-8 sequence that lead byte c starts (0: not a lead byte). */
-static int utf8_len(uint8_t c) { return c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0; }
-
-/* Whether p[0..k) is a well-formed (complete when k == utf8_len) prefix of a UTF-8 sequence: continuation bytes,
- * no overlong 3/4-byte forms, no surrogates, nothing past U+10FFFF. */
-static bool utf8_prefix_ok(const uint8_t *p, int k) {
-  for (int i = 1; i < k; i++)
-    if ((p[i] & 0xc0) != 0x80) return false;
-  if (k < 2) return true;
-  if (p[0] == 0xe0 && p[1] < 0xa0) return false;
-  if (p[0] == 0xed && p[1] >= 0xa0) return false;
-  if (p[0] == 0xf0 && p[1] < 0x90) return false;
-  if (p[0] == 0xf4 && p[1] >= 0x90) return false;
-  return true;
-}
-
-/* Offset of the first byte that is not part of valid UTF-8, or n. */
-static size_t utf8_invalid_at(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n;) {
-    int k = utf8_len(p[i]);
-    if (k == 0 || i + (size_t)k > n || !utf8_prefix_ok(p + i, k)) return i;
-    i += (size_t)k;
-  }
-  return n;
-}
-
-size_t dt_utf8_complete_prefix(const char *s, size_t n) {
-  const uint8_t *p = (const uint8_t *)s;
-  for (size_t back = 1; back <= 3 && back <= n; back++) { /* a lead byte within the last 3 whose sequence is cut */
-    int k = utf8_len(p[n - back]);
-    if (k > 1) return (size_t)k > back && utf8_prefix_ok(p + n - back, (int)back) ? n - back : n;
-    if ((p[n - back] & 0xc0) != 0x80) return n;
-  }
-  return n;
 }
 
 static dt_status compile(const char *pattern, size_t len, const char *what, pcre2_code **out) {
@@ -166,12 +136,14 @@ dt_status dt_tokenizer_new(const char *pattern, int flags, dt_tokenizer **out) {
 void dt_tokenizer_free(dt_tokenizer *t) {
   if (!t) return;
   pcre2_code_free(t->split);
-  pcre2_code_free(t->added);
-  for (size_t i = 0; i < t->nadded; i++) free(t->added_src[i]);
-  free(t->added_src);
+  for (int pass = RAW; pass <= NORMALIZED; pass++) {
+    pcre2_code_free(t->added[pass]);
+    for (size_t i = 0; i < t->nadded[pass]; i++) free(t->added_src[pass][i]);
+    free(t->added_src[pass]);
+    free(t->added_ids[pass].slots);
+  }
   free(t->vocab.slots);
   free(t->merges.slots);
-  free(t->added_ids.slots);
   free(t->tokens);
   free(t->arena);
   free(t);
@@ -215,9 +187,9 @@ static int32_t lookup(const dt_tokenizer *t, const uint8_t *p, size_t n) {
 static dt_status piece_bytes(const char *piece, uint8_t *buf, size_t *n) {
   const uint8_t *p = (const uint8_t *)piece;
   size_t len = strlen(piece), k = 0;
-  DT_CHECK(utf8_invalid_at(p, len) == len, DT_ERR_ARG, "tokenizer: vocabulary entry '%s' is not UTF-8", piece);
+  DT_CHECK(dt_utf8_invalid_at(p, len) == len, DT_ERR_ARG, "tokenizer: vocabulary entry '%s' is not UTF-8", piece);
   for (size_t i = 0; i < len;) {
-    int l = utf8_len(p[i]);
+    int l = dt_utf8_len(p[i]);
     uint32_t cp = l == 1 ? p[i] : l == 2 ? ((p[i] & 0x1fu) << 6) | (p[i + 1] & 0x3fu) : 0x110000;
     DT_CHECK(cp < 256 + 68 && unicode_byte[cp] >= 0, DT_ERR_UNSUPPORTED,
              "tokenizer: vocabulary entry '%s' has a character outside byte-level BPE's byte alphabet at byte %zu "
@@ -287,27 +259,63 @@ dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *
   return s;
 }
 
-dt_status dt_tokenizer_add_added(dt_tokenizer *t, const char *content, size_t n, int32_t id, bool special) {
+/* Whether the normalizers are SentencePiece's Prepend("\u2581") and Replace(" ", "\u2581") (a space is "\u2581" in
+ * normalized text: not whitespace to lstrip/rstrip). */
+static bool prepend_shape(const dt_tokenizer *t) {
+  return (t->flags & DT_TOKENIZER_SENTENCEPIECE) &&
+         !(t->flags & (DT_TOKENIZER_METASPACE | DT_TOKENIZER_METASPACE_ALWAYS));
+}
+
+/* The normalizers on p[0..n) (n > 0) into *out (malloc'ed, *m bytes; NULL when p needs no change): NFC, Prepend. */
+static dt_status normalize(const dt_tokenizer *t, const uint8_t *p, size_t n, uint8_t **out, size_t *m) {
+  utf8proc_uint8_t *nfc = NULL;
+  *out = NULL;
+  *m = n;
+  if (t->flags & DT_TOKENIZER_NFC) {
+    utf8proc_ssize_t len = utf8proc_map(p, (utf8proc_ssize_t)n, &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    DT_CHECK(len >= 0, DT_ERR_ARG, "tokenizer: NFC normalization failed: %s", utf8proc_errmsg(len));
+    *out = nfc;
+    *m = (size_t)len;
+  } else if (prepend_shape(t)) {
+    *out = malloc(n + 1);
+    DT_CHECK(*out, DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
+    (*out)[0] = ' ';
+    memcpy(*out + 1, p, n);
+    *m = n + 1;
+  }
+  return DT_OK;
+}
+
+dt_status dt_tokenizer_add_added(dt_tokenizer *t, const char *content, size_t n, int32_t id, int flags) {
   DT_CHECK(n > 0, DT_ERR_ARG, "tokenizer: added token %d is empty", id);
-  DT_CHECK(utf8_invalid_at((const uint8_t *)content, n) == n, DT_ERR_ARG, "tokenizer: added token %d is not UTF-8",
+  DT_CHECK(dt_utf8_invalid_at((const uint8_t *)content, n) == n, DT_ERR_ARG, "tokenizer: added token %d is not UTF-8",
            id);
-  DT_CHECK(!t->added, DT_ERR_STATE, "tokenizer: added token %d comes after the first encode", id);
-  char *esc = malloc(2 * n + 1), **grown = realloc(t->added_src, (t->nadded + 1) * sizeof *grown);
-  if (grown) t->added_src = grown;
+  DT_CHECK(!t->compiled, DT_ERR_STATE, "tokenizer: added token %d comes after the first encode", id);
+  int pass = flags & DT_TOKENIZER_ADDED_NORMALIZED ? NORMALIZED : RAW;
+  const uint8_t *form = (const uint8_t *)content; /* as matched: a normalized token's content normalized */
+  uint8_t *normal = NULL;
+  size_t len = n;
+  if (pass == NORMALIZED) DT_TRY(normalize(t, form, n, &normal, &len));
+  if (normal) form = normal;
+  char *esc = malloc(2 * len + 1), **grown = realloc(t->added_src[pass], (t->nadded[pass] + 1) * sizeof *grown);
+  if (grown) t->added_src[pass] = grown;
   if (!esc || !grown) {
     free(esc);
+    free(normal);
     return DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory");
   }
   size_t k = 0;
-  for (size_t i = 0; i < n; i++) { /* ASCII punctuation escaped: the token matches literally */
-    uint8_t c = (uint8_t)content[i];
+  for (size_t i = 0; i < len; i++) { /* ASCII punctuation escaped: the token matches literally */
+    uint8_t c = form[i];
     if (c < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) esc[k++] = '\\';
     esc[k++] = (char)c;
   }
   esc[k] = 0;
-  t->added_src[t->nadded++] = esc;
-  DT_TRY(table_put(&t->added_ids, bytes_key((const uint8_t *)content, n), id, 0));
-  return set_token(t, id, (const uint8_t *)content, n, special);
+  t->added_src[pass][t->nadded[pass]++] = esc;
+  dt_status s = table_put(&t->added_ids[pass], bytes_key(form, len), id, flags);
+  free(normal);
+  DT_TRY(s);
+  return set_token(t, id, (const uint8_t *)content, n, flags & DT_TOKENIZER_ADDED_SPECIAL);
 }
 
 static int by_length_desc(const void *a, const void *b) {
@@ -315,19 +323,23 @@ static int by_length_desc(const void *a, const void *b) {
   return la < lb ? 1 : la > lb ? -1 : strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The alternation of the added tokens, longest first so that the longest one at a position wins. */
+/* Each pass's alternation of its added tokens, longest first so that the longest one at a position wins. */
 static dt_status compile_added(dt_tokenizer *t) {
-  if (t->added || t->nadded == 0) return DT_OK;
-  qsort(t->added_src, t->nadded, sizeof *t->added_src, by_length_desc);
-  size_t len = 1;
-  for (size_t i = 0; i < t->nadded; i++) len += strlen(t->added_src[i]) + 1;
-  char *pattern = malloc(len);
-  DT_CHECK(pattern, DT_ERR_OOM, "tokenizer: out of memory");
-  size_t k = 0;
-  for (size_t i = 0; i < t->nadded; i++) k += (size_t)sprintf(pattern + k, "%s%s", i ? "|" : "", t->added_src[i]);
-  dt_status s = compile(pattern, k, "the added tokens' pattern", &t->added);
-  free(pattern);
-  return s;
+  for (int pass = RAW; pass <= NORMALIZED && !t->compiled; pass++) {
+    char **src = t->added_src[pass];
+    size_t nsrc = t->nadded[pass], len = 1, k = 0;
+    if (nsrc == 0) continue;
+    qsort(src, nsrc, sizeof *src, by_length_desc);
+    for (size_t i = 0; i < nsrc; i++) len += strlen(src[i]) + 1;
+    char *pattern = malloc(len);
+    DT_CHECK(pattern, DT_ERR_OOM, "tokenizer: out of memory");
+    for (size_t i = 0; i < nsrc; i++) k += (size_t)sprintf(pattern + k, "%s%s", i ? "|" : "", src[i]);
+    dt_status s = compile(pattern, k, "the added tokens' pattern", &t->added[pass]);
+    free(pattern);
+    DT_TRY(s);
+  }
+  t->compiled = true;
+  return DT_OK;
 }
 
 /* BPE's scratch for pieces of up to n bytes: the symbols as a linked list (sym -1: merged into its left neighbour) and
@@ -385,7 +397,7 @@ static dt_status bpe(const dt_tokenizer *t, const uint8_t *p, size_t n, scratch 
   }
   int32_t m = 0;
   for (size_t i = 0; i < n;) { /* byte-level: one symbol per byte; SentencePiece: per character, else its bytes */
-    int l = t->flags & DT_TOKENIZER_SENTENCEPIECE ? utf8_len(p[i]) : 1;
+    int l = t->flags & DT_TOKENIZER_SENTENCEPIECE ? dt_utf8_len(p[i]) : 1;
     int32_t id = l > 1 || (t->flags & DT_TOKENIZER_SENTENCEPIECE) ? lookup(t, p + i, (size_t)l) : -1;
     for (int k = 0; k < l && id < 0; k++) {
       w->sym[m] = t->byte_id[p[i + k]];
@@ -429,33 +441,39 @@ static dt_status split_pieces(const dt_tokenizer *t, const uint8_t *p, size_t n,
     if (ov[0] > last) DT_TRY(bpe(t, p + last, ov[0] - last, w, ids, cap, count)); /* text between matches */
     if (ov[1] > ov[0]) DT_TRY(bpe(t, p + ov[0], ov[1] - ov[0], w, ids, cap, count));
     last = ov[1];
-    pos = ov[1] > ov[0] ? ov[1] : ov[1] + (size_t)utf8_len(p[ov[1]]); /* an empty match moves one character on */
+    pos = ov[1] > ov[0] ? ov[1] : ov[1] + (size_t)dt_utf8_len(p[ov[1]]); /* an empty match moves one character on */
   }
   if (last < n) DT_TRY(bpe(t, p + last, n - last, w, ids, cap, count));
   return DT_OK;
 }
 
-/* split_pieces on p[0..n), NFC-normalized first when the tokenizer asks for it; at_start: p is the text's beginning. */
-static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, bool at_start, pcre2_match_data *md,
-                              int32_t *ids, size_t cap, size_t *count) {
+/* Where encoding writes its ids, and PCRE2's match data. */
+typedef struct {
+  pcre2_match_data *md;
+  int32_t *ids;
+  size_t cap, *count;
+} sink;
+
+static dt_status emit(sink *o, int32_t id) {
+  DT_CHECK(*o->count < o->cap, DT_ERR_ARG, "tokenizer: more than %zu ids", o->cap);
+  o->ids[(*o->count)++] = id;
+  return DT_OK;
+}
+
+/* Pre-tokenize normalized text p[0..n) between added tokens and BPE it. at_start: p begins the text. ByteLevel's
+ * add_prefix_space and Metaspace put a space before a segment that does not start with one (prepend_scheme "first":
+ * only at the text's start). */
+static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n, bool at_start, sink *o) {
   if (n == 0) return DT_OK;
-  utf8proc_uint8_t *nfc = NULL;
-  if (t->flags & DT_TOKENIZER_NFC) {
-    utf8proc_ssize_t len = utf8proc_map(p, (utf8proc_ssize_t)n, &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    DT_CHECK(len >= 0, DT_ERR_ARG, "tokenizer: NFC normalization failed: %s", utf8proc_errmsg(len));
-    p = nfc;
-    n = (size_t)len;
-  }
-  /* Prepend("\u2581") applies to every segment between added tokens; Metaspace only to one at the text's start that
-   * does not start with a space */
-  bool meta = t->flags & DT_TOKENIZER_METASPACE;
-  if ((t->flags & DT_TOKENIZER_SENTENCEPIECE) && (!meta || (at_start && p[0] != ' '))) {
-    utf8proc_uint8_t *spaced = malloc(n + 1);
+  bool space = (t->flags & (DT_TOKENIZER_PREFIX_SPACE | DT_TOKENIZER_METASPACE_ALWAYS)) ||
+               ((t->flags & DT_TOKENIZER_METASPACE) && at_start);
+  uint8_t *spaced = NULL;
+  if (space && p[0] != ' ') {
+    spaced = malloc(n + 1);
     DT_CHECK(spaced, DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
     spaced[0] = ' ';
     memcpy(spaced + 1, p, n);
-    free(nfc);
-    p = nfc = spaced;
+    p = spaced;
     n++;
   }
   DT_CHECK(n < INT32_MAX / 3, DT_ERR_ARG, "tokenizer: a text segment of %zu bytes is too long (at most 700 MB)", n);
@@ -466,52 +484,69 @@ static dt_status encode_plain(const dt_tokenizer *t, const uint8_t *p, size_t n,
   } else {
     w.prev = w.sym + n;
     w.next = w.sym + 2 * n;
-    s = split_pieces(t, p, n, md, &w, ids, cap, count);
+    s = split_pieces(t, p, n, o->md, &w, o->ids, o->cap, o->count);
   }
   free(w.sym);
   free(w.heap);
-  free(nfc);
+  free(spaced);
   return s;
 }
 
-/* Split at added tokens, pre-tokenize and BPE the rest. `text` has the prefix space already when one is wanted. */
-static dt_status encode_all(dt_tokenizer *t, const uint8_t *p, size_t n, pcre2_match_data *md, int32_t *ids,
-                            size_t cap, size_t *count) {
-  size_t pos = 0;
-  while (t->added && pos < n) {
-    int rc = pcre2_match(t->added, p, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+static dt_status split_added(dt_tokenizer *t, int pass, const uint8_t *p, size_t n, bool at_start, sink *o);
+
+/* Text between added tokens: the raw pass's is normalized and split at the normalized added tokens, the normalized
+ * pass's pre-tokenized and BPE'd. at_start: p begins the text. */
+static dt_status encode_segment(dt_tokenizer *t, int pass, const uint8_t *p, size_t n, bool at_start, sink *o) {
+  if (n == 0) return DT_OK;
+  if (pass == NORMALIZED) return encode_plain(t, p, n, at_start, o);
+  uint8_t *normal;
+  size_t m;
+  DT_TRY(normalize(t, p, n, &normal, &m));
+  dt_status s = split_added(t, NORMALIZED, normal ? normal : p, m, at_start, o);
+  free(normal);
+  return s;
+}
+
+/* tokenizers' AddedVocabulary::find_matches over p[0..n) with the pass's added tokens, matches found left to right in
+ * the unstripped text: a single_word token only between non-word characters, lstrip/rstrip ones take the whitespace
+ * on their left/right (not back past the previous token); encode_segment for the text between. */
+static dt_status split_added(dt_tokenizer *t, int pass, const uint8_t *p, size_t n, bool at_start, sink *o) {
+  size_t from = 0, done = 0, len;
+  int32_t c, blank = pass == NORMALIZED && prepend_shape(t) ? ' ' : -1; /* ' ': "\u2581" there, not whitespace */
+  while (t->added[pass] && from < n) {
+    int rc = pcre2_match(t->added[pass], p, n, from, PCRE2_NO_UTF_CHECK, o->md, NULL);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     DT_CHECK(rc > 0, DT_ERR_STATE, "tokenizer: the added tokens' pattern failed to match (PCRE2 error %d)", rc);
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-    size_t b = ov[0], e = ov[1];
-    DT_TRY(encode_plain(t, p + pos, b - pos, pos == 0, md, ids, cap, count));
-    int32_t id = table_find(&t->added_ids, bytes_key(p + b, e - b))->a; /* the pattern matches only added tokens */
-    DT_CHECK(*count < cap, DT_ERR_ARG, "tokenizer: more than %zu ids", cap);
-    ids[(*count)++] = id;
-    pos = e;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(o->md);
+    size_t start = ov[0], stop = ov[1];
+    from = stop;
+    const slot *tok = table_find(&t->added_ids[pass], bytes_key(p + start, stop - start)); /* only tokens match */
+    bool word_before = start > 0 && dt_utf8_is_word(dt_utf8_char_before(p, start, &len));
+    bool word_after = stop < n && dt_utf8_is_word(dt_utf8_char_at(p + stop, n - stop, &len));
+    if ((tok->b & DT_TOKENIZER_ADDED_SINGLE_WORD) && (word_before || word_after)) continue;
+    if (tok->b & DT_TOKENIZER_ADDED_LSTRIP) {
+      while (start > 0 && (c = dt_utf8_char_before(p, start, &len)) != blank && dt_utf8_is_space(c)) start -= len;
+      start = start > done ? start : done;
+    }
+    if (tok->b & DT_TOKENIZER_ADDED_RSTRIP)
+      while (stop < n && (c = dt_utf8_char_at(p + stop, n - stop, &len)) != blank && dt_utf8_is_space(c)) stop += len;
+    if (start > done) DT_TRY(encode_segment(t, pass, p + done, start - done, at_start && done == 0, o));
+    DT_TRY(emit(o, tok->a));
+    done = stop;
   }
-  return encode_plain(t, p + pos, n - pos, pos == 0, md, ids, cap, count);
+  return encode_segment(t, pass, p + done, n - done, at_start && done == 0, o);
 }
 
 dt_status dt_tokenizer_encode(dt_tokenizer *t, const char *text, size_t n, int32_t *ids, size_t cap, size_t *count) {
   *count = 0;
-  size_t bad = utf8_invalid_at((const uint8_t *)text, n);
+  size_t bad = dt_utf8_invalid_at((const uint8_t *)text, n);
   DT_CHECK(bad == n, DT_ERR_ARG, "tokenizer: text is not valid UTF-8 at byte %zu (0x%02x)", bad,
            (unsigned)(uint8_t)text[bad]);
   DT_TRY(compile_added(t));
-  bool prefix = (t->flags & DT_TOKENIZER_PREFIX_SPACE) && n > 0 && text[0] != ' ';
-  uint8_t *buf = malloc(n + 1);
-  pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-  dt_status s = DT_OK;
-  if (!buf || !md) {
-    s = DT_FAIL(DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
-  } else {
-    buf[0] = ' ';
-    memcpy(buf + prefix, text, n);
-    s = encode_all(t, buf, n + prefix, md, ids, cap, count);
-  }
-  pcre2_match_data_free(md);
-  free(buf);
+  sink o = {pcre2_match_data_create(1, NULL), ids, cap, count};
+  DT_CHECK(o.md, DT_ERR_OOM, "tokenizer: out of memory for %zu bytes of text", n);
+  dt_status s = split_added(t, RAW, (const uint8_t *)text, n, true, &o);
+  pcre2_match_data_free(o.md);
   return s;
 }
 

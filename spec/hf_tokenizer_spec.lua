@@ -27,7 +27,8 @@ describe("dt.hf.tokenizer", function()
    end
    teardown(function() fs.remove_tree(dir) end)
 
-   for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style", "metaspace_style" } do
+   for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style", "metaspace_style",
+      "metaspace_always" } do
       describe(name, function()
          local tok = hf.tokenizer(fs.join(dir, name))
 
@@ -68,15 +69,19 @@ describe("dt.hf.tokenizer", function()
             assert.equal(tok:decode(others), tok:decode(ids, { skip_special_tokens = true }))
          end)
 
-         it("decodes encode(s) back to s (NFC text, no post-processor tokens)", function()
+         it("decodes encode(s) back to s wherever tokenizers does (NFC text, no post-processor tokens)", function()
+            -- tokenizers does not round-trip text whose whitespace added tokens strip, a "▁" Metaspace or Prepend
+            -- puts after an added token, or a leading space the decoder's Strip drops (its ids and decoding are
+            -- checked above)
+            local checked = 0
             for _, case in ipairs(ref[name]) do
                local text = name == "qwen2_style" and case.decoded or case.text
-               -- Metaspace puts no "▁" before text that starts with a space, and the decoder's Strip then drops that
-               -- space: tokenizers does not round-trip such text either (its ids and decoding are checked above)
-               if name ~= "metaspace_style" or text:sub(1, 1) ~= " " then
+               if case.round_trips or name == "qwen2_style" then
                   assert.equal(text, tok:decode(tok:encode(text, { add_special_tokens = false })))
+                  checked = checked + 1
                end
             end
+            assert.is_true(checked > 1000)
          end)
 
          it("names the byte offset of text that is not UTF-8", function()

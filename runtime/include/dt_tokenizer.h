@@ -13,13 +13,27 @@ typedef struct dt_tokenizer dt_tokenizer;
  * fallback (Llama-2, Mistral): pieces are plain UTF-8 with U+2581 for a space, "<0xXX>" pieces are the fallback for
  * byte XX of a character not in the vocabulary, BPE starts from characters, and every segment between added tokens gets
  * a space in front (tokenizers' Prepend + Replace normalizers). METASPACE (with SENTENCEPIECE): only a segment at the
- * text's start that does not begin with a space gets one (the Metaspace pre-tokenizer, prepend_scheme "first"). */
+ * text's start that does not begin with a space gets one (the Metaspace pre-tokenizer, prepend_scheme "first");
+ * METASPACE_ALWAYS instead: every segment that does not begin with a space (prepend_scheme "always"). Metaspace's
+ * split = true is the pattern "[^ ]+| [^ ]*" (a piece starts at every space). */
 enum {
   DT_TOKENIZER_PREFIX_SPACE = 1,
   DT_TOKENIZER_IGNORE_MERGES = 2,
   DT_TOKENIZER_NFC = 4,
   DT_TOKENIZER_SENTENCEPIECE = 8,
-  DT_TOKENIZER_METASPACE = 16
+  DT_TOKENIZER_METASPACE = 16,
+  DT_TOKENIZER_METASPACE_ALWAYS = 32
+};
+/* Options of an added token (or'ed), tokenizers' AddedToken fields. SPECIAL: decode skips it when asked to skip special
+ * tokens. LSTRIP / RSTRIP: the match takes the whitespace on its left / right. SINGLE_WORD: it matches only between
+ * non-word characters. NORMALIZED: it is matched in the normalized text between the other added tokens (tokenizers'
+ * second pass), in its normalized form. */
+enum {
+  DT_TOKENIZER_ADDED_SPECIAL = 1,
+  DT_TOKENIZER_ADDED_LSTRIP = 2,
+  DT_TOKENIZER_ADDED_RSTRIP = 4,
+  DT_TOKENIZER_ADDED_SINGLE_WORD = 8,
+  DT_TOKENIZER_ADDED_NORMALIZED = 16
 };
 /* pattern: the pre-tokenizer's split regex (PCRE2 syntax, UTF-8 with Unicode properties), or NULL (no split); its
  * matches and the text between them are the pieces BPE runs on ("Isolated"). flags: DT_TOKENIZER_*. */
@@ -31,9 +45,9 @@ void dt_tokenizer_free(dt_tokenizer *t);
 dt_status dt_tokenizer_add_token(dt_tokenizer *t, const char *piece, int32_t id);
 /* The next merge (ranks follow the call order): the entries `left` and `right` join into the entry left+right. */
 dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *right);
-/* An added token: `content` (n bytes of plain UTF-8) is matched verbatim before pre-tokenization, longest first.
- * special: skipped by decode when asked to skip special tokens. */
-dt_status dt_tokenizer_add_added(dt_tokenizer *t, const char *content, size_t n, int32_t id, bool special);
+/* An added token: `content` (n bytes of plain UTF-8) is matched verbatim before pre-tokenization, leftmost and then
+ * longest first, as tokenizers does. flags: DT_TOKENIZER_ADDED_*. */
+dt_status dt_tokenizer_add_added(dt_tokenizer *t, const char *content, size_t n, int32_t id, int flags);
 
 /* Token ids of n bytes of UTF-8 text into ids (cap entries; 3 n + 1 always suffices: NFC may lengthen text up to
  * threefold); *count receives how many.

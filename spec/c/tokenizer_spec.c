@@ -38,15 +38,20 @@ static bool decodes_to(dt_tokenizer *t, const int32_t *ids, size_t count, bool s
          memcmp(out, want, n) == 0;
 }
 
-static void spec_byte_level(void) {
-  dt_tokenizer *t = NULL;
-  expect_ok(dt_tokenizer_new("\\p{L}+|\\p{N}+|\\s+", 0, &t), "new with a Unicode-class pattern");
+/* Byte b is id b, spelt in byte-level BPE's alphabet. */
+static void add_bytes(dt_tokenizer *t) {
   char c[4];
   int next = 256;
-  for (int b = 0; b < 256; b++) { /* byte b is id b, spelt in byte-level BPE's alphabet */
+  for (int b = 0; b < 256; b++) {
     bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
     expect_ok(dt_tokenizer_add_token(t, utf8(printable ? (unsigned)b : (unsigned)next++, c), b), "add byte token");
   }
+}
+
+static void spec_byte_level(void) {
+  dt_tokenizer *t = NULL;
+  expect_ok(dt_tokenizer_new("\\p{L}+|\\p{N}+|\\s+", 0, &t), "new with a Unicode-class pattern");
+  add_bytes(t);
   const char *pieces[] = {"ab", "bc", "abc", "aa"};
   for (int i = 0; i < 4; i++) expect_ok(dt_tokenizer_add_token(t, pieces[i], 256 + i), "add merged token");
   expect_ok(dt_tokenizer_add_merge(t, "a", "b"), "merge a b (rank 0)");
@@ -55,7 +60,7 @@ static void spec_byte_level(void) {
   expect_ok(dt_tokenizer_add_merge(t, "a", "a"), "merge a a (rank 3)");
   expect_error(dt_tokenizer_add_merge(t, "c", "d"), "merge 4 ('c' 'd'): 'the merged piece' is not in the vocabulary",
                "a merge whose result is not in the vocabulary");
-  expect_ok(dt_tokenizer_add_added(t, "<|x|>", 5, 300, true), "add a special token");
+  expect_ok(dt_tokenizer_add_added(t, "<|x|>", 5, 300, DT_TOKENIZER_ADDED_SPECIAL), "add a special token");
 
   expect_ids(t, "abc", (int32_t[]){258}, 1, "ab (rank 0) first, then ab+c");
   expect_ids(t, "bcab", (int32_t[]){257, 256}, 2, "the lowest rank merges first wherever it is");
@@ -79,6 +84,18 @@ static void spec_byte_level(void) {
   expect(dt_tokenizer_vocab_size(t) == 301, "vocab size is one more than the largest id");
   dt_tokenizer_free(t);
   expect_error(dt_tokenizer_new("(unclosed", 0, &t), "does not compile at offset", "a bad pattern is an error");
+}
+
+/* ByteLevel's add_prefix_space, as tokenizers (0.20) applies it: to every segment between added tokens. */
+static void spec_prefix_space(void) {
+  dt_tokenizer *t = NULL;
+  expect_ok(dt_tokenizer_new(NULL, DT_TOKENIZER_PREFIX_SPACE, &t), "new with a prefix space");
+  add_bytes(t);
+  expect_ok(dt_tokenizer_add_added(t, "<s>", 3, 300, DT_TOKENIZER_ADDED_SPECIAL), "add a special token");
+  expect_ids(t, "<s>ab<s>c", (int32_t[]){300, ' ', 'a', 'b', 300, ' ', 'c'}, 7,
+             "a space before each segment after an added token, none before the added token at the start");
+  expect_ids(t, " a<s> b", (int32_t[]){' ', 'a', 300, ' ', 'b'}, 5, "none before a segment that starts with one");
+  dt_tokenizer_free(t);
 }
 
 static void spec_sentencepiece(void) {
@@ -109,6 +126,7 @@ static void spec_utf8_prefix(void) {
 
 int main(void) {
   spec_byte_level();
+  spec_prefix_space();
   spec_sentencepiece();
   spec_utf8_prefix();
   return spec_finish();

@@ -40,10 +40,10 @@ local function pre_tokenizer(p, fail)
 end
 
 -- Whether j has Llama-2's SentencePiece-style shape: BPE with byte fallback, normalizers Prepend("▁") and
--- Replace(" ", "▁") with no pre-tokenizer, or no normalizer and the Metaspace("▁", split = false) pre-tokenizer of
--- newer conversions (prepend_scheme "first": a "▁" before the text unless it starts with a space, none after added
--- tokens); decoders Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0). Returns false, or true and whether it
--- is the Metaspace shape.
+-- Replace(" ", "▁") with no pre-tokenizer, or no normalizer and the Metaspace("▁") pre-tokenizer of newer conversions
+-- (prepend_scheme "first": a "▁" before the text unless it starts with a space, none after added tokens; "always":
+-- also after added tokens; split = true: a piece starts at every "▁"); decoders Replace("▁", " "), ByteFallback, Fuse,
+-- Strip(" ", 1, 0). Returns false, or true and the Metaspace pre-tokenizer (nil: the Prepend shape).
 local SPACE = "\u{2581}"
 local function sentencepiece(j)
    local n, d, p = j.normalizer, j.decoder, j.pre_tokenizer
@@ -54,12 +54,12 @@ local function sentencepiece(j)
    if table.concat(kinds, ",") ~= "Replace,ByteFallback,Fuse,Strip" or strip.content ~= " " or strip.start ~= 1
       or strip.stop ~= 0 then return false end
    if null(n) and not null(p) and p.type == "Metaspace" then
-      return p.replacement == SPACE and p.split == false and p.prepend_scheme == "first", true
+      return p.replacement == SPACE and (p.prepend_scheme == "first" or p.prepend_scheme == "always"), p
    end
    if not null(p) or null(n) or n.type ~= "Sequence" then return false end
    local a, b = n.normalizers[1] or {}, n.normalizers[2] or {}
    return #n.normalizers == 2 and a.type == "Prepend" and a.prepend == SPACE and b.type == "Replace"
-      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE, false
+      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE, nil
 end
 
 -- The ids a post-processor adds around a single sequence: ByteLevel (none), TemplateProcessing "<special> $A
@@ -105,11 +105,13 @@ function M.load(path)
    end
    local flags, pattern, prefix_space
    if sp then
-      flags = C.DT_TOKENIZER_SENTENCEPIECE + (metaspace and C.DT_TOKENIZER_METASPACE or 0)
+      flags = C.DT_TOKENIZER_SENTENCEPIECE + (not metaspace and 0 or metaspace.prepend_scheme == "always"
+         and C.DT_TOKENIZER_METASPACE_ALWAYS or C.DT_TOKENIZER_METASPACE)
+      pattern = metaspace and metaspace.split and "[^ ]+| [^ ]*" or nil -- a piece at every "▁" (a space here)
    else
       if m.byte_fallback == true then
          fail("BPE byte_fallback is supported in Llama-2's SentencePiece-style shape only (Prepend and Replace "
-            .. "normalizers, or Metaspace(split = false, prepend_scheme = \"first\"); Replace/ByteFallback/Fuse/Strip "
+            .. "normalizers, or Metaspace(prepend_scheme = \"first\" or \"always\"); Replace/ByteFallback/Fuse/Strip "
             .. "decoders)")
       end
       local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
@@ -136,10 +138,14 @@ function M.load(path)
       try(C.dt_tokenizer_add_merge(self.h, a, b))
    end
    for _, t in ipairs(null(j.added_tokens) and {} or j.added_tokens) do
-      for _, key in ipairs { "single_word", "lstrip", "rstrip" } do
-         if t[key] == true then fail("added token '%s': %s = true is not supported yet", t.content, key) end
+      local normalized = t.normalized == true or (null(t.normalized) and t.special ~= true) -- AddedToken's default
+      local added = 0
+      for key, flag in pairs { special = C.DT_TOKENIZER_ADDED_SPECIAL, lstrip = C.DT_TOKENIZER_ADDED_LSTRIP,
+         rstrip = C.DT_TOKENIZER_ADDED_RSTRIP, single_word = C.DT_TOKENIZER_ADDED_SINGLE_WORD } do
+         if t[key] == true then added = added + flag end
       end
-      try(C.dt_tokenizer_add_added(self.h, t.content, #t.content, t.id, t.special == true))
+      if normalized then added = added + C.DT_TOKENIZER_ADDED_NORMALIZED end
+      try(C.dt_tokenizer_add_added(self.h, t.content, #t.content, t.id, added))
       if t.special then self.special[t.content] = t.id end
    end
    self.vocab_size = C.dt_tokenizer_vocab_size(self.h)
