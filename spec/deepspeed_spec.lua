@@ -22,14 +22,17 @@ local function gpt(device)
    return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 2, heads = 2, seed = 5 }:to(device or dev)
 end
 
--- Train model for `steps` on one fixed batch; returns each step's result.
-local function run(model, steps, scaler, accum)
+-- Train model until step `steps` on one fixed batch (cfg: more config keys, e.g. grad_accum, or checkpoint_every and
+-- resume with run_dir); returns each step's result.
+local function run(model, steps, scaler, cfg, run_dir)
    -- the Trainer copies the batch to the model's device
    local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1), device = "cpu" })
-   local data = { next = function() return x, x end, position = function() return 0 end }
+   local data = { next = function() return x, x end, position = function() return 0 end, set_position = function() end }
    local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
+   local c = { steps = steps, log_every = 0, clip = 1 }
+   for k, v in pairs(cfg or {}) do c[k] = v end
    local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
-      loss_scaler = scaler, config = { steps = steps, log_every = 0, clip = 1, grad_accum = accum or 1 } }
+      loss_scaler = scaler, config = c, run_dir = run_dir }
    local results = {}
    trainer:add_step_callback(function(r) results[#results + 1] = r end)
    trainer:run()
@@ -76,8 +79,8 @@ describe("loss scaling (DeepSpeed's DynamicLossScaler rule)", function()
       function()
       for _, accum in ipairs { 1, 2 } do
          local a, b = gpt("cpu"), gpt("cpu")
-         local ra = run(a, 4, nil, accum)
-         local rb = run(b, 4, optim.LossScaler { dynamic = false, scale = 2 ^ 20 }, accum)
+         local ra = run(a, 4, nil, { grad_accum = accum })
+         local rb = run(b, 4, optim.LossScaler { dynamic = false, scale = 2 ^ 20 }, { grad_accum = accum })
          for i = 1, 4 do
             assert.equal(ra[i].loss, rb[i].loss)
             assert.equal(ra[i].grad_norm, rb[i].grad_norm)
@@ -116,6 +119,40 @@ describe("loss scaling (DeepSpeed's DynamicLossScaler rule)", function()
       assert.same(before, at_last_skip)
       assert.equal(12 - k, opt.step_count)
       assert.is_true(results[12].loss < results[k + 1].loss)
+   end)
+
+   -- on the cpu: the resumed run must match the uninterrupted one exactly
+   it("resumes from a checkpoint with the uninterrupted run's scale, growth counter, hysteresis and skipped steps",
+      function()
+      -- single-process checkpoints (an f32 model: 2^130 overflows f32 at once) and ZeRO's sharded ones (f16: 2^24
+      -- overflows); hysteresis 2 and window 3, so the scale falls in the first steps, and grows and falls after
+      local cases = {
+         { power = 130, model = function() return gpt("cpu") end },
+         { power = 24, model = function()
+            return zero.wrap(gpt("cpu"), { zero_optimization = { stage = 2 }, fp16 = { enabled = true } })
+         end },
+      }
+      for _, case in ipairs(cases) do
+         local function scaler()
+            return optim.LossScaler { initial_scale_power = case.power, hysteresis = 2, window = 3 }
+         end
+         local whole = case.model()
+         local want = run(whole, 10, scaler())
+         local dir = tmpdir()
+         run(case.model(), 5, scaler(), { checkpoint_every = 5 }, dir)
+         local resumed = case.model()
+         local got = run(resumed, 10, scaler(), { checkpoint_every = 5, resume = true }, dir)
+         assert.equal(5, #got) -- steps 6 to 10
+         assert.is_true(want[5].metrics.loss_scale < 2 ^ case.power) -- the checkpoint holds a fallen scale
+         for i, r in ipairs(got) do
+            local w = want[5 + i]
+            assert.equal(w.step, r.step)
+            assert.equal(w.metrics.loss_scale, r.metrics.loss_scale, "step " .. r.step)
+            assert.equal(w.metrics.skipped_steps, r.metrics.skipped_steps, "step " .. r.step)
+         end
+         assert.same(params_of(whole), params_of(resumed))
+         fs.remove_tree(dir)
+      end
    end)
 
    it("keeps fp16 training of recipes/train.lua's model within 0.02 of f32 (10 steps)", function()

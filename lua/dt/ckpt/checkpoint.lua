@@ -1,15 +1,15 @@
 -- dt/ckpt/checkpoint.lua: single-process checkpoints: safetensors shards plus a CRC-checked index, saved atomically.
 --
 --    checkpoint.save("runs/x/checkpoints",
---       { model = m, optimizer = opt, step = 100, data = d, rng = gen, config = cfg })
+--       { model = m, optimizer = opt, step = 100, data = d, rng = gen, config = cfg, trainer = { ... } })
 --    local info = checkpoint.load("runs/x", { model = m, optimizer = opt, data = d, rng = gen })
---    -- info.step, info.config
+--    -- info.step, info.config, info.trainer (the trainer's own plain state, as saved)
 --
 -- On disk: <dir>/step-N/{model.safetensors, optimizer.safetensors, index.json, index.crc32} and <dir>/latest
 -- ("step-N"). A save writes into step-N.tmp-<pid>, fsyncs every file and the directory, renames it to step-N,
--- then replaces `latest` atomically. index.json holds the step, data position, RNG state, config, and each
--- file's size, CRC32 and tensor list; index.crc32 holds index.json's own CRC32, so every byte that decides
--- what is loaded is checked. Non-tensor state (optimizer hyper-parameters, RNG, config) is kept as a typed
+-- then replaces `latest` atomically. index.json holds the step, data position, RNG state, config, the trainer's
+-- state and each file's size, CRC32 and tensor list; index.crc32 holds index.json's own CRC32, so every byte that
+-- decides what is loaded is checked. Non-tensor state (optimizer hyper-parameters, RNG, config) is kept as a typed
 -- JSON tree, so numbers round-trip exactly and nothing is executed on load.
 -- Re-saving a step that exists moves the old copy to step-N.old-<pid> first; a save killed before the new
 -- copy is in place leaves that old copy, which loads read instead and the next save puts back (M.recover).
@@ -227,6 +227,7 @@ function M.save(dir, state)
       if state.data then index.data = { position = state.data:position() } end
       if state.rng then index.rng = encode(state.rng:state(), { "rng" }) end
       if state.config then index.config = encode(state.config, { "config" }) end
+      if state.trainer then index.trainer = encode(state.trainer, { "trainer" }) end
       index.files = files
       M.write_index(tmp, index)
    end)
@@ -350,7 +351,7 @@ local function needs_file(dir, index, file)
 end
 
 -- Restore the latest (or given) checkpoint into the objects of `state` (model, optimizer, data, rng).
--- Everything is verified before anything is modified. Returns { step=, config=, path=, data_position= }.
+-- Everything is verified before anything is modified. Returns { step=, config=, trainer=, path=, data_position= }.
 function M.load(path, state)
    state = state or {}
    local dir = M.resolve(path)
@@ -398,7 +399,7 @@ function M.load(path, state)
    for _, r in pairs(readers) do r:close() end
    if not ok then error(err, 0) end
    return { step = index.step, path = dir, config = index.config and decode(index.config),
-      data_position = index.data and index.data.position }
+      trainer = index.trainer and decode(index.trainer), data_position = index.data and index.data.position }
 end
 
 -- Check a step dir of either layout without loading it: index.json against index.crc32, then every file it

@@ -8,7 +8,8 @@
 -- overflow is skipped; it halves the scale (never below min_scale) once `hysteresis` overflows have been seen since
 -- the last growth (consecutive_hysteresis: since the last good step), and an overflow at min_scale is an error. After
 -- `window` good steps in a row since the last overflow the scale doubles. Static (scale = S): S throughout;
--- overflowing steps are skipped all the same.
+-- overflowing steps are skipped all the same. state_dict/load_state_dict carry a dynamic scaler's state (scale, growth
+-- counter, hysteresis left) through checkpoints (dt/train/trainer.lua).
 local M = {}
 local Scaler = {}
 Scaler.__index = Scaler
@@ -70,6 +71,25 @@ function Scaler:update(overflow)
       end
    end
    self.iter = self.iter + 1
+end
+
+-- The dynamic state, plain numbers: { dynamic, scale, iter, last_overflow, hysteresis_left }.
+function Scaler:state_dict()
+   return { dynamic = self.dynamic, scale = self.scale, iter = self.iter, last_overflow = self.last_overflow,
+      hysteresis_left = self.hysteresis_left }
+end
+
+-- Continue from a saved state_dict. A static scaler keeps its configured scale, and a dynamic one saved static starts
+-- afresh (nothing to continue).
+function Scaler:load_state_dict(sd)
+   if not (self.dynamic and sd.dynamic) then return end
+   for _, k in ipairs { "scale", "iter", "last_overflow", "hysteresis_left" } do
+      if type(sd[k]) ~= "number" then
+         error(("LossScaler:load_state_dict: %s must be a number, got %s"):format(k, tostring(sd[k])), 2)
+      end
+   end
+   self.scale, self.iter, self.last_overflow, self.hysteresis_left = sd.scale, sd.iter, sd.last_overflow,
+      sd.hysteresis_left
 end
 
 return M

@@ -3,7 +3,8 @@
 -- Tensors in the checkpoint: "model.<parameter name>" (f32 master weights) and "optim.<state key>.<parameter
 -- name>" (e.g. AdamW's m and v), each saved as the slices the writing ranks hold (on a 2-D mesh only the
 -- ranks at coordinate 0 of the replicate axes write). Rank 0's index also keeps the data position, RNG
--- state, config and the optimizer's lr and step count; each writer's entry the optimizer step of its slices.
+-- state, config, the trainer's state and the optimizer's lr and step count; each writer's entry the optimizer step
+-- of its slices.
 local Tensor = require "dt.tensor"
 local sharded = require "dt.ckpt.sharded"
 
@@ -54,7 +55,8 @@ return function(FSDP)
    end
 
    -- Save a sharded checkpoint of state.step under dir (collective). state: optimizer, data, rng, config,
-   -- async, keep_last. Returns the step dir for synchronous saves, nil while an async save is in flight.
+   -- trainer (plain values), async, keep_last. Returns the step dir for synchronous saves, nil while an async save is
+   -- in flight.
    function FSDP:save(dir, state)
       local opt = state.optimizer
       local slices, steps = {}, {}
@@ -72,6 +74,7 @@ return function(FSDP)
       if state.data then meta.data = { position = state.data:position() } end
       if state.rng then meta.rng = state.rng:state() end
       if state.config then meta.config = state.config end
+      if state.trainer then meta.trainer = state.trainer end
       return sharded.save(dir, { step = state.step, store = self.world.store, rank = self.world.rank,
          world = self.world.size, writer = not self.rep or self.rep.rank == 0, writers = self:writers(),
          slices = slices, meta = meta, rank_meta = { steps = steps }, async = state.async,
@@ -80,7 +83,7 @@ return function(FSDP)
 
    -- Restore parameters (and state.optimizer / data / rng) from a sharded checkpoint saved by any layout.
    -- The optimizer must be built over model.fsdp:parameters(). Everything is read and checked before
-   -- anything changes. Returns { step=, path=, config= }.
+   -- anything changes. Returns { step=, path=, config=, trainer= }.
    function FSDP:load(path, state)
       local opt, views = state.optimizer, self:shard_views()
       local keys = opt and saved_state_keys(select(2, sharded.open_index(path))) or {}
@@ -134,13 +137,14 @@ return function(FSDP)
       for _, t in ipairs(loaded) do t:free() end
       if state.data then state.data:set_position(meta.data.position) end
       if state.rng then state.rng:set_state(meta.rng) end
-      return { step = info.step, path = info.path, config = meta.config }
+      return { step = info.step, path = info.path, config = meta.config, trainer = meta.trainer }
    end
 
    -- Trainer hooks: every rank takes part in sharded saves (the strategy decides who writes).
    function FSDP:save_checkpoint(trainer)
       return self:save(trainer:checkpoint_dir(), { step = trainer.step, optimizer = trainer.optimizer,
-         data = trainer.data, rng = trainer.rng, config = trainer.config, async = self.async_save,
+         data = trainer.data, rng = trainer.rng, config = trainer.config, trainer = trainer:checkpoint_state(),
+         async = self.async_save,
          keep_last = trainer.config.keep_last })
    end
 

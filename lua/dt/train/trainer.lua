@@ -147,17 +147,31 @@ end
 
 function Trainer:checkpoint_dir() return fs.join(self.run_dir, "checkpoints") end
 
+-- The trainer's own state in its checkpoints (plain values): the skipped-step count and the loss scaler's state.
+function Trainer:checkpoint_state()
+   return { skipped_steps = self.skipped_steps, loss_scaler = self.loss_scaler and self.loss_scaler:state_dict() }
+end
+
 function Trainer:save_checkpoint()
    if self.strategy.save_checkpoint then return self:hook("save_checkpoint") end
    return checkpoint.save(self:checkpoint_dir(), { model = self.model, optimizer = self.optimizer, step = self.step,
-      data = self.data, rng = self.rng, config = self.config, keep_last = self.config.keep_last })
+      data = self.data, rng = self.rng, config = self.config, trainer = self:checkpoint_state(),
+      keep_last = self.config.keep_last })
 end
 
--- Restore model, optimizer, data position, RNG and step from a checkpoint (path: step, checkpoints or run dir).
+-- Restore model, optimizer, data position, RNG, step and checkpoint_state from a checkpoint (path: step, checkpoints
+-- or run dir). A checkpoint saved before the trainer kept its loss scaler's state leaves the scaler as it is.
 function Trainer:load_checkpoint(path)
    local info = self.strategy.load_checkpoint and self:hook("load_checkpoint", path)
       or checkpoint.load(path, { model = self.model, optimizer = self.optimizer, data = self.data, rng = self.rng })
    self.step = info.step
+   local st, scaler = info.trainer or {}, self.loss_scaler
+   self.skipped_steps = st.skipped_steps or 0
+   if scaler and st.loss_scaler then
+      scaler:load_state_dict(st.loss_scaler)
+   elseif scaler then
+      self.print(("%s has no loss scaler state: the loss scale starts again at %g"):format(info.path, scaler.scale))
+   end
    return info
 end
 
