@@ -47,6 +47,10 @@ say(("model: %s, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.path ~= "
    or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6, world.size,
    dt.default_device()))
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+if ds and #cfg.model.mesh_shape > 0 then
+   error("recipes/train.lua: --deepspeed and model.mesh_shape are both set; the DeepSpeed config's ZeRO stage chooses "
+      .. "the sharding over every rank: drop model.mesh_shape (or --deepspeed to use the mesh's strategies)", 0)
+end
 local data_world = world                        -- the ranks that read different rows of the global batch
 if ds then                                      -- DDP, or the mesh's strategies
    ds:wrap(model)

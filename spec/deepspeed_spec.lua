@@ -312,4 +312,16 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       assert.truthy(r.out:find("done: step 2  train loss [%d.]+  val loss [%d.]+  best train loss [%d.]+  256 tokens"),
          r.out)
    end)
+
+   it("is refused with a mesh_shape in recipes/train.lua (the ZeRO stage chooses the sharding), naming both", function()
+      local dir = tmpdir()
+      fs.write(dir .. "/ds.json",
+         cjson.encode { train_micro_batch_size_per_gpu = 2, zero_optimization = { stage = 0 } })
+      local r = helpers.dtrun("recipes/train.lua --deepspeed " .. dir .. "/ds.json steps=1 sample=0 "
+         .. "'model.mesh_shape={{1,1},{\"dp\",\"tp\"}}'")
+      if r.run_dir then helpers.remove_run(r.run_dir) end
+      fs.remove_tree(dir)
+      assert.is_not.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("--deepspeed and model.mesh_shape are both set", 1, true), r.out)
+   end)
 end)
