@@ -14,6 +14,7 @@ local dt = require "dt"
 local dtffi = require "dt.ffi"
 local fs = require "dt.fs"
 local metrics = require "dt.train.metrics"
+local jsonl = require "dt.train.jsonl"
 
 local M = {}
 
@@ -56,11 +57,11 @@ end
 -- Event { wall_time = 1 (double), step = 2 (int64), file_version = 3, summary = 5 { value = 1 repeated } }.
 local function event(wall_time, step, body) return field_double(1, wall_time) .. field_varint(2, step) .. body end
 local function summary(values) return field_bytes(5, table.concat(values)) end
--- Summary.Value { tag = 1, simple_value = 2 (float) }. The value is first rounded to the 14 significant digits
--- metrics.jsonl holds, so both sinks show the same number (rounding the double straight to float can land one
--- float away from the logged one).
+-- Summary.Value { tag = 1, simple_value = 2 (float) }. The value is first rounded as metrics.jsonl holds it
+-- (jsonl.logged), so both sinks show the same number (rounding the double straight to float can land one float away
+-- from the logged one).
 local function scalar_value(tag, v)
-   return field_bytes(1, field_bytes(1, tag) .. field_float(2, tonumber(("%.14g"):format(v))))
+   return field_bytes(1, field_bytes(1, tag) .. field_float(2, jsonl.logged(v)))
 end
 -- Summary.Value { tag = 1, metadata = 9 { plugin_data = 1 { plugin_name = 1 } },
 --                 tensor = 8 { dtype = 1 (DT_STRING = 7), tensor_shape = 2 (scalar: empty), string_val = 8 } }.

@@ -7,11 +7,15 @@ local fs = require "dt.fs"
 
 local M = {}
 
--- One encoder for every log: NaN/inf are written as null (JSON has neither).
+-- One encoder for every log: NaN/inf are written as null (JSON has neither); numbers keep 14 significant digits.
+local DIGITS = 14
 local json = cjson.new()
 json.encode_invalid_numbers("null")
-json.encode_number_precision(14)
+json.encode_number_precision(DIGITS)
 M.json = json
+
+-- A number as the log holds it (rounded to its significant digits), for other sinks that must show the same value.
+function M.logged(v) return tonumber(("%." .. DIGITS .. "g"):format(v)) end
 
 -- Iterator over (object, line number) of JSON Lines `text` (messages name it `path`); blank lines are skipped.
 function M.decode(text, path)
