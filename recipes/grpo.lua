@@ -1,5 +1,5 @@
--- recipes/grpo.lua: GRPO on 2-digit addition: a byte-level GPT warm-started by a short supervised phase, then
--- rewarded for exact answers; prints the greedy exact-match accuracy before and after.
+-- recipes/grpo.lua: GRPO on 1-digit addition (operands=100: 2 digits): a byte-level GPT warm-started by a short
+-- supervised phase, then rewarded for exact answers; prints the greedy exact-match accuracy before and after.
 --
 --    dtrun recipes/grpo.lua --nproc 2                          # colocated: every rank generates, then trains (DDP)
 --    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated  # rank 2 generates, ranks 0-1 train (DDP)
