@@ -14,8 +14,6 @@ local function sh(cmd)
    p:close()
    return out
 end
-M.sh = sh
-
 M.sh = sh -- a shell command's output
 
 local function lines_of(out)

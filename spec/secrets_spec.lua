@@ -8,7 +8,8 @@ local function mode(path) return sh(("stat -c %%a '%s/%s'"):format(helpers.root,
 
 describe("secrets", function()
    it("the job token shows in no output line, run dir file or /dev/shm name of a job", function()
-      local token, names = "hunter2", os.tmpname()
+      -- a fresh token per run: the job id (and so the shm names) of two suites running at once never collide
+      local token, names = "hunter2" .. sh("od -An -N6 -tx1 /dev/urandom | tr -d ' \\n'"), os.tmpname()
       -- list /dev/shm every 50 ms while the job runs (rank 1 joins 1 s late: rank 0's segment is listed meanwhile)
       local watch = ("true; (while kill -0 $$; do ls /dev/shm >> %s; sleep 0.05; done) >/dev/null 2>&1 & ")
          :format(names)
