@@ -72,6 +72,11 @@ describe("pipeline in mesh_shape (dt.parallel.layout) vs one process (10 steps, 
       same("--nproc 4 mesh=pp,dp shape=2,2 schedule=gpipe")
    end)
 
+   it("with the trainer's grad_accum, activation checkpointing and a loss scale (pp x fsdp, pp x dp)", function()
+      same("--nproc 4 mesh=pp,fsdp shape=2,2 accum=2 ckpt=true scale=1024")
+      same("--nproc 4 mesh=pp,dp shape=2,2 accum=2")
+   end)
+
    it("3-D: pp 2 x fsdp 2 x tp 2 on 8 ranks (GPT)", function()
       same("--nproc 8 mesh=pp,fsdp,tp shape=2,2,2")
    end)

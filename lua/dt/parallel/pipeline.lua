@@ -11,8 +11,9 @@
 -- micro_batches equal parts; stage s receives each part's activations (B/M, T, dim; T/tp under sequence parallelism)
 -- from stage s - 1 and sends its output on, and gradients come back the same way. While gradients are recorded,
 -- model(x, y) runs the schedule's forwards and backwards itself (each micro-batch's loss scaled by 1/M, so the
--- gradients are those of the whole batch's mean loss) and returns the loss (the last stage's, broadcast over pp)
--- as a tensor whose backward does nothing more; the trainer's grad_accum must be 1 (micro-batches accumulate).
+-- gradients are those of the whole batch's mean loss; under the Trainer also by its loss scale / grad_accum) and
+-- returns the loss (the last stage's, broadcast over pp) as a tensor whose backward does nothing more: with the
+-- trainer's grad_accum each accumulation micro-batch runs the whole schedule.
 -- Without gradients (evaluation) the micro-batches run forward only; without targets (generate) every row goes
 -- through at once and the logits are broadcast over pp. Schedules: "gpipe" (every forward, then every backward) and
 -- "1f1b" (warm-up forwards, then one forward one backward, then the rest: at most S - s activations alive instead of
@@ -98,7 +99,8 @@ function M.wrap(model, opts)
    end
    local self = setmetatable({ model = model, mesh = mesh, axis = axis, comm = comm, S = S, stage = s,
       first = first, last = first + counts[s + 1] - 1, micro = micro, schedule = schedule,
-      stats = { bytes = 0, sends = 0, max_in_flight = 0 } }, PP)
+      stats = { bytes = 0, sends = 0, max_in_flight = 0 },
+      seed = 1, final = true }, PP) -- the trainer's backward seed (loss scale / grad_accum), its last micro-batch
    self.bubble = (S - 1) / (self.micro + S - 1)
    local stage = Stage()
    rawset(stage, "pp", self)
@@ -197,8 +199,8 @@ function PP:run(idx, targets)
    local function backward(gy) -- the oldest pending micro-batch; returns its input's gradient (nil on stage 1)
       local e = table.remove(pending, 1)
       m_bwd = m_bwd + 1
-      if dp then dp.sync = m_bwd == Mb end
-      if last then e[2]:backward(e[2]:new_full({}, 1 / Mb)) else e[2]:backward(gy) end
+      if dp then dp.sync = self.final and m_bwd == Mb end
+      if last then e[2]:backward(e[2]:new_full({}, self.seed / Mb)) else e[2]:backward(gy) end
       return prev and e[1].grad
    end
    local function recv_fwd() return self:exchange(nil, nil, shape, prev) end
@@ -243,10 +245,11 @@ function PP:over()
    end
    function own.save_checkpoint() error(NO_CKPT, 0) end
    function own.load_checkpoint() error(NO_CKPT, 0) end
-   -- micro-batches are the schedule's: the stage's strategy sees one per step
-   function own.micro_batch(s, trainer, _, n)
-      if n > 1 then error("pipeline: use micro_batches (pipeline.wrap) rather than the trainer's grad_accum", 0) end
-      if s.inner and s.inner.micro_batch then s.inner:micro_batch(trainer, 1, 1) end
+   -- the schedule starts backward itself: from the gradient the trainer would give the loss
+   function own.micro_batch(s, trainer, i, n)
+      pp.seed = (trainer.loss_scaler and trainer.loss_scaler.scale or 1) / n
+      pp.final = i == n
+      if s.inner and s.inner.micro_batch then s.inner:micro_batch(trainer, i, n) end
    end
    -- Stages hold disjoint parameters: the stage's global sum (over its tp and fsdp ranks), summed over pp.
    function own.reduce_grad_sumsq(s, trainer, sum)
