@@ -71,7 +71,7 @@ function M.wrap(model, mesh_shape, opts)
    elseif #dp > 0 then
       ddp.wrap(target, { comm = mesh:comm(dp) })
    end
-   model.fsdp, model.ddp = target.fsdp, target.ddp
+   model.fsdp, model.ddp = target.fsdp, target.ddp -- under pp: the stage's, where recipes and tools look
    if #data == 0 then return { rank = 0, size = 1 } end
    local _, rank = mesh:group(data)
    return { rank = rank, size = mesh:size(data) }
