@@ -4,6 +4,7 @@
 --    dtrun recipes/train.lua --nproc 2                          # data parallel (DDP) over 2 ranks
 --    dtrun recipes/train.lua --gpus 2                           # ... on cuda:0 and cuda:1 (DT_DEVICE=cuda: 1 GPU)
 --    dtrun recipes/train.lua --nproc 4 'model.mesh_shape=[[2,2],["dp","tp"]]'   # DDP x tensor parallel (or fsdp x tp)
+--    dtrun recipes/train.lua --nproc 8 'model.mesh_shape=[[2,2,2],["pp","fsdp","tp"]]'   # 3-D: pipeline x FSDP x tp
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 --    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
@@ -24,6 +25,8 @@ local cfg = train.config {
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
       mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
       sequence_parallel = false,                -- with a tp axis: activations cut along the sequence between regions
+      pipeline = { micro_batches = 0,           -- with a pp axis: micro-batches per step (0: 2 x the pp size),
+         schedule = "1f1b", split = {} },       -- "1f1b" or "gpipe", blocks per stage ({}: an even split)
       path = "" },                              -- a Hugging Face model directory ("": a new byte-level GPT)
    tokenizer = "",                              -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    sample = 200,                                -- bytes to generate at the end (0: skip)
@@ -55,12 +58,15 @@ local data_world = world                        -- the ranks that read different
 if ds then                                      -- DDP, or the mesh's strategies
    ds:wrap(model)
 else
-   data_world = layout.wrap(model, cfg.model.mesh_shape, { sequence_parallel = cfg.model.sequence_parallel })
+   local pp = cfg.model.pipeline
+   data_world = layout.wrap(model, cfg.model.mesh_shape, { sequence_parallel = cfg.model.sequence_parallel,
+      pipeline = { micro_batches = pp.micro_batches > 0 and pp.micro_batches or nil, schedule = pp.schedule,
+         split = #pp.split > 0 and pp.split or nil } })
 end
 
 -- Data: random (batch, seq) windows of bytes (or token ids); targets are the inputs shifted by one. Each
--- data-parallel rank reads its own `batch` rows of the global batch (the ranks of one tensor-parallel group read the
--- same rows).
+-- data-parallel rank reads its own `batch` rows of the global batch (the ranks of one tensor-parallel group, and the
+-- stages of one pipeline, read the same rows).
 local data = train.text { path = cfg.data ~= "" and cfg.data or nil, seq = cfg.seq, batch = cfg.batch,
    seed = cfg.seed, world = data_world, tokenizer = tok }
 

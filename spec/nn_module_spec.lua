@@ -252,6 +252,18 @@ describe("Module hooks", function()
       assert.equal(21, n)
    end)
 
+   it("fires post_backward once per forward, in its own backward, with several forwards in flight", function()
+      -- pipeline micro-batches: forwards of one module on inputs without gradients, then their backwards in turn
+      local m = Tiny(3, 1)
+      local n = 0
+      m:register_hook("post_backward", function() n = n + 1 end)
+      local y1, y2 = m(input(false)), m(input(false))
+      y1:sum():backward()
+      assert.equal(1, n)
+      y2:sum():backward()
+      assert.equal(2, n)
+   end)
+
    it("rejects unknown hook kinds and backward hooks on non-tensor outputs", function()
       local m = Tiny(3, 1)
       assert.has_error(function() m:register_hook("post_step", print) end,

@@ -15,7 +15,9 @@
 --   pre_backward(module, grad_output)    the gradient w.r.t. the output arrived; the module's own backward
 --                                        nodes have not run yet; returning a tensor replaces the gradient
 --   post_backward(module)                every backward node of the forward has run and every parameter
---                                        it used has its final .grad (grad_ready fired) in this backward
+--                                        it used has its final .grad (grad_ready fired) in this backward;
+--                                        once per forward, in the backward that reaches its output (several
+--                                        forwards in flight, as pipeline micro-batches: each in its own)
 -- The backward pair works by wrapping inputs and output in identity autograd nodes, only while such
 -- hooks are registered and gradients are recorded. Parameter hooks: m:register_grad_ready_hook(fn)
 -- or nn.register_grad_ready_hook(param, fn): fn(param[, name]) once its gradient is final in a backward.
@@ -70,11 +72,15 @@ local function settle(rec)
    end
 end
 
+-- Only the forwards this backward went through (rec.reached: their output's gradient arrived) settle; forwards still
+-- awaiting their own backward (pipeline micro-batches in flight) keep waiting for it.
 local function on_param_ready(p)
    local recs = waiting[p]
    if recs then
-      waiting[p] = nil
-      for i = 1, #recs do settle(recs[i]) end
+      local later = {}
+      for i = 1, #recs do if not recs[i].reached then later[#later + 1] = recs[i] end end
+      waiting[p] = #later > 0 and later or nil
+      for i = 1, #recs do if recs[i].reached then settle(recs[i]) end end
    end
 end
 
@@ -178,8 +184,9 @@ local function call_with_hooks(m, hooks, ...)
          end
          rec.pending = rec.pending - 1 -- no settle: at 0 here the output needs no grad, so no backward comes
       end
-      if has(hooks, "pre_backward") and out.requires_grad then
+      if (rec or has(hooks, "pre_backward")) and out.requires_grad then
          out = autograd.record(out:detach(), { out }, function(g)
+            if rec then rec.reached = true end
             for _, fn in ipairs(m._hooks and m._hooks.pre_backward or {}) do
                local r = fn(m, g)
                if r ~= nil then g = r end

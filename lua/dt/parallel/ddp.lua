@@ -47,6 +47,9 @@ end
 function M.wrap(model, opts)
    opts = opts or {}
    local comm = opts.comm or dist.init().comm
+   if model.pp and model.pp.stage_module ~= model then
+      error("ddp.wrap: the model is cut into pipeline stages; wrap its stage, model.pp.stage_module", 2)
+   end
    local params = model:parameters()
    for _, p in ipairs(params) do
       if p.dtype ~= "f32" then

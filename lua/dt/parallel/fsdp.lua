@@ -98,8 +98,9 @@ end
 -- Mesh axes that replicate unless opts.replicate names others; any other axis but the shard axis is an error.
 local replica_names = { replicate = true, dp = true }
 
--- The shard communicator, the replicate communicator (or nil), the mesh (or nil) and the replicate axes.
-local function communicators(o, world, tp_axis)
+-- The shard communicator, the replicate communicator (or nil), the mesh (or nil) and the replicate axes. taken: the
+-- axes of the model-parallel strategies applied before (tp, pp).
+local function communicators(o, world, taken)
    local mesh = o.mesh
    if o.shard_size then
       if mesh then error("fsdp.wrap: give either mesh or shard_size", 3) end
@@ -125,7 +126,8 @@ local function communicators(o, world, tp_axis)
       for _, name in ipairs(mesh.names) do if replica_names[name] then rep[#rep + 1] = name end end
    end
    rep = type(rep) == "table" and rep or { rep }
-   local used = { [o.axis] = true, [tp_axis or o.axis] = true }
+   local used = { [o.axis] = true }
+   for _, name in ipairs(taken) do used[name] = true end
    for _, name in ipairs(rep) do used[name] = true end
    for i, name in ipairs(mesh.names) do
       if not used[name] then
@@ -152,11 +154,19 @@ function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
    local o = check_opts(opts or {})
    local world = dist.init()
-   local comm, rep, mesh, rep_axes = communicators(o, world, model.tp and model.tp.axis)
+   local taken = {}
+   for _, k in ipairs { "tp", "pp" } do
+      if model[k] then taken[#taken + 1] = model[k].axis end
+   end
+   if model.pp and model.pp.stage_module ~= model then
+      error("fsdp.wrap: the model is cut into pipeline stages; wrap its stage, model.pp.stage_module", 2)
+   end
+   local comm, rep, mesh, rep_axes = communicators(o, world, taken)
    local modules = o.units
    if not modules then
       modules = {}
-      for _, b in ipairs(model.blocks or {}) do modules[#modules + 1] = b end
+      local blocks = model.blocks or {} -- a ModuleList by registration order (a pipeline stage's keeps its indices)
+      for _, b in ipairs(blocks.children and blocks:children() or blocks) do modules[#modules + 1] = b end
    end
    local named = model:named_parameters()
    local dev = o.device or (named[1] and named[1][2].device) or "cpu"

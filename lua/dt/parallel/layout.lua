@@ -5,22 +5,32 @@
 -- mesh_shape = {{sizes...}, {names...}} (the seeds' form; {} = DDP over every rank, nothing on one rank; with
 -- opts.fsdp: FSDP over every rank). Axes:
 --   tp         tensor parallelism (dt.parallel.tp; applied first)
+--   pp         pipeline parallelism (dt.parallel.pipeline; opts.pipeline: micro_batches, schedule, split): the
+--              model is cut into stages after tp; fsdp / dp then wrap this rank's stage
 --   fsdp       FSDP shards over it (dt.parallel.fsdp; over tp: tp's parts again), with dp/replicate axes as HSDP
 --   dp         data parallel: DDP over it without an fsdp axis (replicate is the same word)
---   pp         refused for now (dt.parallel.pipeline.wrap composes with nothing yet)
--- e.g. {{2, 2}, {"dp", "tp"}}, {{2, 2}, {"fsdp", "tp"}}, {{1, 4}, {"fsdp", "tp"}}, {{2, 2}, {"replicate", "fsdp"}}.
--- Returns the {rank=, size=} the data is split by: the ranks of one tp group read the same rows.
+-- e.g. {{2, 2}, {"dp", "tp"}}, {{2, 2}, {"fsdp", "tp"}}, {{1, 4}, {"fsdp", "tp"}}, {{2, 2}, {"replicate", "fsdp"}},
+-- {{2, 2}, {"pp", "fsdp"}}, {{2, 2, 2}, {"pp", "fsdp", "tp"}}.
+-- Returns the {rank=, size=} the data is split by: the ranks of one tp group and of one pipeline read the same rows.
 local dt = require "dt"
 local dist = require "dt.dist"
 local tp = require "dt.parallel.tp"
+local pipeline = require "dt.parallel.pipeline"
 local ddp = require "dt.parallel.ddp"
 local fsdp = require "dt.parallel.fsdp"
 
 local M = {}
 M.known = { "dp", "fsdp", "pp", "replicate", "tp" }
 
+-- fn(...), its error (its position dropped) prefixed with "mesh_shape: ".
+local function as_mesh_shape(fn, ...)
+   local ok, err = pcall(fn, ...)
+   if not ok then error("mesh_shape: " .. tostring(err):gsub("^[^:]*:%d+: ", ""), 3) end
+   return err
+end
+
 -- Wrap model for mesh_shape; opts.fsdp: FSDP (also without an fsdp axis) with fsdp.wrap's options (mesh aside);
--- opts.sequence_parallel: tp's.
+-- opts.sequence_parallel: tp's; opts.pipeline: pipeline.wrap's micro_batches, schedule and split.
 function M.wrap(model, mesh_shape, opts)
    opts = opts or {}
    local world = dist.init()
@@ -40,27 +50,31 @@ function M.wrap(model, mesh_shape, opts)
       end
       has[name] = true
    end
-   if has.pp then
-      error("mesh_shape: a pp axis is not composed with the others yet; use dt.parallel.pipeline.wrap(model, "
-         .. "{ mesh = ... }) directly", 2)
-   end
-   local ok, mesh = pcall(dt.mesh, { mesh_shape = mesh_shape })
-   if not ok then error("mesh_shape: " .. tostring(mesh):gsub("^[^:]*:%d+: ", ""), 2) end
+   local mesh = as_mesh_shape(dt.mesh, { mesh_shape = mesh_shape })
    if has.tp then tp.wrap(model, { mesh = mesh, sequence_parallel = opts.sequence_parallel }) end
+   if has.pp then
+      local p = opts.pipeline or {}
+      as_mesh_shape(pipeline.wrap, model, { mesh = mesh, micro_batches = p.micro_batches, schedule = p.schedule,
+         split = p.split })
+   end
+   local target = model.pp and model.pp.stage_module or model -- what data parallelism wraps
    local fopts = {}
    for k, v in pairs(opts.fsdp or {}) do fopts[k] = v end
    fopts.mesh = mesh
-   local dp = {}
+   local dp, data = {}, {}
    for _, name in ipairs(mesh.names) do
       if name == "dp" or name == "replicate" then dp[#dp + 1] = name end
+      if name ~= "tp" and name ~= "pp" then data[#data + 1] = name end
    end
    if has.fsdp or opts.fsdp then
-      fsdp.wrap(model, fopts)
+      fsdp.wrap(target, fopts)
    elseif #dp > 0 then
-      ddp.wrap(model, { comm = mesh:comm(dp) })
+      ddp.wrap(target, { comm = mesh:comm(dp) })
    end
-   if model.tp then return model.tp:data_world() end
-   return { rank = world.rank, size = world.size }
+   model.fsdp, model.ddp = target.fsdp, target.ddp -- under pp: the stage's, where recipes and tools look
+   if #data == 0 then return { rank = 0, size = 1 } end
+   local _, rank = mesh:group(data)
+   return { rank = rank, size = mesh:size(data) }
 end
 
 return M

@@ -6,21 +6,29 @@
 --
 -- Stage s of S (the rank's pp coordinate) holds blocks [first, last] (an even split by count, the first stages one
 -- more; opts.split = {n1, n2, ...} blocks per stage), stage 1 the embeddings, the last stage the final norm, head and
--- loss. model:parameters() lists this stage's only (what the optimizer steps). Every pp rank reads the same batch:
--- the batch (B rows) is cut into micro_batches equal parts; stage s receives each part's activations (B/M, T, dim)
+-- loss: model.pp.stage_module, a module of those parts under their full-model names. model:parameters() lists its
+-- parameters only (what the optimizer steps). Every pp rank reads the same batch: the batch (B rows) is cut into
+-- micro_batches equal parts; stage s receives each part's activations (B/M, T, dim; T/tp under sequence parallelism)
 -- from stage s - 1 and sends its output on, and gradients come back the same way. While gradients are recorded,
 -- model(x, y) runs the schedule's forwards and backwards itself (each micro-batch's loss scaled by 1/M, so the
--- gradients are those of the whole batch's mean loss) and returns the loss (the last stage's, broadcast over pp)
--- as a tensor whose backward does nothing more; the trainer's grad_accum must be 1 (micro_batches accumulate).
--- Without gradients (evaluation) the micro-batches run forward only. Schedules: "gpipe" (every forward, then every
--- backward) and "1f1b" (warm-up forwards, then one forward one backward, then the rest: at most S - s activations
--- alive instead of M: model.pp.stats.max_in_flight). Bubble fraction (idle share of a step when every stage costs the
--- same): (S - 1) / (M + S - 1), in model.pp.bubble and each step's metrics.bubble_fraction; model.pp.stats counts the
--- bytes this rank sends. Not yet composed with the other axes (dt.parallel.layout refuses pp).
+-- gradients are those of the whole batch's mean loss; under the Trainer also by its loss scale / grad_accum) and
+-- returns the loss (the last stage's, broadcast over pp) as a tensor whose backward does nothing more: with the
+-- trainer's grad_accum each accumulation micro-batch runs the whole schedule.
+-- Without gradients (evaluation) the micro-batches run forward only; without targets (generate) every row goes
+-- through at once and the logits are broadcast over pp. Schedules: "gpipe" (every forward, then every backward) and
+-- "1f1b" (warm-up forwards, then one forward one backward, then the rest: at most S - s activations alive instead of
+-- M: model.pp.stats.max_in_flight). Bubble fraction (idle share of a step when every stage costs the same):
+-- (S - 1) / (M + S - 1), in model.pp.bubble and each step's metrics.bubble_fraction; model.pp.stats counts the bytes
+-- this rank sends.
+-- Composition (dt.parallel.layout: mesh_shape {{2, 2, 2}, {"pp", "fsdp", "tp"}}): tp.wrap the model first, then
+-- pipeline.wrap, then ddp.wrap or fsdp.wrap model.pp.stage_module (FSDP's units: the stage's blocks, its root the
+-- rest of the stage); the stage's strategy reduces gradients once per step, after the last micro-batch's backward,
+-- and the global gradient norm sums the stages' (each over its tp and fsdp ranks) over pp. Checkpoints are refused.
 local dt = require "dt"
 local dist = require "dt.dist"
 local meshmod = require "dt.mesh"
 local autograd = require "dt.autograd"
+local nn = require "dt.nn"
 
 local M = {}
 local PP = {}
@@ -38,16 +46,32 @@ local function split_blocks(n, S, split)
       return split
    end
    if S > n then
-      error(("pipeline.wrap: the pp size %d is larger than the model's %d blocks; use at most %d stages"):format(S,
-         n, n), 3)
+      error(("pipeline.wrap: the pp size %d is larger than the model's %d blocks; use a pp size of at most %d (or a "
+         .. "model with more layers)"):format(S, n, n), 3)
    end
    local out = {}
    for s = 1, S do out[s] = math.floor(n / S) + (s <= n % S and 1 or 0) end
    return out
 end
 
+-- The stage's part of the model as one module: its children are the stage's embeddings, blocks (under their
+-- indices), final norm and head, so named_parameters() gives the full model's names; forward(x, targets) runs one
+-- micro-batch through them. Data-parallel strategies wrap it (dt.parallel.layout): FSDP's root unit is the stage.
+local Stage = nn.Module:extend("PipelineStage")
+
+function Stage:forward(x, targets)
+   local pp = rawget(self, "pp")
+   local model = pp.model
+   if pp.stage == 0 then x = model:embed(x, 0) end
+   for i = pp.first, pp.last do x = model.blocks[i](x) end
+   if pp.stage < pp.S - 1 then return x end
+   local logits = model.head(model.lnf(x))
+   if targets == nil then return model:output(logits) end
+   return model:loss(logits, targets)
+end
+
 -- Wrap model (see the top of this file). opts: mesh (a dt.mesh or a mesh spec; default pp over every rank), axis
--- ("pp"), micro_batches (2), schedule ("1f1b" | "gpipe"), split (blocks per stage).
+-- ("pp"), micro_batches (default 2 x the stages), schedule ("1f1b" | "gpipe"), split (blocks per stage).
 function M.wrap(model, opts)
    opts = opts or {}
    local world = dist.init()
@@ -56,49 +80,58 @@ function M.wrap(model, opts)
    if schedule ~= "1f1b" and schedule ~= "gpipe" then
       error(("pipeline.wrap: schedule must be \"1f1b\" or \"gpipe\", got %s"):format(tostring(schedule)), 2)
    end
+   if type(model.blocks) ~= "table" or not (model.embed and model.lnf and model.head) then
+      error(("pipeline.wrap: a %s cannot be cut into stages; it takes a language model with embed, blocks, lnf and "
+         .. "head (nn.GPT, nn.Llama)"):format(tostring(model.__name)), 2)
+   end
+   if model.ddp or model.fsdp then
+      error("pipeline.wrap: the model is already wrapped (ddp/fsdp); cut it into stages first, then wrap "
+         .. "model.pp.stage_module with ddp.wrap or fsdp.wrap (dt.parallel.layout does this)", 2)
+   end
    local comm = mesh:comm(axis)
    local S, s = comm.size, comm.rank
    local counts = split_blocks(#model.blocks, S, opts.split)
    local first = 1
    for i = 1, s do first = first + counts[i] end
+   local micro = opts.micro_batches or 2 * S
+   if type(micro) ~= "number" or micro < 1 or micro % 1 ~= 0 then
+      error(("pipeline.wrap: micro_batches must be a positive integer, got %s"):format(tostring(micro)), 2)
+   end
    local self = setmetatable({ model = model, mesh = mesh, axis = axis, comm = comm, S = S, stage = s,
-      first = first, last = first + counts[s + 1] - 1, micro = opts.micro_batches or 2, schedule = schedule,
-      stats = { bytes = 0, sends = 0, max_in_flight = 0 } }, PP)
+      first = first, last = first + counts[s + 1] - 1, micro = micro, schedule = schedule,
+      stats = { bytes = 0, sends = 0, max_in_flight = 0 },
+      seed = 1, final = true }, PP) -- the trainer's backward seed (loss scale / grad_accum), its last micro-batch
    self.bubble = (S - 1) / (self.micro + S - 1)
-   local mine = {}
-   local function keep(m) for _, p in ipairs(m:parameters()) do mine[p] = true end end
+   local stage = Stage()
+   rawset(stage, "pp", self)
    if s == 0 then
-      keep(model.wte)
-      if model.wpe then keep(model.wpe) end
+      stage.wte = model.wte
+      if model.wpe then stage.wpe = model.wpe end
    end
-   for i = self.first, self.last do keep(model.blocks[i]) end
+   stage.blocks = nn.ModuleList()
+   for i = self.first, self.last do stage.blocks:add_module(i, model.blocks[i]) end
    if s == S - 1 then
-      keep(model.lnf)
-      keep(model.head)
+      stage.lnf = model.lnf
+      stage.head = model.head
    end
-   local named = {}
-   for _, np in ipairs(model:named_parameters()) do
-      if mine[np[2]] then named[#named + 1] = np end
-   end
-   self.named = named
-   model.named_parameters = function() return named end
-   model.parameters = function()
-      local out = {}
-      for i, np in ipairs(named) do out[i] = np[2] end
-      return out
-   end
+   rawset(stage, "tp", model.tp)                   -- fsdp.wrap(stage) composes with tp as over the model
+   rawset(stage, "strategy", model.strategy)       -- tp's (or nil) until a data-parallel strategy wraps the stage
+   self.stage_module = stage
+   -- what the optimizer steps: the stage's parameters (after fsdp.wrap of the stage: its shards)
+   model.named_parameters = function() return stage:named_parameters() end
+   model.parameters = function() return stage:parameters() end
    model.forward = function(_, idx, targets) return self:run(idx, targets) end
    model.pp = self
-   model.strategy = self
+   model.strategy = self:over()
    return model
 end
 
 -- Point to point with the neighbours (synchronous; a send completes when the peer takes it). The pairs that would
 -- wait for each other in 1F1B's steady state go together as one group (Megatron's send_forward_recv_backward and
--- send_backward_recv_forward).
+-- send_backward_recv_forward). Activations travel in the compute dtype (FSDP's param_dtype).
 function PP:buffer(shape)
-   local w = self.model.wte.weight
-   return dt.empty(shape, { dtype = w.dtype, device = w.device })
+   local w, dp = self.model.wte.weight, rawget(self.stage_module, "fsdp")
+   return dt.empty(shape, { dtype = dp and dp.param_dtype or w.dtype, device = w.device })
 end
 
 function PP:exchange(send, to, recv_shape, from)
@@ -116,36 +149,58 @@ function PP:exchange(send, to, recv_shape, from)
    return got
 end
 
+-- Without targets (generate): one forward of every row through the stages; the last stage's logits, broadcast over
+-- pp (not differentiable).
+function PP:logits(idx)
+   local model, st, S = self.model, self.stage, self.S
+   local B, T = idx:size(1), idx:size(2)
+   local x = st > 0 and self:exchange(nil, nil, { B, T, model.dim }, st - 1) or idx
+   local y = self.stage_module(x)
+   if st < S - 1 then
+      self:exchange(y, st + 1)
+      y = self:buffer({ B, T, model.vocab })
+   else
+      y = y:contiguous()
+   end
+   self.comm:broadcast(y, S - 1)
+   return y
+end
+
 -- The schedule over the rows of idx / targets; returns the mean loss (every pp rank) as a tensor.
 function PP:run(idx, targets)
+   if targets == nil then return self:logits(idx) end
    local B, Mb, S, st, model = idx:size(1), self.micro, self.S, self.stage, self.model
    if B % Mb ~= 0 then
-      error(("pipeline: the batch of %d rows does not split into %d micro-batches"):format(B, Mb), 0)
+      error(("pipeline: the batch of %d rows (per data-parallel rank) does not split into %d micro_batches; use a "
+         .. "batch that is a multiple of %d, or micro_batches that divides %d"):format(B, Mb, Mb, B), 0)
    end
    local rows, loss_sum, grad = B / Mb, 0, autograd.is_enabled()
-   local shape = { rows, idx:size(2), model.dim }
+   -- sequence parallel (tp): activations between blocks, so between stages, are sequence shards
+   local tp, T = model.tp, idx:size(2)
+   if tp and tp.sequence and grad then T = T / tp.size end
+   local shape = { rows, T, model.dim }
    local prev, nxt = st > 0 and st - 1 or nil, st < S - 1 and st + 1 or nil
    local last = nxt == nil
-   local pending, m_fwd = {}, 0
+   -- a data-parallel strategy over the stage reduces gradients after the last micro-batch's backward only
+   local dp = rawget(self.stage_module, "fsdp") or rawget(self.stage_module, "ddp")
+   local pending, m_fwd, m_bwd = {}, 0, 0
    local function part(t, m) return t:narrow(1, (m - 1) * rows + 1, rows) end
    local function forward(x) -- micro-batch m_fwd + 1 from x (received; nil on stage 1); returns its output
       m_fwd = m_fwd + 1
-      if x then x.requires_grad = grad else x = model:embed(part(idx, m_fwd), 0) end
-      local input = x
-      for i = self.first, self.last do x = model.blocks[i](x) end
-      if last then
-         x = model:loss(model.head(model.lnf(x)), part(targets, m_fwd))
-         loss_sum = loss_sum + x:item()
-      end
+      if x then x.requires_grad = grad else x = part(idx, m_fwd) end
+      local y = self.stage_module(x, last and part(targets, m_fwd) or nil)
+      if last then loss_sum = loss_sum + y:item() end
       if grad then
-         pending[#pending + 1] = { input, x }
+         pending[#pending + 1] = { x, y }
          self.stats.max_in_flight = math.max(self.stats.max_in_flight, #pending)
       end
-      return x
+      return y
    end
    local function backward(gy) -- the oldest pending micro-batch; returns its input's gradient (nil on stage 1)
       local e = table.remove(pending, 1)
-      if last then e[2]:backward(e[2]:new_full({}, 1 / Mb)) else e[2]:backward(gy) end
+      m_bwd = m_bwd + 1
+      if dp then dp.sync = self.final and m_bwd == Mb end
+      if last then e[2]:backward(e[2]:new_full({}, self.seed / Mb)) else e[2]:backward(gy) end
       return prev and e[1].grad
    end
    local function recv_fwd() return self:exchange(nil, nil, shape, prev) end
@@ -174,19 +229,47 @@ function PP:run(idx, targets)
    return autograd.record(dt.full({}, t:item()), { anchor }, function() return nil end, "pipeline")
 end
 
--- Trainer strategy hooks -------------------------------------------------------------------------------------
+-- Trainer strategy ---------------------------------------------------------------------------------------------
 
-function PP:micro_batch(_, _, n)
-   if n > 1 then error("pipeline: use micro_batches (pipeline.wrap) rather than the trainer's grad_accum", 0) end
+local NO_CKPT = "pipeline: checkpoints of a pipeline-parallel run are not written yet (each stage holds other "
+   .. "parameters); set checkpoint_every=0 (and resume=false)"
+
+-- The trainer's strategy: these hooks around the stage's own strategy (DDP or FSDP over the stage, tp's, or none),
+-- looked up when called (a data-parallel strategy wraps the stage after pipeline.wrap).
+function PP:over()
+   local pp = self
+   local own = {}
+   function own.begin_step(s, trainer, step)
+      if trainer.config.checkpoint_every > 0 then error(NO_CKPT, 0) end
+      if s.inner and s.inner.begin_step then s.inner:begin_step(trainer, step) end
+   end
+   function own.save_checkpoint() error(NO_CKPT, 0) end
+   function own.load_checkpoint() error(NO_CKPT, 0) end
+   -- the schedule starts backward itself: from the gradient the trainer would give the loss
+   function own.micro_batch(s, trainer, i, n)
+      pp.seed = (trainer.loss_scaler and trainer.loss_scaler.scale or 1) / n
+      pp.final = i == n
+      if s.inner and s.inner.micro_batch then s.inner:micro_batch(trainer, i, n) end
+   end
+   -- Stages hold disjoint parameters: the stage's global sum (over its tp and fsdp ranks), summed over pp.
+   function own.reduce_grad_sumsq(s, trainer, sum)
+      if s.inner and s.inner.reduce_grad_sumsq then sum = s.inner:reduce_grad_sumsq(trainer, sum) end
+      local t = dt.full({ 1 }, sum, { dtype = "f64", device = "cpu" })
+      pp.comm:all_reduce(t, "sum")
+      return t:item()
+   end
+   function own.end_step(s, trainer, result)
+      if s.inner and s.inner.end_step then s.inner:end_step(trainer, result) end
+      result.metrics.bubble_fraction = pp.bubble
+   end
+   return setmetatable({ pp = self }, { __index = function(_, k)
+      local inner = rawget(pp.stage_module, "strategy")
+      if k == "inner" then return inner end
+      if own[k] then return own[k] end
+      local v = inner and inner[k]
+      if type(v) == "function" then return function(_, ...) return v(inner, ...) end end
+      return v
+   end })
 end
-
--- Stages hold disjoint parameters.
-function PP:reduce_grad_sumsq(_, s)
-   local t = dt.full({ 1 }, s, { dtype = "f64", device = "cpu" })
-   self.comm:all_reduce(t, "sum")
-   return t:item()
-end
-
-function PP:end_step(_, result) result.metrics.bubble_fraction = self.bubble end
 
 return M
