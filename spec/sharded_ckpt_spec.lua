@@ -4,6 +4,7 @@ local dt = require "dt"
 local train = require "dt.train"
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
+local boxes = require "dt.ckpt.boxes"
 local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
@@ -28,11 +29,10 @@ local function load_model(dir)
    local wants = {}
    for name, t in pairs(index.tensors) do
       if name:match("^model%.") then
-         local n = 1
-         for _, d in ipairs(t.shape) do n = n * d end
-         wants[#wants + 1] = { name = name, shape = t.shape, start = 0, numel = n }
+         wants[#wants + 1] = { name = name, shape = t.shape, boxes = { boxes.whole(t.shape) } }
       end
    end
+   table.sort(wants, function(a, b) return a.name < b.name end)
    return sharded.load(dir, wants)
 end
 
@@ -123,8 +123,11 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       assert.truthy(r.out:find("dtrun%-sharded%-checkpoint, step 10, saved by 4 ranks"), r.out)
       assert.truthy(r.out:find("index%.json: crc32 %x+ ok %(index%.crc32%)"), r.out)
       assert.truthy(r.out:find("shard%-00003%.safetensors%s+%d+ bytes%s+crc32 %x+%s+ok"), r.out)
-      assert.truthy(r.out:find("model%.wte%.weight%s+F32 %[256, 32%]%s+2 shard%(s%): "
-         .. "shard%-00000 %[0, %d+%), shard%-00001"), r.out)
+      assert.truthy(r.out:find("layout: no mesh on 4 rank(s) (fsdp)", 1, true), r.out)
+      -- the root unit's flat buffer split in 4: rank 0 holds wte's first 4240 elements, rank 1 the rest
+      assert.truthy(r.out:find("model.wte.weight                         F32 [256, 32]    Shard(0)@fsdp 4 shard(s): "
+         .. "shard-00000 [0:132, 0:32], shard-00000 [132:133, 0:16], shard-00001 [132:133, 16:32], "
+         .. "shard-00001 [133:256, 0:32]", 1, true), r.out)
       assert.truthy(r.out:find("checksums: 4 file%(s%) ok"), r.out)
    end)
 
@@ -175,6 +178,29 @@ describe("sharded checkpoints (FSDP, GPT)", function()
          assert.truthy(r.out:find("does not match index.crc32", 1, true), r.out)
       end)
 
+      it("a version 1 index (each rank's slice a flat run of elements) loads the same tensors", function()
+         local want = load_model(dir)
+         edit_index(dir, function(index)
+            index.version = 1
+            for _, t in pairs(index.tensors) do
+               local runs, whole = {}, boxes.whole(t.shape)
+               for _, sl in ipairs(t.slices) do -- FSDP without tp: a file's boxes of a tensor are one flat run
+                  local last = runs[#runs]
+                  local first = boxes.span(whole, sl)
+                  if last and last.file == sl.file then
+                     last.numel = last.numel + boxes.numel(sl.size)
+                  else
+                     runs[#runs + 1] = { file = sl.file, start = first, numel = boxes.numel(sl.size) }
+                  end
+               end
+               t.slices = runs
+            end
+         end)
+         local got = load_model(dir)
+         assert.equal(#want.tensors, #got.tensors)
+         for i, t in ipairs(want.tensors) do testing.assert_close(got.tensors[i], t, 0, 0) end
+      end)
+
       it("an old checkpoint without index.crc32: loads, and inspect says it is not verified", function()
          os.remove(fs.join(dir, "index.crc32"))
          assert.equal(10, load_model(dir).step)
@@ -185,14 +211,19 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       end)
 
       it("an index whose slices disagree with the shards", function()
-         edit_index(dir, function(index) -- move the boundary between two slices of one tensor
-            local slices = index.tensors["model.wte.weight"].slices
-            slices[1].numel, slices[2].start, slices[2].numel = slices[1].numel + 8, slices[2].start + 8,
-               slices[2].numel - 8
+         edit_index(dir, function(index) -- say that a box of rank 0's is in rank 1's file
+            index.tensors["model.wte.weight"].slices[2].file = "shard-00001.safetensors"
          end)
          testing.expect_error(function() load_model(dir) end,
             fs.join(dir, "shard-00000.safetensors")
-               .. ": holds 4240 elements of 'model.wte.weight' but index.json's slice says 4248")
+               .. ": holds 4240 elements of 'model.wte.weight' but index.json's slices in it say 4224")
+         fresh()
+         edit_index(dir, function(index) -- two boxes of one tensor that overlap
+            local sl = index.tensors["model.wte.weight"].slices
+            sl[2].off[1] = sl[2].off[1] - 1
+         end)
+         testing.expect_error(function() load_model(dir) end,
+            fs.join(dir, "index.json") .. ": the slices of 'model.wte.weight' overlap at [131:132, 0:16]")
          fresh()
          edit_index(dir, function(index) table.remove(index.tensors["model.wpe.weight"].slices) end)
          testing.expect_error(function() load_model(dir) end,
