@@ -2,37 +2,17 @@
 -- parameters and AdamW moments, then the loss curve of the uninterrupted run; what `ckpt inspect` says; bad input.
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
-local boxes = require "dt.ckpt.boxes"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
 
 local FIXTURE = "spec/fixtures/reshard.lua "
 
 -- Run the fixture; returns the result and its losses by step.
-local function run(args)
-   local r = helpers.dtrun(FIXTURE .. args)
-   helpers.remove_run(r.run_dir)
-   local losses = {}
-   for step, v in r.out:gmatch("loss (%d+) (%S+)") do losses[tonumber(step)] = tonumber(v) end
-   r.losses = losses
-   return r
-end
-
--- Every tensor of a checkpoint (sharded, or a single-process one under the sharded names), whole: { name = tensor }.
-local function whole(dir)
-   local _, index = sharded.open_any(dir)
-   local wants = {}
-   for name, t in pairs(index.tensors) do
-      wants[#wants + 1] = { name = name, shape = t.shape, boxes = { boxes.whole(t.shape) } }
-   end
-   local info, out = sharded.load(dir, wants), {}
-   for i, w in ipairs(wants) do out[w.name] = info.tensors[i] end
-   return out, index
-end
+local function run(args) return helpers.dtrun_losses(FIXTURE .. args) end
 
 -- The checkpoints a and b hold the same tensors, bit for bit.
 local function same_state(a, b)
-   local ta, tb = whole(a), whole(b)
+   local ta, tb = sharded.load_whole(a).tensors, sharded.load_whole(b).tensors
    local n = 0
    for name, t in pairs(ta) do
       assert.is_not_nil(tb[name], name)
@@ -70,7 +50,7 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
    end
 
    it("records global shapes, placements and the layout; each element is written once", function()
-      local t, index = whole(step10)
+      local t, index = sharded.load_whole(step10).tensors, select(2, sharded.open_index(step10))
       assert.same({ 256, 32 }, index.tensors["model.wte.weight"].shape)
       assert.same({ 96, 32 }, index.tensors["model.blocks.1.attn.qkv.weight"].shape)
       assert.equal("Shard(0)@tp, Shard(0)@fsdp", index.tensors["model.blocks.1.attn.qkv.weight"].placement)

@@ -101,15 +101,8 @@ end
 local function model_tensors(dir, index, is_sharded)
    local entries = {}
    if is_sharded then
-      local wants = {}
-      for _, name in ipairs(sorted_keys(index.tensors)) do
-         local t = index.tensors[name]
-         if name:match("^model%.") then
-            wants[#wants + 1] = { name = name, shape = t.shape, boxes = { boxes.whole(t.shape) } }
-         end
-      end
-      local info = sharded.load(dir, wants)
-      for i, w in ipairs(wants) do entries[i] = { w.name:sub(#"model." + 1), info.tensors[i]:view(w.shape) } end
+      local info = sharded.load_whole(dir, "^model%.")
+      for i, name in ipairs(info.names) do entries[i] = { name:sub(#"model." + 1), info.tensors[name] } end
    else
       local e = index.files["model.safetensors"]
       if not e then error(("%s: the checkpoint holds no model.safetensors"):format(dir), 0) end

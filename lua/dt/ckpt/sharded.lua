@@ -328,4 +328,25 @@ function M.load(path, wants)
       meta = checkpoint.decode(index.meta or { table = {} }), ranks = index.ranks, index = index, tensors = out }
 end
 
+-- Every tensor of the checkpoint at path whose name matches `pattern` (default: all), whole: { names = { sorted },
+-- tensors = { [name] = f32 tensor of its shape }, step=, ... } (what consolidation reads: every rank's slices).
+function M.load_whole(path, pattern)
+   local _, index = M.open_any(path)
+   local wants = {}
+   for name, t in pairs(index.tensors) do
+      if not pattern or name:match(pattern) then
+         wants[#wants + 1] = { name = name, shape = t.shape, boxes = { boxes.whole(t.shape) } }
+      end
+   end
+   table.sort(wants, function(a, b) return a.name < b.name end)
+   local info = M.load(path, wants)
+   local tensors, names = {}, {}
+   for i, w in ipairs(wants) do
+      names[i] = w.name
+      tensors[w.name] = info.tensors[i]:view(w.shape)
+   end
+   info.names, info.tensors = names, tensors
+   return info
+end
+
 return M
