@@ -34,19 +34,21 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
    teardown(function() fs.remove_tree(root) end)
 
    -- Resume `from` (default: step10) under `args`, saving what it loaded again at once into <root>/<name>: the same
-   -- model and optimizer tensors bit for bit, then the uninterrupted losses of steps 11-20.
-   local function resume(name, args, from)
+   -- model and optimizer tensors bit for bit, then the uninterrupted losses (ref: default the fsdp 2 x tp 2 run's) up
+   -- to step `last` (20); `at`: the step saved (10), `params`: the model's parameter count (GPT: 29).
+   local function resume(name, args, from, ref, at, last, params)
+      at, last, ref = at or 10, last or 20, ref or uninterrupted
       local again = fs.join(root, name)
-      local r = run(("%s steps=20 from=%s resave=%s"):format(args, from or step10, again))
+      local r = run(("%s steps=%d from=%s resave=%s"):format(args, last, from or step10, again))
       assert.equal(0, r.code, r.out)
-      assert.truthy(r.out:find("loaded step 10", 1, true), r.out)
-      local n = same_state(from or step10, fs.join(again, "step-10"))
-      assert.equal(3 * 29, n) -- 29 parameters, AdamW's m and v of each
-      for step = 11, 20 do
-         local a, b = uninterrupted.losses[step], r.losses[step]
+      assert.truthy(r.out:find(("loaded step %d"):format(at), 1, true), r.out)
+      local n = same_state(from or step10, fs.join(again, "step-" .. at))
+      assert.equal(3 * (params or 29), n) -- the parameters, AdamW's m and v of each
+      for step = at + 1, last do
+         local a, b = ref.losses[step], r.losses[step]
          assert.is_true(math.abs(a - b) <= 1e-5, ("%s step %d: %s vs %s"):format(name, step, tostring(b), tostring(a)))
       end
-      return fs.join(again, "step-10")
+      return fs.join(again, "step-" .. at)
    end
 
    it("records global shapes, placements and the layout; each element is written once", function()
@@ -74,6 +76,13 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
       resume("fsdp4", "--nproc 4 mesh=fsdp4")
       local one = resume("one", "mesh=none")
       resume("back", "--nproc 4 mesh=fsdp2xtp2", one)
+   end)
+
+   it("Llama on tp 4 (each of the 2 kv heads on 2 ranks, written once) resumes in one process", function()
+      local a = run(("--nproc 4 model=llama mesh=tp4 steps=8 save_every=4 run_dir=%s/llama"):format(root))
+      assert.equal(0, a.code, a.out)
+      -- 2 x (2 norms, qkv, proj, gate, up, down) + embedding, final norm and head
+      resume("llama_one", "model=llama mesh=none", fs.join(root, "llama", "checkpoints", "step-4"), a, 4, 8, 17)
    end)
 
    it("resumes a single-process checkpoint (the trainer's own format) under tp 2", function()
