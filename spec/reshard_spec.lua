@@ -72,8 +72,9 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
       resume("dp2xtp2", "--nproc 4 mesh=dp2xtp2", tp2)
    end)
 
-   it("resumes under fsdp 4 and in one process without a strategy, and back onto fsdp 2 x tp 2", function()
+   it("resumes under fsdp 4, DDP and in one process without a strategy, and back onto fsdp 2 x tp 2", function()
       resume("fsdp4", "--nproc 4 mesh=fsdp4")
+      resume("dp2", "--nproc 2 mesh=dp2")
       local one = resume("one", "mesh=none")
       resume("back", "--nproc 4 mesh=fsdp2xtp2", one)
    end)
