@@ -2,6 +2,7 @@
 local cjson = require "cjson"
 local dt = require "dt"
 local train = require "dt.train"
+local optim = require "dt.optim"
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
 local boxes = require "dt.ckpt.boxes"
@@ -285,5 +286,17 @@ describe("sharded checkpoints (FSDP, GPT)", function()
          "not a dtrun-sharded-checkpoint index (it is a dtrun-checkpoint index)")
       testing.assert_close(load_model(plain).tensors["model.w"], dt.ones({ 2 }), 0, 0)
       testing.expect_error(function() load_model(fs.join(root, "nothing")) end, "no checkpoint in")
+   end)
+
+   it("reads its optimizer state by the parameter names it records; refuses one saved without them", function()
+      local plain = fs.join(root, "plain_opt")
+      local w = dt.ones({ 2 })
+      w.requires_grad = true
+      train.checkpoint.save(plain, { step = 1, model = { w = w }, optimizer = optim.AdamW({ w }, { lr = 0.1 }) })
+      local step = fs.join(plain, "step-1")
+      assert.same({ "w" }, cjson.decode(fs.read(fs.join(step, "index.json"))).param_names)
+      edit_index(step, function(index) index.param_names = nil end)
+      testing.expect_error(function() sharded.load_whole(plain) end,
+         "did not record which parameter each optimizer state belongs to")
    end)
 end)

@@ -189,7 +189,7 @@ function M.save(model, dir, state)
    local opt = state.optimizer
    local list, mine = pieces(model, world)
    local slices, steps = {}, {}
-   for _, pc in ipairs(list) do
+   for _, pc in ipairs(mine and list or {}) do -- host copies of what this rank writes (the save frees them)
       slices[#slices + 1] = slice("model." .. pc.name, pc, pc.t)
       local st = opt and opt.state[pc.t]
       for _, k in ipairs(tensor_keys(st)) do
@@ -209,9 +209,8 @@ function M.save(model, dir, state)
 end
 
 -- Restore the parameters (and state.optimizer / data / rng) from a checkpoint saved by any layout (a single-process
--- one too). The
--- optimizer must be built over model:parameters() (after the wrap). Everything is read and checked before anything
--- changes. Returns { step=, path=, config=, trainer= }.
+-- one too). The optimizer must be built over model:parameters() (after the wrap). Everything is read and checked
+-- before anything changes. Returns { step=, path=, config=, trainer= }.
 function M.load(model, path, state)
    local opt = state.optimizer
    local list = pieces(model, dist.init())
