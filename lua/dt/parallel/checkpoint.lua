@@ -17,16 +17,9 @@ local dist = require "dt.dist"
 local sharded = require "dt.ckpt.sharded"
 local boxes = require "dt.ckpt.boxes"
 local placement = require "dt.parallel.placement"
+local optim = require "dt.optim"
 
 local M = {}
-
--- Sorted names of the tensors in one optimizer state table.
-local function tensor_keys(st)
-   local keys = {}
-   for k, v in pairs(st or {}) do if Tensor.is_tensor(v) then keys[#keys + 1] = k end end
-   table.sort(keys)
-   return keys
-end
 
 -- Optimizer state keys a checkpoint holds ("optim.<key>.<parameter>" tensors), sorted.
 local function saved_state_keys(index)
@@ -192,7 +185,7 @@ function M.save(model, dir, state)
    for _, pc in ipairs(mine and list or {}) do -- host copies of what this rank writes (the save frees them)
       slices[#slices + 1] = slice("model." .. pc.name, pc, pc.t)
       local st = opt and opt.state[pc.t]
-      for _, k in ipairs(tensor_keys(st)) do
+      for _, k in ipairs(optim.tensor_keys(st)) do
          slices[#slices + 1] = slice(("optim.%s.%s"):format(k, pc.name), pc, st[k])
       end
       if st then steps[pc.name] = st.step end
