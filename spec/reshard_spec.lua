@@ -92,10 +92,14 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
       resume("plain_tp2", "--nproc 2 mesh=tp2", fs.join(root, "plain", "checkpoints", "step-10"))
    end)
 
-   it("refuses a model whose shapes differ from the checkpoint's, naming the tensor and both shapes", function()
+   it("refuses another model: shapes that differ (naming the tensor and both), tensors it does not have", function()
       local r = run(("--nproc 2 mesh=tp2 vocab=128 from=%s"):format(step10))
       assert.are_not.equal(0, r.code, r.out)
       assert.truthy(r.out:find("tensor 'model.wte.weight' is [256, 32] in the checkpoint, [128, 32] here", 1, true),
          r.out)
+      r = run(("mesh=none layers=1 from=%s"):format(step10))
+      assert.are_not.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("holds tensor 'model.blocks.2.", 1, true), r.out)
+      assert.truthy(r.out:find("which the model does not have", 1, true), r.out)
    end)
 end)

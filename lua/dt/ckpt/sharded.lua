@@ -274,7 +274,9 @@ function M.load(path, wants)
    local ok, err = pcall(function()
       for i, w in ipairs(wants) do
          local t = index.tensors[w.name]
-         if not t then error(("%s: no tensor '%s'"):format(where, w.name), 0) end
+         if not t then
+            error(("%s: no tensor '%s' (a checkpoint of another model, or saved without it)"):format(where, w.name), 0)
+         end
          if dims(t.shape) ~= dims(w.shape) then
             error(("%s: tensor '%s' is [%s] in the checkpoint, [%s] here: the model is not the one that saved it "
                .. "(build it with the checkpoint's config)"):format(where, w.name, dims(t.shape), dims(w.shape)), 0)

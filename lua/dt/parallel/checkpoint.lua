@@ -207,7 +207,21 @@ end
 function M.load(model, path, state)
    local opt = state.optimizer
    local list = pieces(model, dist.init())
-   local keys = opt and saved_state_keys(select(2, sharded.open_any(path))) or {}
+   local dir, index = sharded.open_any(path)
+   local have = {} -- every parameter of the model (FSDP: also those without an element on this rank)
+   local f = rawget(model, "fsdp")
+   if f then
+      for _, u in ipairs(f.units) do for _, e in ipairs(u.params) do have["model." .. e.name] = true end end
+   else
+      for _, np in ipairs(list) do have["model." .. np.name] = true end
+   end
+   for name in pairs(index.tensors) do
+      if name:match("^model%.") and not have[name] then
+         error(("%s: holds tensor '%s', which the model does not have: the model is not the one that saved it "
+            .. "(build it with the checkpoint's config)"):format(dir, name), 0)
+      end
+   end
+   local keys = opt and saved_state_keys(index) or {}
    local wants = {}
    local function want(name, pc)
       local bx = {}
@@ -275,7 +289,6 @@ function M.load(model, path, state)
    if opt_sd then opt:load_state_dict(opt_sd) end
    for i, pc in ipairs(list) do pc.t:copy_(loaded[i]) end
    free_all()
-   local f = rawget(model, "fsdp")
    for _, u in ipairs(f and f.units or {}) do -- offload: new weights to upload; stages 1 and 2: to gather again
       u.stale, u.outdated = f.offload ~= nil, f.stage < 3
    end
