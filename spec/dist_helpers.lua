@@ -40,6 +40,15 @@ function M.dtrun(args, env)
       run_dir = lines[1] and lines[1]:match("^run dir: (.*)$") }
 end
 
+-- M.dtrun for a fixture that prints "loss <step> <value>" lines: its run dir removed, r.losses = { [step] = loss }.
+function M.dtrun_losses(args, env)
+   local r = M.dtrun(args, env)
+   M.remove_run(r.run_dir)
+   r.losses = {}
+   for step, v in r.out:gmatch("loss (%d+) (%S+)") do r.losses[tonumber(step)] = tonumber(v) end
+   return r
+end
+
 -- Start one shell command per entry of `cmds` at once (from the repo root) and wait for all.
 -- Returns one {out=, code=} per command and the seconds until the last one ended.
 function M.dtrun_parallel(cmds)

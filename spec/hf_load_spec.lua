@@ -116,7 +116,8 @@ describe("dt.hf.load", function()
       end)
    end
 
-   it("dtrun ckpt export-hf writes a 2-rank sharded checkpoint as what transformers loads, weights bit-identical",
+   it("dtrun ckpt export-hf writes a 2-rank sharded (FSDP, tp) checkpoint as what transformers loads, weights "
+      .. "bit-identical",
       function()
       local tmp = helpers.tmpdir()
       finally(function() fs.remove_tree(tmp) end)
@@ -127,6 +128,14 @@ describe("dt.hf.load", function()
       r = dist.dtrun(("ckpt export-hf %s %s"):format(ck, out))
       assert.equal(0, r.code, r.out)
       assert.matches("exported step 1 of .* as a Hugging Face llama model", r.out)
+      assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", src, out))
+      -- the same from a tensor-parallel checkpoint (tp 2: the parameters split by rows and columns)
+      src, ck, out = fs.join(dir, "llama"), fs.join(tmp, "ckpt_tp"), fs.join(tmp, "exported_tp")
+      r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s tp"):format(src, ck))
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      r = dist.dtrun(("ckpt export-hf %s %s"):format(ck, out))
+      assert.equal(0, r.code, r.out)
       assert.matches("same %d+ tensors%s*$", refs.run("hf_roundtrip.py", src, out))
       r = dist.dtrun(("spec/fixtures/hf_ckpt.lua --nproc 2 %s %s nopath"):format(src, fs.join(tmp, "bare")))
       dist.remove_run(r.run_dir)

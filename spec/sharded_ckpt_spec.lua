@@ -2,8 +2,10 @@
 local cjson = require "cjson"
 local dt = require "dt"
 local train = require "dt.train"
+local optim = require "dt.optim"
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
+local boxes = require "dt.ckpt.boxes"
 local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
@@ -11,30 +13,12 @@ local tmpdir = require("spec.train_helpers").tmpdir
 local FIXTURE = "spec/fixtures/fsdp_ckpt.lua "
 
 -- Run the fixture; returns the result and its losses by step.
-local function run(args)
-   local r = helpers.dtrun(FIXTURE .. args)
-   helpers.remove_run(r.run_dir)
-   local losses = {}
-   for step, v in r.out:gmatch("loss (%d+) (%S+)") do losses[tonumber(step)] = tonumber(v) end
-   r.losses = losses
-   return r
-end
+local function run(args) return helpers.dtrun_losses(FIXTURE .. args) end
 
 local function sh(cmd) assert(os.execute(cmd) == 0, cmd) end
 
 -- Every model tensor, whole, through the sharded loader (what consolidation reads).
-local function load_model(dir)
-   local _, index = sharded.open_index(dir)
-   local wants = {}
-   for name, t in pairs(index.tensors) do
-      if name:match("^model%.") then
-         local n = 1
-         for _, d in ipairs(t.shape) do n = n * d end
-         wants[#wants + 1] = { name = name, shape = t.shape, start = 0, numel = n }
-      end
-   end
-   return sharded.load(dir, wants)
-end
+local function load_model(dir) return sharded.load_whole(dir, "^model%.") end
 
 local function edit_index(dir, fn) -- a consistent index (index.crc32 rewritten) that disagrees with the shards
    local index = cjson.decode(fs.read(fs.join(dir, "index.json")))
@@ -123,8 +107,11 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       assert.truthy(r.out:find("dtrun%-sharded%-checkpoint, step 10, saved by 4 ranks"), r.out)
       assert.truthy(r.out:find("index%.json: crc32 %x+ ok %(index%.crc32%)"), r.out)
       assert.truthy(r.out:find("shard%-00003%.safetensors%s+%d+ bytes%s+crc32 %x+%s+ok"), r.out)
-      assert.truthy(r.out:find("model%.wte%.weight%s+F32 %[256, 32%]%s+2 shard%(s%): "
-         .. "shard%-00000 %[0, %d+%), shard%-00001"), r.out)
+      assert.truthy(r.out:find("layout: no mesh on 4 rank(s) (fsdp)", 1, true), r.out)
+      -- the root unit's flat buffer split in 4: rank 0 holds wte's first 4240 elements, rank 1 the rest
+      assert.truthy(r.out:find("model.wte.weight                         F32 [256, 32]    Shard(0)@fsdp 4 shard(s): "
+         .. "shard-00000 [0:132, 0:32], shard-00000 [132:133, 0:16], shard-00001 [132:133, 16:32], "
+         .. "shard-00001 [133:256, 0:32]", 1, true), r.out)
       assert.truthy(r.out:find("checksums: 4 file%(s%) ok"), r.out)
    end)
 
@@ -175,6 +162,31 @@ describe("sharded checkpoints (FSDP, GPT)", function()
          assert.truthy(r.out:find("does not match index.crc32", 1, true), r.out)
       end)
 
+      it("a version 1 index (each rank's slice a flat run of elements) loads the same tensors", function()
+         local want = load_model(dir)
+         edit_index(dir, function(index)
+            index.version = 1
+            for _, t in pairs(index.tensors) do
+               local runs, whole = {}, boxes.whole(t.shape)
+               for _, sl in ipairs(t.slices) do -- FSDP without tp: a file's boxes of a tensor are one flat run
+                  local last = runs[#runs]
+                  local first = boxes.span(whole, sl)
+                  if last and last.file == sl.file then
+                     last.numel = last.numel + boxes.numel(sl.size)
+                  else
+                     runs[#runs + 1] = { file = sl.file, start = first, numel = boxes.numel(sl.size) }
+                  end
+               end
+               t.slices = runs
+            end
+         end)
+         local got = load_model(dir)
+         assert.same(want.names, got.names)
+         for _, name in ipairs(want.names) do
+            testing.assert_close(got.tensors[name], want.tensors[name], 0, 0, name)
+         end
+      end)
+
       it("an old checkpoint without index.crc32: loads, and inspect says it is not verified", function()
          os.remove(fs.join(dir, "index.crc32"))
          assert.equal(10, load_model(dir).step)
@@ -185,14 +197,19 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       end)
 
       it("an index whose slices disagree with the shards", function()
-         edit_index(dir, function(index) -- move the boundary between two slices of one tensor
-            local slices = index.tensors["model.wte.weight"].slices
-            slices[1].numel, slices[2].start, slices[2].numel = slices[1].numel + 8, slices[2].start + 8,
-               slices[2].numel - 8
+         edit_index(dir, function(index) -- say that a box of rank 0's is in rank 1's file
+            index.tensors["model.wte.weight"].slices[2].file = "shard-00001.safetensors"
          end)
          testing.expect_error(function() load_model(dir) end,
             fs.join(dir, "shard-00000.safetensors")
-               .. ": holds 4240 elements of 'model.wte.weight' but index.json's slice says 4248")
+               .. ": holds 4240 elements of 'model.wte.weight' but index.json's slices in it say 4224")
+         fresh()
+         edit_index(dir, function(index) -- two boxes of one tensor that overlap
+            local sl = index.tensors["model.wte.weight"].slices
+            sl[2].off[1] = sl[2].off[1] - 1
+         end)
+         testing.expect_error(function() load_model(dir) end,
+            fs.join(dir, "index.json") .. ": the slices of 'model.wte.weight' overlap at [131:132, 0:16]")
          fresh()
          edit_index(dir, function(index) table.remove(index.tensors["model.wpe.weight"].slices) end)
          testing.expect_error(function() load_model(dir) end,
@@ -262,11 +279,24 @@ describe("sharded checkpoints (FSDP, GPT)", function()
       assert.equal(4, train.checkpoint.load(dir, { model = { w = dt.zeros({ 2 }) } }).step)
    end)
 
-   it("refuses what is not a sharded checkpoint", function()
+   it("reads a single-process checkpoint under the sharded names; open_index refuses it", function()
       local plain = fs.join(root, "plain")
       train.checkpoint.save(plain, { step = 1, model = { w = dt.ones({ 2 }) } })
-      testing.expect_error(function() load_model(plain) end,
+      testing.expect_error(function() sharded.open_index(plain) end,
          "not a dtrun-sharded-checkpoint index (it is a dtrun-checkpoint index)")
+      testing.assert_close(load_model(plain).tensors["model.w"], dt.ones({ 2 }), 0, 0)
       testing.expect_error(function() load_model(fs.join(root, "nothing")) end, "no checkpoint in")
+   end)
+
+   it("reads its optimizer state by the parameter names it records; refuses one saved without them", function()
+      local plain = fs.join(root, "plain_opt")
+      local w = dt.ones({ 2 })
+      w.requires_grad = true
+      train.checkpoint.save(plain, { step = 1, model = { w = w }, optimizer = optim.AdamW({ w }, { lr = 0.1 }) })
+      local step = fs.join(plain, "step-1")
+      assert.same({ "w" }, cjson.decode(fs.read(fs.join(step, "index.json"))).param_names)
+      edit_index(step, function(index) index.param_names = nil end)
+      testing.expect_error(function() sharded.load_whole(plain) end,
+         "did not record which parameter each optimizer state belongs to")
    end)
 end)

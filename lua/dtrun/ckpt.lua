@@ -4,13 +4,14 @@ local cjson = require "cjson"
 local checkpoint = require "dt.ckpt.checkpoint"
 local sharded = require "dt.ckpt.sharded"
 local safetensors = require "dt.ckpt.safetensors"
+local boxes = require "dt.ckpt.boxes"
 local hf = require "dt.hf"
 
 local M = {}
 
 local usage = [[
-usage: dtrun ckpt inspect DIR                      list tensors, shapes and shards; verify index.json and every file's
-                                                   size and CRC32
+usage: dtrun ckpt inspect DIR                      the layout it was saved under; tensors, shapes, placements and
+                                                   shards; verify index.json and every file's size and CRC32
        dtrun ckpt consolidate DIR OUT.safetensors  write the model's full weights into one file
        dtrun ckpt export-hf DIR OUT_DIR            write the weights of a model loaded from Hugging Face (the run's
                                                    config.model.path) as a Hugging Face directory
@@ -42,10 +43,25 @@ local function open(path)
    return dir, plain_index, false, crc
 end
 
+-- "mesh_shape {{2, 2}, {"fsdp", "tp"}} on 4 ranks (tp, fsdp)": the layout a sharded checkpoint was saved under.
+local function layout_line(index)
+   local l = index.layout
+   if type(l) ~= "table" then return ("%d ranks (not recorded: saved by an older dtrun)"):format(index.world or 0) end
+   local mesh = "no mesh"
+   if type(l.mesh_shape) == "table" then
+      local names = {}
+      for i, n in ipairs(l.mesh_shape[2]) do names[i] = ('"%s"'):format(n) end
+      mesh = ("mesh_shape {{%s}, {%s}}"):format(table.concat(l.mesh_shape[1], ", "), table.concat(names, ", "))
+   end
+   local strategies = #l.strategies > 0 and table.concat(l.strategies, ", ") or "one process"
+   return ("%s on %d rank(s) (%s)"):format(mesh, l.world, strategies)
+end
+
 local function inspect(path)
    local dir, index, is_sharded, index_crc = open(path)
    print(("%s: %s, step %d%s"):format(dir, index.format, index.step,
       is_sharded and (", saved by %d ranks"):format(index.world or 0) or ""))
+   if is_sharded then print("layout: " .. layout_line(index)) end
    print(index_crc and ("index.json: crc32 %08x ok (index.crc32)"):format(index_crc)
       or "index.json: not verified (no index.crc32: saved by an older dtrun)")
    local bad = 0
@@ -62,10 +78,11 @@ local function inspect(path)
          local t = index.tensors[name]
          local parts = {}
          for i, sl in ipairs(t.slices) do
-            parts[i] = ("%s [%d, %d)"):format(sl.file:gsub("%.safetensors$", ""), sl.start, sl.start + sl.numel)
+            local where = sl.start and ("[%d, %d)"):format(sl.start, sl.start + sl.numel) or boxes.format(sl)
+            parts[i] = ("%s %s"):format(sl.file:gsub("%.safetensors$", ""), where)
          end
-         print(("  %-40s %s %-12s %d shard(s): %s"):format(name, t.dtype, dims(t.shape), #t.slices,
-            table.concat(parts, ", ")))
+         print(("  %-40s %s %-12s %-12s %d shard(s): %s"):format(name, t.dtype, dims(t.shape),
+            t.placement or "", #t.slices, table.concat(parts, ", ")))
       end
    else
       for _, file in ipairs(sorted_keys(index.files)) do
@@ -84,17 +101,8 @@ end
 local function model_tensors(dir, index, is_sharded)
    local entries = {}
    if is_sharded then
-      local wants = {}
-      for _, name in ipairs(sorted_keys(index.tensors)) do
-         local t = index.tensors[name]
-         if name:match("^model%.") then
-            local numel = 1
-            for _, d in ipairs(t.shape) do numel = numel * d end
-            wants[#wants + 1] = { name = name, shape = t.shape, start = 0, numel = numel }
-         end
-      end
-      local info = sharded.load(dir, wants)
-      for i, w in ipairs(wants) do entries[i] = { w.name:sub(#"model." + 1), info.tensors[i]:view(w.shape) } end
+      local info = sharded.load_whole(dir, "^model%.")
+      for i, name in ipairs(info.names) do entries[i] = { name:sub(#"model." + 1), info.tensors[name] } end
    else
       local e = index.files["model.safetensors"]
       if not e then error(("%s: the checkpoint holds no model.safetensors"):format(dir), 0) end

@@ -222,6 +222,12 @@ function M.save(dir, state)
       if state.optimizer then
          local tensors = {}
          index.optimizer = encode(state.optimizer:state_dict(), { "optimizer" }, tensors)
+         if state.model then -- the parameter each state belongs to: another layout loads it by name (dt.ckpt.sharded)
+            local name_of = {}
+            for _, np in ipairs(model_tensors(state.model)) do name_of[np[2]] = np[1] end
+            index.param_names = {}
+            for i, p in ipairs(state.optimizer.params) do index.param_names[i] = name_of[p] or false end
+         end
          write_shard(tmp, "optimizer.safetensors", tensors, files)
       end
       if state.data then index.data = { position = state.data:position() } end
@@ -320,9 +326,10 @@ function M.index_text(dir)
 end
 
 -- index.json of a step dir, checked against index.crc32 and to be of `format` (default: this module's
--- single-process format). Returns the index and its CRC32 (nil when the checkpoint predates index.crc32).
-local function read_index(dir, format)
-   format = format or FORMAT
+-- single-process format) in a version from 1 to `newest` (default: this module's). Returns the index and its CRC32
+-- (nil when the checkpoint predates index.crc32).
+local function read_index(dir, format, newest)
+   format, newest = format or FORMAT, newest or VERSION
    local path = fs.join(dir, "index.json")
    local text, crc = M.index_text(dir)
    local ok, index = pcall(cjson.decode, text)
@@ -332,8 +339,10 @@ local function read_index(dir, format)
       local it_is = what and (" (it is a %s index)"):format(tostring(what)) or ""
       error(("%s: not a %s index%s"):format(path, format, it_is), 0)
    end
-   if index.version ~= VERSION then
-      error(("%s: format version %s, this build reads %d"):format(path, tostring(index.version), VERSION), 0)
+   local v = index.version
+   if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v > newest then
+      local reads = newest == 1 and "1" or ("1 to %d"):format(newest)
+      error(("%s: format version %s, this build reads %s"):format(path, tostring(v), reads), 0)
    end
    if type(index.step) ~= "number" or type(index.files) ~= "table" then
       error(("%s: missing step or files"):format(path), 0)

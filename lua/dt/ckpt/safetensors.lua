@@ -231,6 +231,19 @@ function Reader:copy_range(name, first, count, dst)
    return dst
 end
 
+-- A 1-D tensor over elements [first, first + count) of tensor `name` as stored: the mapped file's bytes themselves
+-- (a copy when unaligned), valid until close(); free it after use.
+function Reader:region(name, first, count)
+   local e = self.entries[name]
+   if not e then error(("%s: no tensor '%s'"):format(self.path, name), 2) end
+   local numel = (e.last - e.first) / e.dtype.size
+   if first < 0 or count < 0 or first + count > numel then
+      error(("%s: elements [%d, %d) are outside tensor '%s' (%d elements)"):format(self.path, first, first + count,
+         name, numel), 2)
+   end
+   return stored(e, first, { count }, self.base)
+end
+
 -- A new host tensor holding `name` in its stored dtype.
 function Reader:tensor(name)
    local e = self.entries[name]

@@ -130,13 +130,14 @@ function Optimizer:state_dict()
    return { kind = self.kind, lr = self.lr, step_count = self.step_count, groups = groups, state = state }
 end
 
--- Sorted names of the tensors in one parameter's state.
+-- Sorted names of the tensors in one parameter's state (nil: none).
 local function tensor_keys(st)
    local names = {}
-   for k, v in pairs(st) do if Tensor.is_tensor(v) then names[#names + 1] = k end end
+   for k, v in pairs(st or {}) do if Tensor.is_tensor(v) then names[#names + 1] = k end end
    table.sort(names)
    return names
 end
+optim.tensor_keys = tensor_keys
 
 -- Restore hyper-parameters and state (copied into this optimizer's own tensors; shapes checked).
 function Optimizer:load_state_dict(sd)

@@ -35,7 +35,8 @@
 -- memory and the optimizer steps them on the CPU; the device keeps only the param_dtype shard it gathers from
 -- (offload_param: not even that). On a cpu device everything is host memory already: the offload options
 -- are accepted and change nothing (model.fsdp.offload is nil).
--- Checkpoints (dt.parallel.fsdp_checkpoint): each rank saves its shards, loadable onto any world size or mesh.
+-- Checkpoints (dt.parallel.fsdp_checkpoint over dt.parallel.checkpoint): each rank saves its shards, loadable onto any
+-- layout.
 --
 -- ZeRO stages (opts.stage; dt.parallel.zero maps DeepSpeed's zero_optimization.stage): 3 (the default) is the
 -- above. Stages 1 and 2 keep every unit gathered (parameters replicated: no gathers in forward or backward) and

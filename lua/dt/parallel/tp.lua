@@ -37,6 +37,7 @@ local autograd = require "dt.autograd"
 local meshmod = require "dt.mesh"
 local dist = require "dt.dist"
 local placement = require "dt.parallel.placement"
+local pcheckpoint = require "dt.parallel.checkpoint"
 local ops = require "dt.parallel.tp_ops"
 
 local M = {}
@@ -312,6 +313,10 @@ function TP:over(inner)
          if e and e.partial then grads[#grads + 1] = p.grad end
       end
       ops.sum_grads({ comm = self.comm, stats = self.grad_stats }, grads)
+   end
+   if not (inner and inner.save_checkpoint) then -- tp alone or under DDP: the sharded checkpoint of tp's parts
+      s.save_checkpoint = function(_, trainer) return pcheckpoint.save_checkpoint(self.model, trainer, false) end
+      s.load_checkpoint = function(_, trainer, path) return pcheckpoint.load_checkpoint(self.model, trainer, path) end
    end
    s.reduce_grad_sumsq = function(_, trainer, _)
       local sum = 0

@@ -49,6 +49,8 @@ local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local metrics = require "dt.train.metrics"
 local checkpoint = require "dt.ckpt.checkpoint"
+local sharded = require "dt.ckpt.sharded"
+local pcheckpoint = require "dt.parallel.checkpoint"
 local tensorboard = require "dt.obs.tensorboard"
 local mfu = require "dt.obs.mfu"
 local trace = require "dt.obs.trace"
@@ -163,6 +165,7 @@ end
 -- or run dir). A checkpoint saved before the trainer kept its loss scaler's state leaves the scaler as it is.
 function Trainer:load_checkpoint(path)
    local info = self.strategy.load_checkpoint and self:hook("load_checkpoint", path)
+      or sharded.holds(path) and pcheckpoint.load_checkpoint(self.model, self, path) -- saved by another layout
       or checkpoint.load(path, { model = self.model, optimizer = self.optimizer, data = self.data, rng = self.rng })
    self.step = info.step
    local st, scaler = info.trainer or {}, self.loss_scaler
