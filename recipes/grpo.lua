@@ -4,6 +4,7 @@
 --    dtrun recipes/grpo.lua --nproc 2                          # colocated: every rank generates, then trains (DDP)
 --    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated  # rank 2 generates, ranks 0-1 train (DDP)
 --    dtrun recipes/grpo.lua --nproc 2 steps=40 grpo.beta=0.04 grpo.group_size=16 prompts=mine.jsonl
+--    dtrun recipes/grpo.lua --nproc 2 --deepspeed ds.json    # micro batch = completions per rank (TRL's meaning)
 local dt    = require "dt"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
@@ -94,8 +95,12 @@ local function digits(_, completion, row)
    return right / math.max(#row.answer, #completion)
 end
 
--- GRPO: DDP among the trainer ranks; rollouts from each generating rank's own generator.
-if roles.trains then ddp.wrap(model, { comm = roles.comm }) end
+-- GRPO: DDP among the trainer ranks (--deepspeed FILE: its stage 0, optimizer, scheduler; its batch sizes give
+-- grpo.prompts_per_step); rollouts from each generating rank's own generator.
+local ds = train.deepspeed(cfg)
+if roles.trains then
+   if ds then ds:wrap(model, { comm = roles.comm }) else ddp.wrap(model, { comm = roles.comm }) end
+end
 dt.manual_seed(cfg.seed * 1000 + world.rank)
 local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles,
    rewards = { rl.rewards.exact_answer(), { fn = digits, weight = cfg.partial_credit, name = "digits" } } }

@@ -4,6 +4,7 @@
 --    dtrun recipes/sft.lua model.path=/tmp/tiny data=/tmp/tiny/chats.jsonl steps=20
 --    dtrun recipes/sft.lua --nproc 2 strategy=fsdp model.path=DIR data=chats.jsonl    # or ddp, zero3 (CPU offload)
 --    dtrun recipes/sft.lua ... out=runs/tuned          # then the tuned model as a Hugging Face directory
+--    dtrun recipes/sft.lua --nproc 2 --deepspeed ds_config.json model.path=DIR data=chats.jsonl   # its ZeRO stage
 --
 -- Each JSONL line is {"messages": [{"role": "user", "content": ...}, {"role": "assistant", ...}, ...]}, rendered by
 -- the chat template of the tokenizer directory (dt.hf.chat: ChatML/Qwen, Llama-3, Mistral) and packed into rows.
@@ -29,18 +30,31 @@ if cfg.model.path == "" or cfg.data == "" then error("sft: set model.path=DIR an
 if not ({ ddp = true, fsdp = true, zero3 = true })[cfg.strategy] then
    error(("sft: strategy must be ddp, fsdp or zero3, got %s"):format(cfg.strategy), 0)
 end
+local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
+if ds and cfg.strategy ~= "ddp" then
+   error(("sft: --deepspeed and strategy=%s are both set; the DeepSpeed config's zero_optimization.stage chooses the "
+      .. "strategy (0: ddp, 1-3: sharded; offload_optimizer for zero3's CPU offload): drop strategy"):format(
+      cfg.strategy), 0)
+end
 local dir = train.run_dir(cfg)
 local world = dist.init()
 local say = world.is_main and print or function() end
 
--- Model: loaded from the directory; fsdp and zero3 shard it as it loads (each rank reads only its shards).
-local wrap = cfg.strategy == "fsdp" and fsdp.wrap or cfg.strategy == "zero3" and function(m)
-   return zero.wrap(m, { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" } } })
-end
+-- Model: loaded from the directory; fsdp, zero3 and DeepSpeed's stages 1-3 shard it as it loads (each rank reads
+-- only its shards).
+local wrap = ds and ds.stage > 0 and function(m) return ds:wrap(m) end
+   or cfg.strategy == "fsdp" and fsdp.wrap or cfg.strategy == "zero3" and function(m)
+      return zero.wrap(m, { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" } } })
+   end
 local model, hf_config = hf.load(cfg.model.path, { wrap = wrap or nil })
-if cfg.strategy == "ddp" and world.size > 1 then ddp.wrap(model, { comm = world.comm }) end
+if ds then
+   if ds.stage == 0 then ds:wrap(model) end
+elseif cfg.strategy == "ddp" and world.size > 1 then
+   ddp.wrap(model)
+end
 model:train()
-say(("model: %s from %s, %d rank(s), %s"):format(hf_config.model_type, cfg.model.path, world.size, cfg.strategy))
+say(("model: %s from %s, %d rank(s), %s"):format(hf_config.model_type, cfg.model.path, world.size,
+   ds and ("deepspeed ZeRO stage %d"):format(ds.stage) or cfg.strategy))
 
 -- Data: the conversations' tokens packed into rows; targets only where the next token is the assistant's.
 local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
@@ -58,7 +72,7 @@ local last = trainer:run()
 if last then say(("done: step %d  train loss %.4f"):format(last.step, last.loss)) end
 
 -- The tuned model as a Hugging Face directory (ddp: rank 0 writes it; sharded: `dtrun ckpt export-hf` on a checkpoint).
-if cfg.out ~= "" and cfg.strategy == "ddp" and world.is_main then
+if cfg.out ~= "" and not model.fsdp and world.is_main then
    hf.save(model, cfg.out)
    say("saved " .. cfg.out)
 end

@@ -263,7 +263,7 @@ dt_status dt_tokenizer_add_merge(dt_tokenizer *t, const char *left, const char *
  * normalized text: not whitespace to lstrip/rstrip). */
 static bool prepend_shape(const dt_tokenizer *t) {
   return (t->flags & DT_TOKENIZER_SENTENCEPIECE) &&
-         !(t->flags & (DT_TOKENIZER_METASPACE | DT_TOKENIZER_METASPACE_ALWAYS));
+         !(t->flags & (DT_TOKENIZER_METASPACE | DT_TOKENIZER_METASPACE_ALWAYS | DT_TOKENIZER_METASPACE_NEVER));
 }
 
 /* The normalizers on p[0..n) (n > 0) into *out (malloc'ed, *m bytes; NULL when p needs no change): NFC, Prepend. */

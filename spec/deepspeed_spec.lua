@@ -184,7 +184,7 @@ describe("ds_config.json (dt.train.deepspeed)", function()
    local function seed() return cjson.decode(fs.read(SEED_CONFIG)) end
    local function near(want, got) assert.is_true(math.abs(want - got) <= 1e-12 * math.abs(want), tostring(got)) end
    local function schedule_is(want, schedule, steps)
-      for i, step in ipairs(steps) do near(want[i], schedule(step)) end
+      for i, step in ipairs(steps) do near(want[i], schedule(step, 0)) end
    end
 
    it("takes the seed guide's example key by key", function()
@@ -212,12 +212,13 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       assert.same({ 0.01, 0 }, { g[1].weight_decay, g[2].weight_decay }) -- the recipe's groups: no decay on gains
       assert.equal(2 ^ 16, t.loss_scaler.scale)
       assert.is_true(t.loss_scaler.dynamic)
-      -- WarmupDecayLR with DeepSpeed's default log warmup; step s is DeepSpeed's iteration s - 1
-      assert.equal(0, t.schedule(1))
-      near(1e-4 * math.log(10) / math.log(1000), t.schedule(10))
-      assert.equal(1e-4, t.schedule(1001))
-      near(5e-5, t.schedule(25501)) -- (50000 - 25500) / (50000 - 1000) of the way down
-      assert.equal(0, t.schedule(50001))
+      -- WarmupDecayLR with DeepSpeed's default log warmup; step s runs at DeepSpeed's iteration s - 2 (step 1 at the
+      -- lr the scheduler set when built: dt.train.deepspeed_schedule, deepspeed_schedule_spec)
+      assert.equal(0, t.schedule(1, 0))
+      near(1e-4 * math.log(10) / math.log(1000), t.schedule(11, 0))
+      assert.equal(1e-4, t.schedule(1002, 0))
+      near(5e-5, t.schedule(25502, 0)) -- (50000 - 25500) / (50000 - 1000) of the way down
+      assert.equal(0, t.schedule(50002, 0))
    end)
 
    it("maps the other optimizers, schedulers and keys, and says which keys change nothing", function()
@@ -233,7 +234,7 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       ds:trainer(t)
       assert.equal("SGD", t.optimizer.kind)
       assert.equal(0.9, t.optimizer.param_groups[1].momentum)
-      schedule_is({ 0, 0.01, 0.1, 0.1 }, t.schedule, { 1, 2, 11, 500 }) -- linear warmup from DeepSpeed's iteration 0
+      schedule_is({ 0, 0, 0.01, 0.1, 0.1 }, t.schedule, { 1, 2, 3, 12, 500 }) -- linear, iteration 0 at step 2
       assert.is_nil(t.loss_scaler)
       ds = deepspeed.new({ train_batch_size = 4, optimizer = { type = "Adam", params = { lr = 0.5 } },
          scheduler = { type = "WarmupCosineLR", params = { total_num_steps = 20, warmup_num_steps = 4,
@@ -241,7 +242,7 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       t = { optimizer = optim.AdamW(gpt():parameters()) }
       ds:trainer(t)
       assert.equal(0, t.optimizer.param_groups[1].weight_decay) -- DeepSpeed's Adam: AdamW with weight_decay 0
-      schedule_is({ 0, 0.125, 0.5, 0.05 }, t.schedule, { 1, 2, 5, 21 }) -- cosine down to cos_min_ratio x lr
+      schedule_is({ 0, 0.125, 0.05 }, t.schedule, { 1, 3, 21 }) -- cosine down to cos_min_ratio x lr at iteration 19
    end)
 
    it("rejects what dtrun cannot honour, naming the key (DeepSpeed's own message for the batch sizes)", function()
@@ -263,8 +264,8 @@ describe("ds_config.json (dt.train.deepspeed)", function()
          "deepspeed: unsupported key activation_checkpointing (supported: bf16, fp16, gradient_accumulation_steps")
       err({ train_batch_size = 8, zero_optimization = { sub_group_size = 1e9 } }, 1,
          "unsupported key zero_optimization.sub_group_size")
-      err({ train_batch_size = 8, scheduler = { type = "OneCycle" } }, 1,
-         "scheduler.type = 'OneCycle' is not supported")
+      err({ train_batch_size = 8, scheduler = { type = "LRRangeTest" } }, 1,
+         "scheduler.type = 'LRRangeTest' is not supported")
       err({ train_batch_size = "auto" }, 1,
          "train_batch_size = \"auto\": \"auto\" is filled in by Hugging Face's Trainer")
       err({ train_batch_size = 8, optimizer = { type = "Adam", params = { adam_w_mode = false } } }, 1,
@@ -285,6 +286,63 @@ describe("ds_config.json (dt.train.deepspeed)", function()
          "this recipe has no `batch` key (rows per rank) for train_micro_batch_size_per_gpu")
       testing.expect_error(function() config.parse({ batch = 2 }, { "--deepspeed", "nope.json" }) end,
          "deepspeed: cannot read nope.json")
+   end)
+
+   it("gives recipes/grpo.lua's grpo.prompts_per_step from its batch sizes (TRL's completions per rank)", function()
+      local ffi = require "ffi"
+      pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+      pcall(ffi.cdef, "int unsetenv(const char *name);")
+      local before = os.getenv("WORLD_SIZE") -- put back after each parse (dtrun children read it)
+      local dir, files = tmpdir(), 0
+      local function parse(ds, words, world)
+         files = files + 1 -- a new file each time (dt.train.deepspeed reads a path once)
+         local path = ("%s/ds%d.json"):format(dir, files)
+         fs.write(path, cjson.encode(ds))
+         ffi.C.setenv("WORLD_SIZE", tostring(world or 1), 1)
+         local args = { "--deepspeed", path }
+         for _, w in ipairs(words or {}) do args[#args + 1] = w end
+         local ok, cfg = pcall(config.parse, { steps = 1, grpo = { group_size = 8, prompts_per_step = 32,
+            placement = "colocated", rollout_ranks = 1 } }, args)
+         if before then ffi.C.setenv("WORLD_SIZE", before, 1) else ffi.C.unsetenv("WORLD_SIZE") end
+         if not ok then error(cfg, 0) end
+         return cfg
+      end
+      -- 64 completions per step over 2 ranks: 32 per rank, 8 per prompt, so 4 prompts per rank
+      assert.equal(4, parse({ train_batch_size = 64 }, {}, 2).grpo.prompts_per_step)
+      assert.equal(2, parse({ train_micro_batch_size_per_gpu = 32 }, { "grpo.group_size=16" }).grpo.prompts_per_step)
+      -- separated placement: the rollout ranks take no part in the batch (3 ranks, 1 generating: 2 trainers)
+      assert.equal(4, parse({ train_batch_size = 64 }, { "grpo.placement=separated" }, 3).grpo.prompts_per_step)
+      testing.expect_error(function() parse({ train_micro_batch_size_per_gpu = 12 }) end, "deepspeed: " .. dir
+         .. "/ds4.json: train_micro_batch_size_per_gpu = 12 (completions per trainer rank) is not a multiple of "
+         .. "grpo.group_size = 8 (completions per prompt)")
+      testing.expect_error(function() parse({ train_batch_size = 64, gradient_accumulation_steps = 2 }) end,
+         "gradient_accumulation_steps = 2: GRPO takes one optimizer step per rollout batch")
+      testing.expect_error(function() parse({ train_batch_size = 64, zero_optimization = { stage = 2 } }) end,
+         "zero_optimization.stage = 2: dtrun's GRPO generates its rollouts with the whole model on each rank")
+      fs.remove_tree(dir)
+   end)
+
+   it("runs recipes/grpo.lua (2 ranks, its optimizer and scheduler) and refuses sft's strategy beside it", function()
+      local dir = tmpdir()
+      fs.write(dir .. "/ds.json", cjson.encode { train_batch_size = 8, optimizer = { type = "SGD",
+         params = { lr = 0.05 } }, scheduler = { type = "WarmupLR", params = { warmup_min_lr = 0.01,
+         warmup_max_lr = 0.05, warmup_num_steps = 4, warmup_type = "linear" } } })
+      local run_dir = fs.join(dir, "grpo")
+      local r = helpers.dtrun("recipes/grpo.lua --nproc 2 --deepspeed " .. dir .. "/ds.json steps=3 run_dir="
+         .. run_dir .. " model.dim=32 model.layers=1 model.heads=2 sft.steps=2 eval=4 grpo.group_size=2 log_every=0")
+      assert.equal(0, r.code, r.out)
+      -- 8 completions over 2 ranks, 2 per prompt: 2 prompts per rank
+      assert.matches("prompts_per_step = 2,", fs.read(fs.join(run_dir, "config.lua")), 1, true)
+      local lrs = {}
+      for line in io.lines(fs.join(run_dir, "metrics.jsonl")) do lrs[#lrs + 1] = cjson.decode(line).lr end
+      assert.equal(3, #lrs)
+      for i, want in ipairs { 0, 0.01, 0.02 } do near(want, lrs[i]) end -- WarmupLR: built at 0, iterations 0 and 1
+      helpers.remove_run(r.run_dir)
+      r = helpers.dtrun("recipes/sft.lua --deepspeed " .. dir .. "/ds.json strategy=fsdp model.path=x data=y")
+      if r.run_dir then helpers.remove_run(r.run_dir) end
+      fs.remove_tree(dir)
+      assert.is_not.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("sft: --deepspeed and strategy=fsdp are both set", 1, true), r.out)
    end)
 
    it("runs recipes/zero3_offload.lua with the seed's example and recipes/ddp.lua at stage 1 (2 ranks)", function()

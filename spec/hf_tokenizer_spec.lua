@@ -28,7 +28,7 @@ describe("dt.hf.tokenizer", function()
    teardown(function() fs.remove_tree(dir) end)
 
    for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style", "metaspace_style",
-      "metaspace_always" } do
+      "metaspace_always", "metaspace_never", "metaspace_legacy" } do
       describe(name, function()
          local tok = hf.tokenizer(fs.join(dir, name))
 

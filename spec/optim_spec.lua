@@ -282,23 +282,13 @@ describe("schedule", function()
       assert.equal(0.1, optim.schedule { lr = 1, warmup = 10, total = 100 }(1))      -- ours: lr / warmup
    end)
 
-   it("warms up logarithmically with warmup_type = log (DeepSpeed's WarmupLR default: lr * log(i + 1) / log(W))",
-      function()
-      local s = optim.schedule { lr = 2, warmup = 100, decay = "constant", hf = true, warmup_type = "log" }
-      assert.equal(0, s(1)) -- DeepSpeed's iteration 0
-      assert.is_true(math.abs(s(10) - 2 * 0.5) < 1e-12) -- iteration 9: log(10) / log(100) = 1/2
-      assert.equal(2, s(101))
-   end)
-
    it("rejects bad configurations", function()
       assert.has_error(function() optim.schedule { lr = 1, total = 10, decay = "exp" } end,
          "schedule: unknown decay 'exp' (use cosine, linear or constant)")
       assert.has_error(function() optim.schedule { lr = 1, warmup = 10, total = 10 } end,
          "schedule: cosine decay needs total > warmup, got total=10 warmup=10")
       assert.has_error(function() optim.schedule { lr = 1, total = 10, warmpu = 1 } end,
-         "schedule: unknown option 'warmpu' (valid: decay, hf, lr, min_lr, total, warmup, warmup_type)")
-      assert.has_error(function() optim.schedule { lr = 1, warmup = 1, decay = "constant", warmup_type = "log" } end,
-         "schedule: a log warmup needs warmup >= 2 (log(1) = 0)")
+         "schedule: unknown option 'warmpu' (valid: decay, hf, lr, min_lr, total, warmup)")
       assert.has_error(function() optim.schedule { lr = 1, total = 10, min_lr = 2 } end,
          "schedule: min_lr must be in [0, lr], got 2")
    end)

@@ -37,6 +37,24 @@ describe("recipes/sft.lua", function()
       for _, v in ipairs(l) do assert.is_true(v > 0 and v < 20, r.out) end
    end)
 
+   it("takes a DeepSpeed config: its ZeRO stage (2: sharded as it loads), batch sizes and optimizer (2 ranks)",
+      function()
+      local ds = fs.join(tmp, "ds.json")
+      fs.write(ds, require("cjson").encode { train_batch_size = 8, gradient_accumulation_steps = 2,
+         zero_optimization = { stage = 2 }, optimizer = { type = "AdamW", params = { lr = 1e-3 } } })
+      local r = dist.dtrun("recipes/sft.lua --nproc 2 --deepspeed " .. ds .. " " .. args:gsub("batch=2", "batch=3")
+         .. "steps=2")
+      local resolved = r.run_dir and fs.is_file(fs.join(r.run_dir, "config.lua")) and fs.read(fs.join(r.run_dir,
+         "config.lua")) or ""
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.matches("model: qwen2 from .*, 2 rank%(s%), deepspeed ZeRO stage 2", r.out)
+      -- 8 rows a step = 2 rows per rank (the file's, not batch=3) x 2 micro-batches x 2 ranks
+      assert.matches("batch = 2,", resolved, 1, true)
+      assert.matches("grad_accum = 2,", resolved, 1, true)
+      assert.equal(2, #losses(r.out), r.out)
+   end)
+
    it("saves the tuned model as a Hugging Face directory that dt.hf.load reads back", function()
       local out = fs.join(tmp, "tuned")
       local r = dist.dtrun("recipes/sft.lua " .. args .. "steps=2 out=" .. out)

@@ -219,7 +219,11 @@ describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with D
    -- parameters and gradients plus 12 bytes of f32 master and Adam m, v; dtrun keeps gradients and master weights in
    -- f32, so in f32 a parameter or gradient Ψ-byte is 4 (dt.parallel.fsdp's table with P = 4). Stage 3's gathered
    -- shard is the master itself.
-   local function table_bytes(stage, psi, n)
+   -- With offload_optimizer (ZeRO-Offload, on cuda) the device keeps the replicated parameters (stage 1 also its full
+   -- gradient) and the f32 shard it gathers from; the pinned host pool the master and gradient shards (the AdamW state
+   -- is in ordinary host memory). Returns the device bytes and the pinned bytes.
+   local function table_bytes(stage, psi, n, offload)
+      if offload then return (stage == 1 and 8 or 4) * psi + 4 * psi / n, 8 * psi / n end
       if stage == 0 then return 16 * psi end               -- DDP: parameters, gradient buckets, m, v
       if stage == 1 then return 8 * psi + 12 * psi / n end -- replicated parameters and gradients
       if stage == 2 then return 4 * psi + 16 * psi / n end -- replicated parameters
@@ -239,12 +243,14 @@ describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with D
             for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
             assert.equal(n, f.ranks, line)
             assert.is_true(f.max_abs_param_diff <= 5e-5, line) -- fsdp_spec's f32 tolerance against DDP
-            local want = table_bytes(f.stage, f.numel, n)
+            local want, pinned = table_bytes(f.stage, f.numel, n, f.offload == 1)
             local slack = 16 * (f.padded - f.numel) + 4096 -- padding to a multiple of N, stray scalars
             assert.is_true(math.abs(f.state_bytes - want) <= slack, ("%s: expected %d"):format(line, want))
+            assert.is_true(math.abs(f.pinned_bytes - (pinned or 0)) <= slack, ("%s: expected %d pinned"):format(line,
+               pinned or 0))
             seen = seen + 1
          end
-         assert.equal(4, seen, r.out)
+         assert.equal(dev == "cpu" and 4 or 6, seen, r.out) -- on cuda also stages 1 and 2 offloaded
       end)
    end
 

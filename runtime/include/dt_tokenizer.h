@@ -14,15 +14,17 @@ typedef struct dt_tokenizer dt_tokenizer;
  * byte XX of a character not in the vocabulary, BPE starts from characters, and every segment between added tokens gets
  * a space in front (tokenizers' Prepend + Replace normalizers). METASPACE (with SENTENCEPIECE): only a segment at the
  * text's start that does not begin with a space gets one (the Metaspace pre-tokenizer, prepend_scheme "first");
- * METASPACE_ALWAYS instead: every segment that does not begin with a space (prepend_scheme "always"). Metaspace's
- * split = true is the pattern "[^ ]+| [^ ]*" (a piece starts at every space). */
+ * METASPACE_ALWAYS instead: every segment that does not begin with a space (prepend_scheme "always"); METASPACE_NEVER:
+ * no segment gets one (prepend_scheme "never"). Metaspace's split = true is the pattern "[^ ]+| [^ ]*" (a piece starts
+ * at every space). */
 enum {
   DT_TOKENIZER_PREFIX_SPACE = 1,
   DT_TOKENIZER_IGNORE_MERGES = 2,
   DT_TOKENIZER_NFC = 4,
   DT_TOKENIZER_SENTENCEPIECE = 8,
   DT_TOKENIZER_METASPACE = 16,
-  DT_TOKENIZER_METASPACE_ALWAYS = 32
+  DT_TOKENIZER_METASPACE_ALWAYS = 32,
+  DT_TOKENIZER_METASPACE_NEVER = 64
 };
 /* Options of an added token (or'ed), tokenizers' AddedToken fields. SPECIAL: decode skips it when asked to skip special
  * tokens. LSTRIP / RSTRIP: the match takes the whitespace on its left / right. SINGLE_WORD: it matches only between

@@ -42,24 +42,30 @@ end
 -- Whether j has Llama-2's SentencePiece-style shape: BPE with byte fallback, normalizers Prepend("▁") and
 -- Replace(" ", "▁") with no pre-tokenizer, or no normalizer and the Metaspace("▁") pre-tokenizer of newer conversions
 -- (prepend_scheme "first": a "▁" before the text unless it starts with a space, none after added tokens; "always":
--- also after added tokens; split = true: a piece starts at every "▁"); decoders Replace("▁", " "), ByteFallback, Fuse,
--- Strip(" ", 1, 0). Returns false, or true and the Metaspace pre-tokenizer (nil: the Prepend shape).
+-- also after added tokens; "never": none; split = true, its default: a piece starts at every "▁"; the legacy form
+-- without prepend_scheme is add_prefix_space = true (or absent): "always", false: "never"); decoders Replace("▁", " "),
+-- ByteFallback, Fuse, then Strip(" ", 1, 0) or not (transformers' conversions with add_prefix_space = false).
+-- Returns false, or true, the prepend scheme (nil: the Prepend shape), split, and whether the decoder strips.
 local SPACE = "\u{2581}"
+local SCHEMES = { first = true, always = true, never = true }
 local function sentencepiece(j)
    local n, d, p = j.normalizer, j.decoder, j.pre_tokenizer
    if j.model.byte_fallback ~= true or null(d) or d.type ~= "Sequence" then return false end
    local kinds = {}
    for i, x in ipairs(d.decoders) do kinds[i] = x.type end
-   local strip = d.decoders[4] or {}
-   if table.concat(kinds, ",") ~= "Replace,ByteFallback,Fuse,Strip" or strip.content ~= " " or strip.start ~= 1
-      or strip.stop ~= 0 then return false end
+   local strip = d.decoders[4]
+   local shape = table.concat(kinds, ",")
+   if shape ~= "Replace,ByteFallback,Fuse" and (shape ~= "Replace,ByteFallback,Fuse,Strip" or strip.content ~= " "
+      or strip.start ~= 1 or strip.stop ~= 0) then return false end
    if null(n) and not null(p) and p.type == "Metaspace" then
-      return p.replacement == SPACE and (p.prepend_scheme == "first" or p.prepend_scheme == "always"), p
+      local scheme = p.prepend_scheme
+      if null(scheme) then scheme = p.add_prefix_space == false and "never" or "always" end
+      return p.replacement == SPACE and SCHEMES[scheme] == true, scheme, p.split ~= false, strip ~= nil
    end
    if not null(p) or null(n) or n.type ~= "Sequence" then return false end
    local a, b = n.normalizers[1] or {}, n.normalizers[2] or {}
    return #n.normalizers == 2 and a.type == "Prepend" and a.prepend == SPACE and b.type == "Replace"
-      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE, nil
+      and type(b.pattern) == "table" and b.pattern.String == " " and b.content == SPACE, nil, false, strip ~= nil
 end
 
 -- The ids a post-processor adds around a single sequence: ByteLevel (none), TemplateProcessing "<special> $A
@@ -97,7 +103,7 @@ function M.load(path)
    if type(m) ~= "table" or m.type ~= "BPE" then
       fail("model type %s is not supported yet (supported: BPE)", cjson.encode(type(m) == "table" and m.type or m))
    end
-   local sp, metaspace = sentencepiece(j)
+   local sp, scheme, split, strips = sentencepiece(j)
    for _, key in ipairs { "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix" } do
       if not null(m[key]) and not (sp and key == "unk_token") then
          fail("BPE option %s = %s is not supported yet", key, cjson.encode(m[key]))
@@ -105,14 +111,15 @@ function M.load(path)
    end
    local flags, pattern, prefix_space
    if sp then
-      flags = C.DT_TOKENIZER_SENTENCEPIECE + (not metaspace and 0 or metaspace.prepend_scheme == "always"
-         and C.DT_TOKENIZER_METASPACE_ALWAYS or C.DT_TOKENIZER_METASPACE)
-      pattern = metaspace and metaspace.split and "[^ ]+| [^ ]*" or nil -- a piece at every "▁" (a space here)
+      local scheme_flags = { first = C.DT_TOKENIZER_METASPACE, always = C.DT_TOKENIZER_METASPACE_ALWAYS,
+         never = C.DT_TOKENIZER_METASPACE_NEVER }
+      flags = C.DT_TOKENIZER_SENTENCEPIECE + (scheme and scheme_flags[scheme] or 0)
+      pattern = split and "[^ ]+| [^ ]*" or nil -- a piece at every "▁" (a space here)
    else
       if m.byte_fallback == true then
          fail("BPE byte_fallback is supported in Llama-2's SentencePiece-style shape only (Prepend and Replace "
-            .. "normalizers, or Metaspace(prepend_scheme = \"first\" or \"always\"); Replace/ByteFallback/Fuse/Strip "
-            .. "decoders)")
+            .. "normalizers, or Metaspace(prepend_scheme = \"first\", \"always\" or \"never\"); "
+            .. "Replace/ByteFallback/Fuse decoders, and Strip or not)")
       end
       local nfc = not null(j.normalizer) and j.normalizer.type == "NFC"
       if not (null(j.normalizer) or nfc) then
@@ -127,7 +134,7 @@ function M.load(path)
    local out = ffi.new("dt_tokenizer*[1]")
    local function try(status) if status ~= 0 then fail("%s", ffi.string(C.dt_last_error())) end end
    try(C.dt_tokenizer_new(pattern, flags + (m.ignore_merges == true and C.DT_TOKENIZER_IGNORE_MERGES or 0), out))
-   local self = setmetatable({ path = path, h = ffi.gc(out[0], C.dt_tokenizer_free), special = {}, strip = sp },
+   local self = setmetatable({ path = path, h = ffi.gc(out[0], C.dt_tokenizer_free), special = {}, strip = strips },
       Tokenizer)
    self.prefix, self.suffix = post_processor(j.post_processor, fail)
    for piece, id in pairs(m.vocab) do try(C.dt_tokenizer_add_token(self.h, piece, id)) end
@@ -186,7 +193,7 @@ end
 -- The bytes of ids as the decoder produces them before its Strip (dt.hf.chat measures tokens with it).
 function Tokenizer:raw_bytes(ids) return bytes(self, ids) end
 
--- SentencePiece-style decoders strip the space the normalizer put in front.
+-- SentencePiece-style decoders (but those of prepend_scheme "never") strip the space the normalizer put in front.
 local function strip(self, text)
    if self.strip and text:sub(1, 1) == " " then return text:sub(2) end
    return text

@@ -7,8 +7,8 @@
 -- decays over the remaining steps and reaches min_lr at step == total; after total it stays at min_lr.
 -- hf = true takes Hugging Face's convention (get_{linear,cosine}_schedule_with_warmup, whose step count starts at 0):
 -- sched(step) is the value above at step - 1, so step 1 gives 0 when warmup > 0 and step warmup + 1 gives lr.
--- warmup_type = "log" (DeepSpeed's default): the ramp is lr * log(step + 1) / log(warmup) instead.
-local valid = { lr = true, warmup = true, total = true, decay = true, min_lr = true, hf = true, warmup_type = true }
+-- (DeepSpeed's schedulers, log warmup included, are dt.train.deepspeed_schedule.)
+local valid = { lr = true, warmup = true, total = true, decay = true, min_lr = true, hf = true }
 local shapes = {
    cosine = function(progress) return 0.5 * (1 + math.cos(math.pi * progress)) end,
    linear = function(progress) return 1 - progress end,
@@ -20,7 +20,7 @@ local function fail(msg, ...) error("schedule: " .. msg:format(...), 3) end
 return function(cfg)
    for k in pairs(cfg) do
       if not valid[k] then
-         fail("unknown option '%s' (valid: decay, hf, lr, min_lr, total, warmup, warmup_type)", tostring(k))
+         fail("unknown option '%s' (valid: decay, hf, lr, min_lr, total, warmup)", tostring(k))
       end
    end
    local lr, warmup, total = cfg.lr, cfg.warmup or 0, cfg.total
@@ -33,15 +33,10 @@ return function(cfg)
       fail("%s decay needs total > warmup, got total=%s warmup=%s", decay, tostring(total), tostring(warmup))
    end
    if min_lr < 0 or min_lr > lr then fail("min_lr must be in [0, lr], got %s", tostring(min_lr)) end
-   local log = cfg.warmup_type == "log"
-   if not log and (cfg.warmup_type or "linear") ~= "linear" then
-      fail("warmup_type must be linear or log, got %s", tostring(cfg.warmup_type))
-   end
-   if log and warmup == 1 then fail("a log warmup needs warmup >= 2 (log(1) = 0)") end
    local shift = cfg.hf and 1 or 0
    return function(step)
       step = step - shift
-      if step < warmup then return lr * (log and math.log(step + 1) / math.log(warmup) or step / warmup) end
+      if step < warmup then return lr * step / warmup end
       local progress = total and math.min(1, (step - warmup) / (total - warmup)) or 0
       return min_lr + (lr - min_lr) * shape(progress)
    end

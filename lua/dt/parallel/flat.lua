@@ -99,8 +99,9 @@ end
 -- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
 -- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
 -- parameters (and the empty placeholders) are; device: where they live; alloc(n): a zeroed 1-D f32 tensor of n
--- elements for the shard and its gradient (on the device, or in host memory when offloaded). grad_full (ZeRO-1):
--- the gradient is a full padded buffer, u.grad_full, and u.grad the view of this rank's shard of it.
+-- elements for the shard and its gradient (on the device, or in host memory when offloaded). grad_full (ZeRO-1): the
+-- allocator of a full padded gradient buffer, u.grad_full; when it is alloc itself, u.grad is the view of this rank's
+-- shard of it, else (offloading: the full gradient on the device, the shard's in host memory) a buffer of its own.
 function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
    local u = setmetatable(spec, Unit)
    local offset = 0
@@ -119,8 +120,8 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
    local lo = rank * u.shard_numel
    local hi = lo + u.shard_numel
    u.shard = alloc(u.shard_numel)
-   if grad_full then
-      u.grad_full = alloc(u.padded)
+   if grad_full then u.grad_full = grad_full(u.padded) end
+   if grad_full == alloc then
       u.grad = u.grad_full:as_strided({ u.shard_numel }, { 1 }, lo)
    else
       u.grad = alloc(u.shard_numel) -- reduced gradients of the shard, reused every step

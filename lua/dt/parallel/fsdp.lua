@@ -30,11 +30,11 @@
 -- strategy hooks (dt.parallel.sync).
 --
 -- Devices: shards, gathered buffers and gradients live on the model's device (its parameters' at wrap time,
--- or opts.device). ZeRO-3 CPU offload (offload_optimizer; dt.parallel.offload, and dt.parallel.zero for
--- DeepSpeed's config keys): the f32 master shard, its gradient and the optimizer state live in (pinned) host
--- memory and the optimizer steps them on the CPU; the device keeps only the param_dtype shard it gathers from
--- (offload_param: not even that). On a cpu device everything is host memory already: the offload options
--- are accepted and change nothing (model.fsdp.offload is nil).
+-- or opts.device). CPU offload at any stage (offload_optimizer; dt.parallel.offload, and dt.parallel.zero for
+-- DeepSpeed's config keys; ZeRO-Offload at stages 1 and 2): the f32 master shard, its gradient and the optimizer
+-- state live in (pinned) host memory and the optimizer steps them on the CPU; the device keeps only the param_dtype
+-- shard it gathers from (stage 3 with offload_param: not even that). On a cpu device everything is host memory
+-- already: the offload options are accepted and change nothing (model.fsdp.offload is nil).
 -- Checkpoints (dt.parallel.fsdp_checkpoint over dt.parallel.checkpoint): each rank saves its shards, loadable onto any
 -- layout.
 --
@@ -178,21 +178,16 @@ function M.wrap(model, opts)
       stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0, bytes = 0,
          collectives = 0 } }, FSDP) -- bytes: what this rank sends over comm (tp_ops.count's ring figure)
    if o.offload_optimizer and self.device ~= "cpu" then
-      if o.stage < 3 then
-         error(("fsdp.wrap: offload_optimizer on %s is implemented for stage 3 only, got stage %d; use stage 3 "
-            .. "(or no offload)"):format(self.device, o.stage), 2)
-      end
       self.offload = offload.new(self.device, { param = o.offload_param, pin = o.pin_memory })
    end
-   local function alloc(n)
-      if self.offload then return self.offload:alloc(n) end
-      return Tensor.zeros({ n }, { dtype = "f32", device = self.device })
-   end
+   local function on_device(n) return Tensor.zeros({ n }, { dtype = "f32", device = self.device }) end
+   local alloc = self.offload and function(n) return self.offload:alloc(n) end or on_device
    self.order = {} -- parameter name -> position in model:named_parameters()
    for i, np in ipairs(named) do self.order[np[1]] = i end
    for _, spec in ipairs(flat.partition(model, modules)) do
       if #spec.params > 0 then
-         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc, o.stage == 1)
+         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc,
+            o.stage == 1 and on_device or nil) -- ZeRO-1's full gradient: on the device, offloading or not
          self.units[#self.units + 1] = u
          for _, v in ipairs(u.views) do -- each view: a flat range of its parameter (over tp: of tp's part)
             placement.shard(v.t, o.axis, 0, { flat = { v.start, v.numel }, base = v.param })
@@ -394,7 +389,7 @@ function FSDP:prepare()
 end
 
 -- Stage 1: all_reduce(avg) every unit's full gradient (in reduce_dtype; then over the replicate axes) and hand
--- this rank's slice of it to the optimizer's views.
+-- this rank's slice of it to the optimizer's views (offloading: copied into the shard's host gradient).
 function FSDP:all_reduce_grads()
    local works = {}
    for i, u in ipairs(self.units) do
@@ -409,8 +404,13 @@ function FSDP:all_reduce_grads()
          w.send:free()
       end
       if self.rep then self.rep:all_reduce(u.grad_full, "avg") end
+      if self.offload then
+         self.offload:gradient(u, u.grad_full:as_strided({ u.shard_numel }, { 1 }, self.comm.rank * u.shard_numel),
+            true)
+      end
       for _, v in ipairs(u.views) do v.t.grad = v.grad end
    end
+   if self.offload then self.offload:landed() end
 end
 
 -- Reduce what backward has not (units unused in this backward, in unit order), wait for every reduction,
@@ -470,7 +470,8 @@ end
 function FSDP:state_bytes(optimizer)
    local n = 0
    for _, u in ipairs(self.units) do
-      n = n + 4 * u.shard_numel + 4 * (u.grad_full and u.padded or u.shard_numel)
+      local own_grad = not u.grad_full or self.offload -- else u.grad is a view of u.grad_full
+      n = n + 4 * u.shard_numel + 4 * ((u.grad_full and u.padded or 0) + (own_grad and u.shard_numel or 0))
       local copied = self.comm.size > 1 or self.param_dtype ~= "f32" -- else the gathered buffer is the shard
       if self.stage < 3 and u.full and copied then n = n + u.full:numel() * u.full:dtype_info().size end
       for _, v in ipairs(u.views) do

@@ -1,4 +1,4 @@
--- dt/parallel/offload.lua: ZeRO-3 CPU offload of FSDP units: pinned host state, stream-ordered uploads and downloads.
+-- dt/parallel/offload.lua: ZeRO CPU offload of FSDP units: pinned host state, stream-ordered uploads and downloads.
 --
 -- Used by fsdp.wrap's offload_optimizer / offload_param options (dt.parallel.zero translates DeepSpeed's keys).
 -- Per unit (see dt.parallel.flat): the f32 master shard and its reduced gradient live in host memory, pinned

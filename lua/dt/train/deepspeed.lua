@@ -11,12 +11,18 @@ local cjson = require "cjson"
 local fs = require "dt.fs"
 local optim = require "dt.optim"
 local zero = require "dt.parallel.zero"
+local ds_schedule = require "dt.train.deepspeed_schedule"
 
 local M = {}
 local DS = {}
 DS.__index = DS
 
 local function fail(fmt, ...) error("deepspeed: " .. fmt:format(...), 0) end
+
+-- Raise a failed pcall's message `err` as "deepspeed: PATH: ..." (the file it is about).
+local function fail_in(path, err)
+   error(("deepspeed: %s: %s"):format(path, (tostring(err):gsub("^deepspeed: ", ""))), 0)
+end
 
 local function sorted_keys(t)
    local out = {}
@@ -175,63 +181,73 @@ function DS:translate_optimizer(c)
    self.optimizer = { kind = kind, opts = opts }
 end
 
+-- Each scheduler's params with DeepSpeed's defaults (REQUIRED: no default).
+local REQUIRED = {}
 local schedulers = {
-   WarmupLR = { warmup_min_lr = true, warmup_max_lr = true, warmup_num_steps = true, warmup_type = true },
-   WarmupDecayLR = { warmup_min_lr = true, warmup_max_lr = true, warmup_num_steps = true, warmup_type = true,
-      total_num_steps = true },
-   WarmupCosineLR = { warmup_min_ratio = true, cos_min_ratio = true, warmup_num_steps = true, warmup_type = true,
-      total_num_steps = true },
+   WarmupLR = { warmup_min_lr = 0, warmup_max_lr = 0.001, warmup_num_steps = 1000, warmup_type = "log" },
+   WarmupDecayLR = { warmup_min_lr = 0, warmup_max_lr = 0.001, warmup_num_steps = 1000, warmup_type = "log",
+      total_num_steps = REQUIRED },
+   WarmupCosineLR = { warmup_min_ratio = 0, cos_min_ratio = 0.0001, warmup_num_steps = 1000, warmup_type = "log",
+      total_num_steps = REQUIRED },
+   OneCycle = { cycle_min_lr = REQUIRED, cycle_max_lr = REQUIRED, decay_lr_rate = 0, cycle_first_step_size = 2000,
+      cycle_second_step_size = false, cycle_first_stair_count = 0, cycle_second_stair_count = false,
+      decay_step_size = 0, cycle_momentum = true, cycle_min_mom = 0.8, cycle_max_mom = 0.9, decay_mom_rate = 0 },
 }
 
--- dt.optim.schedule options (with DeepSpeed's defaults) for the scheduler block, given the optimizer's lr.
+-- The scheduler block with every param filled in (dt.train.deepspeed_schedule builds it in DS:trainer).
 function DS:translate_scheduler(c)
    local s = c.scheduler
    if s == nil then return end
    only(s, { type = true, params = true }, "scheduler")
-   local known = schedulers[s.type]
-   if not known then
-      fail("scheduler.type = '%s' is not supported (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR; OneCycle's "
-         .. "cyclic learning rate and momentum do not map onto dt.optim.schedule)", tostring(s.type))
+   local defaults = schedulers[s.type]
+   if not defaults then
+      fail("scheduler.type = '%s' is not supported (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)",
+         tostring(s.type))
    end
-   local p = s.params or {}
-   only(p, known, "scheduler.params")
-   local warmup_type = p.warmup_type or "log"
-   if warmup_type ~= "log" and warmup_type ~= "linear" then
-      fail("scheduler.params.warmup_type must be \"log\" or \"linear\", got %s", tostring(warmup_type))
+   local given = s.params or {}
+   local known = {}
+   for k in pairs(defaults) do known[k] = true end
+   only(given, known, "scheduler.params")
+   local p = {}
+   for _, k in ipairs(sorted_keys(defaults)) do
+      local d, v, path = defaults[k], given[k], "scheduler.params." .. k
+      if v == nil and d == REQUIRED then fail("%s is required for %s", path, s.type) end
+      if v == nil then v = d end
+      if k == "warmup_type" then
+         if v ~= "log" and v ~= "linear" then fail("%s must be \"log\" or \"linear\", got %s", path, tostring(v)) end
+      elseif k == "cycle_momentum" then
+         if type(v) ~= "boolean" then fail("%s must be true or false, got %s", path, tostring(v)) end
+      elseif v ~= false then
+         number(v, path)
+      end
+      p[k] = v or nil
    end
-   local o = { warmup = number(p.warmup_num_steps, "scheduler.params.warmup_num_steps") or 1000, hf = true,
-      warmup_type = warmup_type }
-   if s.type == "WarmupCosineLR" then
-      if (p.warmup_min_ratio or 0) ~= 0 then
-         fail("scheduler.params.warmup_min_ratio must be 0: dt.optim.schedule warms up from 0")
-      end
-      o.decay, o.total = "cosine", number(p.total_num_steps, "scheduler.params.total_num_steps")
-      self.schedule_ratio = number(p.cos_min_ratio, "scheduler.params.cos_min_ratio") or 1e-4
-      self:note("scheduler.WarmupCosineLR", "dtrun's cosine phase starts one step later than DeepSpeed's")
-   else
-      if (p.warmup_min_lr or 0) ~= 0 then
-         fail("scheduler.params.warmup_min_lr must be 0: dt.optim.schedule warms up from 0")
-      end
-      o.lr = number(p.warmup_max_lr, "scheduler.params.warmup_max_lr") or 0.001
-      if s.type == "WarmupLR" then
-         o.decay = "constant"
-      else
-         o.decay, o.total = "linear", number(p.total_num_steps, "scheduler.params.total_num_steps")
-         if not o.total then fail("scheduler.params.total_num_steps is required for WarmupDecayLR") end
+   if s.type == "WarmupCosineLR" and p.total_num_steps <= math.max(2, p.warmup_num_steps) then
+      fail("scheduler.params.total_num_steps (%s) must be above warmup_num_steps (%s, at least 2): DeepSpeed's "
+         .. "cosine phase divides by their difference", p.total_num_steps, p.warmup_num_steps)
+   end
+   for _, k in ipairs { "cycle_first_stair_count", "cycle_second_stair_count" } do
+      if given[k] ~= nil then
+         self:note("scheduler.params." .. k, "DeepSpeed's OneCycle stores it and never uses it")
       end
    end
-   self.scheduler = o
+   if p.cycle_momentum and self.optimizer and self.optimizer.kind ~= "AdamW" then -- as DeepSpeed: no betas to cycle
+      self:note("scheduler.params.cycle_momentum", "DeepSpeed disables it for an optimizer without betas (SGD)")
+      p.cycle_momentum = nil
+   end
+   self.scheduler = { kind = s.type, params = p }
 end
 
 -- A key accepted without a dtrun twin: ds.notes, printed by load.
 function DS:note(key, text) self.notes[#self.notes + 1] = ("%s: %s"):format(key, text) end
 
--- The settings of a DeepSpeed config table (decoded JSON) for `world` data-parallel ranks: micro (rows per rank),
--- grad_accum, clip, log_every, zero (dt.parallel.zero's config), optimizer, scheduler, loss_scaler, notes.
+-- The settings of a DeepSpeed config table (decoded JSON): clip, log_every, zero (dt.parallel.zero's config),
+-- optimizer, scheduler, loss_scaler, notes; with `world` (data-parallel ranks) also micro (rows per rank) and
+-- grad_accum (else apply finds them for the recipe's ranks).
 function M.new(c, world)
-   local self = setmetatable({ notes = {} }, DS)
+   local self = setmetatable({ notes = {}, raw = c }, DS)
    only(c, top, "")
-   self.micro, self.grad_accum = M.batch_sizes(c, world)
+   if world then self.micro, self.grad_accum = M.batch_sizes(c, world) end
    self.clip = number(c.gradient_clipping, "gradient_clipping") or 0
    self.log_every = number(c.steps_per_print, "steps_per_print", 1)
    if c.wall_clock_breakdown then
@@ -253,9 +269,9 @@ function M.load(path)
    if not ok then fail("cannot read %s: %s", path, tostring(text)) end
    local ok2, c = pcall(cjson.decode, text)
    if not ok2 then fail("%s is not valid JSON: %s", path, tostring(c)) end
-   local world = tonumber(os.getenv("WORLD_SIZE")) or 1
-   local ok3, ds = pcall(M.new, c, world)
-   if not ok3 then error(("deepspeed: %s: %s"):format(path, (tostring(ds):gsub("^deepspeed: ", ""))), 0) end
+   local ok3, ds = pcall(M.new, c)
+   if not ok3 then fail_in(path, ds) end
+   ds.path = path
    if (tonumber(os.getenv("RANK")) or 0) == 0 then
       for _, n in ipairs(ds.notes) do io.stdout:write("deepspeed: ", n, "\n") end
    end
@@ -263,19 +279,50 @@ function M.load(path)
    return ds
 end
 
--- Set the trainer's keys in a resolved config (schema: the recipe's defaults, for `batch`).
+-- GRPO's batch (recipes/grpo.lua): as in TRL, train_micro_batch_size_per_gpu counts completions per trainer rank,
+-- group_size (TRL's num_generations) of them per prompt: grpo.prompts_per_step = micro / group_size. One optimizer
+-- step per rollout batch: gradient_accumulation_steps must be 1. ZeRO stage 0 only (DDP, as the recipe trains).
+function DS:apply_grpo(g, micro, accum)
+   if self.stage ~= 0 then
+      fail("zero_optimization.stage = %d: dtrun's GRPO generates its rollouts with the whole model on each rank and "
+         .. "trains under DDP, ZeRO stage 0; use stage 0 (or recipes/sft.lua / train.lua for stages 1-3)", self.stage)
+   end
+   if accum ~= 1 then
+      fail("gradient_accumulation_steps = %d: GRPO takes one optimizer step per rollout batch; make the batch "
+         .. "train_micro_batch_size_per_gpu completions per rank instead (with gradient_accumulation_steps 1)", accum)
+   end
+   if micro % g.group_size ~= 0 then
+      fail("train_micro_batch_size_per_gpu = %d (completions per trainer rank) is not a multiple of grpo.group_size "
+         .. "= %d (completions per prompt); use a multiple, or set grpo.group_size", micro, g.group_size)
+   end
+   g.prompts_per_step = micro / g.group_size
+end
+
+-- Set the trainer's keys in a resolved config (schema: the recipe's defaults): batch (rows per rank) and grad_accum,
+-- or GRPO's grpo.prompts_per_step; clip, log_every. The batch sizes follow DeepSpeed's rule over the data-parallel
+-- ranks: every rank, but GRPO's trainer ranks only under separated placement.
 function DS:apply(cfg, schema)
-   if type(schema.batch) ~= "number" then
+   local world, g = tonumber(os.getenv("WORLD_SIZE")) or 1, cfg.grpo
+   local grpo = type(schema.batch) ~= "number" and type(g) == "table" and g.prompts_per_step ~= nil
+   if type(schema.batch) ~= "number" and not grpo then
       fail("this recipe has no `batch` key (rows per rank) for train_micro_batch_size_per_gpu")
    end
-   cfg.batch, cfg.grad_accum, cfg.clip = self.micro, self.grad_accum, self.clip
+   if grpo and g.placement == "separated" then world = world - g.rollout_ranks end
+   local ok, micro, accum = pcall(M.batch_sizes, self.raw, world)
+   if ok and grpo then ok, micro = pcall(self.apply_grpo, self, g, micro, accum) end
+   if not ok then fail_in(self.path or "config", micro) end
+   if not grpo then cfg.batch, cfg.grad_accum = micro, accum end
+   cfg.clip = self.clip
    if self.log_every then cfg.log_every = self.log_every end
 end
 
--- Wrap model for the config's ZeRO stage (0: DDP; dt.parallel.zero). extra: fsdp options DeepSpeed has no key for
--- (mesh, units, ...), for stages 1-3.
+-- Wrap model for the config's ZeRO stage (0: DDP; dt.parallel.zero). extra: options DeepSpeed has no key for: at
+-- stage 0 ddp.wrap's comm, at stages 1-3 fsdp.wrap's (mesh, units, ...).
 function DS:wrap(model, extra)
-   return zero.wrap(model, self.zero, self.stage == 0 and self.ddp or extra)
+   if self.stage == 0 then
+      return zero.wrap(model, self.zero, { comm = extra and extra.comm, bucket_mb = self.ddp and self.ddp.bucket_mb })
+   end
+   return zero.wrap(model, self.zero, extra)
 end
 
 -- Give a Trainer the config's optimizer (over the param groups of the one the recipe built: the config's
@@ -290,15 +337,7 @@ function DS:trainer(t)
       t.optimizer = optim[self.optimizer.kind](groups, self.optimizer.opts)
       t.params = t.optimizer.params
    end
-   if self.scheduler then
-      local o = {}
-      for k, v in pairs(self.scheduler) do o[k] = v end
-      if self.schedule_ratio then -- WarmupCosineLR: ratios of the optimizer's lr
-         o.lr = t.optimizer.lr
-         o.min_lr = o.lr * self.schedule_ratio
-      end
-      t.schedule = optim.schedule(o)
-   end
+   if self.scheduler then t.schedule = ds_schedule.new(self.scheduler.kind, self.scheduler.params, t.optimizer) end
    t.loss_scaler = self.loss_scaler
 end
 

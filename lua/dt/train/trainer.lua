@@ -8,7 +8,7 @@
 --
 -- One step: zero grads; grad_accum micro-batches (copied to the model's device; forward -> loss, backward of
 -- loss / grad_accum);
--- clip to config.clip (the norm is reported either way); lr = schedule(step) (trainer.lr_override, set from the live
+-- clip to config.clip (the norm is reported either way); lr = schedule(step, skipped) (lr_override, set from the live
 -- REPL, holds the lr instead until set to nil); optimizer step, unless the loss or the
 -- gradient norm is not finite (config.nonfinite: "error" stops naming the step and the loss or the parameter whose
 -- gradient went non-finite, "skip" leaves the weights alone and counts the step in metrics.skipped_steps, "ignore"
@@ -82,7 +82,7 @@ function Trainer.check_config(cfg, run_dir)
 end
 
 -- opts: model, optimizer, data (next() -> x, y; position/set_position), config (config.base keys),
--- and optionally run_dir, schedule (step -> lr), forward (model, x, y -> scalar loss), strategy (default:
+-- and optionally run_dir, schedule ((step, skipped steps) -> lr), forward (model, x, y -> loss), strategy (default:
 -- model.strategy, set by wrappers such as ddp.wrap),
 -- rng (generator saved in checkpoints; default dt.default_generator()), print (console sink), loss_scaler.
 local function new(opts)
@@ -217,7 +217,7 @@ function Trainer:train_step()
    dt.reset_peak_memory()
    local t0 = dt.time()
    -- lr_override (set from the live REPL) holds the lr, whatever the schedule says, until it is set to nil again
-   local lr = self.lr_override or self.schedule and self.schedule(step) or opt.lr
+   local lr = self.lr_override or self.schedule and self.schedule(step, self.skipped_steps) or opt.lr
    opt.lr = lr
    opt:zero_grad()
    local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
