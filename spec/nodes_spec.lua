@@ -1,0 +1,82 @@
+-- spec/nodes_spec.lua: collectives across simulated nodes (two agents on this host, each node's ranks in their own shm
+-- namespace): Gloo between nodes, hierarchical reduction order, byte counters, DDP and FSDP against one process.
+local H = require "spec.dist_helpers"
+
+-- The fixture on 2 nodes x 2 ranks; every line "[r] <prefix>... shm_bytes=S net_bytes=N" of every rank, by rank.
+local function on_two_nodes(fixture, words, pattern)
+   local res = H.two_nodes(fixture, 2, words or "")
+   for node = 1, 2 do assert.equal(0, res[node].code, res[node].out) end
+   H.remove_run(res[1].run_dir)
+   local by_rank = {}
+   for node = 1, 2 do
+      for r, line in res[node].out:gmatch("%[(%d)%] (" .. pattern .. "[^\n]*)") do by_rank[tonumber(r)] = line end
+   end
+   return by_rank, res[1].out .. res[2].out
+end
+
+local function bytes(line)
+   return tonumber(line:match("shm_bytes=(%d+)")), tonumber(line:match("net_bytes=(%d+)"))
+end
+
+describe("collectives across nodes", function()
+   it("runs every collective and dtype hierarchically: shm within a node, Gloo between, results exact", function()
+      local lines, out = on_two_nodes("spec/fixtures/dist_collectives.lua", "", "rank %d/4: %d+ checks passed")
+      for rank = 0, 3 do
+         assert.is_not_nil(lines[rank], out)
+         local shm, net = bytes(lines[rank])
+         assert.is_true(shm > 0, lines[rank])
+         -- every rank sends across: point to point to the other node, all_to_all (leaders: the collectives too)
+         assert.is_true(net > 0, lines[rank])
+      end
+   end)
+
+   it("runs every collective and dtype flat over Gloo (set_hierarchical(false)): nothing through shm", function()
+      local lines, out = on_two_nodes("spec/fixtures/dist_collectives.lua", "flat=true", "rank %d/4: %d+ checks passed")
+      for rank = 0, 3 do
+         assert.is_not_nil(lines[rank], out)
+         local shm, net = bytes(lines[rank])
+         assert.equal(0, shm, lines[rank])
+         assert.is_true(net > 0, lines[rank])
+      end
+   end)
+
+   it("reduces in the documented order: within each node in rank order, then over nodes in node order", function()
+      -- the same fixture on one node of 4 checks the shm backend's flat order 0, 1, 2, 3 with the same formula
+      local lines, out = on_two_nodes("spec/fixtures/nodes_order.lua", "", "rank %d/4: %d+ order checks passed")
+      for rank = 0, 3 do assert.is_not_nil(lines[rank], out) end
+      local one = H.dtrun("spec/fixtures/nodes_order.lua --nproc 4")
+      H.remove_run(one.run_dir)
+      assert.equal(0, one.code, one.out)
+      for rank = 0, 3 do
+         local line = one.out:match(("%%[%d%%] rank %d/4: (%%d+) order checks passed[^\n]*"):format(rank, rank))
+         assert.is_not_nil(line, one.out)
+         assert.equal(0, select(2, bytes(one.out:match("%[" .. rank .. "%] [^\n]*order checks[^\n]*"))))
+      end
+   end)
+
+   it("gives the same bits on every rank with Gloo's flat ring too (max, min, integer sums equal the flat order)",
+      function()
+         local lines, out = on_two_nodes("spec/fixtures/nodes_order.lua", "flat=true", "rank %d/4: %d+ order checks")
+         for rank = 0, 3 do assert.is_not_nil(lines[rank], out) end
+      end)
+end)
+
+describe("training across nodes matches one process", function()
+   it("DDP, 2 nodes x 2 ranks, 10 steps, gradients through Gloo", function()
+      local lines, out = on_two_nodes("spec/fixtures/ddp_equivalence.lua", "", "ddp ranks=4 ")
+      local line = assert(lines[0], out)
+      assert.is_true(tonumber(line:match("max_abs_param_diff=(%S+)")) <= 1e-5, line) -- ddp_spec's tolerance
+      local _, net = bytes(line)
+      assert.is_true(net > 0, line)
+   end)
+
+   it("FSDP, 2 nodes x 2 ranks, matches DDP", function()
+      local lines, out = on_two_nodes("spec/fixtures/fsdp_equivalence.lua", "", "fsdp ranks=4 ")
+      local line = assert(lines[0], out)
+      local F32_TOL = 5e-5 -- fsdp_spec's
+      assert.is_true(tonumber(line:match("max_abs_param_diff=(%S+)")) <= F32_TOL, line)
+      assert.is_true(tonumber(line:match("max_abs_loss_diff=(%S+)")) <= F32_TOL, line)
+      local _, net = bytes(line)
+      assert.is_true(net > 0, line)
+   end)
+end)
