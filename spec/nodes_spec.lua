@@ -80,3 +80,24 @@ describe("training across nodes matches one process", function()
       assert.is_true(net > 0, line)
    end)
 end)
+
+describe("dtrun bench collectives --nnodes 2 --nproc 2 (two nodes simulated on this host)", function()
+   it("compares the hierarchical all_reduce with Gloo's flat ring and splits the bytes by transport", function()
+      local r = H.dtrun("bench collectives --nnodes 2 --nproc 2 --iters 1 --warmup 1 --max_mib 1 --peer no")
+      H.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      for _, size in ipairs { "1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB" } do
+         assert.matches(("%%[0%%]%%s+%s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+\n")
+            :format(size), r.out)
+      end
+      local line = r.lines[#r.lines]
+      assert.matches("^bench collectives: nodes=2 ranks=4 size_mib=1 allreduce_busbw_gbps=[%d.e+-]+ "
+         .. "gloo_flat_allreduce_busbw_gbps=[%d.e+-]+ ratio=[%d.e+-]+ roofline_fraction=[%d.e+-]+ loopback_gbps=[%d.e+-]+ "
+         .. "shm_bytes_per_call=%d+ net_bytes_per_call=%d+$", line)
+      -- per 1 MiB call (the timing's own few bytes aside): each node stages every rank's MiB and its leader's result
+      -- in shm (4 + 2 MiB); each leader sends half the buffer in the all_to_all and half in the all_gather (2 x 1 MiB)
+      local shm, net = tonumber(line:match("shm_bytes_per_call=(%d+)")), tonumber(line:match("net_bytes_per_call=(%d+)"))
+      assert.is_true(shm >= 6 * 1048576 and shm < 6.01 * 1048576, line)
+      assert.is_true(net >= 2 * 1048576 and net < 2.01 * 1048576, line)
+   end)
+end)
