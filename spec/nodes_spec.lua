@@ -61,6 +61,24 @@ describe("collectives across nodes", function()
       end)
 end)
 
+describe("a collective called differently on the two nodes", function()
+   it("fails on every rank, naming every rank's call", function()
+      local res = H.two_nodes("spec/fixtures/dist_faults.lua", 2, "--grace 1 mode=mismatch")
+      H.remove_run(res[1].run_dir)
+      local out = res[1].out .. res[2].out
+      -- rank 3 broadcasts while the others all_reduce: the leaders (0, 2) see every rank's call, rank 3 its node's,
+      -- rank 1 hears it from its leader
+      local all = "collective mismatch at call #%d+: ranks 0, 1, 2 called all_reduce #%d+ %(sum, f32, count 8%); "
+         .. "rank 3 called broadcast #%d+ %(f32, count 8, root 0%)"
+      assert.matches("%[0%] rank 0 caught: [^\n]*" .. all, out)
+      assert.matches("%[2%] rank 2 caught: [^\n]*" .. all, out)
+      assert.matches("%[1%] rank 1 caught: [^\n]*failed because of rank 0: [^\n]*" .. all, out)
+      assert.matches("%[3%] rank 3 caught: [^\n]*collective mismatch at call #%d+: rank 2 called all_reduce #%d+ "
+         .. "%(sum, f32, count 8%); rank 3 called broadcast", out)
+      for node = 1, 2 do assert.equal(3, res[node].code, out) end
+   end)
+end)
+
 describe("training across nodes matches one process", function()
    it("DDP, 2 nodes x 2 ranks, 10 steps, gradients through Gloo", function()
       local lines, out = on_two_nodes("spec/fixtures/ddp_equivalence.lua", "", "ddp ranks=4 ")

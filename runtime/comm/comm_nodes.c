@@ -182,29 +182,29 @@ static dt_status group(dt_comm *c, int nops, const dt_comm_p2p *ops) {
 
 /* ---- fingerprints across nodes ---- */
 
-/* Collectives: the ranks that talk across nodes (leaders, or every rank when flat) compare their calls' fingerprints
- * first; a mismatch fails the call on each of them, naming every node's call. */
+/* Collectives compare every rank's fingerprint before any data moves. Hierarchical: a node's ranks gather theirs over
+ * shm, then the leaders swap their nodes' over Gloo, so a leader checks every rank's and the others their node's;
+ * flat: every rank gathers all over Gloo. A mismatch fails the call naming each group of ranks and its call; a
+ * leader that finds one aborts its node's shm communicator (nodes_run), so no rank of a node that agreed waits. */
 static dt_status check_fingerprints(dt_comm *c, const shm_fp *fp) {
   comm_nodes *n = c->nodes;
-  gloo_ctx *g = n->hier ? n->leaders : n->all;
-  if (!g) return DT_OK;
-  int size = n->hier ? n->nnodes : c->world;
-  shm_fp *all = calloc((size_t)size, sizeof *all);
+  shm_fp *all = calloc((size_t)c->world, sizeof *all);
   DT_CHECK(all, DT_ERR_OOM, "comm '%s': out of memory", c->job);
-  dt_status st = gloo_all_gather(g, fp, all, sizeof *fp);
-  bool same = true;
-  for (int j = 0; j < size && st == DT_OK; j++)
-    same &= all[j].seq == fp->seq && all[j].kind == fp->kind && all[j].op == fp->op && all[j].dtype == fp->dtype &&
-            all[j].root == fp->root && all[j].count == fp->count;
-  if (st == DT_OK && !same) {
-    char msg[1024], what[160];
-    int o = snprintf(msg, sizeof msg, "comm '%s': collective mismatch across nodes at call #%llu:", c->job,
-                     (unsigned long long)fp->seq);
-    for (int j = 0; j < size && o < (int)sizeof msg; j++)
-      o += snprintf(msg + o, sizeof msg - (size_t)o, "%s %s %d called %s", j ? ";" : "", n->hier ? "node" : "rank",
-                    j, shm_describe(&all[j], what, sizeof what));
-    st = DT_FAIL(DT_ERR_STATE, "%s", msg);
+  dt_status st;
+  int first = 0, count = c->world; /* the ranks this one compares */
+  if (!n->hier) {
+    st = gloo_all_gather(n->all, fp, all, sizeof *fp);
+  } else {
+    size_t node_bytes = sizeof *fp * (size_t)n->per_node;
+    first = n->index * n->per_node;
+    dt_tensor tin = shm_host_view((void *)fp, sizeof *fp, DT_DTYPE_U8);
+    dt_tensor tnode = shm_host_view(all + first, (int64_t)node_bytes, DT_DTYPE_U8);
+    st = dt_comm_all_gather(n->local, &tin, &tnode, NULL);
+    if (st == DT_OK && leader(n)) st = gloo_all_gather(n->leaders, NULL, all, node_bytes);
+    if (leader(n)) first = 0;
+    else count = n->per_node;
   }
+  if (st == DT_OK) st = shm_fp_check(c->job, all + first, count, first, fp);
   free(all);
   return st;
 }

@@ -122,6 +122,9 @@ const char *shm_kind_name(int kind);
 const char *shm_op_name(int op); /* "sum", ..., or "" */
 /* "all_reduce #5 (sum, f32, count 100)" */
 const char *shm_describe(const shm_fp *fp, char *buf, size_t n);
+/* DT_OK when every one of the n ranks' fingerprints (fps[j] is rank first + j's) equals mine; else the mismatch,
+ * naming each group of ranks and its call. */
+dt_status shm_fp_check(const char *job, const shm_fp *fps, int n, int first, const shm_fp *mine);
 /* Start a call: refuse on a failed communicator, publish the fingerprint. */
 dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count);
 /* The fingerprint check of a call that moves no data through the segment (an NCCL call): begin, then the first
