@@ -25,6 +25,9 @@ struct comm_nodes {
   dt_comm *local;   /* the node's ranks over shm (hierarchical layouts) */
   gloo_ctx *all;    /* every rank */
   gloo_ctx *leaders; /* one rank per node, by node index (on leaders only) */
+  const void **srcs; /* nnodes pointers, for the leaders' reduction */
+  uint8_t *scratch;  /* the leaders' all_to_all output (scratch()) */
+  size_t scratch_bytes;
 };
 
 static bool leader(const comm_nodes *n) { return n->local_rank == 0; }
@@ -48,31 +51,37 @@ static void reduce_pair(int dtype, int op, void *out, const void *a, const void 
   shm_reduce(dtype, op, 2, srcs, out, NULL, (int64_t)n);
 }
 
+/* The node's scratch buffer of at least `bytes` (kept between calls: fresh pages would fault in every call). */
+static uint8_t *scratch(comm_nodes *n, size_t bytes) {
+  if (bytes > n->scratch_bytes) {
+    free(n->scratch);
+    n->scratch = malloc(bytes);
+    n->scratch_bytes = n->scratch ? bytes : 0;
+  }
+  return n->scratch;
+}
+
 /* Leaders: p := op over nodes, in node order, of their p (count elements): an all_to_all of node-sized parts, each
- * leader reduces its part over the nodes, an all_gather of the reduced parts. */
+ * leader reduces its part over the nodes (into its part of p), an all_gather of the reduced parts in place. A count
+ * that does not split evenly goes through a padded copy. */
 static dt_status leaders_all_reduce(comm_nodes *n, uint8_t *p, int64_t count, int dtype, int op) {
   size_t es = dt_dtype_size(dtype);
   int64_t part = (count + n->nnodes - 1) / n->nnodes;
   size_t bytes = (size_t)part * es, total = bytes * (size_t)n->nnodes;
-  uint8_t *in = malloc(total ? total : 1), *out = malloc(total ? total : 1);
-  const void **srcs = malloc(sizeof *srcs * (size_t)n->nnodes);
-  dt_status st = DT_OK;
-  if (!in || !out || !srcs) st = DT_FAIL(DT_ERR_OOM, "all_reduce across nodes: out of memory (%zu bytes)", 2 * total);
-  if (st == DT_OK) {
+  bool padded = total != (size_t)count * es;
+  uint8_t *parts = scratch(n, padded ? 2 * total : total), *in = padded ? parts + total : p;
+  DT_CHECK(parts, DT_ERR_OOM, "all_reduce across nodes: out of memory (%zu bytes)", padded ? 2 * total : total);
+  if (padded) {
     memcpy(in, p, (size_t)count * es);
-    memset(in + (size_t)count * es, 0, total - (size_t)count * es); /* the last part's padding */
-    st = gloo_all_to_all(n->leaders, in, out, bytes);
+    memset(in + (size_t)count * es, 0, total - (size_t)count * es);
   }
-  if (st == DT_OK) {
-    for (int j = 0; j < n->nnodes; j++) srcs[j] = out + (size_t)j * bytes;
-    shm_reduce(dtype, op, n->nnodes, srcs, in + (size_t)n->index * bytes, NULL, part);
-    st = gloo_all_gather(n->leaders, NULL, in, bytes);
-  }
-  if (st == DT_OK) memcpy(p, in, (size_t)count * es);
-  free(in);
-  free(out);
-  free(srcs);
-  return st;
+  DT_TRY(gloo_all_to_all(n->leaders, in, parts, bytes));
+  const void **srcs = n->srcs;
+  for (int j = 0; j < n->nnodes; j++) srcs[j] = parts + (size_t)j * bytes;
+  shm_reduce(dtype, op, n->nnodes, srcs, in + (size_t)n->index * bytes, NULL, part);
+  DT_TRY(gloo_all_gather(n->leaders, NULL, in, bytes));
+  if (padded) memcpy(p, in, (size_t)count * es);
+  return DT_OK;
 }
 
 /* p := op over every rank (count elements), hierarchical or flat. */
@@ -277,6 +286,8 @@ void nodes_close(dt_comm *c) {
   dt_comm_destroy(n->local);
   gloo_close(n->all);
   gloo_close(n->leaders);
+  free(n->srcs);
+  free(n->scratch);
   free(n);
   c->nodes = NULL;
 }
@@ -330,6 +341,8 @@ static dt_status nodes_open(dt_comm *c, dt_store_client *store, const int *nodes
     n->nnodes = c->world / n->per_node;
     n->index = c->rank / n->per_node;
     n->local_rank = c->rank % n->per_node;
+    n->srcs = calloc((size_t)n->nnodes, sizeof *n->srcs);
+    DT_CHECK(n->srcs, DT_ERR_OOM, "comm '%s': out of memory", c->job);
     snprintf(name, sizeof name, "%s-n%d", c->job, c->node);
     DT_CHECK(strlen(name) <= 128, DT_ERR_ARG, "comm '%s': job id too long for a per-node name (at most ~110 bytes)",
              c->job);
