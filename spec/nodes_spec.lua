@@ -88,15 +88,18 @@ describe("training across nodes matches one process", function()
       assert.is_true(net > 0, line)
    end)
 
-   it("FSDP, 2 nodes x 2 ranks, matches DDP", function()
-      local lines, out = on_two_nodes("spec/fixtures/fsdp_equivalence.lua", "", "fsdp ranks=4 ")
-      local line = assert(lines[0], out)
-      local F32_TOL = 5e-5 -- fsdp_spec's
-      assert.is_true(tonumber(line:match("max_abs_param_diff=(%S+)")) <= F32_TOL, line)
-      assert.is_true(tonumber(line:match("max_abs_loss_diff=(%S+)")) <= F32_TOL, line)
-      local _, net = bytes(line)
-      assert.is_true(net > 0, line)
-   end)
+   -- FSDP over all 4 ranks, and HSDP (mesh 2x2: shards within a node, replicas across the nodes)
+   for _, case in ipairs { { "FSDP", "" }, { "HSDP", "mesh=2x2" } } do
+      it(case[1] .. ", 2 nodes x 2 ranks, matches DDP on the same ranks", function()
+         local lines, out = on_two_nodes("spec/fixtures/fsdp_equivalence.lua", case[2], "fsdp ranks=4 ")
+         local line = assert(lines[0], out)
+         local F32_TOL = 5e-5 -- fsdp_spec's
+         assert.is_true(tonumber(line:match("max_abs_param_diff=(%S+)")) <= F32_TOL, line)
+         assert.is_true(tonumber(line:match("max_abs_loss_diff=(%S+)")) <= F32_TOL, line)
+         local _, net = bytes(line)
+         assert.is_true(net > 0, line)
+      end)
+   end
 end)
 
 describe("dtrun bench collectives --nnodes 2 --nproc 2 (two nodes simulated on this host)", function()
@@ -109,12 +112,14 @@ describe("dtrun bench collectives --nnodes 2 --nproc 2 (two nodes simulated on t
             :format(size), r.out)
       end
       local line = r.lines[#r.lines]
-      assert.matches("^bench collectives: nodes=2 ranks=4 size_mib=1 allreduce_busbw_gbps=[%d.e+-]+ "
-         .. "gloo_flat_allreduce_busbw_gbps=[%d.e+-]+ ratio=[%d.e+-]+ roofline_fraction=[%d.e+-]+ loopback_gbps=[%d.e+-]+ "
-         .. "shm_bytes_per_call=%d+ net_bytes_per_call=%d+$", line)
+      local num = "[%d.e+-]+ "
+      assert.matches("^bench collectives: nodes=2 ranks=4 size_mib=1 allreduce_busbw_gbps=" .. num
+         .. "gloo_flat_allreduce_busbw_gbps=" .. num .. "ratio=" .. num .. "roofline_fraction=" .. num
+         .. "loopback_gbps=" .. num .. "shm_bytes_per_call=%d+ net_bytes_per_call=%d+$", line)
       -- per 1 MiB call (the timing's own few bytes aside): each node stages every rank's MiB and its leader's result
       -- in shm (4 + 2 MiB); each leader sends half the buffer in the all_to_all and half in the all_gather (2 x 1 MiB)
-      local shm, net = tonumber(line:match("shm_bytes_per_call=(%d+)")), tonumber(line:match("net_bytes_per_call=(%d+)"))
+      local shm = tonumber(line:match("shm_bytes_per_call=(%d+)"))
+      local net = tonumber(line:match("net_bytes_per_call=(%d+)"))
       assert.is_true(shm >= 6 * 1048576 and shm < 6.01 * 1048576, line)
       assert.is_true(net >= 2 * 1048576 and net < 2.01 * 1048576, line)
    end)
