@@ -5,8 +5,8 @@ local H = require "spec.dist_helpers"
 -- The fixture on 2 nodes x 2 ranks; every line "[r] <prefix>... shm_bytes=S net_bytes=N" of every rank, by rank.
 local function on_two_nodes(fixture, words, pattern)
    local res = H.two_nodes(fixture, 2, words or "")
-   for node = 1, 2 do assert.equal(0, res[node].code, res[node].out) end
    H.remove_run(res[1].run_dir)
+   for node = 1, 2 do assert.equal(0, res[node].code, res[node].out) end
    local by_rank = {}
    for node = 1, 2 do
       for r, line in res[node].out:gmatch("%[(%d)%] (" .. pattern .. "[^\n]*)") do by_rank[tonumber(r)] = line end
