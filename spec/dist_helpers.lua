@@ -78,6 +78,20 @@ function M.dtrun_parallel(cmds)
    return results, seconds
 end
 
+-- One job of 2 x nproc ranks on this host: two agents (--nnodes 2), started together; as M.dtrun_parallel.
+function M.two_nodes(fixture, nproc, extra, env)
+   local port, token = M.free_port(), M.tag()
+   local cmds = {}
+   for node = 0, 1 do
+      cmds[#cmds + 1] = {
+         env = ("DT_JOB_TOKEN=%s %s"):format(token, env or ""),
+         args = ("%s --nproc %d --nnodes 2 --node-rank %d --master-addr 127.0.0.1 --master-port %d %s"):format(fixture,
+            nproc, node, port, extra or ""),
+      }
+   end
+   return M.dtrun_parallel(cmds)
+end
+
 -- Remove a run dir the launcher made under runs/.
 function M.remove_run(run_dir)
    if run_dir and run_dir:match("^runs/[%w%-_.]+$") then os.execute(("rm -rf %s/%s"):format(M.root, run_dir)) end

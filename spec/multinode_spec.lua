@@ -3,19 +3,7 @@
 local launch = require "dt.launch"
 local H = require "spec.dist_helpers"
 
--- Both nodes' agent commands for one job of 2 x nproc ranks.
-local function two_nodes(fixture, nproc, extra, env)
-   local port, token = H.free_port(), H.tag()
-   local cmds = {}
-   for node = 0, 1 do
-      cmds[#cmds + 1] = {
-         env = ("DT_JOB_TOKEN=%s %s"):format(token, env or ""),
-         args = ("%s --nproc %d --nnodes 2 --node-rank %d --master-addr 127.0.0.1 --master-port %d %s"):format(fixture,
-            nproc, node, port, extra or ""),
-      }
-   end
-   return H.dtrun_parallel(cmds)
-end
+local two_nodes = H.two_nodes
 
 local function exists(path)
    local f = io.open(path)

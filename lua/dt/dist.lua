@@ -92,14 +92,27 @@ local function wrap_comm(h, store, job_id)
       store = store, job_id = job_id, device = "cpu" }, Comm)
 end
 
--- Join communicator `job_id` as `rank` of `size` ranks (all on this host: the shm backend).
-function M.new_comm(store, rank, size, job_id)
+-- Join communicator `job_id` as `rank` of `size` ranks. With `node` (this rank's node, when the job spans nodes) the
+-- ranks learn each other's nodes first: shm within a node, Gloo between nodes, hierarchical collectives
+-- (runtime/comm/comm_nodes.c); without, all ranks share this host's shm.
+function M.new_comm(store, rank, size, job_id, node)
    local out = ffi.new("dt_comm*[1]")
-   check(C.dt_comm_init_shm(store.h, rank, size, job_id, out))
+   if node then check(C.dt_comm_init(store.h, rank, size, node, job_id, out))
+   else check(C.dt_comm_init_shm(store.h, rank, size, job_id, out)) end
    return wrap_comm(out[0], store, job_id)
 end
 
 function Comm:set_timeout(seconds) check(C.dt_comm_set_timeout(self.h, math.floor(seconds * 1000))) end
+
+-- Across nodes: false runs the collectives flat over Gloo, true (the default) hierarchical; every rank calls it.
+function Comm:set_hierarchical(on) check(C.dt_comm_set_hierarchical(self.h, on)) end
+
+-- Bytes this rank has sent so far: { shm = written into shared memory, net = onto the network (Gloo) }.
+function Comm:stats()
+   local shm, net = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+   C.dt_comm_bytes(self.h, shm, net)
+   return { shm = tonumber(shm[0]), net = tonumber(net[0]) }
+end
 
 -- Collectives on tensors of cuda device `index` go through NCCL from now on (every rank calls it, each naming its
 -- own device); host tensors keep using shm.
@@ -270,7 +283,8 @@ function M.init(opts)
    -- .json on a failed collective, SIGUSR1, or by the agent when the job fails)
    local run_dir = require("dt.rundir").from_launcher()
    if run_dir then check(C.dt_flight_open(run_dir .. "/flight", rank)) end
-   world.comm = M.new_comm(store, rank, size, job .. "-world")
+   -- one agent holds every rank (LOCAL_WORLD_SIZE = WORLD_SIZE): no node layout to learn
+   world.comm = M.new_comm(store, rank, size, job .. "-world", world.local_size < size and world.node_rank or nil)
    -- a cuda rank uses the device of its local rank; its collectives on cuda tensors go through NCCL
    if os.getenv("DT_DEVICE") == "cuda" then
       world.comm:enable_cuda(world.local_rank)

@@ -83,6 +83,7 @@ function commands.bench(args)
       local largs = {}
       for _, a in ipairs(mod.launch_defaults) do largs[#largs + 1] = a end
       for _, a in ipairs(bargs) do largs[#largs + 1] = a end
+      largs = require("dtrun.bench.common").simulated_nodes({ "bench", name }, largs) -- --nnodes N, no --node-rank
       require("dt.rundir").set_private_from(largs)
       local code, run_dir = require("dt.launch").run({ "bench", name }, largs,
          function(n) return require("dt.rundir").new_path(n) end, true)

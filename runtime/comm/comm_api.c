@@ -21,6 +21,7 @@ struct dt_comm_work {
 /* One validated call on this thread: a cuda call is checked against the other ranks through the segment, then
  * queued on the device's comm stream; a host call runs through the segment. */
 static dt_status run_call_on(dt_comm *c, const comm_call *call) {
+  if (c->nodes) return nodes_run(c, call); /* ranks on several nodes: shm within each, Gloo between */
 #if DT_HAVE_CUDA
   if (call->nc) {
     const dt_tensor *t = call->in ? call->in : call->out;
@@ -201,6 +202,7 @@ void dt_comm_destroy(dt_comm *c) {
   dt_nccl_close(c->nccl);
 #endif
   shm_segment_close(c);
+  nodes_close(c);
   pthread_cond_destroy(&c->cv);
   pthread_mutex_destroy(&c->mu);
   free(c->send_seq);
@@ -208,14 +210,13 @@ void dt_comm_destroy(dt_comm *c) {
   free(c);
 }
 
-dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out) {
+dt_status comm_create(int rank, int world, const char *job_id, dt_comm **out) {
   *out = NULL;
-  DT_CHECK(store, DT_ERR_ARG, "dt_comm_init_shm: NULL store");
-  DT_CHECK(world >= 1 && world <= MAX_WORLD, DT_ERR_ARG, "dt_comm_init_shm: world must be 1..%d ranks, got %d",
+  DT_CHECK(world >= 1 && world <= MAX_WORLD, DT_ERR_ARG, "dt_comm_init: world must be 1..%d ranks, got %d",
            MAX_WORLD, world);
-  DT_CHECK(rank >= 0 && rank < world, DT_ERR_ARG, "dt_comm_init_shm: rank %d is outside 0..%d", rank, world - 1);
+  DT_CHECK(rank >= 0 && rank < world, DT_ERR_ARG, "dt_comm_init: rank %d is outside 0..%d", rank, world - 1);
   size_t jlen = job_id ? strlen(job_id) : 0;
-  DT_CHECK(jlen >= 1 && jlen <= MAX_JOB, DT_ERR_ARG, "dt_comm_init_shm: job id must be 1..%d bytes, got %zu",
+  DT_CHECK(jlen >= 1 && jlen <= MAX_JOB, DT_ERR_ARG, "dt_comm_init: job id must be 1..%d bytes, got %zu",
            MAX_JOB, jlen);
   const char *env = getenv("DT_COLLECTIVE_TIMEOUT");
   char *end = NULL;
@@ -224,7 +225,7 @@ dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const ch
            "DT_COLLECTIVE_TIMEOUT must be seconds in 0.001..%d (default %d), got '%s'", INT_MAX / 1000,
            DEFAULT_TIMEOUT_MS / 1000, env);
   dt_comm *c = calloc(1, sizeof *c);
-  DT_CHECK(c, DT_ERR_OOM, "dt_comm_init_shm: out of memory");
+  DT_CHECK(c, DT_ERR_OOM, "dt_comm_init: out of memory");
   c->rank = rank;
   c->world = world;
   c->timeout_ms = (int)(secs * 1000 + 0.5);
@@ -235,15 +236,23 @@ dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const ch
   /* one allocation for the four per-peer counters */
   c->send_seq = calloc((size_t)world * 3, sizeof(uint64_t));
   c->srcs = calloc((size_t)world, sizeof *c->srcs);
-  dt_status st = DT_OK;
   if (!c->send_seq || !c->srcs) {
-    st = DT_FAIL(DT_ERR_OOM, "dt_comm_init_shm: out of memory");
-  } else {
-    c->recv_seq = c->send_seq + world;
-    c->send_chunks = (uint32_t *)(c->recv_seq + world);
-    c->recv_chunks = c->send_chunks + world;
-    st = shm_segment_open(c, store);
+    dt_comm_destroy(c);
+    return DT_FAIL(DT_ERR_OOM, "dt_comm_init: out of memory");
   }
+  c->recv_seq = c->send_seq + world;
+  c->send_chunks = (uint32_t *)(c->recv_seq + world);
+  c->recv_chunks = c->send_chunks + world;
+  *out = c;
+  return DT_OK;
+}
+
+dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out) {
+  *out = NULL;
+  DT_CHECK(store, DT_ERR_ARG, "dt_comm_init_shm: NULL store");
+  dt_comm *c;
+  DT_TRY(comm_create(rank, world, job_id, &c));
+  dt_status st = shm_segment_open(c, store);
   if (st != DT_OK) {
     char why[1024];
     snprintf(why, sizeof why, "%s", dt_last_error());
@@ -261,7 +270,7 @@ dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms) {
   DT_CHECK(c, DT_ERR_ARG, "dt_comm_set_timeout: NULL communicator");
   DT_CHECK(timeout_ms >= 1, DT_ERR_ARG, "comm '%s': timeout must be >= 1 ms, got %d", c->job, timeout_ms);
   c->timeout_ms = timeout_ms;
-  return DT_OK;
+  return c->nodes ? nodes_set_timeout(c, timeout_ms) : DT_OK;
 }
 
 /* ---- argument checks ---- */
@@ -424,6 +433,8 @@ dt_status dt_comm_enable_cuda(dt_comm *c, dt_store_client *store, int device) {
   CHECK_COMM("enable_cuda");
   DT_CHECK(c->device < 0, DT_ERR_STATE, "comm '%s': already has cuda:%d, cannot enable cuda:%d too", c->job,
            c->device, device);
+  DT_CHECK(!c->nodes, DT_ERR_UNSUPPORTED, "comm '%s': its ranks span nodes, and cuda collectives across nodes are "
+           "not supported yet (run CPU ranks: --device cpu)", c->job);
 #if DT_HAVE_CUDA
   DT_TRY(dt_nccl_open(c, store, device));
   c->device = device;

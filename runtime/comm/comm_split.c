@@ -25,7 +25,9 @@ dt_status dt_comm_split(dt_comm *c, dt_store_client *store, int color, int key, 
   for (const char *p = c->job; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
   char job[129];
   snprintf(job, sizeof job, "%.80s-%08x/split%llu/%d", c->job, h, (unsigned long long)c->splits++, color);
-  DT_TRY(dt_comm_init_shm(store, rank, size, job, out));
+  /* a parent across nodes may have children across nodes: they learn their layout the same way */
+  DT_TRY(c->nodes ? dt_comm_init(store, rank, size, c->node, job, out) : dt_comm_init_shm(store, rank, size, job, out));
+  (*out)->node = c->node;
   (*out)->timeout_ms = c->timeout_ms;
 #if DT_HAVE_CUDA
   if (c->nccl) {

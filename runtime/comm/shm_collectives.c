@@ -154,6 +154,28 @@ static dt_status block_rounds(call_ctx *x, const uint8_t *in, uint8_t *out, int6
   return DT_OK;
 }
 
+/* Bytes this rank writes into the segment for a call (dt_comm_bytes): its whole input (an all_reduce stages all but
+ * its slice, then writes its reduced slice), for a broadcast the root's only. */
+static int64_t written(const dt_comm *c, const comm_call *call, int64_t count, size_t es) {
+  switch (call->kind) {
+    case CALL_ALL_REDUCE: case CALL_REDUCE: case CALL_ALL_GATHER: case CALL_ALL_TO_ALL: case CALL_SEND:
+      return count * (int64_t)es;
+    case CALL_BROADCAST:
+      return c->rank == call->root ? count * (int64_t)es : 0;
+    case CALL_REDUCE_SCATTER:
+      return count * c->world * (int64_t)es;
+    case CALL_GROUP: {
+      int64_t n = 0;
+      for (int i = 0; i < call->nops; i++)
+        if (call->ops[i].send)
+          n += dt_tensor_numel(call->ops[i].tensor) * (int64_t)dt_dtype_size(call->ops[i].tensor->dtype);
+      return n;
+    }
+    default:
+      return 0;
+  }
+}
+
 dt_status shm_run(dt_comm *c, const comm_call *call) {
   const dt_tensor *in = call->in;
   dt_tensor *out = call->out;
@@ -164,6 +186,7 @@ dt_status shm_run(dt_comm *c, const comm_call *call) {
   call_ctx x;
   DT_TRY(shm_begin(&x, c, call, dtype, count));
   size_t es = dt_dtype_size(dtype);
+  atomic_fetch_add(&c->shm_bytes, written(c, call, count, es));
   switch (call->kind) {
     case CALL_ALL_REDUCE:
     case CALL_REDUCE:

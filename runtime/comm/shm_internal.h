@@ -14,6 +14,7 @@ typedef enum {
 } call_kind;
 
 typedef struct dt_nccl dt_nccl;           /* a communicator's NCCL side (runtime/cuda/nccl.c) */
+typedef struct comm_nodes comm_nodes;     /* a communicator's ranks on several nodes (comm_nodes.c) */
 typedef struct dt_nccl_call dt_nccl_call; /* one call's NCCL side: its events */
 
 /* One call's arguments as issued (tensors validated by comm_api.c). */
@@ -92,6 +93,9 @@ struct dt_comm {
   uint64_t splits;                    /* dt_comm_split calls so far (names the children's segments) */
   struct pollfd *peers;               /* per rank: a pidfd of its process to poll (fd -1 for this one) */
   int64_t flight;                     /* the running call's number in the flight recorder (flight.c), or -1 */
+  int node;                           /* this rank's node (dt_comm_init) */
+  comm_nodes *nodes;                  /* non-NULL: the ranks span nodes; calls run in comm_nodes.c, not the segment */
+  _Atomic int64_t shm_bytes;          /* bytes this rank has written into the segment (dt_comm_bytes) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -118,6 +122,9 @@ const char *shm_kind_name(int kind);
 const char *shm_op_name(int op); /* "sum", ..., or "" */
 /* "all_reduce #5 (sum, f32, count 100)" */
 const char *shm_describe(const shm_fp *fp, char *buf, size_t n);
+/* DT_OK when every one of the n ranks' fingerprints (fps[j] is rank first + j's) equals mine; else the mismatch,
+ * naming each group of ranks and its call. */
+dt_status shm_fp_check(const char *job, const shm_fp *fps, int n, int first, const shm_fp *mine);
 /* Start a call: refuse on a failed communicator, publish the fingerprint. */
 dt_status shm_begin(call_ctx *x, dt_comm *c, const comm_call *call, int dtype, int64_t count);
 /* The fingerprint check of a call that moves no data through the segment (an NCCL call): begin, then the first
@@ -141,6 +148,14 @@ void shm_segment_close(dt_comm *c);
 /* shm_reduce.c: out[i] := op over j = 0..n-1 (in order) of srcs[j][i]; avg divides by n. out2 (or NULL) gets a
  * second copy of the result. out and out2 may alias any srcs[j]. */
 void shm_reduce(int dtype, int op, int n, const void *const *srcs, void *out, void *out2, int64_t count);
+
+/* comm_api.c: a communicator with its per-call state but no transport yet (dt_comm_init_shm and comm_nodes.c open
+ * theirs). */
+dt_status comm_create(int rank, int world, const char *job_id, dt_comm **out);
+/* comm_nodes.c: run one validated call of a communicator whose ranks span nodes; its timeout; free its node state. */
+dt_status nodes_run(dt_comm *c, const comm_call *call);
+dt_status nodes_set_timeout(dt_comm *c, int timeout_ms);
+void nodes_close(dt_comm *c);
 
 /* shm_collectives.c / shm_p2p.c: run one validated call on this thread. */
 dt_status shm_run(dt_comm *c, const comm_call *call);

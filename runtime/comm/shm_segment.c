@@ -154,42 +154,49 @@ static bool fp_eq(const shm_fp *a, const shm_fp *b) {
          a->count == b->count;
 }
 
-/* Append "ranks a, b" (or "rank a") for the ranks in `set` (length world). */
-static int list_ranks(char *buf, size_t n, const bool *set, int world) {
+/* Append "ranks a, b" (or "rank a") for the ranks in `set` (length world; set[j] is rank first + j). */
+static int list_ranks(char *buf, size_t n, const bool *set, int world, int first) {
   int count = 0, o = 0;
   for (int j = 0; j < world; j++) count += set[j];
   o += snprintf(buf, n, count == 1 ? "rank" : "ranks");
   for (int j = 0, k = 0; j < world && (size_t)o < n; j++)
-    if (set[j]) o += snprintf(buf + o, n - (size_t)o, "%s %d", k++ ? "," : "", j);
+    if (set[j]) o += snprintf(buf + o, n - (size_t)o, "%s %d", k++ ? "," : "", first + j);
   return o;
+}
+
+dt_status shm_fp_check(const char *job, const shm_fp *fps, int n, int first, const shm_fp *mine) {
+  bool same = true;
+  for (int j = 0; j < n; j++) same = same && fp_eq(&fps[j], mine);
+  if (same) return DT_OK;
+  bool *done = calloc((size_t)n * 2, sizeof *done), *group = done + n;
+  DT_CHECK(done, DT_ERR_OOM, "comm '%s': out of memory reporting a collective mismatch", job);
+  char msg[1024], what[160];
+  int o = snprintf(msg, sizeof msg, "comm '%s': collective mismatch at call #%llu:", job, (unsigned long long)mine->seq);
+  for (int j = 0; j < n && (size_t)o < sizeof msg; j++) {
+    if (done[j]) continue;
+    for (int k = 0; k < n; k++) {
+      group[k] = !done[k] && fp_eq(&fps[k], &fps[j]);
+      done[k] = done[k] || group[k];
+    }
+    o += snprintf(msg + o, sizeof msg - (size_t)o, "%s ", j ? ";" : "");
+    if ((size_t)o < sizeof msg) o += list_ranks(msg + o, sizeof msg - (size_t)o, group, n, first);
+    if ((size_t)o < sizeof msg)
+      o += snprintf(msg + o, sizeof msg - (size_t)o, " called %s", shm_describe(&fps[j], what, sizeof what));
+  }
+  free(done);
+  return DT_FAIL(DT_ERR_STATE, "%s", msg);
 }
 
 /* After the call's first barrier every rank's fingerprint for this sequence parity is stable. */
 static dt_status check_fingerprints(call_ctx *x) {
   dt_comm *c = x->c;
-  int par = (int)(x->fp.seq & 1), world = c->world;
-  bool same = true;
-  for (int j = 0; j < world; j++) same = same && fp_eq(&c->ranks[j].fp[par], &x->fp);
-  if (same) return DT_OK;
-  bool *done = calloc((size_t)world * 2, sizeof *done), *group = done + world;
-  DT_CHECK(done, DT_ERR_OOM, "comm '%s': out of memory reporting a collective mismatch", c->job);
-  char msg[1024], what[160];
-  int o = snprintf(msg, sizeof msg, "comm '%s': collective mismatch at call #%llu:", c->job,
-                   (unsigned long long)x->fp.seq);
-  for (int j = 0; j < world && (size_t)o < sizeof msg; j++) {
-    if (done[j]) continue;
-    shm_fp fj = c->ranks[j].fp[par];
-    for (int k = 0; k < world; k++) {
-      group[k] = !done[k] && fp_eq(&c->ranks[k].fp[par], &fj);
-      done[k] = done[k] || group[k];
-    }
-    o += snprintf(msg + o, sizeof msg - (size_t)o, "%s ", j ? ";" : "");
-    if ((size_t)o < sizeof msg) o += list_ranks(msg + o, sizeof msg - (size_t)o, group, world);
-    if ((size_t)o < sizeof msg)
-      o += snprintf(msg + o, sizeof msg - (size_t)o, " called %s", shm_describe(&fj, what, sizeof what));
-  }
-  free(done);
-  return DT_FAIL(DT_ERR_STATE, "%s", msg);
+  int par = (int)(x->fp.seq & 1);
+  shm_fp *fps = calloc((size_t)c->world, sizeof *fps);
+  DT_CHECK(fps, DT_ERR_OOM, "comm '%s': out of memory comparing collectives", c->job);
+  for (int j = 0; j < c->world; j++) fps[j] = c->ranks[j].fp[par];
+  dt_status st = shm_fp_check(c->job, fps, c->world, 0, &x->fp);
+  free(fps);
+  return st;
 }
 
 /* Barrier: every rank publishes its epoch (for timeout reports) and bumps the arrival count; the

@@ -19,6 +19,20 @@ typedef struct dt_comm_work dt_comm_work; /* an asynchronous call in flight */
  * rank 0 waits for them, SIGTERM, SIGINT and SIGHUP (those at their default action) unlink the segment before they
  * end the process. Every rank then watches the others' processes (pidfds): one that ends fails the waiting calls. */
 dt_status dt_comm_init_shm(dt_store_client *store, int rank, int world, const char *job_id, dt_comm **out);
+/* Join the communicator `job_id` as `rank` of `world` ranks, this one on node `node` (the agent's --node-rank): ranks
+ * learn each other's nodes through the store. All on one node: dt_comm_init_shm. Otherwise the ranks of each node
+ * meet over shm in a communicator of their own (its segment named after the node: no rank maps another node's),
+ * and the nodes over Gloo's TCP transport (rendezvous through `store`, so under the job's token); collectives are
+ * hierarchical (reduce within the node, across node leaders, broadcast within; the order is documented in
+ * runtime/comm/comm_nodes.c) when the nodes hold equal runs of consecutive ranks, else flat over Gloo. Every call
+ * and dtype of the shm backend works; cuda tensors across nodes do not yet. */
+dt_status dt_comm_init(dt_store_client *store, int rank, int world, int node, const char *job_id, dt_comm **out);
+/* Across nodes (collective: every rank makes the same call between the same collectives): false runs the
+ * collectives flat over Gloo (all_reduce is Gloo's own ring), true (the default) hierarchical. No effect on one node. */
+dt_status dt_comm_set_hierarchical(dt_comm *c, bool on);
+/* Bytes this rank has written so far into shared memory (*shm) and onto the network (*net, what Gloo's algorithms
+ * send from this rank; a broadcast counts its copies at the root). */
+void dt_comm_bytes(const dt_comm *c, int64_t *shm, int64_t *net);
 /* Remove this user's shm segments of every communicator whose id starts with `job_id` followed by '-' (the world
  * "<job_id>-r<restart>-world" and its splits): what an agent does when a job ends, whatever happened, since a rank
  * killed before every rank joined cannot remove its own. removed (may be NULL) counts them. */

@@ -1,5 +1,6 @@
 -- dtrun/bench/collectives.lua: `dtrun bench collectives --nproc N`: time, algbw and busbw of our shm collectives
--- per size, vs PyTorch/gloo all_reduce.
+-- per size, vs PyTorch/gloo all_reduce. With --nnodes N (simulated on this host without --node-rank): our
+-- hierarchical all_reduce vs Gloo's flat ring on the same ranks (across_nodes below).
 --
 -- The agent runs main() on every rank; rank 0 prints the table and leaves the headline numbers in
 -- <run dir>/bench_collectives.txt. Then after_launch() (in the agent, once the ranks are gone, so the
@@ -98,6 +99,74 @@ local function copy_seconds(comm, bytes, warmup, iters)
    return fastest
 end
 
+-- Seconds of a send of `bytes` from rank 0 to rank `to` (node 1's leader) over the network, timed on the receiver: the
+-- fastest of iters (every rank learns it).
+local function loopback_seconds(comm, to, bytes, iters)
+   local t, best = dt.zeros({ bytes / 4 }), dt.zeros({ 1 }, { dtype = "f64" })
+   local fastest = math.huge
+   for _ = 1, iters do
+      comm:barrier()
+      local t0 = dt.time()
+      if comm.rank == 0 then comm:send(t, to) elseif comm.rank == to then comm:recv(t, 0) end
+      fastest = math.min(fastest, dt.time() - t0)
+   end
+   best:set(1, comm.rank == to and fastest or 0)
+   comm:all_reduce(best, "max")
+   t:free()
+   return best:item()
+end
+
+-- Ranks on several nodes (--nnodes): the hierarchical all_reduce vs Gloo's own flat ring all_reduce on the same ranks
+-- and buffers, per size. At the largest size: the bytes per call written to shared memory and sent over the network
+-- (all ranks), and the roofline: the bytes each node leader must send, 2(L-1)/L S for L nodes, at the loopback
+-- bandwidth of a send of S between two leaders measured in the same run (the network is the bottleneck here).
+local function across_nodes(world, o)
+   local comm, n, per = world.comm, world.size, world.local_size
+   local nodes, main, headline = n / per, world.rank == 0, { nodes = n / per, ranks = n }
+   if main then
+      print(("collectives benchmark: %d nodes x %d ranks, all_reduce f32, hierarchical (shm within a node, Gloo "
+         .. "between leaders) vs Gloo's flat ring; median of %d iterations after %d warm-ups"):format(nodes, per,
+         o.iters, o.warmup))
+      print(("%8s %12s %12s %12s %12s %7s"):format("size", "ours", "busbw", "gloo flat", "busbw", "ratio"))
+   end
+   local bytes = 1024
+   while bytes <= o.max_mib * 1048576 do
+      local t = dt.zeros({ bytes / 4 })
+      local call = function() comm:all_reduce(t) end
+      local s0 = comm:stats()
+      local ours = time_call(comm, call, o.warmup, o.iters)
+      local s1 = comm:stats()
+      comm:set_hierarchical(false)
+      local flat = time_call(comm, call, o.warmup, o.iters)
+      comm:set_hierarchical(true)
+      t:free()
+      local factor = busbw_factor("all_reduce", n) * bytes / 1e9
+      if main then
+         print(("%8s %9.1f us %7.3f GB/s %9.1f us %7.3f GB/s %7.2f"):format(size_name(bytes), ours * 1e6,
+            factor / ours, flat * 1e6, factor / flat, flat / ours))
+      end
+      headline.busbw_gbps, headline.gloo_flat_busbw_gbps = factor / ours, factor / flat
+      -- bytes of one call (time_call's barrier and timing all_reduce are a few bytes among megabytes)
+      local moved = dt.tensor({ s1.shm - s0.shm, s1.net - s0.net }, { dtype = "f64" })
+      comm:all_reduce(moved, "sum")
+      headline.shm_bytes_per_call = moved:get(1) / (o.warmup + o.iters)
+      headline.net_bytes_per_call = moved:get(2) / (o.warmup + o.iters)
+      headline.size_mib, headline.seconds = bytes / 1048576, ours
+      bytes = bytes * 4
+   end
+   local loop = loopback_seconds(comm, per, headline.size_mib * 1048576, o.iters)
+   headline.loopback_gbps = headline.size_mib * 1048576 / loop / 1e9
+   headline.roofline_fraction = 2 * (nodes - 1) / nodes * loop / headline.seconds
+   headline.seconds = nil
+   if main then
+      local f = assert(io.open((os.getenv("DT_RUN_DIR") or ".") .. "/" .. RESULTS, "w"))
+      for k, v in pairs(headline) do f:write(("%s=%.6g\n"):format(k, v)) end
+      f:close()
+   end
+   comm:barrier() -- every agent's after_launch finds the results
+   return 0
+end
+
 function M.main(args)
    local o = common.options(args, { iters = 10, warmup = 3, max_mib = 64, peer = "yes" }, "collectives")
    local world = dist.init()
@@ -106,6 +175,7 @@ function M.main(args)
       io.stderr:write("bench collectives: needs at least 2 ranks (dtrun bench collectives --nproc N)\n")
       return 2
    end
+   if n > world.local_size then return across_nodes(world, o) end
    local main = world.rank == 0
    if main then
       print(("collectives benchmark: %d ranks (shm), f32, median of %d iterations (%d below 1 MiB) after %d warm-ups,"
@@ -159,6 +229,16 @@ function M.after_launch(run_dir)
    local ours = {}
    for k, v in f:read("*a"):gmatch("([%w_]+)=([^\n]+)") do ours[k] = tonumber(v) or v end
    f:close()
+   if ours.nodes then
+      common.report("collectives", {
+         { "nodes", ours.nodes }, { "ranks", ours.ranks }, { "size_mib", ours.size_mib },
+         { "allreduce_busbw_gbps", ours.busbw_gbps }, { "gloo_flat_allreduce_busbw_gbps", ours.gloo_flat_busbw_gbps },
+         { "ratio", ratio(ours.busbw_gbps, ours.gloo_flat_busbw_gbps) },
+         { "roofline_fraction", ours.roofline_fraction }, { "loopback_gbps", ours.loopback_gbps },
+         { "shm_bytes_per_call", ours.shm_bytes_per_call }, { "net_bytes_per_call", ours.net_bytes_per_call },
+      })
+      return 0
+   end
    local peer, why = {}, "skipped (peer=no)"
    if ours.peer ~= "no" then
       local res, err = common.run_peer("torch_allreduce.py", ("--ranks %d --port %d --iters %d --max-mib %d"):format(

@@ -55,6 +55,37 @@ function M.free_port()
    return port
 end
 
+-- Launcher flags `--nnodes N` (N > 1) without `--node-rank`: N nodes simulated on this host. Starts the agents of
+-- nodes 1..N-1 of `dtrun <words...> <largs...>` in the background (one DT_JOB_TOKEN, loopback, a free port; their
+-- output discarded: a failure reaches node 0 as "job failed on another node") and returns the flags that make this
+-- process node 0's agent; other flags come back unchanged.
+function M.simulated_nodes(words, largs)
+   local nnodes, ranked
+   for i, a in ipairs(largs) do
+      if a == "--nnodes" then nnodes = tonumber(largs[i + 1]) end
+      ranked = ranked or a == "--node-rank"
+   end
+   if not nnodes or nnodes < 2 or ranked then return largs end
+   local ffi = require "ffi"
+   pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+   if not os.getenv("DT_JOB_TOKEN") then ffi.C.setenv("DT_JOB_TOKEN", require("dt.secret").random_hex(16), 1) end
+   local out = {}
+   for _, a in ipairs(largs) do out[#out + 1] = a end
+   for _, a in ipairs { "--master-addr", "127.0.0.1", "--master-port", tostring(M.free_port()) } do
+      out[#out + 1] = a
+   end
+   local cmd = { ffi.string(require("dt").C.dt_exe_path()) }
+   for _, a in ipairs(words) do cmd[#cmd + 1] = a end
+   for _, a in ipairs(out) do cmd[#cmd + 1] = a end
+   for i, a in ipairs(cmd) do cmd[i] = "'" .. a:gsub("'", "'\\''") .. "'" end
+   for node = 1, nnodes - 1 do
+      os.execute(("%s --node-rank %d > /dev/null 2>&1 &"):format(table.concat(cmd, " "), node))
+   end
+   out[#out + 1] = "--node-rank"
+   out[#out + 1] = "0"
+   return out
+end
+
 -- Run `dtrun recipe --nproc N args...` (recipe path relative to the repo root; `env`, optional, is a prefix of
 -- VAR=value words for its environment) and return the step records of its metrics.jsonl (rank 0's); the run dir
 -- is removed afterwards.
