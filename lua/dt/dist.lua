@@ -38,6 +38,13 @@ function Store:add(key, delta)
    return tonumber(r[0])
 end
 
+-- Set key to desired if its value is expected ("" also matches a missing key); returns whether it did.
+function Store:compare_set(key, expected, desired)
+   local swapped = ffi.new("bool[1]")
+   check(C.dt_store_compare_set(self.h, key, expected, #expected, desired, #desired, -1, swapped))
+   return swapped[0]
+end
+
 function Store:delete(key)
    local existed = ffi.new("bool[1]")
    check(C.dt_store_delete(self.h, key, -1, existed))

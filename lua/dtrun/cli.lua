@@ -6,12 +6,13 @@ local usage = [[
 usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_config.json]
                                                                run a recipe in this process
        dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
-             --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
+             --master-addr HOST --master-port P [--rdzv-timeout S] ] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [--timeout S] [--force] [key=value ...]
                                                                run N ranks under the agent
              (--timeout: seconds a collective waits for the other ranks, default 300; the same as
              DT_COLLECTIVE_TIMEOUT=S. A rank whose process ended fails the others at once.
-             --force: start N ranks although N x 150 MiB exceeds the available memory.)
+             --force: start N ranks although N x 150 MiB exceeds the available memory. --rdzv-timeout: seconds
+             the agents wait for every node to join, default 300.)
        dtrun RECIPE.lua --hostfile FILE [--include|--exclude HOST:SLOT,SLOT@HOST] [--ssh-port P]
              [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
@@ -101,25 +102,13 @@ function commands.plot(args) return require("dtrun.plot").main(rest(args, 2)) en
 function commands.report(args) return require("dtrun.report").main(rest(args, 2)) end
 function commands.trace(args) return require("dtrun.trace").main(rest(args, 2)) end
 
-local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
-   emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
-
--- "12.4" from CUDA's 12040, "2.21.5" from NCCL's 22105 (major*10000 + minor*100 + patch since 2.9), cuBLAS 120405.
-local function cuda_version(v)
-   if v == 0 then return "none" end
-   return ("%d.%d"):format(math.floor(v / 1000), math.floor(v % 1000 / 10))
-end
-local function triple_version(v)
-   if v == 0 then return "none" end
-   return ("%d.%d.%d"):format(math.floor(v / 10000), math.floor(v % 10000 / 100), v % 100)
-end
-
 function commands.info()
    local dt = require "dt"
    local device = require "dt.device"
+   local cuda_version, triple_version = device.cuda_version, device.triple_version
    local build, n = device.cuda_build(), device.count("cuda")
    print(("dtrun %s  %s"):format(require("dt.version"), jit.version))
-   print(("build: %s   threads: %d"):format(build_names[build], dt.threads()))
+   print(("build: %s   threads: %d"):format(device.build_names[build], dt.threads()))
    local v = dt.cuda_versions()
    if v then
       print(("CUDA runtime %s   driver %s   NCCL %s%s"):format(cuda_version(v.runtime),
