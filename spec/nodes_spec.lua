@@ -5,6 +5,12 @@ local H = require "spec.dist_helpers"
 local WORKER = "spec/fixtures/launch_worker.lua"
 local TIMEOUT, SHORT = 60, 2 -- --rdzv-timeout: seconds, generous where every node joins, short where one never does
 
+local made = {} -- run dirs, removed after each test
+after_each(function()
+   for _, dir in ipairs(made) do H.remove_run(dir) end
+   made = {}
+end)
+
 -- Run one agent per entry of `nodes` ({node=, nnodes= (2), nproc= (1), addr=, token=, exe=, extra=}) of one job
 -- at once, each running `worker` (default launch_worker.lua) with --rdzv-timeout `timeout` (default TIMEOUT); returns
 -- their results ({out=, code=}) and the store's port.
@@ -18,7 +24,7 @@ local function agents(nodes, worker, timeout)
                timeout or TIMEOUT, n.extra or "") }
    end
    local res = H.dtrun_parallel(cmds)
-   for _, r in ipairs(res) do H.remove_run(r.run_dir) end
+   for _, r in ipairs(res) do made[#made + 1] = r.run_dir end
    return res, port
 end
 
@@ -30,13 +36,18 @@ local function refused(r, pattern)
 end
 
 describe("the multi-node rendezvous", function()
-   it("shows the node layout when the nodes agree", function()
+   it("shows the node layout when the nodes agree, in each agent's output and in `dtrun info RUN_DIR`", function()
       local res = agents { { node = 0, nproc = 2 }, { node = 1, nproc = 2 } }
+      local layout = "node 0 %(host [^,]+, agent pid %d+%): ranks 0%-1\n"
+         .. "node 1 %(host [^,]+, agent pid %d+%): ranks 2%-3\n"
       for i = 1, 2 do
          assert.equal(0, res[i].code, res[i].out)
-         assert.matches("node 0 %(host [^,]+, agent pid %d+%): ranks 0%-1\nnode 1 %(host [^,]+, agent pid %d+%): "
-            .. "ranks 2%-3\n", res[i].out)
+         assert.matches(layout, res[i].out)
       end
+      local info = H.dtrun("info " .. res[1].run_dir)
+      assert.equal(0, info.code, info.out)
+      assert.matches("^" .. layout, info.out)
+      assert.matches("one node", H.dtrun("info spec").out)
    end)
 
    it("names the node whose DT_JOB_TOKEN differs, and node 0 names it as never joined", function()
@@ -104,6 +115,29 @@ describe("the multi-node rendezvous", function()
       local res = agents({ { node = 0, nnodes = 3 }, { node = 1, nnodes = 3 } }, nil, SHORT)
       refused(res[1], ("node 0: node 2 never joined within %d s"):format(SHORT))
       refused(res[2], "node 1: the rendezvous failed at node 0: node 2 never joined within")
+   end)
+end)
+
+describe("meshes over two nodes", function()
+   it("reduce over exactly the right ranks on every axis, tp within each node, fsdp across", function()
+      local res = agents({ { node = 0, nproc = 2, extra = "shape=2x2 within=tp" },
+         { node = 1, nproc = 2, extra = "shape=2x2 within=tp" } }, "spec/fixtures/dist_mesh.lua")
+      for node = 0, 1 do
+         assert.equal(0, res[node + 1].code, res[node + 1].out)
+         for rank = node * 2, node * 2 + 1 do
+            assert.matches(("%%[%d%%] rank %d: mesh 2x2 31 checks passed"):format(rank, rank), res[node + 1].out)
+         end
+      end
+   end)
+
+   it("refuses an axis placed within nodes that spans them", function()
+      local res = agents({ { node = 0, nproc = 2, extra = "shape=2x2 within=fsdp" },
+         { node = 1, nproc = 2, extra = "shape=2x2 within=fsdp" } }, "spec/fixtures/dist_mesh.lua")
+      for node = 0, 1 do
+         assert.is_true(res[node + 1].code ~= 0, res[node + 1].out)
+         assert.matches("mesh: axis 'fsdp' %(size 2%) must lie within a node %(within_node%), but its groups span "
+            .. "nodes of 2 rank%(s%) each", res[node + 1].out)
+      end
    end)
 end)
 

@@ -260,7 +260,9 @@ function M.run(cmd, args, make_run_dir, passthrough)
    end
    print("run dir: " .. run_dir)
    if nodes then
-      for _, line in ipairs(rendezvous.layout(nodes, opts.nnodes, opts.nproc)) do print(line) end
+      local layout = rendezvous.layout(nodes, opts.nnodes, opts.nproc)
+      for _, line in ipairs(layout) do print(line) end
+      if opts.node_rank == 0 then rendezvous.write_layout(run_dir, layout) end
    end
    io.stdout:flush()
    io.stderr:write(ffi.string(warnings))

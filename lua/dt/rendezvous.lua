@@ -7,6 +7,7 @@
 -- the same cause. Every failure is a launcher error ({launcher_error = msg}) naming this node and the node at fault.
 local dist = require "dt.dist"
 local device = require "dt.device"
+local fs = require "dt.fs"
 local C = require("dt.ffi").C
 
 local M = {}
@@ -34,12 +35,11 @@ function M.build()
    return table.concat(parts, ", ")
 end
 
--- The first line of a /proc file ("?" when unreadable).
-local function proc_line(path)
-   local f = io.open(path)
-   local line = f and f:read("*l") or "?"
+local function hostname()
+   local f = io.open("/proc/sys/kernel/hostname")
+   local name = f and f:read("*l") or "?"
    if f then f:close() end
-   return line
+   return name
 end
 
 local function encode(rec)
@@ -129,8 +129,8 @@ function M.join(token, opts)
          .. "(node 0's agent serves the store there) and that node 0's agent is running", me, master, port,
          opts.rdzv_timeout, why:match("^cannot connect to store at .*: (.-)$") or why)
    end
-   local rec = encode { node = me, host = proc_line("/proc/sys/kernel/hostname"),
-      pid = proc_line("/proc/self/stat"):match("^%d+") or "?", nnodes = opts.nnodes, nproc = opts.nproc,
+   local rec = encode { node = me, host = hostname(),
+      pid = fs.pid(), nnodes = opts.nnodes, nproc = opts.nproc,
       device = opts.device, build = M.build() }
    if not store:compare_set(node_key(me), "", rec) then taken(opts, decode(store:get(node_key(me)))) end
    if me == 0 then
@@ -167,6 +167,19 @@ function M.layout(nodes, nnodes, nproc)
          nproc == 1 and tostring(first) or ("%d-%d"):format(first, first + nproc - 1))
    end
    return lines
+end
+
+-- The layout in the run dir (<run dir>/logs/nodes.log), for `dtrun info RUN_DIR`.
+function M.write_layout(run_dir, layout)
+   fs.mkdir(fs.join(run_dir, "logs"), true)
+   fs.write(fs.join(run_dir, "logs", "nodes.log"), table.concat(layout, "\n") .. "\n")
+end
+
+-- A run's layout lines, or nil for a single-node run (no nodes.log).
+function M.read_layout(run_dir)
+   local path = fs.join(run_dir, "logs", "nodes.log")
+   if not fs.is_file(path) then return nil end
+   return fs.read(path)
 end
 
 return M

@@ -25,7 +25,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
                                                                draw runs' metrics.jsonl curves (SVG or PNG)
        dtrun report RUN_DIR [-o OUT.html]                      one self-contained HTML page of a run
        dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
-       dtrun info                                              build, CUDA/NCCL versions, threads and devices
+       dtrun info [RUN_DIR]                                    build, CUDA/NCCL versions, threads and devices;
+                                                               a run's node layout (node -> ranks)
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
        dtrun repl [--nproc N]                                  each line runs on N fresh ranks (a world is ready)
        dtrun --help | --version]]
@@ -102,7 +103,19 @@ function commands.plot(args) return require("dtrun.plot").main(rest(args, 2)) en
 function commands.report(args) return require("dtrun.report").main(rest(args, 2)) end
 function commands.trace(args) return require("dtrun.trace").main(rest(args, 2)) end
 
-function commands.info()
+-- `dtrun info RUN_DIR`: that run's node layout (node rank -> global ranks), from its agents' rendezvous.
+local function run_info(run_dir)
+   if not require("dt.fs").is_dir(run_dir) then
+      io.stderr:write(("dtrun info: '%s' is not a run directory\n"):format(run_dir))
+      return 2
+   end
+   local layout = require("dt.rendezvous").read_layout(run_dir)
+   io.write(layout or "one node (no logs/nodes.log: the run was not started with --nnodes > 1)\n")
+   return 0
+end
+
+function commands.info(args)
+   if args[2] then return run_info(args[2]) end
    local dt = require "dt"
    local device = require "dt.device"
    local cuda_version, triple_version = device.cuda_version, device.triple_version
