@@ -1,4 +1,4 @@
--- spec/nodes_spec.lua: the multi-node control plane on agents of one host: bad input at the rendezvous (each a clear
+-- spec/rendezvous_spec.lua: the multi-node control plane on agents of one host: bad input at the rendezvous (each a clear
 -- error within the rendezvous timeout naming the node), the node layout, and a rank killed on the other node.
 local H = require "spec.dist_helpers"
 
