@@ -1,5 +1,5 @@
--- spec/rendezvous_spec.lua: the multi-node control plane on agents of one host: bad input at the rendezvous (each a clear
--- error within the rendezvous timeout naming the node), the node layout, and a rank killed on the other node.
+-- spec/rendezvous_spec.lua: the multi-node control plane on agents of one host: bad input at the rendezvous (each a
+-- clear error within the rendezvous timeout naming the node), the node layout, and a rank killed on the other node.
 local H = require "spec.dist_helpers"
 
 local WORKER = "spec/fixtures/launch_worker.lua"
@@ -54,8 +54,10 @@ describe("the multi-node rendezvous", function()
       local res, port = agents({ { node = 0 }, { node = 1, token = "not-the-job-token" } }, nil, SHORT)
       refused(res[2], ("node 1: node 0's store at 127.0.0.1:%d refused this node's DT_JOB_TOKEN: set the same "
          .. "DT_JOB_TOKEN on every node"):format(port))
-      refused(res[1], ("node 0: node 1 never joined within %d s %%(the rendezvous timeout, %%-%%-rdzv%%-timeout%%)")
-         :format(SHORT))
+      refused(res[1], ("node 0: node 1 never joined within %d s %%(the rendezvous timeout, %%-%%-rdzv%%-timeout%%); "
+         .. "the store refused 1 connection for a wrong DT_JOB_TOKEN, the last from 127%%.0%%.0%%.1: start its agent "
+         .. "with %%-%%-nnodes 2 %%-%%-node%%-rank 1 %%-%%-master%%-addr 127%%.0%%.0%%.1 %%-%%-master%%-port %d")
+         :format(SHORT, port))
    end)
 
    it("names the node that cannot reach --master-addr", function()

@@ -241,7 +241,7 @@ function M.run(cmd, args, make_run_dir, passthrough)
    opts.rdzv_timeout = opts.rdzv_timeout or 300
    if opts.nnodes > 1 then
       opts.master_addr, opts.master_port = master, port
-      local rok, s, n = pcall(rendezvous.join, token, opts)
+      local rok, s, n = pcall(rendezvous.join, token, opts, server)
       if not rok then
          if server then server:stop() end
          if type(s) == "table" and s.launcher_error then

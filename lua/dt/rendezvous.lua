@@ -82,7 +82,7 @@ end
 
 -- Node 0's checks: wait for every other node's record until the deadline and compare each with its own. Returns the
 -- records by node rank and the verdict: "ok" or what is wrong, naming the node.
-local function judge(store, opts, mine, ms_left)
+local function judge(store, opts, mine, ms_left, server)
    local nodes, missing = { [0] = mine }, {}
    for node = 1, opts.nnodes - 1 do
       local ok, v = pcall(store.get, store, node_key(node), #missing == 0 and ms_left() or 1)
@@ -104,17 +104,21 @@ local function judge(store, opts, mine, ms_left)
       end
    end
    if #missing == 0 then return nodes, "ok" end
-   return nodes, ("node%s %s never joined within %g s (the rendezvous timeout, --rdzv-timeout): start %s with "
+   local refused, from = 0, nil
+   if server then refused, from = server:refused() end
+   return nodes, ("node%s %s never joined within %g s (the rendezvous timeout, --rdzv-timeout)%s: start %s with "
       .. "--nnodes %d --node-rank %s --master-addr %s --master-port %d and this job's DT_JOB_TOKEN (an agent that "
       .. "cannot reach the store or was refused says so in its own output)"):format(#missing > 1 and "s" or "",
-      table.concat(missing, ", "), opts.rdzv_timeout, #missing > 1 and "each agent" or "its agent", opts.nnodes,
+      table.concat(missing, ", "), opts.rdzv_timeout, refused == 0 and "" or
+      ("; the store refused %d connection%s for a wrong DT_JOB_TOKEN, the last from %s"):format(refused,
+      refused > 1 and "s" or "", from), #missing > 1 and "each agent" or "its agent", opts.nnodes,
       #missing > 1 and "N" or missing[1], opts.master_addr, opts.master_port)
 end
 
--- Connect to node 0's store and claim opts.node_rank; node 0's agent then judges every node's record against its own
--- (until opts.rdzv_timeout) and publishes its verdict, which the other agents wait for. Returns the store client and
--- the records by node rank (0-based: nodes[0] is node 0's {host=, pid=, ...}).
-function M.join(token, opts)
+-- Connect to node 0's store and claim opts.node_rank; node 0's agent (serving the store: `server`, from dist.serve)
+-- then judges every node's record against its own (until opts.rdzv_timeout) and publishes its verdict, which the other
+-- agents wait for. Returns the store client and the records by node rank (0-based: nodes[0] is node 0's {host=, ...}).
+function M.join(token, opts, server)
    local me, master, port = opts.node_rank, opts.master_addr, opts.master_port
    local deadline = C.dt_time_now() + opts.rdzv_timeout
    local function ms_left() return math.max(1, math.floor((deadline - C.dt_time_now()) * 1000)) end
@@ -134,7 +138,7 @@ function M.join(token, opts)
       device = opts.device, build = M.build() }
    if not store:compare_set(node_key(me), "", rec) then taken(opts, decode(store:get(node_key(me)))) end
    if me == 0 then
-      local jok, nodes, verdict = pcall(judge, store, opts, decode(rec), ms_left)
+      local jok, nodes, verdict = pcall(judge, store, opts, decode(rec), ms_left, server)
       if not jok then fail("node 0: the rendezvous failed: %s", reason(nodes)) end
       store:set("dtrun/rdzv/verdict", verdict)
       if verdict == "ok" then return store, nodes end
