@@ -68,6 +68,14 @@ describe("the multi-node rendezvous", function()
       refused(res[1], "node 0: node 1 never joined within")
    end)
 
+   it("names node 0 when its --master-addr is not an address of its host", function()
+      -- 192.0.2.1 is TEST-NET-1 (RFC 5737): never a local address
+      local r = H.dtrun(("%s --nproc 1 --nnodes 2 --node-rank 0 --master-addr 192.0.2.1 --master-port %d")
+         :format(WORKER, H.free_port()), "DT_JOB_TOKEN=" .. H.tag())
+      refused(r, "node 0: cannot serve the rendezvous store at 192%.0%.2%.1:%d+: .* %(node 0's %-%-master%-addr must "
+         .. "be an address of its own host")
+   end)
+
    -- Of two agents given one node rank, the one that came second is refused; the job runs on the first.
    local function one_refused(a, b, node)
       local first, second = a, b
