@@ -121,6 +121,27 @@ describe("the multi-node rendezvous", function()
       refused(res[2], "node 1: the rendezvous failed at node 0: node 1 has build dtrun [^\n]*CUDA emulated")
    end)
 
+   it("lets SIGTERM (or Ctrl-C) end an agent that waits for the other nodes at once", function()
+      local port, token, status = H.free_port(), H.tag(), os.tmpname()
+      -- one BLAS/OpenMP thread: no thread of the agent that leaves SIGTERM unblocked by chance
+      H.sh(("cd %s && (OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DT_JOB_TOKEN=%s %s %s --nproc 1 --nnodes 2 "
+         .. "--node-rank 0 --master-addr 127.0.0.1 --master-port %d --rdzv-timeout %d; echo $? > %s) >/dev/null 2>&1 &")
+         :format(H.root, token, H.exe, WORKER, port, TIMEOUT, status))
+      -- the agent's own record in its store gives its pid
+      local store = require("dt.dist").Store.connect("127.0.0.1", port, token, 30000)
+      local pid = store:get("dtrun/rdzv/node/0", 30000):match("pid=(%d+)")
+      store:close()
+      os.execute("kill -TERM " .. pid)
+      local code
+      for _ = 1, 300 do
+         code = H.sh("cat " .. status):match("%d+")
+         if code then break end
+         os.execute("sleep 0.1")
+      end
+      os.remove(status)
+      assert.equal("143", code) -- killed by SIGTERM, not a rendezvous failure after the 60 s timeout
+   end)
+
    it("names every node that never joined after the rendezvous timeout", function()
       local res = agents({ { node = 0, nnodes = 3 }, { node = 1, nnodes = 3 } }, nil, SHORT)
       refused(res[1], ("node 0: node 2 never joined within %d s"):format(SHORT))

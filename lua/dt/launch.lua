@@ -241,7 +241,11 @@ function M.run(cmd, args, make_run_dir, passthrough)
    opts.rdzv_timeout = opts.rdzv_timeout or 300
    if opts.nnodes > 1 then
       opts.master_addr, opts.master_port = master, port
+      -- the store's thread has the agent's mask already: while waiting for the other nodes, Ctrl-C or SIGTERM ends
+      -- this agent at once (no rank started yet), and the others then name the lost store
+      C.dt_launch_block_signals(false)
       local rok, s, n = pcall(rendezvous.join, token, opts, server)
+      C.dt_launch_block_signals(true)
       if not rok then
          if server then server:stop() end
          if type(s) == "table" and s.launcher_error then
