@@ -108,6 +108,12 @@ describe("the multi-node rendezvous", function()
       res = agents { { node = 0 }, { node = 1, nnodes = 3 } }
       refused(res[1], "node 0: node 1 has %-%-nnodes 3 but node 0 has %-%-nnodes 2")
       refused(res[2], "node 1: the rendezvous failed at node 0: node 1 has %-%-nnodes 3 but node 0 has %-%-nnodes 2")
+      -- a node rank past node 0's --nnodes: node 0 never waits for it, the agent itself refuses node 0's verdict
+      local hold = "hold=2" -- the store is still up when it (started at the same time) joins
+      res = agents { { node = 0, extra = hold }, { node = 1, extra = hold }, { node = 2, nnodes = 3, extra = hold } }
+      assert.equal(0, res[1].code, res[1].out)
+      assert.equal(0, res[2].code, res[2].out)
+      refused(res[3], "node 2: node 2 has %-%-nnodes 3 but node 0 has %-%-nnodes 2")
    end)
 
    it("names the node that runs a different build", function()

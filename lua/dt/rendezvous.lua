@@ -21,6 +21,8 @@ local function reason(err) return (tostring(err):gsub("^[^\n]-%.lua:%d+: ", ""):
 local AGREED = { { "nnodes", "--nnodes" }, { "nproc", "--nproc" }, { "device", "--device" },
    { "build", "the same dtrun build (version, CUDA backend and libraries, LuaJIT)" } }
 
+local READ_MS = 3000 -- how long node 0's agent keeps the store up after a failed rendezvous for the others to read it
+
 local function node_key(node) return ("dtrun/rdzv/node/%d"):format(node) end
 
 -- This dtrun's build as the nodes compare it: "dtrun 0.1.0, CUDA 12.4, NCCL 2.21.5, LuaJIT 2.1.0-beta3".
@@ -80,6 +82,18 @@ function M.serve_failed(master, port, token, opts, err)
       why)
 end
 
+-- What differs between the records of two nodes (a and b: {node=, ...}), naming both, or nil when they agree.
+local function differ(a, b)
+   for _, agreed in ipairs(AGREED) do
+      local key, how = agreed[1], agreed[2]
+      local what = key == "build" and "build" or how
+      if a[key] ~= b[key] then
+         return ("node %s has %s %s but node %s has %s %s; every node needs %s"):format(a.node, what, a[key], b.node,
+            what, b[key], key == "build" and how or ("the same " .. how))
+      end
+   end
+end
+
 -- Node 0's checks: wait for every other node's record until the deadline and compare each with its own. Returns the
 -- records by node rank and the verdict: "ok" or what is wrong, naming the node.
 local function judge(store, opts, mine, ms_left, server)
@@ -87,16 +101,9 @@ local function judge(store, opts, mine, ms_left, server)
    for node = 1, opts.nnodes - 1 do
       local ok, v = pcall(store.get, store, node_key(node), #missing == 0 and ms_left() or 1)
       if ok then
-         local r = decode(v)
-         nodes[node] = r
-         for _, a in ipairs(AGREED) do
-            local key, how = a[1], a[2]
-            local what = key == "build" and "build" or how
-            if r[key] ~= mine[key] then
-               return nodes, ("node %d has %s %s but node 0 has %s %s; every node needs %s"):format(node, what,
-                  r[key], what, mine[key], key == "build" and how or ("the same " .. how))
-            end
-         end
+         nodes[node] = decode(v)
+         local wrong = differ(nodes[node], mine)
+         if wrong then return nodes, wrong end
       elseif tostring(v):find("timed out", 1, true) then
          missing[#missing + 1] = tostring(node)
       else
@@ -133,8 +140,7 @@ function M.join(token, opts, server)
          .. "(node 0's agent serves the store there) and that node 0's agent is running", me, master, port,
          opts.rdzv_timeout, why:match("^cannot connect to store at .*: (.-)$") or why)
    end
-   local rec = encode { node = me, host = hostname(),
-      pid = fs.pid(), nnodes = opts.nnodes, nproc = opts.nproc,
+   local rec = encode { node = me, host = hostname(), pid = fs.pid(), nnodes = opts.nnodes, nproc = opts.nproc,
       device = opts.device, build = M.build() }
    if not store:compare_set(node_key(me), "", rec) then taken(opts, decode(store:get(node_key(me)))) end
    if me == 0 then
@@ -143,9 +149,8 @@ function M.join(token, opts, server)
       store:set("dtrun/rdzv/verdict", verdict)
       if verdict == "ok" then return store, nodes end
       -- keep the store up until the nodes that joined have read the verdict (briefly: they may be gone)
-      local until_ms = 3000
       for node in pairs(nodes) do
-         if node > 0 then pcall(store.get, store, ("dtrun/rdzv/read/%d"):format(node), until_ms) end
+         if node > 0 then pcall(store.get, store, ("dtrun/rdzv/read/%d"):format(node), READ_MS) end
       end
       fail("node 0: %s", verdict)
    end
@@ -156,12 +161,15 @@ function M.join(token, opts, server)
    end
    pcall(store.set, store, ("dtrun/rdzv/read/%d"):format(me), "1")
    if verdict ~= "ok" then fail("node %d: the rendezvous failed at node 0: %s", me, verdict) end
+   -- node 0 judged the nodes it expects: this one may still disagree with it (a node rank past node 0's --nnodes)
+   local wrong = differ(decode(rec), decode(store:get(node_key(0))))
+   if wrong then fail("node %d: %s", me, wrong) end
    local nodes = {}
    for node = 0, opts.nnodes - 1 do nodes[node] = decode(store:get(node_key(node))) end
    return store, nodes
 end
 
--- "node 0 (host a, pid 12): ranks 0-1" lines: which global ranks each node runs.
+-- "node 0 (host a, agent pid 12): ranks 0-1" lines: which global ranks each node runs.
 function M.layout(nodes, nnodes, nproc)
    local lines = {}
    for node = 0, nnodes - 1 do
