@@ -25,12 +25,12 @@ local flags = {
    ["--node-rank"] = { key = "node_rank", kind = "int", min = 0 },
    ["--master-addr"] = { key = "master_addr", kind = "string" },
    ["--master-port"] = { key = "master_port", kind = "int", min = 1, max = 65535 },
+   ["--rdzv-timeout"] = { key = "rdzv_timeout", kind = "number", min = 0.001 }, -- dt.rendezvous
    ["--grace"] = { key = "grace", kind = "number", min = 0 },
    ["--max-restarts"] = { key = "max_restarts", kind = "int", min = 0 },
    ["--ranks"] = { key = "ranks", kind = "string" },
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
    ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
-   ["--rdzv-timeout"] = { key = "rdzv_timeout", kind = "number", min = 0.001 }, -- dt.rendezvous
    ["--force"] = { key = "force", kind = "switch" },
    ["--hostfile"] = { key = "hostfile", kind = "string" }, -- dt.launch_hosts: one agent per host over ssh
    ["--include"] = { key = "include", kind = "string" },

@@ -5,14 +5,13 @@ local M = {}
 local usage = [[
 usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_config.json]
                                                                run a recipe in this process
-       dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
-             --master-addr HOST --master-port P [--rdzv-timeout S] ] [--grace S] [--max-restarts K] [--ranks 0,2-3]
+       dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --rdzv-timeout S --node-rank R
+             --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [--timeout S] [--force] [key=value ...]
                                                                run N ranks under the agent
              (--timeout: seconds a collective waits for the other ranks, default 300; the same as
              DT_COLLECTIVE_TIMEOUT=S. A rank whose process ended fails the others at once.
-             --force: start N ranks although N x 150 MiB exceeds the available memory. --rdzv-timeout: seconds
-             the agents wait for every node to join, default 300.)
+             --force: start N ranks although N x 150 MiB exceeds the available memory.)
        dtrun RECIPE.lua --hostfile FILE [--include|--exclude HOST:SLOT,SLOT@HOST] [--ssh-port P]
              [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)
        dtrun test [busted options] [SPEC ...]                  run the Lua spec suite (busted)
