@@ -42,8 +42,7 @@ function M.dtrun(args, env)
       run_dir = lines[1] and lines[1]:match("^run dir: (.*)$") }
 end
 
--- Start one shell command per entry of `cmds` ({env=, args=, exe= (default dtrun)}) at once (from the repo root) and
--- wait for all.
+-- Start one shell command per entry of `cmds` at once (from the repo root) and wait for all.
 -- Returns one {out=, code=} per command and the seconds until the last one ended.
 function M.dtrun_parallel(cmds)
    local dir = os.tmpname()
@@ -52,7 +51,7 @@ function M.dtrun_parallel(cmds)
    local script = { "cd " .. M.root }
    for i, c in ipairs(cmds) do
       script[#script + 1] = ("(%s %s %s > %s/out%d 2>&1; echo $? > %s/code%d) &")
-         :format(c.env or "", c.exe or M.exe, c.args, dir, i, dir, i)
+         :format(c.env or "", c.exe or M.exe, c.args, dir, i, dir, i) -- c.exe: another dtrun (dtrun_emu)
    end
    script[#script + 1] = "wait"
    local t0 = dt.time()
