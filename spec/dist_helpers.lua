@@ -58,7 +58,7 @@ function M.dtrun_parallel(cmds)
    local script = { "cd " .. M.root }
    for i, c in ipairs(cmds) do
       script[#script + 1] = ("(%s %s %s > %s/out%d 2>&1; echo $? > %s/code%d) &")
-         :format(c.env or "", M.exe, c.args, dir, i, dir, i)
+         :format(c.env or "", c.exe or M.exe, c.args, dir, i, dir, i) -- c.exe: another dtrun (dtrun_emu)
    end
    script[#script + 1] = "wait"
    local t0 = dt.time()

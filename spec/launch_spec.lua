@@ -160,8 +160,8 @@ describe("launcher", function()
       srv:stop()
       assert.equal(2, code)
       assert.equal(1, #lines, table.concat(lines, "\n"))
-      assert.matches(("dtrun: cannot start the rendezvous store on port %d: .*in use.*pick another %%-%%-master%%-port")
-         :format(srv.port), lines[1])
+      assert.matches(("dtrun: cannot serve the rendezvous store at 127.0.0.1:%d: .*in use.*pick another "
+         .. "%%-%%-master%%-port"):format(srv.port), lines[1])
    end)
 
    it("rejects bad flags and values with one clear line", function()

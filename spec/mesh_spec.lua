@@ -59,7 +59,29 @@ describe("mesh layout", function()
       assert.same(b.shape, a.shape)
       assert.same(b.names, a.names)
       assert.same(b:coords(), a:coords())
-      assert.equal("mesh(fsdp=2, tp=2) rank 3 at {1, 1}", tostring(a))
+      assert.equal("mesh(fsdp=2, tp=2) rank 3 at {1, 1} on node 0", tostring(a))
+   end)
+
+   it("knows the nodes: which axes lie within a node, and within_node refuses an axis that spans nodes", function()
+      -- 2 nodes x 4 ranks (rank = node * 4 + local rank)
+      local function w(rank) return { rank = rank, size = 8, local_size = 4, job_id = "fake" } end
+      local hsdp = mesh.new(w(5), { shape = { 2, 4 }, names = { "dp", "fsdp" }, within_node = { "fsdp" } })
+      assert.equal(1, hsdp:node_of(5))
+      assert.is_true(hsdp:within_node("fsdp"))
+      assert.is_false(hsdp:within_node("dp"))
+      assert.same({ 1, 5 }, (hsdp:group("dp"))) -- dp pairs the same local rank of both nodes
+      assert.equal("mesh(dp=2, fsdp=4) rank 5 at {1, 1} on node 1", tostring(hsdp))
+      local m3 = mesh.new(w(0), { shape = { 2, 2, 2 }, names = { "dp", "fsdp", "tp" },
+         within_node = { "fsdp", "tp" } })
+      assert.is_true(m3:within_node({ "fsdp", "tp" }))
+      assert.is_false(m3:within_node({ "dp", "tp" }))
+      assert.matches("mesh: axis 'tp' %(size 4%) must lie within a node %(within_node%), but its groups span "
+         .. "nodes of 4 rank%(s%) each",
+         H.errmsg(mesh.new, w(0), { shape = { 4, 2 }, names = { "tp", "dp" }, within_node = { "tp" } }))
+      assert.matches("mesh: within_node names 'pp', which is not an axis %(axes: dp, tp%)",
+         H.errmsg(mesh.new, w(0), { shape = { 2, 4 }, names = { "dp", "tp" }, within_node = { "pp" } }))
+      -- one node: every axis lies within it
+      assert.is_true(mesh.new(fake_world(0, 4), { shape = { 4 }, names = { "dp" } }):within_node("dp"))
    end)
 
    it("rejects bad specs with the numbers and names involved", function()

@@ -10,6 +10,18 @@ local builds = { [0] = "none", [1] = "cuda", [2] = "emulated" }
 
 -- How libdt was built for CUDA: "none" (CPU only), "cuda" (the real backend) or "emulated" (kernels on the CPU).
 function M.cuda_build() return builds[tonumber(C.dt_cuda_build())] end
+M.build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
+   emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
+
+-- "12.4" from CUDA's 12040, "2.21.5" from NCCL's 22105 (major*10000 + minor*100 + patch since 2.9), cuBLAS 120405.
+function M.cuda_version(v)
+   if v == 0 then return "none" end
+   return ("%d.%d"):format(math.floor(v / 1000), math.floor(v % 1000 / 10))
+end
+function M.triple_version(v)
+   if v == 0 then return "none" end
+   return ("%d.%d.%d"):format(math.floor(v / 10000), math.floor(v % 10000 / 100), v % 100)
+end
 
 -- Usable devices of a kind ("cpu" or "cuda"); fixed for the life of the process, so counted once.
 local counts = {}

@@ -38,6 +38,13 @@ function Store:add(key, delta)
    return tonumber(r[0])
 end
 
+-- Set key to desired if its value is expected ("" also matches a missing key); returns whether it did.
+function Store:compare_set(key, expected, desired)
+   local swapped = ffi.new("bool[1]")
+   check(C.dt_store_compare_set(self.h, key, expected, #expected, desired, #desired, -1, swapped))
+   return swapped[0]
+end
+
 function Store:delete(key)
    local existed = ffi.new("bool[1]")
    check(C.dt_store_delete(self.h, key, -1, existed))
@@ -54,7 +61,13 @@ function M.serve(host, port, token)
    check(C.dt_store_server_start(host, port, token, out))
    local srv = ffi.gc(out[0], C.dt_store_server_stop)
    return { h = srv, port = C.dt_store_server_port(srv),
-      stop = function(self) C.dt_store_server_stop(ffi.gc(self.h, nil)) end }
+      stop = function(self) C.dt_store_server_stop(ffi.gc(self.h, nil)) end,
+      -- clients refused for a wrong token so far, and the last one's address
+      refused = function(self)
+         local from = ffi.new("char[64]")
+         local n = C.dt_store_server_refused(self.h, from, 64)
+         return tonumber(n), ffi.string(from)
+      end }
 end
 
 -- Comm -------------------------------------------------------------------------------------------

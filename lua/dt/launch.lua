@@ -11,6 +11,7 @@ local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local dist = require "dt.dist"
 local secret = require "dt.secret"
+local rendezvous = require "dt.rendezvous"
 
 local C = dtffi.C
 local M = {}
@@ -24,6 +25,7 @@ local flags = {
    ["--node-rank"] = { key = "node_rank", kind = "int", min = 0 },
    ["--master-addr"] = { key = "master_addr", kind = "string" },
    ["--master-port"] = { key = "master_port", kind = "int", min = 1, max = 65535 },
+   ["--rdzv-timeout"] = { key = "rdzv_timeout", kind = "number", min = 0.001 }, -- dt.rendezvous
    ["--grace"] = { key = "grace", kind = "number", min = 0 },
    ["--max-restarts"] = { key = "max_restarts", kind = "int", min = 0 },
    ["--ranks"] = { key = "ranks", kind = "string" },
@@ -229,30 +231,43 @@ function M.run(cmd, args, make_run_dir, passthrough)
    if opts.node_rank == 0 then
       local sok, srv = pcall(dist.serve, master, port, token)
       if not sok then
-         io.stderr:write(("dtrun: cannot start the rendezvous store on port %d: %s (pick another --master-port)\n")
-            :format(port, tostring(srv):gsub("^.-: ", "")))
+         local _, e = pcall(rendezvous.serve_failed, master, port, token, opts, srv)
+         io.stderr:write("dtrun: " .. e.launcher_error .. "\n")
          return 2
       end
       server, port = srv, srv.port
    end
-   local store, run_dir -- multi-node: every agent's client of the job's store
+   local store, nodes, run_dir -- multi-node: every agent's client of the job's store, every node's record
+   opts.rdzv_timeout = opts.rdzv_timeout or 300
    if opts.nnodes > 1 then
-      local cok, s = pcall(dist.Store.connect, master, port, token, 300000)
-      if not cok then
-         io.stderr:write(("dtrun: cannot reach node 0's store at %s:%d: %s\n"):format(master, port,
-            tostring(s):gsub("^.-: ", "")))
+      opts.master_addr, opts.master_port = master, port
+      -- the store's thread has the agent's mask already: while waiting for the other nodes, Ctrl-C or SIGTERM ends
+      -- this agent at once (no rank started yet), and the others then name the lost store
+      C.dt_launch_block_signals(false)
+      local rok, s, n = pcall(rendezvous.join, token, opts, server)
+      C.dt_launch_block_signals(true)
+      if not rok then
          if server then server:stop() end
-         return 2
+         if type(s) == "table" and s.launcher_error then
+            io.stderr:write("dtrun: " .. s.launcher_error .. "\n")
+            return 2
+         end
+         error(s, 0)
       end
-      store = s
+      store, nodes = s, n
    end
    if opts.node_rank == 0 then
       run_dir = M.recipe_run_dir(rest) or make_run_dir(table.concat(words, "-"), rest)
       if store then store:set("dtrun/run_dir", run_dir) end
    else
-      run_dir = store:get("dtrun/run_dir")
+      run_dir = store:get("dtrun/run_dir", math.floor(opts.rdzv_timeout * 1000))
    end
    print("run dir: " .. run_dir)
+   if nodes then
+      local layout = rendezvous.layout(nodes, opts.nnodes, opts.nproc)
+      for _, line in ipairs(layout) do print(line) end
+      if opts.node_rank == 0 then rendezvous.write_layout(run_dir, layout) end
+   end
    io.stdout:flush()
    io.stderr:write(ffi.string(warnings))
 

@@ -8,6 +8,11 @@
 --    m:comm("tp")            -- the ranks that differ only in "tp" (split from the world's communicator on first use:
 --                            -- every rank calls it; on cuda ranks the split carries the NCCL communicator along)
 --    m:comm({ "fsdp", "tp" }) -- flattened axes: rank = row-major index over the listed axes, in that order
+--
+-- Multi-node jobs number ranks node by node (rank = node rank * ranks per node + local rank), so the last axes are the
+-- ones within a node: { shape = { 2, 4 }, names = { "dp", "fsdp" }, within_node = { "fsdp" } } on 2 nodes x 4 ranks
+-- shards inside each node and replicates across them (HSDP); `within_node` makes an axis that would span nodes an
+-- error instead of a silently slow layout.
 local M = {}
 local Mesh = {}
 Mesh.__index = Mesh
@@ -61,13 +66,41 @@ local function normalize(spec, world_size)
    return shape, names, seen
 end
 
--- A mesh over `world` ({rank=, size=, job_id=, comm=}, as from dist.init()).
+-- A mesh over `world` ({rank=, size=, local_size=, job_id=, comm=}, as from dist.init()); spec.within_node lists
+-- the axes whose groups must each lie on one node.
 function M.new(world, spec)
    local shape, names, index = normalize(spec, world.size)
    local self = setmetatable({ world = world, shape = shape, names = names, index = index, rank = world.rank,
       comms = {} }, Mesh)
    self.coord_list = self:coords_of(world.rank)
+   for _, name in ipairs(spec.within_node or {}) do
+      if not index[name] then
+         error(("mesh: within_node names '%s', which is not an axis (axes: %s)"):format(tostring(name),
+            table.concat(names, ", ")), 2)
+      end
+      if not self:within_node(name) then
+         local per_node = world.local_size or world.size
+         error(("mesh: axis '%s' (size %d) must lie within a node (within_node), but its groups span nodes of %d "
+            .. "rank(s) each: make it a later axis whose size, times the later axes' sizes, divides %d")
+            :format(name, shape[index[name]], per_node, per_node), 2)
+      end
+   end
    return self
+end
+
+-- The node that runs a global rank (ranks are numbered node by node).
+function Mesh:node_of(rank) return math.floor(rank / (self.world.local_size or self.world.size)) end
+
+-- Whether every group along `axes` (a name or a list) lies on one node.
+function Mesh:within_node(axes)
+   local along = {}
+   for _, name in ipairs(type(axes) == "table" and axes or { axes }) do along[#along + 1] = self:axis(name) end
+   for r = 0, self.world.size - 1 do
+      local c = self:coords_of(r)
+      for _, i in ipairs(along) do c[i] = 0 end
+      if self:node_of(self:rank_of(c)) ~= self:node_of(r) then return false end
+   end
+   return true
 end
 
 -- A strategy's mesh and axis from its options: opts.mesh (a Mesh or a spec; default: one axis `default` over every
@@ -180,7 +213,8 @@ end
 function Mesh:__tostring()
    local parts = {}
    for i, name in ipairs(self.names) do parts[i] = ("%s=%d"):format(name, self.shape[i]) end
-   return ("mesh(%s) rank %d at %s"):format(table.concat(parts, ", "), self.rank, fmt_list(self.coord_list))
+   return ("mesh(%s) rank %d at %s on node %d"):format(table.concat(parts, ", "), self.rank, fmt_list(self.coord_list),
+      self:node_of(self.rank))
 end
 
 return M

@@ -5,7 +5,7 @@ local M = {}
 local usage = [[
 usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_config.json]
                                                                run a recipe in this process
-       dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --node-rank R
+       dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --rdzv-timeout S --node-rank R
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
              [--threads T] [--timeout S] [--force] [key=value ...]
                                                                run N ranks under the agent
@@ -24,7 +24,8 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
                                                                draw runs' metrics.jsonl curves (SVG or PNG)
        dtrun report RUN_DIR [-o OUT.html]                      one self-contained HTML page of a run
        dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
-       dtrun info                                              build, CUDA/NCCL versions, threads and devices
+       dtrun info [RUN_DIR]                                    build, CUDA/NCCL versions, threads and devices;
+                                                               a run's node layout (node -> ranks)
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
        dtrun repl [--nproc N]                                  each line runs on N fresh ranks (a world is ready)
        dtrun --help | --version]]
@@ -102,25 +103,25 @@ function commands.plot(args) return require("dtrun.plot").main(rest(args, 2)) en
 function commands.report(args) return require("dtrun.report").main(rest(args, 2)) end
 function commands.trace(args) return require("dtrun.trace").main(rest(args, 2)) end
 
-local build_names = { none = "CPU only (DT_CUDA=OFF)", cuda = "CUDA",
-   emulated = "CUDA emulated on the CPU (DT_CUDA=EMULATE)" }
-
--- "12.4" from CUDA's 12040, "2.21.5" from NCCL's 22105 (major*10000 + minor*100 + patch since 2.9), cuBLAS 120405.
-local function cuda_version(v)
-   if v == 0 then return "none" end
-   return ("%d.%d"):format(math.floor(v / 1000), math.floor(v % 1000 / 10))
-end
-local function triple_version(v)
-   if v == 0 then return "none" end
-   return ("%d.%d.%d"):format(math.floor(v / 10000), math.floor(v % 10000 / 100), v % 100)
+-- `dtrun info RUN_DIR`: that run's node layout (node rank -> global ranks), from its agents' rendezvous.
+local function run_info(run_dir)
+   if not require("dt.fs").is_dir(run_dir) then
+      io.stderr:write(("dtrun info: '%s' is not a run directory\n"):format(run_dir))
+      return 2
+   end
+   local layout = require("dt.rendezvous").read_layout(run_dir)
+   io.write(layout or "one node (no logs/nodes.log: the run was not started with --nnodes > 1)\n")
+   return 0
 end
 
-function commands.info()
+function commands.info(args)
+   if args[2] then return run_info(args[2]) end
    local dt = require "dt"
    local device = require "dt.device"
+   local cuda_version, triple_version = device.cuda_version, device.triple_version
    local build, n = device.cuda_build(), device.count("cuda")
    print(("dtrun %s  %s"):format(require("dt.version"), jit.version))
-   print(("build: %s   threads: %d"):format(build_names[build], dt.threads()))
+   print(("build: %s   threads: %d"):format(device.build_names[build], dt.threads()))
    local v = dt.cuda_versions()
    if v then
       print(("CUDA runtime %s   driver %s   NCCL %s%s"):format(cuda_version(v.runtime),

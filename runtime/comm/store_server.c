@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -53,6 +54,9 @@ struct dt_store_server {
   size_t nconns, cap_conns;
   struct pollfd *pfds;
   double accept_resume; /* accept() failed for want of descriptors: listen again from this time */
+  pthread_mutex_t refused_mu; /* the hellos refused for a wrong token, read by the owner's thread */
+  int64_t refused;
+  char refused_from[INET6_ADDRSTRLEN];
   wire_arg args[WIRE_MAX_ARGS];
 };
 
@@ -200,6 +204,22 @@ static void start_wait(conn *c, uint8_t code, int64_t timeout_ms, int nargs, con
   c->deadline = dt_time_now() + (double)(timeout_ms < 0 ? 0 : timeout_ms) * 1e-3;
 }
 
+/* Count a client refused for its token and remember its address: the rendezvous names it (dt_store_server_refused). */
+static void note_refused(dt_store_server *s, int fd) {
+  struct sockaddr_storage sa;
+  socklen_t len = sizeof sa;
+  char from[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0) {
+    const void *addr = sa.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&sa)->sin6_addr
+                                                 : (const void *)&((struct sockaddr_in *)&sa)->sin_addr;
+    if (!inet_ntop(sa.ss_family, addr, from, sizeof from)) snprintf(from, sizeof from, "?");
+  }
+  pthread_mutex_lock(&s->refused_mu);
+  s->refused++;
+  memcpy(s->refused_from, from, sizeof from);
+  pthread_mutex_unlock(&s->refused_mu);
+}
+
 static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n, const wire_arg *a) {
   char shown[300];
   if (!c->authed) {
@@ -212,6 +232,7 @@ static void handle(dt_store_server *s, conn *c, uint8_t code, int64_t num, int n
     } else if (!wire_token_equal(a[0], s->token)) {
       c->closing = true;
       reply_error(c, WIRE_ERR, "wrong job token");
+      note_refused(s, c->fd);
     } else {
       c->authed = true;
       reply(c, WIRE_OK, 0, 0, NULL);
@@ -468,6 +489,7 @@ static void server_free(dt_store_server *s) {
   if (s->wake_wr >= 0) close(s->wake_wr);
   free(s->conns);
   free(s->pfds);
+  pthread_mutex_destroy(&s->refused_mu);
   free(s);
 }
 
@@ -487,6 +509,7 @@ dt_status dt_store_server_start(const char *host, int port, const char *token, d
   dt_store_server *s = calloc(1, sizeof *s);
   DT_CHECK(s, DT_ERR_OOM, "out of memory starting the store server");
   s->listen_fd = s->wake_rd = s->wake_wr = -1;
+  pthread_mutex_init(&s->refused_mu, NULL);
   if (tlen) memcpy(s->token, token, tlen);
   bool table = store_table_init(&s->table);
   s->pfds = calloc(2, sizeof *s->pfds);
@@ -509,6 +532,14 @@ dt_status dt_store_server_start(const char *host, int port, const char *token, d
 }
 
 int dt_store_server_port(const dt_store_server *s) { return s ? s->port : 0; }
+
+int64_t dt_store_server_refused(dt_store_server *s, char *last_from, size_t n) {
+  pthread_mutex_lock(&s->refused_mu);
+  int64_t count = s->refused;
+  if (last_from && n) snprintf(last_from, n, "%s", s->refused_from);
+  pthread_mutex_unlock(&s->refused_mu);
+  return count;
+}
 
 void dt_store_server_stop(dt_store_server *s) {
   if (!s) return;

@@ -19,6 +19,8 @@ enum {
 typedef struct dt_store_server dt_store_server;
 dt_status dt_store_server_start(const char *host, int port, const char *token, dt_store_server **out);
 int dt_store_server_port(const dt_store_server *srv);
+/* Clients refused so far for a wrong token, and the address of the last one in last_from (n bytes; "" if none). */
+int64_t dt_store_server_refused(dt_store_server *srv, char *last_from, size_t n);
 /* Stop the thread, close every connection and free the keys. NULL is fine. */
 void dt_store_server_stop(dt_store_server *srv);
 

@@ -539,7 +539,12 @@ int main(void) {
   test_basic();
   test_blocking();
   test_many_clients();
+  char from[64];
+  expect(dt_store_server_refused(srv, from, sizeof from) == 0 && !from[0], "no refused client yet");
   test_tokens_and_connect();
+  /* the wrong and the missing token: counted, with the client's address, for the rendezvous' message */
+  expect(dt_store_server_refused(srv, from, sizeof from) == 2 && !strcmp(from, "127.0.0.1"),
+         "the two refused hellos are counted with their address");
   test_fuzz();
   test_raw_errors();
   test_idle_flood();
