@@ -85,6 +85,7 @@ void flight_end(int64_t id, dt_status st) {
     e->t_end = dt_flight_clock();
     atomic_store_explicit(&e->state, st == DT_OK ? FLIGHT_COMPLETED : FLIGHT_FAILED, memory_order_release);
   }
+  atomic_fetch_add(&r->ended, 1);
   if (st == DT_OK) return;
   char err[sizeof r->error];
   snprintf(err, sizeof err, "%s", dt_last_error());

@@ -25,7 +25,8 @@ typedef struct flight_entry {
 typedef struct flight_ring {
   uint32_t magic;
   int32_t rank, pid, entries;
-  _Atomic uint64_t next; /* calls recorded so far */
+  _Atomic uint64_t next;  /* calls recorded so far */
+  _Atomic uint64_t ended; /* of those, calls that completed or failed (the agent's hang watch reads both) */
   char error[512];       /* the last failed call's message */
   flight_entry e[];
 } flight_ring;

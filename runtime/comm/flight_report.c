@@ -106,7 +106,7 @@ static bool summarize(const rank_view *views, int first, int n, const char *comm
   return true;
 }
 
-dt_status dt_flight_report(const char *dir, int first, int n, char *buf, size_t len) {
+dt_status dt_flight_report(const char *dir, int first, int n, const char *reason, char *buf, size_t len) {
   DT_CHECK(dir && n >= 1 && buf && len > 0, DT_ERR_ARG, "dt_flight_report: bad arguments");
   buf[0] = 0;
   rank_view *views = calloc((size_t)n, sizeof *views);
@@ -123,7 +123,7 @@ dt_status dt_flight_report(const char *dir, int first, int n, char *buf, size_t 
       continue;
     }
     read_view(r, &views[i]);
-    dt_flight_dump_file(ring, json, "the agent stopped the job"); /* best effort: the summary still goes out */
+    dt_flight_dump_file(ring, json, reason); /* best effort: the summary still goes out */
     munmap(r, bytes);
   }
   if (missing == n) {
