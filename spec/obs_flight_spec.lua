@@ -34,7 +34,8 @@ describe("the flight recorder", function()
       end
       -- rank 1 finished its 5 all_reduces and stopped; ranks 0 and 2 timed out in the 6th
       local stopped = last_call(dumps[1])
-      assert.same({ "all_reduce", "completed", "(8) f32" }, { stopped.op, stopped.state, stopped.shape })
+      assert.same({ "all_reduce", "completed", "(8) f32", "dist_faults call 5" },
+         { stopped.op, stopped.state, stopped.shape, stopped.label })
       for _, rank in ipairs { 0, 2 } do
          local call = last_call(dumps[rank])
          assert.same({ "all_reduce", "failed", stopped.seq + 1, stopped.comm },
@@ -43,8 +44,9 @@ describe("the flight recorder", function()
          assert.matches("timed out after 2%.0 s waiting for rank 1", dumps[rank].error)
       end
       local want = ("dtrun: flight recorder %%([^)]*/flight/rank<N>%%.json%%): rank 1 is behind: finished all_reduce "
-         .. "#%d %%(sum, f32, count 8%%) and entered no later call; ranks 0,2 wait in all_reduce #%d %%(sum, f32, "
-         .. "count 8%%) %%(comm [^)]*%%-world%%)"):format(stopped.seq, stopped.seq + 1)
+         .. "#%d %%(sum, f32, count 8%%) %%[dist_faults call 5%%] and entered no later call; ranks 0,2 wait in "
+         .. "all_reduce #%d %%(sum, f32, count 8%%) %%[dist_faults call 6%%] %%(comm [^)]*%%-world%%)")
+         :format(stopped.seq, stopped.seq + 1)
       assert.matches(want, r.out)
       H.remove_run(r.run_dir)
    end)
@@ -67,8 +69,9 @@ describe("the flight recorder", function()
             assert.same({ "all_reduce", "started", stopped.seq + 1 }, { call.op, call.state, call.seq })
          end
          assert.matches(("dtrun: hang: no rank started or finished a collective for %%d+ s while a rank waits in one: "
-            .. "rank 1 is behind: finished all_reduce #%d %%(sum, f32, count 8%%) and entered no later call; ranks 0,2 "
-            .. "wait in all_reduce #%d [^\n]*; flight recorders in [^\n]*/flight/rank<N>%%.json; stopping the job")
+            .. "rank 1 is behind: finished all_reduce #%d %%(sum, f32, count 8%%) %%[dist_faults call 2%%] and "
+            .. "entered no later call; ranks 0,2 wait in all_reduce #%d [^\n]*; flight recorders in "
+            .. "[^\n]*/flight/rank<N>%%.json; stopping the job")
             :format(stopped.seq, stopped.seq + 1), r.out)
          assert.matches("dtrun: job stopped: no collective progress for 2 s %(%-%-on%-hang stop%)", r.out)
          assert.is_nil(r.out:find("timed out", 1, true), r.out)

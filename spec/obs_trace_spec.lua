@@ -86,6 +86,23 @@ describe("trace", function()
          H.remove_run(r.run_dir)
       end)
 
+   it("labels each collective with what it is for (dt_comm_label_next): DDP's buckets, FSDP's units", function()
+      for _, strategy in ipairs { "ddp", "fsdp" } do
+         local r = H.dtrun(FIXTURE .. " --nproc 2 steps=2 'trace={steps={2,2}}' strategy=" .. strategy)
+         assert.equal(0, r.code, r.out)
+         local labels = {}
+         for _, e in ipairs(decode(("%s/%s/trace/rank1.json"):format(H.root, r.run_dir)).traceEvents) do
+            local label = e.cat == "collective" and e.args and e.args.label
+            if label then labels[e.args.op .. ": " .. label] = true end
+         end
+         local want = strategy == "ddp" and { "all_reduce: ddp bucket 1", "all_reduce: ddp bucket 2" }
+            or { "all_gather: fsdp all_gather blocks.1", "all_gather: fsdp all_gather root",
+               "reduce_scatter: fsdp reduce_scatter blocks.1", "reduce_scatter: fsdp reduce_scatter root" }
+         for _, label in ipairs(want) do assert.is_true(labels[label], label .. " in " .. cjson.encode(labels)) end
+         H.remove_run(r.run_dir)
+      end
+   end)
+
    NH.it_on("cuda", 2)("puts what ran on each rank's cuda streams on tracks of their own, in stream order", function()
       local r = H.dtrun(FIXTURE .. " --nproc 2 --device cuda steps=2 'trace={steps={2,2}}'", NH.env)
       assert.equal(0, r.code, r.out)

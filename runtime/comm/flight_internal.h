@@ -17,6 +17,7 @@ typedef struct flight_entry {
   int64_t count;
   double t_start, t_ready, t_end; /* CLOCK_REALTIME seconds; ready: every rank arrived; 0 until reached */
   char comm[64];                  /* the communicator's id (its tail when longer) */
+  char label[DT_COMM_LABEL];      /* what the caller said it is for (dt_comm_label_next), "" when nothing */
   int32_t ndim, tensor_dtype;     /* its (first) tensor's shape (ndim -1: none), formatted when read */
   int64_t shape[DT_MAX_DIMS];
 } flight_entry;

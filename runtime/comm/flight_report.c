@@ -85,8 +85,9 @@ static bool summarize(const rank_view *views, int first, int n, const char *comm
     }
     shm_fp fp = {.seq = at->seq, .kind = at->kind, .op = at->op, .dtype = at->dtype, .root = at->root,
                  .count = at->count};
-    char what[160];
+    char what[160 + sizeof at->label];
     shm_describe(&fp, what, sizeof what);
+    if (at->label[0]) snprintf(what + strlen(what), sizeof what - strlen(what), " [%s]", at->label);
     if (o) o = put(buf, len, o, "; ");
     int count;
     o = put_ranks(buf, len, o, views, first, n, comm, p, &count);

@@ -19,7 +19,7 @@ typedef struct dt_flight_call {
   int64_t bytes;             /* count x dtype size */
   double start, ready, end;  /* dt_flight_clock seconds; ready: every rank had arrived (0: unknown) */
   int32_t state;             /* 1 started, 2 completed, 3 failed */
-  char op[16], comm[64], shape[64];
+  char op[16], comm[64], shape[64], label[48]; /* label: dt_comm_label_next's (dt_comm.h) */
 } dt_flight_call;
 /* Calls recorded by this process so far (0 when it is not recording). */
 int64_t dt_flight_count(void);

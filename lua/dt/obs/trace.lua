@@ -183,9 +183,10 @@ function Tracer:collectives()
          end
          local tid, t0, t1, ready = self.comms[comm], us(c.start), us(c["end"]), us(c.ready)
          if c.state == 1 then t1 = now_us() end -- still running (an async call in flight)
-         local op = ffi.string(c.op)
+         local op, label = ffi.string(c.op), ffi.string(c.label)
          self:event(("%s #%d"):format(op, tonumber(c.seq)), "collective", tid, t0, t1,
             { op = op, bytes = tonumber(c.bytes), comm = comm, shape = ffi.string(c.shape), seq = tonumber(c.seq),
+               label = label ~= "" and label or nil,
                id = tonumber(c.id), wait_us = ready > 0 and ready - t0 or nil,
                transfer_us = ready > 0 and t1 - ready or nil })
          if ready > 0 then
