@@ -17,6 +17,7 @@
 
 #include "dt_flight.h"
 #include "dt_internal.h"
+#include "dt_io.h"
 #include "dt_launch.h"
 
 extern char **environ;
@@ -51,7 +52,9 @@ typedef struct agent {
   bool published, store_lost;
   char remote[768]; /* another node's report (or the lost store), empty if none */
   int remote_code;
-  double next_poll;
+  double next_poll, next_watch;
+  dt_flight_watch *watch; /* this attempt's hang watch (o->hang_after_s), or NULL */
+  bool hung; /* stopped by the hang watch (o->hang_stop) */
 } agent;
 
 static const char *signal_name(int sig) {
@@ -410,32 +413,32 @@ static void print_summary(agent *a) {
 static void flight_summary(agent *a) {
   char dir[4096], line[2048];
   snprintf(dir, sizeof dir, "%s/flight", a->o->run_dir);
-  if (dt_flight_report(dir, a->w[0].rank, a->n, line, sizeof line) == DT_OK && line[0])
+  if (dt_flight_report(dir, a->w[0].rank, a->n, "the agent stopped the job", line, sizeof line) == DT_OK && line[0])
     fprintf(stderr, "dtrun: flight recorder (%s/rank<N>.json): %s\n", dir, line);
 }
 
-/* mkdir -p */
-static dt_status make_dirs(const char *dir) {
-  char path[4096];
-  DT_CHECK(strlen(dir) < sizeof path, DT_ERR_ARG, "path too long: %s", dir);
-  strcpy(path, dir);
-  for (char *p = path + 1;; p++) {
-    if (*p == '/' || *p == 0) {
-      char c = *p;
-      *p = 0;
-      DT_CHECK(mkdir(path, 0755) == 0 || errno == EEXIST, DT_ERR_IO, "cannot create directory %s: %s", path,
-               strerror(errno));
-      *p = c;
-      if (!c) break;
-    }
-  }
-  return DT_OK;
+/* A few times per window while the group runs: has every rank stopped making collective progress? */
+static void watch_hang(agent *a, bool now_due) {
+  double now = dt_time_now();
+  if (!a->watch || a->stopping || (!now_due && now < a->next_watch)) return;
+  a->next_watch = now + (a->o->hang_after_s < 4 ? a->o->hang_after_s / 4 : 1);
+  char line[2600];
+  int what = dt_flight_watch_check(a->watch, now, line, sizeof line);
+  if (what == DT_FLIGHT_RESUMED) fprintf(stderr, "dtrun: %s\n", line);
+  if (what != DT_FLIGHT_HUNG) return;
+  fprintf(stderr, "dtrun: hang: %s%s; flight recorders in %s/flight/rank<N>.json; %s\n", line,
+          a->o->nnodes > 1 ? " (ranks of this node only: the rank behind may be on another node)" : "",
+          a->o->run_dir, a->o->hang_stop ? "stopping the job" : "the job goes on (--on-hang stop ends it)");
+  if (!a->o->hang_stop) return;
+  a->hung = true;
+  publish_failure(a, 124, "hang: %.400s", line);
+  begin_stop(a);
 }
 
 static dt_status open_logs(agent *a) {
   char path[4096];
   snprintf(path, sizeof path, "%s/logs", a->o->run_dir);
-  DT_TRY(make_dirs(path));
+  DT_TRY(dt_io_mkdir(path, true));
   for (int i = 0; i < a->n; i++) {
     snprintf(path, sizeof path, "%s/logs/rank%d.log", a->o->run_dir, a->w[i].rank);
     a->w[i].log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -450,16 +453,22 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
   a->stopping = false;
   a->t0 = dt_time_now();
   a->attempt = restart;
-  a->published = false;
+  a->published = a->hung = false;
   a->remote[0] = 0;
   a->next_poll = a->t0 + STORE_POLL_MS * 1e-3;
+  int pids[MAX_LOCAL];
   for (int i = 0; i < a->n; i++) {
     dt_status s = spawn(a, &a->w[i], child_mask, restart);
     if (s != DT_OK) {
       begin_stop(a);
       return s;
     }
+    pids[i] = a->w[i].pid;
   }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/flight", a->o->run_dir);
+  if (a->o->hang_after_s > 0 && dt_flight_watch_new(dir, a->w[0].rank, a->n, pids, a->o->hang_after_s, &a->watch))
+    fprintf(stderr, "dtrun: no hang watch: %s\n", dt_last_error());
   struct pollfd pfd[MAX_LOCAL + 1];
   for (;;) {
     int np = 0;
@@ -476,6 +485,7 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
     if (!any_running && np == 1) break;
     int timeout = -1;
     double until = a->stopping ? a->kill_deadline : a->o->store && !a->store_lost ? a->next_poll : -1;
+    if (!a->stopping && a->watch && (until < 0 || a->next_watch < until)) until = a->next_watch;
     if (any_running && until >= 0) {
       double left = until - dt_time_now();
       timeout = left > 0 ? (int)(left * 1000) + 1 : 0;
@@ -507,7 +517,9 @@ static dt_status run_group(agent *a, int sigfd, const sigset_t *child_mask, int 
       if (pfd[p].revents & (POLLIN | POLLHUP | POLLERR)) drain(a, &a->w[map[p]]);
     reap(a);
     poll_store(a);
+    watch_hang(a, false);
   }
+  watch_hang(a, true); /* a last look: progress that resumed just before the end is still reported */
   return DT_OK;
 }
 
@@ -547,16 +559,22 @@ dt_status dt_launch_run(const dt_launch_opts *o, int *exit_code) {
 
   for (int attempt = 0; s == DT_OK; attempt++) {
     s = run_group(&a, sigfd, &child, attempt);
+    dt_flight_watch_free(a.watch);
+    a.watch = NULL;
     remove_segments(o);
     if (s != DT_OK) break;
-    if (a.failed < 0 && !a.remote[0]) {
+    if (a.failed < 0 && !a.remote[0] && !a.hung) {
       if (a.interrupted) flight_summary(&a);
       *exit_code = a.interrupted ? 128 + a.interrupted : 0; /* as the workers: 143 after SIGTERM, 130 after Ctrl-C */
       break;
     }
-    print_summary(&a);
-    flight_summary(&a);
-    *exit_code = a.failed >= 0 ? exit_code_of(a.w[a.failed].wstatus) : a.remote_code;
+    if (a.hung) { /* its dumps and summary are out already */
+      fprintf(stderr, "\ndtrun: job stopped: no collective progress for %g s (--on-hang stop)\n", o->hang_after_s);
+    } else {
+      print_summary(&a);
+      flight_summary(&a);
+    }
+    *exit_code = a.hung ? 124 : a.failed >= 0 ? exit_code_of(a.w[a.failed].wstatus) : a.remote_code;
     /* another node interrupted (130) or the store is gone: the other agents won't restart */
     bool remote_final = a.failed < 0 && (a.remote_code == 130 || a.store_lost);
     if (a.interrupted || remote_final || attempt >= o->max_restarts) break;

@@ -1,5 +1,6 @@
 -- spec/obs_flight_spec.lua: the collective flight recorder: JSON dumps of every rank's ring (a hung rank's too),
--- the agent's "who is behind" summary, SIGUSR1 on a live job, a wrapped ring.
+-- the agent's "who is behind" summary, its hang watch (no collective timeout needed), SIGUSR1 on a live job, a
+-- wrapped ring.
 local cjson = require "cjson"
 local H = require "spec.dist_helpers"
 
@@ -33,7 +34,8 @@ describe("the flight recorder", function()
       end
       -- rank 1 finished its 5 all_reduces and stopped; ranks 0 and 2 timed out in the 6th
       local stopped = last_call(dumps[1])
-      assert.same({ "all_reduce", "completed", "(8) f32" }, { stopped.op, stopped.state, stopped.shape })
+      assert.same({ "all_reduce", "completed", "(8) f32", "dist_faults call 5" },
+         { stopped.op, stopped.state, stopped.shape, stopped.label })
       for _, rank in ipairs { 0, 2 } do
          local call = last_call(dumps[rank])
          assert.same({ "all_reduce", "failed", stopped.seq + 1, stopped.comm },
@@ -42,10 +44,58 @@ describe("the flight recorder", function()
          assert.matches("timed out after 2%.0 s waiting for rank 1", dumps[rank].error)
       end
       local want = ("dtrun: flight recorder %%([^)]*/flight/rank<N>%%.json%%): rank 1 is behind: finished all_reduce "
-         .. "#%d %%(sum, f32, count 8%%) and entered no later call; ranks 0,2 wait in all_reduce #%d %%(sum, f32, "
-         .. "count 8%%) %%(comm [^)]*%%-world%%)"):format(stopped.seq, stopped.seq + 1)
+         .. "#%d %%(sum, f32, count 8%%) %%[dist_faults call 5%%] and entered no later call; ranks 0,2 wait in "
+         .. "all_reduce #%d %%(sum, f32, count 8%%) %%[dist_faults call 6%%] %%(comm [^)]*%%-world%%)")
+         :format(stopped.seq, stopped.seq + 1)
       assert.matches(want, r.out)
       H.remove_run(r.run_dir)
+   end)
+
+   it("sees a hang by itself (--hang-after), long before the collective timeout, and stops the job with --on-hang stop",
+      function()
+         local tag = H.tag()
+         -- rank 1 stops itself (SIGSTOP) after 2 all_reduces; the others would wait 60 s in the 3rd
+         local r = H.dtrun(("%s --nproc 3 --grace 1 --timeout 60 --hang-after 2 --on-hang stop timeout=env mode=stop "
+            .. "stop_rank=1 calls=2 tag=%s"):format(FAULTS, tag))
+         assert.equal(124, r.code, r.out)
+         assert.equal(0, H.count_procs(tag), "stray workers")
+         local stopped = last_call(read_dump(r.run_dir, 1))
+         assert.same({ "all_reduce", "completed" }, { stopped.op, stopped.state })
+         for _, rank in ipairs { 0, 2 } do
+            local dump = read_dump(r.run_dir, rank)
+            assert.equal("the agent saw no collective progress for 2 s", dump.reason)
+            local call = last_call(dump)
+            -- still waiting: the dump came from the watch, not from a timeout
+            assert.same({ "all_reduce", "started", stopped.seq + 1 }, { call.op, call.state, call.seq })
+         end
+         assert.matches(("dtrun: hang: no rank started or finished a collective for %%d+ s while a rank waits in one: "
+            .. "rank 1 is behind: finished all_reduce #%d %%(sum, f32, count 8%%) %%[dist_faults call 2%%] and "
+            .. "entered no later call; ranks 0,2 wait in all_reduce #%d [^\n]*; flight recorders in "
+            .. "[^\n]*/flight/rank<N>%%.json; stopping the job")
+            :format(stopped.seq, stopped.seq + 1), r.out)
+         assert.matches("dtrun: job stopped: no collective progress for 2 s %(%-%-on%-hang stop%)", r.out)
+         assert.is_nil(r.out:find("timed out", 1, true), r.out)
+         H.remove_run(r.run_dir)
+      end)
+
+   it("reports a rank that stays out of a collective and lets the job go on (the default), then sees it resume",
+      function()
+         -- the last rank waits outside the all_reduce until the agent's hang report has dumped rank 0, then joins
+         local r = H.dtrun(FAULTS .. " --nproc 3 --hang-after 2 mode=late timeout=60")
+         assert.equal(0, r.code, r.out)
+         assert.matches("dtrun: hang: [^\n]*: rank 2 is behind: finished barrier #0 and entered no later call; ranks "
+            .. "0,1 wait in all_reduce #1 %(sum, f32, count 8%)[^\n]*; the job goes on %(%-%-on%-hang stop ends it%)",
+            r.out)
+         assert.matches("dtrun: collective progress resumed after %d+ s", r.out)
+         for rank = 0, 2 do assert.matches(("%%[%d%%] rank %d finished the all_reduce"):format(rank, rank), r.out) end
+         assert.equal("the agent saw no collective progress for 2 s", read_dump(r.run_dir, 0).reason)
+         H.remove_run(r.run_dir)
+      end)
+
+   it("refuses a bad --on-hang, naming the choices", function()
+      local r = H.dtrun(FAULTS .. " --nproc 2 --on-hang wait mode=usr1")
+      assert.is_not.equal(0, r.code)
+      assert.matches("%-%-on%-hang must be one of report, stop; got 'wait'", r.out)
    end)
 
    it("answers SIGUSR1 from a rank blocked in a call, and names who is behind when the agent is interrupted", function()

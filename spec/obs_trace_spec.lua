@@ -1,8 +1,9 @@
 -- spec/obs_trace_spec.lua: trace=...: per-rank Chrome trace-event JSON whose spans nest, the traced steps only, one
--- collective span per collective issued, `dtrun trace merge`, bad input.
+-- collective span per collective issued, cuda stream tracks (emulated device), `dtrun trace merge`, bad input.
 local cjson = require "cjson"
 local fs = require "dt.fs"
 local H = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
 
 local FIXTURE = "spec/fixtures/trace_train.lua"
 
@@ -84,6 +85,83 @@ describe("trace", function()
          assert_nested(merged.traceEvents)
          H.remove_run(r.run_dir)
       end)
+
+   it("labels each collective with what it is for (dt_comm_label_next): DDP's buckets, FSDP's units", function()
+      for _, strategy in ipairs { "ddp", "fsdp" } do
+         local r = H.dtrun(FIXTURE .. " --nproc 2 steps=2 'trace={steps={2,2}}' strategy=" .. strategy)
+         assert.equal(0, r.code, r.out)
+         local labels = {}
+         for _, e in ipairs(decode(("%s/%s/trace/rank1.json"):format(H.root, r.run_dir)).traceEvents) do
+            local label = e.cat == "collective" and e.args and e.args.label
+            if label then labels[e.args.op .. ": " .. label] = true end
+         end
+         local want = strategy == "ddp" and { "all_reduce: ddp bucket 1", "all_reduce: ddp bucket 2" }
+            or { "all_gather: fsdp all_gather blocks.1", "all_gather: fsdp all_gather root",
+               "reduce_scatter: fsdp reduce_scatter blocks.1", "reduce_scatter: fsdp reduce_scatter root" }
+         for _, label in ipairs(want) do assert.is_true(labels[label], label .. " in " .. cjson.encode(labels)) end
+         H.remove_run(r.run_dir)
+      end
+   end)
+
+   NH.it_on("cuda", 2)("puts what ran on each rank's cuda streams on tracks of their own, in stream order", function()
+      local r = H.dtrun(FIXTURE .. " --nproc 2 --device cuda steps=2 'trace={steps={2,2}}'", NH.env)
+      assert.equal(0, r.code, r.out)
+      for rank = 0, 1 do
+         local doc = decode(("%s/%s/trace/rank%d.json"):format(H.root, r.run_dir, rank))
+         local names, by, streams = {}, {}, { [200] = {}, [201] = {} }
+         assert_nested(doc.traceEvents)
+         for _, e in ipairs(doc.traceEvents) do -- in the order written: each stream's spans in the order queued
+            if e.name == "thread_name" then names[e.tid] = e.args end
+            if e.ph == "X" and streams[e.tid] then table.insert(streams[e.tid], e) end
+            by[e.name] = by[e.name] or {}
+            table.insert(by[e.name], e)
+         end
+         assert.same({ name = ("cuda:%d compute stream"):format(rank), dropped_spans = 0 }, names[200])
+         assert.same({ name = ("cuda:%d comm stream"):format(rank), dropped_spans = 0 }, names[201])
+         local step = by["step 2"][1]
+         -- the host's spans of one kind and the device's, each sorted by start: the n-th device span cannot start
+         -- before the host queued the n-th piece of work (the host may queue more: work on host tensors)
+         local function pair(host, device, tid)
+            local h, d = {}, {}
+            for _, e in ipairs(host) do h[#h + 1] = e end
+            for _, e in ipairs(by[device] or {}) do
+               if e.tid == tid then d[#d + 1] = e end
+            end
+            local first = function(a, b) return a.ts < b.ts end
+            table.sort(h, first)
+            table.sort(d, first)
+            assert.is_true(#d > 0 and #d <= #h, ("%s: %d on the device, %d on the host"):format(device, #d, #h))
+            for i = 1, #d do assert.is_true(d[i].ts >= h[i].ts, cjson.encode { h[i], d[i] }) end
+         end
+         local copies = by[("copy cpu -> cuda:%d"):format(rank)] -- the batch's inputs and targets
+         assert.equal(#copies, #by["copy to device"])
+         pair(copies, "copy to device", 200)
+         -- DDP's buckets: the world communicator's all_reduces from the flight recorder on the host (the loss's, on
+         -- a host tensor, comes after them)
+         local reduces = {}
+         for _, e in ipairs(doc.traceEvents) do
+            if e.cat == "collective" and e.args and e.args.op == "all_reduce" and e.args.comm:match("%-world$") then
+               reduces[#reduces + 1] = e
+            end
+         end
+         local on_device = tonumber(r.out:match(
+            ("%%[%d%%] rank %d issued %%d+ collectives in traced steps, (%%d+) on cuda"):format(rank, rank)))
+         assert.is_true(on_device > 0, r.out)
+         assert.equal(on_device, #streams[201])
+         pair(reduces, "all_reduce", 201)
+         for tid, want in pairs { [200] = "matmul", [201] = "all_reduce" } do
+            local list, seen = streams[tid], {}
+            for i, e in ipairs(list) do -- a stream runs its work one at a time, in order, inside the traced step's time
+               seen[e.name] = true
+               assert.equal("device", e.cat)
+               assert.is_true(e.ts >= step.ts, cjson.encode(e))
+               if i > 1 then assert.is_true(e.ts >= list[i - 1].ts + list[i - 1].dur, cjson.encode(e)) end
+            end
+            assert.is_true(seen[want], want .. " missing on track " .. tid)
+         end
+      end
+      H.remove_run(r.run_dir)
+   end)
 
    it("records nothing when off, and refuses a bad trace value or run dir", function()
       local r = H.dtrun(FIXTURE .. " steps=1 checkpoint_every=0")

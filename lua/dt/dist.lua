@@ -164,8 +164,10 @@ end
 
 -- need_contiguous and op_id run inside the call closure: error level 5 is the user's line.
 -- Run call(work_out) (a C collective) synchronously, or asynchronously when opts.async: then it
--- returns a Work whose wait() returns `result`; the tensors in `keep` stay alive until then.
+-- returns a Work whose wait() returns `result`; the tensors in `keep` stay alive until then. opts.label says what the
+-- call is for ("fsdp reduce_scatter blocks.3"): the flight recorder, the agent's summaries and timelines show it.
 local function issue(call, result, keep, opts)
+   C.dt_comm_label_next(opts and opts.label)
    if opts and opts.async then
       local w = ffi.new("dt_comm_work*[1]")
       check(call(w), 4)

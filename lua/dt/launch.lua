@@ -16,6 +16,10 @@ local rendezvous = require "dt.rendezvous"
 local C = dtffi.C
 local M = {}
 
+-- Seconds without collective progress on any rank (while one waits in a call) before the agent reports a hang
+-- (--hang-after; well before the collectives' own timeout, 300 s by default).
+M.HANG_AFTER = 60
+
 -- Flags the launcher owns; everything else after the recipe goes to the recipe.
 local flags = {
    ["--nproc"] = { key = "nproc", kind = "int", min = 1 },
@@ -31,6 +35,8 @@ local flags = {
    ["--ranks"] = { key = "ranks", kind = "string" },
    ["--threads"] = { key = "threads", kind = "int", min = 1 },
    ["--timeout"] = { key = "timeout", kind = "number", min = 0.001 },
+   ["--hang-after"] = { key = "hang_after", kind = "number", min = 0 },
+   ["--on-hang"] = { key = "on_hang", kind = "choice", choices = { report = true, stop = true } },
    ["--force"] = { key = "force", kind = "switch" },
    ["--hostfile"] = { key = "hostfile", kind = "string" }, -- dt.launch_hosts: one agent per host over ssh
    ["--include"] = { key = "include", kind = "string" },
@@ -51,7 +57,12 @@ local function coerce(name, spec, v)
    if v == nil then fail(("%s needs a value"):format(name)) end
    if spec.kind == "string" then return v end
    if spec.kind == "choice" then
-      if not spec.choices[v] then fail(("%s must be one of cpu, cuda; got '%s'"):format(name, v)) end
+      if not spec.choices[v] then
+         local names = {}
+         for c in pairs(spec.choices) do names[#names + 1] = c end
+         table.sort(names)
+         fail(("%s must be one of %s; got '%s'"):format(name, table.concat(names, ", "), v))
+      end
       return v
    end
    local n = tonumber(v)
@@ -292,6 +303,8 @@ function M.run(cmd, args, make_run_dir, passthrough)
    o.max_restarts = opts.max_restarts or 0
    o.threads_per_rank = opts.threads or 0
    o.force = opts.force or false
+   o.hang_after_s = opts.hang_after or M.HANG_AFTER
+   o.hang_stop = opts.on_hang == "stop"
    o.argc, o.argv = #argv_list, argv
    local env_list = { "DT_STORE_TOKEN=" .. token, "DT_JOB_ID=" .. secret.job_id(token) }
    if opts.timeout then env_list[#env_list + 1] = "DT_COLLECTIVE_TIMEOUT=" .. opts.timeout end

@@ -7,10 +7,13 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
                                                                run a recipe in this process
        dtrun RECIPE.lua --nproc N [--device cpu|cuda] [--gpus N] [--nnodes N --rdzv-timeout S --node-rank R
              --master-addr HOST --master-port P] [--grace S] [--max-restarts K] [--ranks 0,2-3]
-             [--threads T] [--timeout S] [--force] [key=value ...]
+             [--threads T] [--timeout S] [--hang-after S] [--on-hang report|stop] [--force] [key=value ...]
                                                                run N ranks under the agent
              (--timeout: seconds a collective waits for the other ranks, default 300; the same as
              DT_COLLECTIVE_TIMEOUT=S. A rank whose process ended fails the others at once.
+             --hang-after: no rank started or finished a collective for S s (default 60, 0: off) while one
+             waits in one: the agent dumps the flight recorders, names the rank behind and, with
+             --on-hang stop, stops the job (exit 124); by default the job goes on.
              --force: start N ranks although N x 150 MiB exceeds the available memory.)
        dtrun RECIPE.lua --hostfile FILE [--include|--exclude HOST:SLOT,SLOT@HOST] [--ssh-port P]
              [--master-port P]                                 one agent per host over ssh (DeepSpeed's hostfile)

@@ -123,10 +123,16 @@ static dt_status work_status(dt_comm_work *w) {
   return w->status == DT_OK ? DT_OK : DT_FAIL(w->status, "%s", w->err);
 }
 
+static _Thread_local char next_label[DT_COMM_LABEL];
+
+void dt_comm_label_next(const char *label) { snprintf(next_label, sizeof next_label, "%s", label ? label : ""); }
+
 /* Run now on this thread when nothing is queued or running; otherwise queue behind the rest
  * (and wait, for a synchronous call). */
 static dt_status submit(dt_comm *c, const comm_call *call, dt_comm_work **work) {
   comm_call own = *call;
+  memcpy(own.label, next_label, sizeof own.label); /* the label goes with the call (to the progress thread) */
+  next_label[0] = 0;
 #if DT_HAVE_CUDA
   const dt_tensor *t = call->in ? call->in : call->out ? call->out : call->nops ? call->ops[0].tensor : NULL;
   if (t && t->device.type == DT_DEVICE_CUDA) DT_TRY(dt_nccl_prepare(c, &own.nc));

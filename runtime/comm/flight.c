@@ -25,6 +25,8 @@ static pthread_t g_dump_thread;
 static _Atomic bool g_stopping;
 static struct sigaction g_old_usr1;
 
+_Static_assert(sizeof(((dt_flight_call *)0)->label) == DT_COMM_LABEL, "dt_flight_call's label is dt_comm.h's");
+
 static size_t ring_bytes(int entries) { return sizeof(flight_ring) + (size_t)entries * sizeof(flight_entry); }
 
 double dt_flight_clock(void) {
@@ -65,6 +67,7 @@ int64_t flight_begin(const dt_comm *c, const shm_fp *fp, const comm_call *call) 
   size_t n = strlen(c->job), keep = n < sizeof e->comm ? n : sizeof e->comm - 1;
   memcpy(e->comm, c->job + n - keep, keep);
   e->comm[keep] = 0;
+  memcpy(e->label, call->label, sizeof e->label);
   atomic_store_explicit(&e->state, FLIGHT_STARTED, memory_order_relaxed);
   atomic_store_explicit(&e->id, (uint64_t)id + 1, memory_order_release);
   return id;
@@ -85,6 +88,7 @@ void flight_end(int64_t id, dt_status st) {
     e->t_end = dt_flight_clock();
     atomic_store_explicit(&e->state, st == DT_OK ? FLIGHT_COMPLETED : FLIGHT_FAILED, memory_order_release);
   }
+  atomic_fetch_add(&r->ended, 1);
   if (st == DT_OK) return;
   char err[sizeof r->error];
   snprintf(err, sizeof err, "%s", dt_last_error());
@@ -119,6 +123,7 @@ int dt_flight_calls(int64_t from, int64_t to, dt_flight_call *out, int n) {
     o->bytes = e.dtype >= 0 ? e.count * (int64_t)dt_dtype_size(e.dtype) : 0;
     snprintf(o->op, sizeof o->op, "%s", shm_kind_name(e.kind));
     snprintf(o->comm, sizeof o->comm, "%s", e.comm);
+    snprintf(o->label, sizeof o->label, "%s", e.label);
     flight_shape(&e, o->shape, sizeof o->shape);
   }
   return k;
@@ -159,6 +164,8 @@ static void put_entry(FILE *f, int64_t id, const flight_entry *e) {
           (long long)e->count, e->root, e->peer);
   char shape[DT_SHAPE_BUF];
   put_string(f, flight_shape(e, shape, sizeof shape));
+  fputs(",\"label\":", f);
+  put_string(f, e->label);
   fprintf(f, ",\"state\":\"%s\",\"start\":%.6f,\"ready\":%.6f,\"end\":%.6f}", state_names[state & 3], e->t_start,
           e->t_ready, e->t_end);
 }

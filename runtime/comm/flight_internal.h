@@ -17,6 +17,7 @@ typedef struct flight_entry {
   int64_t count;
   double t_start, t_ready, t_end; /* CLOCK_REALTIME seconds; ready: every rank arrived; 0 until reached */
   char comm[64];                  /* the communicator's id (its tail when longer) */
+  char label[DT_COMM_LABEL];      /* what the caller said it is for (dt_comm_label_next), "" when nothing */
   int32_t ndim, tensor_dtype;     /* its (first) tensor's shape (ndim -1: none), formatted when read */
   int64_t shape[DT_MAX_DIMS];
 } flight_entry;
@@ -25,7 +26,8 @@ typedef struct flight_entry {
 typedef struct flight_ring {
   uint32_t magic;
   int32_t rank, pid, entries;
-  _Atomic uint64_t next; /* calls recorded so far */
+  _Atomic uint64_t next;  /* calls recorded so far */
+  _Atomic uint64_t ended; /* of those, calls that completed or failed (the agent's hang watch reads both) */
   char error[512];       /* the last failed call's message */
   flight_entry e[];
 } flight_ring;

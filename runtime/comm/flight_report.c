@@ -85,8 +85,9 @@ static bool summarize(const rank_view *views, int first, int n, const char *comm
     }
     shm_fp fp = {.seq = at->seq, .kind = at->kind, .op = at->op, .dtype = at->dtype, .root = at->root,
                  .count = at->count};
-    char what[160];
+    char what[160 + sizeof at->label];
     shm_describe(&fp, what, sizeof what);
+    if (at->label[0]) snprintf(what + strlen(what), sizeof what - strlen(what), " [%s]", at->label);
     if (o) o = put(buf, len, o, "; ");
     int count;
     o = put_ranks(buf, len, o, views, first, n, comm, p, &count);
@@ -106,7 +107,7 @@ static bool summarize(const rank_view *views, int first, int n, const char *comm
   return true;
 }
 
-dt_status dt_flight_report(const char *dir, int first, int n, char *buf, size_t len) {
+dt_status dt_flight_report(const char *dir, int first, int n, const char *reason, char *buf, size_t len) {
   DT_CHECK(dir && n >= 1 && buf && len > 0, DT_ERR_ARG, "dt_flight_report: bad arguments");
   buf[0] = 0;
   rank_view *views = calloc((size_t)n, sizeof *views);
@@ -123,7 +124,7 @@ dt_status dt_flight_report(const char *dir, int first, int n, char *buf, size_t 
       continue;
     }
     read_view(r, &views[i]);
-    dt_flight_dump_file(ring, json, "the agent stopped the job"); /* best effort: the summary still goes out */
+    dt_flight_dump_file(ring, json, reason); /* best effort: the summary still goes out */
     munmap(r, bytes);
   }
   if (missing == n) {

@@ -25,6 +25,7 @@ typedef struct comm_call {
   int32_t nops;   /* CALL_GROUP: the sends and receives */
   const dt_comm_p2p *ops;
   dt_nccl_call *nc; /* non-NULL: the tensors are on the cuda device, the call runs through NCCL */
+  char label[DT_COMM_LABEL]; /* dt_comm_label_next's, "" when none */
 } comm_call;
 
 /* What every rank's call must agree on; each rank writes its own at entry. */

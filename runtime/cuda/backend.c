@@ -40,10 +40,14 @@ static void memory_reset_peak(int pool) { dt_cuda_memory_reset_peak(-1, pool); }
 static dt_status begin(dt_device device, const char *op, int n, const dt_tensor *const *ts, dt_stream **s) {
   DT_TRY(dt_cuda_compute_stream(device, op, s));
   dt_cuda_op_begin(device.index, op, n, ts);
+  dt_cuda_span_begin(device.index, DT_STREAM_COMPUTE, op);
   return DT_OK;
 }
 
-static void end(void) { dt_cuda_op_end(); }
+static void end(void) {
+  dt_cuda_span_end();
+  dt_cuda_op_end();
+}
 
 /* The attention kernels are f32/bf16/f16 (f64 attention, for gradchecks, runs on host copies), and the norm kernels
  * take one float dtype per call (activations of another dtype than the weights are normalised in the weights'). */
@@ -81,7 +85,10 @@ dt_status dt_cuda_copy_across(dt_tensor *dst, const dt_tensor *src) {
   if (dst->device.type == DT_DEVICE_CUDA) DT_TRY(dt_cuda_compute_stream(dst->device, "copy", &ds));
   if (!ss || !ds) {
     dt_stream *s = ss ? ss : ds;
-    DT_TRY(dt_cuda_memcpy(s, dp, sp, nbytes));
+    dt_cuda_span_begin(s->device, DT_STREAM_COMPUTE, ss ? "copy to host" : "copy to device");
+    dt_status st = dt_cuda_memcpy(s, dp, sp, nbytes);
+    dt_cuda_span_end();
+    DT_TRY(st);
     return host_side_wait(s, ss ? dp : sp, ss != NULL);
   }
   /* two devices: the copy runs on dst's stream after src's queued work (which writes src), and src's later work (which
@@ -91,7 +98,11 @@ dt_status dt_cuda_copy_across(dt_tensor *dst, const dt_tensor *src) {
   if (st == DT_OK) st = dt_cuda_event_new(dst->device.index, false, &copied);
   if (st == DT_OK) st = dt_cuda_event_record(src_done, ss);
   if (st == DT_OK) st = dt_cuda_stream_wait(ds, src_done);
-  if (st == DT_OK) st = dt_cuda_memcpy(ds, dp, sp, nbytes);
+  if (st == DT_OK) {
+    dt_cuda_span_begin(ds->device, DT_STREAM_COMPUTE, "copy from another device");
+    st = dt_cuda_memcpy(ds, dp, sp, nbytes);
+    dt_cuda_span_end();
+  }
   if (st == DT_OK) st = dt_cuda_event_record(copied, ds);
   if (st == DT_OK) st = dt_cuda_stream_wait(ss, copied);
   dt_cuda_event_free(src_done);

@@ -64,6 +64,13 @@ dt_status dt_cuda_check_device_errors(int device);
 /* Drops the backend's records and counters of a device's allocations (after cudaDeviceReset freed them). */
 void dt_cuda_mem_forget(int device);
 
+/* A device-stream span (spans.c) on the device's `which` stream around work queued by the calling thread, while
+ * dt_cuda_spans_start is in effect: begin before queueing it, end after; `name` must be a static string. */
+void dt_cuda_span_begin(int device, int which, const char *name);
+void dt_cuda_span_end(void);
+/* Drops a device's span records (after cudaDeviceReset destroyed their events). */
+void dt_cuda_spans_forget(int device);
+
 /* A contiguous device tensor of scratch memory on s's device (accounted like dt_cuda_malloc), and its release. */
 dt_status dt_cuda_tensor_scratch(dt_stream *s, int ndim, const int64_t *shape, int dtype, dt_tensor **out);
 void dt_cuda_tensor_scratch_free(dt_stream *s, dt_tensor *t);

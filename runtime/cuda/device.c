@@ -193,6 +193,7 @@ dt_status dt_cuda_device_reset(int device) {
   }
   memset(d, 0, sizeof *d);
   dt_cuda_mem_forget(device);
+  dt_cuda_spans_forget(device);
   cudaError_t e = cudaDeviceReset();
   pthread_mutex_unlock(&dev_lock);
   DT_CUDA_TRY("cudaDeviceReset", e);

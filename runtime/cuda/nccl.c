@@ -219,7 +219,9 @@ dt_status dt_nccl_run(dt_comm *c, const comm_call *call, const shm_fp *fp) {
   cudaStream_t s = d->streams[DT_STREAM_COMM].s;
   /* the comm stream starts the call only after the compute stream's work that produced its inputs */
   DT_CUDA_TRY("cudaStreamWaitEvent (comm stream after compute)", cudaStreamWaitEvent(s, nc->ready, 0));
+  dt_cuda_span_begin(c->device, DT_STREAM_COMM, shm_kind_name(call->kind));
   ncclResult_t r = issue(c, call, c->nccl->comm, s);
+  dt_cuda_span_end();
   if (r != ncclSuccess)
     return nccl_fail(r, c->nccl->comm, "comm '%s' rank %d/%d: %s on cuda:%d failed", c->job, c->rank, c->world,
                      nc->what, c->device);

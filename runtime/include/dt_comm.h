@@ -86,6 +86,10 @@ dt_status dt_comm_reduce_scatter(dt_comm *c, const dt_tensor *in, dt_tensor *out
 /* in and out: world blocks of n elements; block j of rank r's out := block r of rank j's in. */
 dt_status dt_comm_all_to_all(dt_comm *c, const dt_tensor *in, dt_tensor *out, dt_comm_work **work);
 dt_status dt_comm_barrier(dt_comm *c, dt_comm_work **work);
+/* The next call this thread issues carries `label` (what it is for, e.g. "fsdp reduce_scatter blocks.3"; the first
+ * DT_COMM_LABEL - 1 bytes) into the flight recorder, its dumps, the agent's summaries and timelines; NULL: none. */
+enum { DT_COMM_LABEL = 48 };
+void dt_comm_label_next(const char *label);
 /* Point to point, matched in order per (sender, receiver) pair. A send completes when the
  * receiver has taken the data, so two ranks that both send first wait for each other. */
 dt_status dt_comm_send(dt_comm *c, const dt_tensor *t, int peer, dt_comm_work **work);

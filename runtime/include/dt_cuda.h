@@ -61,6 +61,22 @@ dt_status dt_cuda_event_synchronize(dt_event *e);
 /* Milliseconds between two completed records of timing events. */
 dt_status dt_cuda_event_elapsed(dt_event *start, dt_event *end, double *ms);
 
+/* Device-stream spans (timelines, dt/obs/trace.lua): between dt_cuda_spans_start and dt_cuda_spans_stop every op
+ * queued on the device's compute stream, every copy to or from it and every collective on its comm stream is
+ * bracketed by two timing events (no host wait: start waits once for its own anchor event, stop once for the
+ * spans' end events). Nested ops count as their outer op. */
+typedef struct dt_cuda_span {
+  char name[32];      /* the op ("op_matmul", "all_reduce", "copy to host", ...) */
+  int32_t stream;     /* DT_STREAM_COMPUTE or DT_STREAM_COMM */
+  double start, end;  /* dt_flight_clock seconds (dt_flight.h): the device's times on the host's clock */
+} dt_cuda_span;
+dt_status dt_cuda_spans_start(int device);
+/* Stops recording; *count: the spans recorded since start (up to 65536), *dropped: those beyond (or whose events
+ * could not be recorded). */
+dt_status dt_cuda_spans_stop(int device, int *count, int64_t *dropped);
+/* Copies stopped spans [from, from + n) to out; returns how many. */
+int dt_cuda_spans_copy(int device, int from, dt_cuda_span *out, int n);
+
 /* Device memory from the device's stream-ordered pool (cudaMallocAsync): usable by work queued on s after this call
  * (other streams: order them with events); dt_cuda_free returns it once s's earlier work is done. */
 dt_status dt_cuda_malloc(dt_stream *s, size_t nbytes, void **out);

@@ -17,6 +17,9 @@ typedef struct dt_launch_opts {
   int max_restarts;        /* whole-group restarts after a failure */
   int threads_per_rank;    /* 0: cores / nproc */
   bool force;              /* dt_launch_check starts more ranks than the memory estimate allows (with a warning) */
+  double hang_after_s;     /* no collective progress on any local rank for this long while one waits in a call: the
+                            * agent dumps the flight recorders and names the rank behind (dt_flight_watch); 0: off */
+  bool hang_stop;          /* ...and stops the job (exit code 124) instead of letting it go on */
   int argc;                /* worker command: argv[0] is the program to exec */
   const char *const *argv;
   const char *const *extra_env; /* NULL-terminated "KEY=VALUE" list added to every worker, or NULL */

@@ -7,9 +7,11 @@
 -- :to(), values read back, checkpoint reads of device tensors), forward and backward of each module (module hooks,
 -- installed at the first traced step), the optimizer step, GC and checkpoint writes; each communicator's collectives
 -- on a track of their own (tid 100 + its number, from the flight recorder's ring: op, bytes, comm, "wait" until every
--- rank had arrived, then "transfer"). Spans nest: one still open when its parent ends is cut there. Off (the default),
--- the trainer holds no tracer and nothing is recorded. Written to <run dir>/trace/rank<N>.json when the run ends;
--- `dtrun trace merge RUN_DIR` puts every rank on one timeline.
+-- rank had arrived, then "transfer"); on a cuda device, what ran on its streams (tid 200: the compute stream's ops and
+-- copies, tid 201: the comm stream's collectives), timed by CUDA events around each (dt_cuda_spans_*: read back when
+-- the step's timeline is collected, no wait per op). Spans nest: one still open when its parent ends is cut there.
+-- Off (the default), the trainer holds no tracer and nothing is recorded. Written to <run dir>/trace/rank<N>.json
+-- when the run ends; `dtrun trace merge RUN_DIR` puts every rank on one timeline.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local dtffi = require "dt.ffi"
@@ -19,8 +21,9 @@ local Tensor = require "dt.tensor"
 local C, check = dtffi.C, dtffi.check
 local M = {}
 
-local MAIN, COMM_TRACKS = 1, 100
+local MAIN, COMM_TRACKS, DEVICE_TRACKS = 1, 100, 200 -- DEVICE_TRACKS + DT_STREAM_COMPUTE (0) / DT_STREAM_COMM (1)
 local MAX_CALLS = 4096 -- collectives read back per step (the ring holds the last DT_FLIGHT_ENTRIES)
+local STREAMS = { [0] = "compute", [1] = "comm" }
 
 local Tracer = {}
 Tracer.__index = Tracer
@@ -45,15 +48,17 @@ end
 M.step_range = step_range
 
 -- A tracer for `rank` writing under run_dir, or nil when spec turns tracing off. model's modules get their hooks now
--- (they record only in traced steps).
-function M.open(run_dir, rank, spec, model)
+-- (they record only in traced steps). On a cuda `device` ("cuda:N") the device's streams get tracks of their own.
+function M.open(run_dir, rank, spec, model, device)
    local range = step_range(spec)
    if not range then return nil end
    -- the collectives come from the flight recorder: a process not under the launcher starts it here
    check(C.dt_flight_open(fs.join(run_dir, "flight"), rank))
+   local cuda = tostring(device or ""):match("^cuda:(%d+)$")
    return setmetatable({ range = range, rank = rank, dir = fs.join(run_dir, "trace"),
       events = {}, stack = {}, comms = {}, labels = {}, backward_ok = {}, active = false,
-      calls = ffi.new("dt_flight_call[?]", MAX_CALLS) }, Tracer):hook_modules(model)
+      calls = ffi.new("dt_flight_call[?]", MAX_CALLS), cuda = tonumber(cuda), dropped = 0,
+      spans = cuda and ffi.new("dt_cuda_span[?]", MAX_CALLS) }, Tracer):hook_modules(model)
 end
 
 function Tracer:event(name, cat, tid, t0, t1, args)
@@ -152,12 +157,13 @@ end
 -- Start step `step`: traced when in range. A traced step's timeline runs until the next begin_step (or close), so
 -- the checkpoint written after it belongs to it; its collectives are read then.
 function Tracer:begin_step(step)
-   if self.active then self:collectives() end
+   if self.active then self:collect() end
    self.active = step >= self.range[1] and step <= self.range[2]
    Tensor.tracer = self.active and self or nil -- host<->device copies (dt/tensor.lua) get spans of their own
    if not self.active then return end
    self:hook_backward()
    self.first_call = C.dt_flight_count()
+   if self.cuda then check(C.dt_cuda_spans_start(self.cuda)) end
    self:push("step " .. step, "step", { step = step })
 end
 
@@ -177,9 +183,10 @@ function Tracer:collectives()
          end
          local tid, t0, t1, ready = self.comms[comm], us(c.start), us(c["end"]), us(c.ready)
          if c.state == 1 then t1 = now_us() end -- still running (an async call in flight)
-         local op = ffi.string(c.op)
+         local op, label = ffi.string(c.op), ffi.string(c.label)
          self:event(("%s #%d"):format(op, tonumber(c.seq)), "collective", tid, t0, t1,
             { op = op, bytes = tonumber(c.bytes), comm = comm, shape = ffi.string(c.shape), seq = tonumber(c.seq),
+               label = label ~= "" and label or nil,
                id = tonumber(c.id), wait_us = ready > 0 and ready - t0 or nil,
                transfer_us = ready > 0 and t1 - ready or nil })
          if ready > 0 then
@@ -192,9 +199,31 @@ function Tracer:collectives()
    end
 end
 
+-- What ran on the device's streams since the step began (its events are waited for here, once).
+function Tracer:device_spans()
+   local count, dropped, spans = ffi.new("int[1]"), ffi.new("int64_t[1]"), self.spans
+   check(C.dt_cuda_spans_stop(self.cuda, count, dropped))
+   self.dropped = self.dropped + tonumber(dropped[0])
+   local from = 0
+   while from < count[0] do
+      local k = C.dt_cuda_spans_copy(self.cuda, from, spans, MAX_CALLS)
+      for i = 0, k - 1 do
+         local s = spans[i]
+         self:event(ffi.string(s.name), "device", DEVICE_TRACKS + s.stream, us(s.start), us(s["end"]))
+      end
+      from = from + k
+   end
+end
+
+-- The traced step's timeline from the flight recorder and the device.
+function Tracer:collect()
+   self:collectives()
+   if self.cuda then self:device_spans() end
+end
+
 -- Write <run dir>/trace/rank<N>.json (track names as metadata events).
 function Tracer:close()
-   if self.active then self:collectives() end
+   if self.active then self:collect() end
    self.active = false
    if Tensor.tracer == self then Tensor.tracer = nil end
    local meta = { { name = "process_name", ph = "M", pid = self.rank, args = { name = "rank " .. self.rank } },
@@ -202,6 +231,10 @@ function Tracer:close()
    for i, comm in ipairs(self.comms) do
       meta[#meta + 1] = { name = "thread_name", ph = "M", pid = self.rank, tid = COMM_TRACKS + i,
          args = { name = "collectives " .. comm } }
+   end
+   for stream = 0, self.cuda and 1 or -1 do
+      meta[#meta + 1] = { name = "thread_name", ph = "M", pid = self.rank, tid = DEVICE_TRACKS + stream,
+         args = { name = ("cuda:%d %s stream"):format(self.cuda, STREAMS[stream]), dropped_spans = self.dropped } }
    end
    for _, e in ipairs(self.events) do meta[#meta + 1] = e end
    fs.mkdir(self.dir, true)

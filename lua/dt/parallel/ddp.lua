@@ -97,7 +97,7 @@ function DDP:launch_ready()
    local buckets = self.buckets
    while self.next_launch <= #buckets and buckets[self.next_launch].ready == #buckets[self.next_launch].params do
       local b = buckets[self.next_launch]
-      b.work = self.comm:all_reduce(b.flat, "avg", { async = true })
+      b.work = self.comm:all_reduce(b.flat, "avg", { async = true, label = "ddp bucket " .. self.next_launch })
       tp_ops.count(self, b.flat, 2)
       self.next_launch = self.next_launch + 1
    end

@@ -251,6 +251,9 @@ end
 -- A fresh 1-D tensor of n elements on the model's device.
 function FSDP:empty(n, dtype) return Tensor.empty({ n }, { dtype = dtype, device = self.device }) end
 
+-- What a collective of unit u is for, in the flight recorder and timelines: "fsdp reduce_scatter blocks.3".
+local function label(what, u) return ("fsdp %s %s"):format(what, u.root and "root" or u.name) end
+
 -- Start an async all_gather of u's shards into a fresh buffer (nothing when u is gathered or gathering, unless
 -- an optimizer step has changed its shards since: stages 1 and 2).
 function FSDP:start_gather(u)
@@ -270,7 +273,7 @@ function FSDP:start_gather(u)
       u.full, temp = send, false
    else
       u.full = self:empty(u.padded, self.param_dtype)
-      u.gather = self.comm:all_gather(send, u.full, { async = true })
+      u.gather = self.comm:all_gather(send, u.full, { async = true, label = label("all_gather", u) })
       tp_ops.count(self, u.full, 1)
    end
    u.gather_send = temp and send or nil
@@ -340,7 +343,8 @@ function FSDP:reduce(u)
       u.rs = { out = send } -- a one-rank reduce_scatter(avg) is the identity
    else
       local out = self:empty(u.shard_numel, self.reduce_dtype)
-      u.rs = { send = send, out = out, work = self.comm:reduce_scatter(send, out, "avg", { async = true }) }
+      u.rs = { send = send, out = out,
+         work = self.comm:reduce_scatter(send, out, "avg", { async = true, label = label("reduce_scatter", u) }) }
       tp_ops.count(self, send, 1)
    end
    self.stats.reduce_scatters = self.stats.reduce_scatters + 1
@@ -360,7 +364,7 @@ function FSDP:collect(u)
       rs.out:free()
    end
    rs.grad = g
-   if self.rep then rs.ar = self.rep:all_reduce(g, "avg", { async = true }) end
+   if self.rep then rs.ar = self.rep:all_reduce(g, "avg", { async = true, label = label("replicate", u) }) end
 end
 
 -- Copy (on the step's first reduction) or add u's reduced gradient into its shard gradient (host memory when
@@ -394,7 +398,8 @@ function FSDP:all_reduce_grads()
    local works = {}
    for i, u in ipairs(self.units) do
       local send = self.reduce_dtype == "f32" and u.grad_full or u.grad_full:to(self.reduce_dtype)
-      works[i] = { send = send, work = self.comm:all_reduce(send, "avg", { async = true }) }
+      local work = self.comm:all_reduce(send, "avg", { async = true, label = label("all_reduce", u) })
+      works[i] = { send = send, work = work }
    end
    for i, u in ipairs(self.units) do
       local w = works[i]

@@ -351,7 +351,8 @@ function Trainer:run()
       end
    end
    if cfg.trace and not self.run_dir then error("train.Trainer: trace needs a run_dir", 2) end
-   self.tracer = self.run_dir and trace.open(self.run_dir, tonumber(os.getenv("RANK")) or 0, cfg.trace, self.model)
+   self.tracer = self.run_dir and trace.open(self.run_dir, tonumber(os.getenv("RANK")) or 0, cfg.trace, self.model,
+      self:device())
    local first, t_start, result = self.step, dt.time(), nil
    -- SIGTERM (the launcher stopping the job) ends the loop after the current step, with a checkpoint; dtrun then
    -- exits 143 (dt.exit_status).
