@@ -167,8 +167,8 @@ describe("grpo placement", function()
       assert.truthy(r.out:find("injected rollout failure", 1, true), r.out)
    end)
 
-   ranks_it(3)("trains an FSDP policy on 2 trainer ranks: the published weights and losses match the DDP policy's",
-      function()
+   ranks_it(3)("trains an FSDP policy (ZeRO stages 3 and 1) on 2 trainer ranks: published weights and losses match "
+      .. "the DDP policy's", function()
          local function weights(file)
             local reader, out = safetensors.open(file), {}
             for _, name in ipairs(reader.names) do out[name] = reader:tensor(name) end
@@ -176,22 +176,26 @@ describe("grpo placement", function()
          end
          local ddp, dl = run("ddp", ("--nproc 3 steps=3 save=%s/ddp.st "):format(dir) .. SEPARATED)
          assert.equal(0, ddp.code, ddp.out)
-         local fsdp, fl = run("fsdp", ("--nproc 3 steps=3 strategy=fsdp save=%s/fsdp.st "):format(dir) .. SEPARATED)
-         assert.equal(0, fsdp.code, fsdp.out)
-         for rank = 0, 1 do
-            for s = 1, 3 do
-               local dloss, _, _, dversions = step_of(dl[rank], s)
-               local floss, _, _, fversions = step_of(fl[rank], s)
-               assert.near(tonumber(dloss), tonumber(floss), 1e-6)
-               assert.equal(dversions, fversions) -- the tokens' versions: synchronous, version s - 1
+         local want = weights(fs.join(dir, "ddp.st"))
+         for _, stage in ipairs { 3, 1 } do
+            local fsdp, fl = run("fsdp" .. stage, ("--nproc 3 steps=3 strategy=fsdp stage=%d save=%s/fsdp.st ")
+               :format(stage, dir) .. SEPARATED)
+            assert.equal(0, fsdp.code, fsdp.out)
+            for rank = 0, 1 do
+               for s = 1, 3 do
+                  local dloss, _, _, dversions = step_of(dl[rank], s)
+                  local floss, _, _, fversions = step_of(fl[rank], s)
+                  assert.near(tonumber(dloss), tonumber(floss), 1e-6)
+                  assert.equal(dversions, fversions) -- the tokens' versions: synchronous, version s - 1
+               end
             end
+            local got, n = weights(fs.join(dir, "fsdp.st")), 0
+            for name, t in pairs(want) do
+               assert.is_true((t - got[name]):abs():max():item() <= 1e-6, name)
+               n = n + 1
+            end
+            assert.is_true(n > 0)
          end
-         local want, got, n = weights(fs.join(dir, "ddp.st")), weights(fs.join(dir, "fsdp.st")), 0
-         for name, t in pairs(want) do
-            assert.is_true((t - got[name]):abs():max():item() <= 1e-6, name)
-            n = n + 1
-         end
-         assert.is_true(n > 0)
       end)
 
    ranks_it(2)("swaps a publish in mid-completion: later tokens carry the new version; staleness stays bounded",
