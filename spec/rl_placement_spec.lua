@@ -198,6 +198,26 @@ describe("grpo placement", function()
          end
       end)
 
+   ranks_it(2)("colocated FSDP: ranks generating different prompts and lengths train as the DDP policy does",
+      function()
+         local ddp, dl = run("ddp", "--nproc 2 steps=3 rank_seeds=true")
+         assert.equal(0, ddp.code, ddp.out)
+         local fsdp, fl = run("fsdp", "--nproc 2 steps=3 rank_seeds=true strategy=fsdp")
+         assert.equal(0, fsdp.code, fsdp.out)
+         local differ = false -- prompts of other lengths: other numbers of forwards on the two ranks
+         for s = 1, 3 do
+            local pattern = ("^step %d prompts (.*)$"):format(s)
+            differ = differ or find(fl[0], pattern) ~= find(fl[1], pattern)
+            for rank = 0, 1 do
+               local dloss, _, _, dversions = step_of(dl[rank], s)
+               local floss, _, _, fversions = step_of(fl[rank], s)
+               assert.near(tonumber(dloss), tonumber(floss), 1e-6)
+               assert.equal(dversions, fversions)
+            end
+         end
+         assert.is_true(differ, fsdp.out)
+      end)
+
    ranks_it(2)("swaps a publish in mid-completion: later tokens carry the new version; staleness stays bounded",
       function()
          local r, lines, records = run("swap", "--nproc 2 steps=3 swap_at=3 grpo.stop=-1 grpo.max_new_tokens=6 "

@@ -228,7 +228,7 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_forward", function()
-      if self.stage < 3 then return end -- stages 1 and 2 keep parameters replicated
+      if self.stage < 3 or self.held then return end -- stages 1 and 2 keep parameters replicated; see gathered()
       if not autograd.is_enabled() or (self.reshard_after_forward and not u.root) then self:reshard(u) end
    end)
    m:register_hook("pre_backward", function()
@@ -310,6 +310,20 @@ function FSDP:reshard(u)
    u.full:free()
    u.full, u.prefetch = nil, false
    self.stats.gathered = self.stats.gathered - 1
+end
+
+-- Run fn() with every unit gathered and kept so, then (stage 3) resharded: the forwards inside issue no collective,
+-- so ranks may run different numbers of them (generation of different prompts). Collective: every rank calls it.
+-- Costs a full copy of the parameters (in param_dtype) for its duration.
+function FSDP:gathered(fn)
+   for _, u in ipairs(self.units) do self:unshard(u) end
+   self.held = true
+   local ok, err = pcall(fn)
+   self.held = false
+   if self.stage == 3 then
+      for _, u in ipairs(self.units) do self:reshard(u) end
+   end
+   if not ok then error(err, 0) end
 end
 
 -- Gradients ------------------------------------------------------------------------------------------

@@ -10,11 +10,13 @@
 -- token or reaches max_new_tokens (the stop token is kept in its tokens) frees its slot, and the next waiting
 -- prompt takes it at the next step, so short answers never wait for long ones. opts.cache = false recomputes each
 -- row's whole context instead (the reference the cache is checked against; same rows, same draws).
--- Sampling options are dt.rl.sample's; logprobs[j] is the behaviour log-prob of tokens[j] and versions[j] the policy
--- version of the weights that drew it (opts.version, default 0). Interruptible generation: opts.poll, when given, is
--- called after every token step; when it has swapped newer weights into the model it returns their version, and the
--- next token of every live row comes from them: the cache's keys and values (the old weights') are dropped and each
--- live row prefills its whole context (prompt and tokens so far) again, as AReaL does.
+-- An FSDP-wrapped model (every rank calls generate) is gathered whole for the call (FSDP:gathered), so ranks may
+-- generate different prompts and lengths. Sampling options are dt.rl.sample's; logprobs[j] is the behaviour log-prob
+-- of tokens[j] and versions[j] the policy version of the weights that drew it (opts.version, default 0).
+-- Interruptible generation: opts.poll, when given, is called after every token step; when it has swapped newer
+-- weights into the model it returns their version, and the next token of every live row comes from them: the cache's
+-- keys and values (the old weights') are dropped and each live row prefills its whole context (prompt and tokens so
+-- far) again, as AReaL does.
 local dt = require "dt"
 local kvcache = require "dt.rl.kvcache"
 local sample = require "dt.rl.sample"
@@ -63,7 +65,9 @@ return function(model, prompts, opts)
    local version = opts.version or 0
    local was_training = model.training
    model:eval()
-   dt.no_grad(function()
+   -- an FSDP model is gathered whole for the generation: its ranks run different numbers of forwards
+   local hold = model.fsdp and function(fn) model.fsdp:gathered(fn) end or function(fn) fn() end
+   hold(function() dt.no_grad(function()
       while waiting <= #prompts or #live > 0 do
          while #free > 0 and waiting <= #prompts do -- admit waiting prompts into free slots
             local row = { index = waiting, slot = table.remove(free), context = { unpack(prompts[waiting]) },
@@ -116,7 +120,7 @@ return function(model, prompts, opts)
             for _, row in ipairs(live) do row.done = 0 end
          end
       end
-   end)
+   end) end)
    model:train(was_training)
    if cache then cache:free() end
    return out
