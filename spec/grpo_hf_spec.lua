@@ -6,17 +6,14 @@ local hf = require "dt.hf"
 local rl = require "dt.rl"
 local dist = require "spec.dist_helpers"
 local refs = require "spec.fixtures.py_refs"
-local helpers = require "spec.train_helpers"
 
 describe("GRPO on a Hugging Face model", function()
-   local py, why = refs.python()
-   if not py then
+   local tmp, why = refs.tiny()
+   if not tmp then
       pending(why)
       return
    end
-   local tmp = helpers.tmpdir()
    local tiny = fs.join(tmp, "tiny")
-   refs.run("hf_tiny.py", tiny)
    teardown(function() fs.remove_tree(tmp) end)
 
    -- One batch of rollouts (group_size 2) of prompt "1+2=" through tokenizer tok; the rewards' arguments.
