@@ -30,6 +30,7 @@ M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temper
    num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
    adaptive_async = false, -- or a table of dt.rl.async.defaults' keys
    placement = "colocated", rollout_ranks = 1, publish_dtype = "f32" } -- see dt.rl.placement
+M.aliases = { num_generations = "group_size" } -- TRL's names
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
 -- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards. check(row, where),
@@ -197,9 +198,15 @@ end
 function M.setup(opts)
    local cfg = {}
    for k, v in pairs(M.defaults) do cfg[k] = v end
-   for k, v in pairs(opts.config or {}) do
-      if M.defaults[k] == nil then error(("grpo: unknown config key '%s'"):format(tostring(k)), 2) end
-      cfg[k] = v
+   local given = opts.config or {}
+   for k, v in pairs(given) do
+      local key = M.aliases[k] or k
+      if M.defaults[key] == nil then error(("grpo: unknown config key '%s'"):format(tostring(k)), 2) end
+      if key ~= k and given[key] ~= nil and given[key] ~= v then
+         error(("grpo: %s (another name for %s) is %s but %s is %s: set one of them"):format(k, key, tostring(v), key,
+            tostring(given[key])), 2)
+      end
+      cfg[key] = v
    end
    check_config(cfg)
    local roles = opts.roles or { placement = "colocated", trains = true, generates = true }
