@@ -1,7 +1,7 @@
 -- dt/rl/placement.lua: GRPO placement: which ranks train and which generate, the weight publish, the rollout wire.
 --
 --    local roles = placement.roles(world, cfg.grpo)     -- placement = "colocated" | "separated", rollout_ranks = K
---    if roles.trains then ddp.wrap(model, { comm = roles.comm }) end   -- DDP among the trainers only
+--    if roles.trains then ddp.wrap(model, { comm = roles.comm }) end   -- DDP among the trainers only (or fsdp.wrap)
 --
 -- Colocated: every rank generates, then trains; roles.comm is the world's communicator. Separated: the last K ranks
 -- generate (roles.generates), the others train (roles.trains, roles.comm: the trainers' communicator, split from the
