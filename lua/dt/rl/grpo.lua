@@ -9,9 +9,9 @@
 -- One trainer step = one optimizer pass. Every num_iterations steps g.data takes a fresh batch (colocated: this
 -- rank samples `prompts_per_step` prompts, group_size completions each, with the current weights; separated: trainer
 -- 0 publishes the weights (under FSDP gathered unit by unit by every trainer) to the rollout ranks, and this trainer
--- receives its batch from one of them, see dt.rl.placement; g.run runs either role); the other steps reuse it. The loss's importance ratios are
--- exp(logp - behaviour logp), the behaviour log-probs recorded at generation, so later passes (and off-policy
--- batches) are corrected.
+-- receives its batch from one of them, see dt.rl.placement; g.run runs either role); the other steps reuse it. The
+-- loss's importance ratios are exp(logp - behaviour logp), the behaviour log-probs recorded at generation, so later
+-- passes (and off-policy batches) are corrected.
 local dt = require "dt"
 local jsonl = require "dt.train.jsonl"
 local rewards = require "dt.rl.rewards"
