@@ -3,14 +3,19 @@
 --
 --    dtrun recipes/grpo.lua --nproc 2                          # colocated: every rank generates, then trains (DDP)
 --    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated  # rank 2 generates, ranks 0-1 train (DDP)
+--    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated strategy=fsdp    # ... the trainers shard (FSDP)
 --    dtrun recipes/grpo.lua --nproc 2 steps=40 grpo.beta=0.04 grpo.group_size=16 prompts=mine.jsonl
 --    dtrun recipes/grpo.lua --nproc 2 --deepspeed ds.json    # micro batch = completions per rank (TRL's meaning)
+--    dtrun recipes/grpo.lua model.path=DIR      # a Hugging Face model, its tokenizer (tokenizer=DIR for another) and
+--                                               # chat template (chat=false: raw prompts; stop at its end of turn)
 local dt    = require "dt"
+local hf    = require "dt.hf"
 local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
 local ddp   = require "dt.parallel.ddp"
+local fsdp  = require "dt.parallel.fsdp"
 local rl    = require "dt.rl"
 local fs    = require "dt.fs"
 local json  = require("dt.train.jsonl").json
@@ -22,7 +27,10 @@ local cfg = train.config {
    sft = { steps = 50, batch = 64, lr = 3e-3 }, -- warm start: next-byte loss on the answers of "a+b=c\n"
    partial_credit = 0.5,      -- weight of the per-digit reward beside exact_answer (1)
    eval = 200,                -- held-out prompts for the accuracy (greedy, exact match)
-   model = { dim = 64, layers = 2, heads = 4 },
+   strategy = "ddp", stage = 3, -- the trainers': ddp, or fsdp (stage: ZeRO's 1, 2 or 3)
+   model = { dim = 64, layers = 2, heads = 4, path = "" }, -- path: a Hugging Face model directory ("": a byte GPT)
+   tokenizer = "",            -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
+   chat = true,               -- with a tokenizer: prompts as a user turn of its chat template (false: plain text)
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
       epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
       -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
@@ -49,17 +57,28 @@ end
 local eval_gen, eval_rows = dt.Generator(cfg.seed + 1), {}
 for i = 1, cfg.eval do eval_rows[i] = problem(eval_gen) end
 
-local model = nn.GPT { vocab = 256, seq = 16, dim = cfg.model.dim, layers = cfg.model.layers,
-   heads = cfg.model.heads, seed = cfg.seed }
+-- The model: a byte-level GPT, or model.path's; its tokenizer (bytes, or tokenizer.json with the chat template),
+-- whose end of turn (or "\n") ends a completion.
+local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() })
+   or nn.GPT { vocab = 256, seq = 16, dim = cfg.model.dim, layers = cfg.model.layers, heads = cfg.model.heads,
+      seed = cfg.seed }
+local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
+local tok = tok_dir == "" and rl.rollouts.bytes or rl.rollouts.tokenizer(hf.tokenizer(tok_dir),
+   cfg.chat and hf.chat(tok_dir) or nil)
+cfg.grpo.stop = tok.stop or cfg.grpo.stop
 
 -- Greedy exact-match accuracy on the held-out rows (rank 0 alone: generation is no collective).
 local function accuracy()
    local encoded = {}
-   for i, row in ipairs(eval_rows) do encoded[i] = { row.prompt:byte(1, -1) } end
-   local out = rl.generate(model, encoded, { max_new_tokens = 4, stop = 10, temperature = 0 })
+   for i, row in ipairs(eval_rows) do encoded[i] = tok:prompt(row.prompt) end
+   local out = rl.generate(model, encoded, { max_new_tokens = cfg.grpo.max_new_tokens, stop = cfg.grpo.stop,
+      temperature = 0 })
    local right = 0
    for i, row in ipairs(eval_rows) do
-      if rl.rollouts.bytes.decode(out[i].tokens) == row.answer .. "\n" then right = right + 1 end
+      local o = out[i]
+      if o.finish == "stop" and tok:decode({ unpack(o.tokens, 1, #o.tokens - 1) }) == row.answer then
+         right = right + 1
+      end
    end
    return right / #eval_rows
 end
@@ -68,14 +87,20 @@ end
 local sft_gen = dt.Generator(cfg.seed + 2)
 local sft_opt = optim.AdamW(model:parameters(), { lr = cfg.sft.lr })
 for _ = 1, cfg.sft.steps do
-   local x, y = {}, {}
-   for b = 1, cfg.sft.batch do
+   local rows, width, x, y = {}, 0, {}, {}
+   for b = 1, cfg.sft.batch do -- prompt tokens, then the answer's and the stop token
       local p = problem(sft_gen)
-      local text = { (p.prompt .. p.answer .. "\n"):byte(1, -1) }
+      local prompt, text = tok:prompt(p.prompt), tok:encode(p.answer)
+      rows[b] = { prompt = #prompt, text = { unpack(prompt) } }
+      for _, t in ipairs(text) do rows[b].text[#rows[b].text + 1] = t end
+      rows[b].text[#rows[b].text + 1] = cfg.grpo.stop
+      width = math.max(width, #rows[b].text - 1)
+   end
+   for b, r in ipairs(rows) do
       x[b], y[b] = {}, {}
-      for j = 1, 15 do
-         x[b][j] = text[j] or 0
-         y[b][j] = (j >= #p.prompt and j < #text) and text[j + 1] or -100 -- loss on the answer bytes only
+      for j = 1, width do
+         x[b][j] = r.text[j] or 0
+         y[b][j] = (j >= r.prompt and j < #r.text) and r.text[j + 1] or -100 -- loss on the answer tokens only
       end
    end
    sft_opt:zero_grad()
@@ -95,14 +120,25 @@ local function digits(_, completion, row)
    return right / math.max(#row.answer, #completion)
 end
 
--- GRPO: DDP among the trainer ranks (--deepspeed FILE: its stage 0, optimizer, scheduler; its batch sizes give
--- grpo.prompts_per_step); rollouts from each generating rank's own generator.
+-- GRPO: DDP (or FSDP) among the trainer ranks (--deepspeed FILE: its stage 0, optimizer, scheduler; its batch sizes
+-- give grpo.prompts_per_step); rollouts from each generating rank's own generator.
+if not ({ ddp = true, fsdp = true })[cfg.strategy] then
+   error(("grpo: strategy must be ddp or fsdp, got %s"):format(cfg.strategy), 0)
+end
 local ds = train.deepspeed(cfg)
-if roles.trains then
-   if ds then ds:wrap(model, { comm = roles.comm }) else ddp.wrap(model, { comm = roles.comm }) end
+if ds and cfg.strategy ~= "ddp" then
+   error(("grpo: --deepspeed and strategy=%s are both set; the DeepSpeed config's zero_optimization.stage chooses "
+      .. "the strategy: drop strategy"):format(cfg.strategy), 0)
+end
+if roles.trains and ds then
+   ds:wrap(model, { comm = roles.comm })
+elseif roles.trains and cfg.strategy == "fsdp" then
+   fsdp.wrap(model, { comm = roles.comm, stage = cfg.stage })
+elseif roles.trains then
+   ddp.wrap(model, { comm = roles.comm })
 end
 dt.manual_seed(cfg.seed * 1000 + world.rank)
-local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles,
+local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles, tokenizer = tok,
    rewards = { rl.rewards.exact_answer(), { fn = digits, weight = cfg.partial_credit, name = "digits" } } }
 local opt = optim.AdamW(model:parameters(), { lr = cfg.lr })
 local trainer = train.Trainer { model = model, optimizer = opt, data = g.data, forward = g.forward, config = cfg,
@@ -114,11 +150,13 @@ trainer:add_step_callback(function(r)
       say(("step %d rollouts: reward %.3f (std %.3f, exact %.3f)  length %.1f  clip %.3f  kl %.4f  staleness %.2f")
          :format(r.step, m.reward_mean, m.reward_std, m["reward/exact_answer"], m.completion_length_mean,
          m.clip_fraction, m.kl, m.staleness_mean))
+      local s = g.batch.samples[1] -- what the rewards saw: the decoded completion
+      say(("  e.g. %q -> %q: reward %s"):format(s.row.prompt, s.text, tostring(s.reward)))
    end
 end)
 g.run(trainer)                                  -- separated: the rollout ranks generate until the trainers end
-if world.is_main then
+if roles.trains then -- every trainer (FSDP's forwards are collective); rank 0 prints
    local after = accuracy()
-   say(("accuracy: %.1f%% -> %.1f%% (%+.1f points after %d GRPO steps)"):format(100 * before, 100 * after,
-      100 * (after - before), cfg.steps))
+   say(("accuracy: %.1f%% -> %.1f%% (%+.1f points after %d GRPO steps)"):format(100 * (before or 0), 100 * after,
+      100 * (after - (before or 0)), cfg.steps))
 end

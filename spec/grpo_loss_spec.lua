@@ -189,6 +189,16 @@ describe("grpo prompts and config", function()
       assert.has_error(function() setup { loss_type = "ppo" } end,
          'grpo: loss_type must be "grpo", "dr_grpo" or "dapo", got ppo')
       assert.has_error(function() setup { group = 4 } end, "grpo: unknown config key 'group'")
+      assert.has_error(function() setup { num_generations = 4, group_size = 8 } end,
+         "grpo: num_generations (another name for group_size) is 4 but group_size is 8: set one of them")
+   end)
+
+   it("takes TRL's num_generations for group_size", function()
+      local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2 }
+      local g = grpo.setup { model = model, prompts = { { prompt = "a" } }, rewards = { rl.rewards.format("b") },
+         config = { num_generations = 3, max_new_tokens = 4 } }
+      assert.equal(3, g.config.group_size)
+      assert.is_nil(g.config.num_generations)
    end)
 end)
 

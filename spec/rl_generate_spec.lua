@@ -1,4 +1,5 @@
--- spec/rl_generate_spec.lua: dt.rl generation: KV-cached, continuously batched output equals full recomputation.
+-- spec/rl_generate_spec.lua: dt.rl generation: KV-cached, continuously batched output equals full recomputation;
+-- weights swapped mid-completion.
 local dt = require "dt"
 local nn = require "dt.nn"
 local rl = require "dt.rl"
@@ -66,6 +67,29 @@ for name, make in pairs(models) do
             for j, lp in ipairs(a[i].logprobs) do assert.near(want[j], lp, 1e-4) end
          end
          assert.is_true(differs)
+      end)
+
+      it("swaps weights mid-completion (poll): later tokens are the new weights' over the whole context", function()
+         local m, new = make(), make()
+         dt.no_grad(function() for _, p in ipairs(new:parameters()) do p:mul_(1.5) end end)
+         local polls, k = 0, 3
+         local out = rl.generate(m, prompts, { max_new_tokens = 6, temperature = 0.8, generator = dt.Generator(4),
+            version = 7, poll = function()
+               polls = polls + 1
+               if polls ~= k then return nil end
+               dt.no_grad(function()
+                  for i, p in ipairs(m:parameters()) do p:copy_(new:parameters()[i]) end
+               end)
+               return 8
+            end })
+         local old = make()
+         for i, p in ipairs(prompts) do
+            local o = out[i]
+            assert.same({ 7, 7, 7, 8, 8, 8 }, o.versions)
+            -- each token's log-prob is its version's weights' over the whole context (the cache was recomputed)
+            local before, after = full_logprobs(old, p, o.tokens, 0.8), full_logprobs(new, p, o.tokens, 0.8)
+            for j, lp in ipairs(o.logprobs) do assert.near(j <= k and before[j] or after[j], lp, 1e-4) end
+         end
       end)
    end)
 end

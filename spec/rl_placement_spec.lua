@@ -1,10 +1,11 @@
 -- spec/rl_placement_spec.lua: GRPO with separated placement (rollout ranks generate, trainer ranks train): the weight
 -- publish, per-token versions, r = 0 is synchronous GRPO, staleness under async, metrics over every trainer, resume
--- of the async state after SIGKILL, a rollout rank dying.
+-- of the async state after SIGKILL, a rollout rank dying, FSDP trainers, weights swapped mid-completion.
 local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local helpers = require "spec.dist_helpers"
 local train_helpers = require "spec.train_helpers"
+local safetensors = require "dt.ckpt.safetensors"
 
 local SEPARATED = "grpo.placement=separated grpo.rollout_ranks=1"
 -- DT_DEVICE=cuda (cuda_lua/*, emu_lua/*): every rank on its own cuda device, the weights published through NCCL
@@ -166,11 +167,80 @@ describe("grpo placement", function()
       assert.truthy(r.out:find("injected rollout failure", 1, true), r.out)
    end)
 
-   it("rejects an FSDP-wrapped policy under separated placement, naming the alternatives", function()
+   ranks_it(3)("trains an FSDP policy (ZeRO stages 3 and 1) on 2 trainer ranks: published weights and losses match "
+      .. "the DDP policy's", function()
+         local function weights(file)
+            local reader, out = safetensors.open(file), {}
+            for _, name in ipairs(reader.names) do out[name] = reader:tensor(name) end
+            return out
+         end
+         local ddp, dl = run("ddp", ("--nproc 3 steps=3 save=%s/ddp.st "):format(dir) .. SEPARATED)
+         assert.equal(0, ddp.code, ddp.out)
+         local want = weights(fs.join(dir, "ddp.st"))
+         for _, stage in ipairs { 3, 1 } do
+            local fsdp, fl = run("fsdp" .. stage, ("--nproc 3 steps=3 strategy=fsdp stage=%d save=%s/fsdp.st ")
+               :format(stage, dir) .. SEPARATED)
+            assert.equal(0, fsdp.code, fsdp.out)
+            for rank = 0, 1 do
+               for s = 1, 3 do
+                  local dloss, _, _, dversions = step_of(dl[rank], s)
+                  local floss, _, _, fversions = step_of(fl[rank], s)
+                  assert.near(tonumber(dloss), tonumber(floss), 1e-6)
+                  assert.equal(dversions, fversions) -- the tokens' versions: synchronous, version s - 1
+               end
+            end
+            local got, n = weights(fs.join(dir, "fsdp.st")), 0
+            for name, t in pairs(want) do
+               assert.is_true((t - got[name]):abs():max():item() <= 1e-6, name)
+               n = n + 1
+            end
+            assert.is_true(n > 0)
+         end
+      end)
+
+   ranks_it(2)("colocated FSDP: ranks generating different prompts and lengths train as the DDP policy does",
+      function()
+         local ddp, dl = run("ddp", "--nproc 2 steps=3 rank_seeds=true")
+         assert.equal(0, ddp.code, ddp.out)
+         local fsdp, fl = run("fsdp", "--nproc 2 steps=3 rank_seeds=true strategy=fsdp")
+         assert.equal(0, fsdp.code, fsdp.out)
+         local differ = false -- prompts of other lengths: other numbers of forwards on the two ranks
+         for s = 1, 3 do
+            local pattern = ("^step %d prompts (.*)$"):format(s)
+            differ = differ or find(fl[0], pattern) ~= find(fl[1], pattern)
+            for rank = 0, 1 do
+               local dloss, _, _, dversions = step_of(dl[rank], s)
+               local floss, _, _, fversions = step_of(fl[rank], s)
+               assert.near(tonumber(dloss), tonumber(floss), 1e-6)
+               assert.equal(dversions, fversions)
+            end
+         end
+         assert.is_true(differ, fsdp.out)
+      end)
+
+   ranks_it(2)("swaps a publish in mid-completion: later tokens carry the new version; staleness stays bounded",
+      function()
+         local r, lines, records = run("swap", "--nproc 2 steps=3 swap_at=3 grpo.stop=-1 grpo.max_new_tokens=6 "
+            .. SEPARATED .. " grpo.adaptive_async.min_async_ratio=0.5 grpo.adaptive_async.max_async_ratio=0.5")
+         assert.equal(0, r.code, r.out)
+         assert.equal("0,0,0,0,0,0 0,0,0,0,0,0 0,0,0,0,0,0 0,0,0,0,0,0", find(lines[0], "^step 1 completions (.*)$"))
+         for s = 2, 3 do
+            -- the early-started prompt's 2 completions: 3 tokens of version s - 2, then 3 of the publish (s - 1)
+            -- that landed during their 3rd token; the fresh prompt's: all s - 1
+            local swapped = ("%d,%d,%d,%d,%d,%d"):format(s - 2, s - 2, s - 2, s - 1, s - 1, s - 1)
+            local fresh = ("%d,"):rep(5):format(s - 1, s - 1, s - 1, s - 1, s - 1) .. (s - 1)
+            assert.equal(table.concat({ swapped, swapped, fresh, fresh }, " "),
+               find(lines[0], ("^step %d completions (.*)$"):format(s)), r.out)
+            assert.near(6 / 24, records[s].staleness_mean, 1e-12)
+            assert.equal(1, records[s].staleness_max) -- within the bound: an early start is one version behind
+         end
+      end)
+
+   it("rejects a tensor-parallel policy under separated placement, naming the alternatives", function()
       local placement = require("dt.rl").placement
-      assert.has_error(function() placement.weights({ fsdp = {} }, {}, "f32") end, "grpo: separated placement "
-         .. "publishes plain or DDP-wrapped models, not FSDP shards (gathering them unit by unit is not there yet): "
-         .. 'use ddp.wrap for the trainers, or placement = "colocated"')
+      assert.has_error(function() placement.weights({ tp = {} }, {}, "f32") end, "grpo: separated placement "
+         .. "publishes plain, DDP or FSDP models, not tensor-parallel ones: use ddp.wrap or fsdp.wrap for the "
+         .. 'trainers, or placement = "colocated"')
    end)
 
    it("rejects a separated placement without a rank to spare, naming the fix", function()

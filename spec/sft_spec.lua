@@ -4,17 +4,14 @@ local fs = require "dt.fs"
 local hf = require "dt.hf"
 local dist = require "spec.dist_helpers"
 local refs = require "spec.fixtures.py_refs"
-local helpers = require "spec.train_helpers"
 
 describe("recipes/sft.lua", function()
-   local py, why = refs.python()
-   if not py then
+   local tmp, why = refs.tiny()
+   if not tmp then
       pending(why)
       return
    end
-   local tmp = helpers.tmpdir()
    local tiny = fs.join(tmp, "tiny")
-   refs.run("hf_tiny.py", tiny)
    teardown(function() fs.remove_tree(tmp) end)
    local args = ("model.path=%s data=%s seq=32 batch=2 log_every=1 tensorboard=false "):format(tiny,
       fs.join(tiny, "chats.jsonl"))

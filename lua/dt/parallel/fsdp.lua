@@ -66,7 +66,7 @@ FSDP.__index = FSDP
 
 local defaults = { mesh = false, axis = "fsdp", replicate = false, shard_size = false, units = false,
    reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true,
-   device = false, offload_optimizer = false, offload_param = false, pin_memory = true, stage = 3 }
+   device = false, offload_optimizer = false, offload_param = false, pin_memory = true, stage = 3, comm = false }
 local float_dtypes = { f32 = true, bf16 = true, f16 = true }
 
 local function check_opts(opts)
@@ -149,12 +149,18 @@ end
 -- reshard_after_forward (true), param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each
 -- non-root unit's forward in backward), async_save (true: the Trainer's checkpoints are written on a background
 -- thread), device (default: the device of the model's parameters), offload_optimizer / offload_param / pin_memory
--- (see the top of this file), stage (3; 1 or 2: ZeRO's stages, see the top of this file).
+-- (see the top of this file), stage (3; 1 or 2: ZeRO's stages, see the top of this file), comm (the ranks this model
+-- lives on, a communicator split from the world's, as ddp.wrap's comm: e.g. GRPO's trainer ranks; default: every
+-- rank; a mesh is laid over these ranks).
 -- Every rank must build the model with the same weights. fsdp.wrap(model, mesh) is short for { mesh = mesh }.
 function M.wrap(model, opts)
    if getmetatable(opts) == meshmod.Mesh then opts = { mesh = opts } end
    local o = check_opts(opts or {})
    local world = dist.init()
+   if o.comm then -- the process group of comm's ranks: collectives over comm, checkpoints through the job's store
+      world = { rank = o.comm.rank, size = o.comm.size, comm = o.comm, store = world.store, job_id = o.comm.job_id,
+         device = world.device, is_main = o.comm.rank == 0 }
+   end
    local taken = {}
    for _, k in ipairs { "tp", "pp" } do
       if model[k] then taken[#taken + 1] = model[k].axis end
@@ -228,7 +234,7 @@ function FSDP:install_hooks(u)
       if nxt then self:start_gather(nxt) end
    end)
    m:register_hook("post_forward", function()
-      if self.stage < 3 then return end -- stages 1 and 2 keep parameters replicated
+      if self.stage < 3 or self.held then return end -- stages 1 and 2 keep parameters replicated; see gathered()
       if not autograd.is_enabled() or (self.reshard_after_forward and not u.root) then self:reshard(u) end
    end)
    m:register_hook("pre_backward", function()
@@ -313,6 +319,20 @@ function FSDP:reshard(u)
    u.full:free()
    u.full, u.prefetch = nil, false
    self.stats.gathered = self.stats.gathered - 1
+end
+
+-- Run fn() with every unit gathered and kept so, then (stage 3) resharded: the forwards inside issue no collective,
+-- so ranks may run different numbers of them (generation of different prompts). Collective: every rank calls it.
+-- Costs a full copy of the parameters (in param_dtype) for its duration.
+function FSDP:gathered(fn)
+   for _, u in ipairs(self.units) do self:unshard(u) end
+   self.held = true
+   local ok, err = pcall(fn)
+   self.held = false
+   if self.stage == 3 then
+      for _, u in ipairs(self.units) do self:reshard(u) end
+   end
+   if not ok then error(err, 0) end
 end
 
 -- Gradients ------------------------------------------------------------------------------------------
@@ -459,14 +479,25 @@ function FSDP:parameters()
    return out
 end
 
+-- Unit by unit (collective): fn(unit, full) with full the unit's gathered flat buffer in dtype (default f32: its
+-- master weights; padded; freed after fn returns) and unit.params its parameters ({ name, shape, numel, offset }).
+-- One unit's full buffer exists at a time.
+function FSDP:each_gathered(fn, dtype)
+   for _, u in ipairs(self.units) do
+      local send = (dtype or "f32") == "f32" and u.shard or u.shard:to(dtype)
+      local full = self.comm.size == 1 and send:clone() or self.comm:all_gather(send)
+      if not rawequal(send, u.shard) then send:free() end
+      fn(u, full)
+      full:free()
+   end
+end
+
 -- Every full parameter as { name = f32 tensor } on every rank (collective: all_gathers the shards).
 function FSDP:full_state_dict()
    local out = {}
-   for _, u in ipairs(self.units) do
-      local full = self.comm.size == 1 and u.shard:clone() or self.comm:all_gather(u.shard)
+   self:each_gathered(function(u, full)
       for name, t in pairs(u:split(full)) do out[name] = t end
-      full:free()
-   end
+   end)
    return out
 end
 

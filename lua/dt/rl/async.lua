@@ -5,8 +5,8 @@
 --    ctl:update(s.mean, offpolicy_kl)              -- -> the async ratio r for the next batch
 --
 -- Versions: a policy version is the number of optimizer steps its weights have taken. Every completion records the
--- version that generated each of its tokens (weights change only between generate calls, so a completion's tokens
--- share one version today; staleness is defined per token all the same).
+-- version that generated each of its tokens (separated placement swaps a publish in at the next token of an
+-- early-started completion, so one completion may carry two versions).
 -- Staleness of a training batch = the token-weighted mean over its completions of (the version of the weights the
 -- update is applied to - the version that generated the token); synchronous GRPO has staleness 0. Its max and a
 -- histogram (tokens per integer staleness) are logged too.

@@ -2,7 +2,7 @@
 --
 --    local out = generate(model, { { 72, 105 }, { 50, 43, 50, 61 } }, { max_new_tokens = 8, stop = 10,
 --       slots = 32, temperature = 1, top_p = 0.9, generator = dt.Generator(1) })
---    out[i].tokens, out[i].logprobs, out[i].finish ("stop" | "length")   -- per prompt, in prompt order
+--    out[i].tokens, out[i].logprobs, out[i].versions, out[i].finish ("stop" | "length")   -- per prompt, in order
 --
 -- Up to `slots` sequences are live at once (default: all prompts). Every step runs one forward per group of live
 -- rows at the same position: a new row's whole prompt (prefill into its cache slot), a running row's last token
@@ -10,7 +10,13 @@
 -- token or reaches max_new_tokens (the stop token is kept in its tokens) frees its slot, and the next waiting
 -- prompt takes it at the next step, so short answers never wait for long ones. opts.cache = false recomputes each
 -- row's whole context instead (the reference the cache is checked against; same rows, same draws).
--- Sampling options are dt.rl.sample's; logprobs[j] is the behaviour log-prob of tokens[j].
+-- An FSDP-wrapped model (every rank calls generate) is gathered whole for the call (FSDP:gathered), so ranks may
+-- generate different prompts and lengths. Sampling options are dt.rl.sample's; logprobs[j] is the behaviour log-prob
+-- of tokens[j] and versions[j] the policy version of the weights that drew it (opts.version, default 0).
+-- Interruptible generation: opts.poll, when given, is called after every token step; when it has swapped newer
+-- weights into the model it returns their version, and the next token of every live row comes from them: the cache's
+-- keys and values (the old weights') are dropped and each live row prefills its whole context (prompt and tokens so
+-- far) again, as AReaL does.
 local dt = require "dt"
 local kvcache = require "dt.rl.kvcache"
 local sample = require "dt.rl.sample"
@@ -56,13 +62,16 @@ return function(model, prompts, opts)
    local cache = use_cache and kvcache.new(model, n_slots)
    local free, waiting, live, out = {}, 1, {}, {}
    for s = n_slots - 1, 0, -1 do free[#free + 1] = s end
+   local version = opts.version or 0
    local was_training = model.training
    model:eval()
-   dt.no_grad(function()
+   -- an FSDP model is gathered whole for the generation: its ranks run different numbers of forwards
+   local hold = model.fsdp and function(fn) model.fsdp:gathered(fn) end or function(fn) fn() end
+   hold(function() dt.no_grad(function()
       while waiting <= #prompts or #live > 0 do
          while #free > 0 and waiting <= #prompts do -- admit waiting prompts into free slots
             local row = { index = waiting, slot = table.remove(free), context = { unpack(prompts[waiting]) },
-               done = 0, tokens = {}, logprobs = {} }
+               done = 0, tokens = {}, logprobs = {}, versions = {} }
             live[#live + 1] = row
             waiting = waiting + 1
          end
@@ -94,9 +103,10 @@ return function(model, prompts, opts)
             local t = tokens[i]
             row.done = #row.context
             row.context[#row.context + 1] = t
-            row.tokens[#row.tokens + 1], row.logprobs[#row.logprobs + 1] = t, logprobs[i]
-            if stops[t] or #row.tokens >= max_new then
-               out[row.index] = { tokens = row.tokens, logprobs = row.logprobs,
+            local j = #row.tokens + 1
+            row.tokens[j], row.logprobs[j], row.versions[j] = t, logprobs[i], version
+            if stops[t] or j >= max_new then
+               out[row.index] = { tokens = row.tokens, logprobs = row.logprobs, versions = row.versions,
                   finish = stops[t] and "stop" or "length" }
                free[#free + 1] = row.slot
             else
@@ -104,8 +114,13 @@ return function(model, prompts, opts)
             end
          end
          live = still
+         local newer = opts.poll and opts.poll()
+         if newer then -- new weights between two tokens: recompute every live row's cache with them
+            version = newer
+            for _, row in ipairs(live) do row.done = 0 end
+         end
       end
-   end)
+   end) end)
    model:train(was_training)
    if cache then cache:free() end
    return out

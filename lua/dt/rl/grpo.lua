@@ -8,10 +8,10 @@
 --
 -- One trainer step = one optimizer pass. Every num_iterations steps g.data takes a fresh batch (colocated: this
 -- rank samples `prompts_per_step` prompts, group_size completions each, with the current weights; separated: trainer
--- 0 publishes the weights to the rollout ranks, and this trainer receives its batch from one of them, see
--- dt.rl.placement; g.run runs either role); the other steps reuse it. The loss's importance ratios are
--- exp(logp - behaviour logp), the behaviour log-probs recorded at generation, so later passes (and off-policy
--- batches) are corrected.
+-- 0 publishes the weights (under FSDP gathered unit by unit by every trainer) to the rollout ranks, and this trainer
+-- receives its batch from one of them, see dt.rl.placement; g.run runs either role); the other steps reuse it. The
+-- loss's importance ratios are exp(logp - behaviour logp), the behaviour log-probs recorded at generation, so later
+-- passes (and off-policy batches) are corrected.
 local dt = require "dt"
 local jsonl = require "dt.train.jsonl"
 local rewards = require "dt.rl.rewards"
@@ -19,6 +19,7 @@ local rollouts = require "dt.rl.rollouts"
 local async = require "dt.rl.async"
 local placement = require "dt.rl.placement"
 local step_metrics = require "dt.rl.metrics"
+local fsdp = require "dt.parallel.fsdp"
 
 local M = {}
 
@@ -29,6 +30,7 @@ M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temper
    num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
    adaptive_async = false, -- or a table of dt.rl.async.defaults' keys
    placement = "colocated", rollout_ranks = 1, publish_dtype = "f32" } -- see dt.rl.placement
+M.aliases = { num_generations = "group_size" } -- TRL's names
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
 -- with a non-empty string `prompt`; its other fields (answer, ...) are handed to the rewards. check(row, where),
@@ -153,12 +155,15 @@ local function check_config(cfg)
    if cfg.beta < 0 then fail("beta must be >= 0, got %s", tostring(cfg.beta)) end
 end
 
--- A frozen copy of a language model (same class and config, the same weights), for the KL term.
+-- A frozen copy of a language model (same class and config, the same weights), for the KL term; of an FSDP model,
+-- sharded over the same ranks (its forwards gather as the policy's do).
 local function frozen_copy(model)
    local ref = getmetatable(model)(model.config):to(model.wte.weight.device)
-   ref:load_state_dict(model:state_dict())
+   if rawequal(model.head.weight, model.wte.weight) then ref.head.weight = ref.wte.weight end -- tied (dt.hf.load)
+   ref:load_state_dict(model.fsdp and model.fsdp:full_state_dict() or model:state_dict())
    ref:requires_grad_(false)
    ref:eval()
+   if model.fsdp then fsdp.wrap(ref, { comm = model.fsdp.comm }) end
    return ref
 end
 
@@ -187,14 +192,21 @@ end
 
 -- opts: model (nn.GPT/nn.Llama, maybe wrapped by ddp), prompts (see M.load_prompts), rewards (a list for
 -- dt.rl.rewards.scorer), config (M.defaults' keys), roles (dt.rl.placement.roles; needed for separated placement,
--- and for metrics over every trainer rank), generator (default dt.default_generator()), tokenizer.
+-- and for metrics over every trainer rank), generator (default dt.default_generator()), tokenizer (dt.rl.rollouts'
+-- bytes, the default, or rollouts.tokenizer(...)).
 -- Returns { data, forward, metrics, run, reference } for train.Trainer, add_step_callback and the run.
 function M.setup(opts)
    local cfg = {}
    for k, v in pairs(M.defaults) do cfg[k] = v end
-   for k, v in pairs(opts.config or {}) do
-      if M.defaults[k] == nil then error(("grpo: unknown config key '%s'"):format(tostring(k)), 2) end
-      cfg[k] = v
+   local given = opts.config or {}
+   for k, v in pairs(given) do
+      local key = M.aliases[k] or k
+      if M.defaults[key] == nil then error(("grpo: unknown config key '%s'"):format(tostring(k)), 2) end
+      if key ~= k and given[key] ~= nil and given[key] ~= v then
+         error(("grpo: %s (another name for %s) is %s but %s is %s: set one of them"):format(k, key, tostring(v), key,
+            tostring(given[key])), 2)
+      end
+      cfg[key] = v
    end
    check_config(cfg)
    local roles = opts.roles or { placement = "colocated", trains = true, generates = true }
@@ -208,7 +220,7 @@ function M.setup(opts)
    local tokenizer = opts.tokenizer or rollouts.bytes
    -- A prompt that leaves no room for max_new_tokens in the model's context is an error (no silent truncation).
    local function fits(row, where)
-      local n = #tokenizer.encode(row.prompt)
+      local n = #tokenizer:prompt(row.prompt)
       if n + cfg.max_new_tokens > model.seq then
          error(("%s: the prompt has %d tokens; with max_new_tokens %d that exceeds the model's context of %d "
             .. "(shorten the prompt or lower grpo max_new_tokens)"):format(where, n, cfg.max_new_tokens, model.seq), 0)
@@ -216,7 +228,7 @@ function M.setup(opts)
    end
    local source = rollouts.new { model = model, rows = M.load_prompts(opts.prompts, fits), scorer = scorer,
       config = cfg, generator = opts.generator or dt.default_generator(), tokenizer = tokenizer }
-   local weights = roles.publish and placement.weights(model, roles, cfg.publish_dtype)
+   local weights = roles.placement == "separated" and placement.weights(model, roles, cfg.publish_dtype)
    local feed = roles.placement == "separated" and placement.feed(roles, weights, source) or source
    local ref = roles.trains and cfg.beta > 0 and frozen_copy(model) or nil
    local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
@@ -224,7 +236,7 @@ function M.setup(opts)
    for i, e in ipairs(scorer.entries) do names[i] = e.name end
    -- version: optimizer steps taken (set by g.metrics after each step); batch: the current one ({ x, y, samples,
    -- equal, info }; samples as dt.rl.rollouts describes, with .kept)
-   local g = { reference = ref, config = cfg, version = 0, controller = ctl, roles = roles }
+   local g = { reference = ref, config = cfg, version = 0, controller = ctl, roles = roles, weights = weights }
    local uses, drawn, loss_stats, tokens = 0, 0, {}, 0
 
    -- The trainer's data: x the token batch, y the rest (mask, behaviour/reference log-probs, advantages).
