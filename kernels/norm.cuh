@@ -7,7 +7,6 @@ static int64_t norm_block_rows(int64_t n) {
   return b < 8 ? 8 : b;
 }
 
-
 cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype,
                           const void *x,                       // (N, C)
                           void *y,                             // (N, C)
