@@ -1,5 +1,5 @@
-/* norm.cu: LayerNorm and RMSNorm forward/backward over rows, dw/db summed per fixed row block in order. */
-#include "common.cuh"
+/* norm.cu: LayerNorm/RMSNorm forward and backward over rows in 16-byte chunks; dw/db summed per row block in order. */
+#include "vec.cuh"
 
 namespace dtk {
 
@@ -12,23 +12,36 @@ __global__ void norm_fwd(const T *x, T *y, const T *w, const T *b, int sdtype, v
   int64_t r = blockIdx.x;
   const T *xr = x + r * c;
   T *yr = y + r * c;
+  bool vec = rows_vec<T>(c, x, y, w, b);
   A mu = 0, sq = 0;
   if (center) {
     A s = 0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += num<T>::load(xr[j]);
+    row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+      auto xv = load_chunk<decltype(k)::value>(xr + j);
+      for (T v : xv.x) s += num<T>::load(v);
+    });
     mu = block_reduce(s, sum_op(), (A)0, red) / (A)c;
   }
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    A d = num<T>::load(xr[j]) - mu;
-    sq += d * d;
-  }
+  row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+    auto xv = load_chunk<decltype(k)::value>(xr + j);
+    for (T v : xv.x) {
+      A d = num<T>::load(v) - mu;
+      sq += d * d;
+    }
+  });
   A rs = 1 / sqrt(block_reduce(sq, sum_op(), (A)0, red) / (A)c + (A)eps);
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    A v = (num<T>::load(xr[j]) - mu) * rs;
-    if (w) v *= num<T>::load(w[j]);
-    if (b) v += num<T>::load(b[j]);
-    yr[j] = num<T>::store(v);
-  }
+  row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+    constexpr int K = decltype(k)::value;
+    auto xv = load_chunk<K>(xr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
+    auto bv = load_chunk_or_zero<K>(b ? b + j : nullptr);
+    DT_UNROLL for (int e = 0; e < K; e++) {
+      A v = (num<T>::load(xv.x[e]) - mu) * rs;
+      if (w) v *= num<T>::load(wv.x[e]);
+      if (b) v += num<T>::load(bv.x[e]);
+      xv.x[e] = num<T>::store(v);
+    }
+    store_chunk(yr + j, xv);
+  });
   if (threadIdx.x == 0) {
     if (mean) store_dyn<A>(mean, sdtype, r, mu);
     if (rstd) store_dyn<A>(rstd, sdtype, r, rs);
@@ -46,27 +59,40 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
   DT_SHARED(A, red, [WARP]);
   int64_t r0 = blockIdx.x * br, r1 = r0 + br < n ? r0 + br : n;
   A *pwb = pw ? pw + blockIdx.x * c : nullptr, *pbb = pb ? pb + blockIdx.x * c : nullptr;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    if (pwb) pwb[j] = 0;
-    if (pbb) pbb[j] = 0;
-  }
+  bool vec = rows_vec<T>(c, dy, x, dx, w, pw, pb);
+  row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+    chunk<A, decltype(k)::value> zero = {};
+    if (pwb) store_chunk(pwb + j, zero);
+    if (pbb) store_chunk(pbb + j, zero);
+  });
   for (int64_t r = r0; r < r1; r++) {
     const T *xr = x + r * c, *gr = dy + r * c;
     A mu = center ? load_dyn<A>(mean, sdtype, r) : (A)0, rs = load_dyn<A>(rstd, sdtype, r), sg = 0, sgx = 0;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      A g = num<T>::load(gr[j]) * (w ? num<T>::load(w[j]) : (A)1);
-      sg += g;
-      sgx += g * (num<T>::load(xr[j]) - mu) * rs;
-    }
+    row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+      constexpr int K = decltype(k)::value;
+      auto xv = load_chunk<K>(xr + j), gv = load_chunk<K>(gr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
+      DT_UNROLL for (int e = 0; e < K; e++) {
+        A g = num<T>::load(gv.x[e]) * (w ? num<T>::load(wv.x[e]) : (A)1);
+        sg += g;
+        sgx += g * (num<T>::load(xv.x[e]) - mu) * rs;
+      }
+    });
     A gmean = center ? block_reduce(sg, sum_op(), (A)0, red) / (A)c : (A)0;
     A proj = block_reduce(sgx, sum_op(), (A)0, red) / (A)c;
-    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      A gv = num<T>::load(gr[j]), xh = (num<T>::load(xr[j]) - mu) * rs;
-      A g = gv * (w ? num<T>::load(w[j]) : (A)1);
-      dx[r * c + j] = num<T>::store(rs * (g - gmean - xh * proj));
-      if (pwb) pwb[j] += gv * xh;
-      if (pbb) pbb[j] += gv;
-    }
+    row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+      constexpr int K = decltype(k)::value;
+      auto xv = load_chunk<K>(xr + j), gv = load_chunk<K>(gr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
+      auto pwv = load_chunk_or_zero<K>(pwb ? pwb + j : nullptr), pbv = load_chunk_or_zero<K>(pbb ? pbb + j : nullptr);
+      DT_UNROLL for (int e = 0; e < K; e++) {
+        A g = num<T>::load(gv.x[e]), xh = (num<T>::load(xv.x[e]) - mu) * rs;
+        xv.x[e] = num<T>::store(rs * (g * (w ? num<T>::load(wv.x[e]) : (A)1) - gmean - xh * proj));
+        pwv.x[e] += g * xh;
+        pbv.x[e] += g;
+      }
+      store_chunk(dx + r * c + j, xv);
+      if (pwb) store_chunk(pwb + j, pwv);
+      if (pbb) store_chunk(pbb + j, pbv);
+    });
   }
 }
 

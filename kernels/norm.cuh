@@ -1,8 +1,9 @@
 /* norm.cuh: launchers of the LayerNorm/RMSNorm kernels (host code; included at the end of norm.cu). */
 
-/* Rows per block of the dw/db partial sums: a function of n only, so the summation order is too. */
+/* Rows per block of the dw/db partial sums: a function of n only, so the summation order is too. Up to 512 blocks: a
+ * few per SM, so that the row passes keep the memory busy. */
 static int64_t norm_block_rows(int64_t n) {
-  int64_t b = (n + 255) / 256;
+  int64_t b = (n + 511) / 512;
   return b < 8 ? 8 : b;
 }
 
@@ -16,8 +17,9 @@ cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype,
   if (n == 0 || c == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::norm_fwd<T>, (unsigned)n, dtk::row_threads(c), 0, s, static_cast<const T *>(x), static_cast<T *>(y),
-              static_cast<const T *>(w), static_cast<const T *>(b), sdtype, mean, rstd, c, eps, center);
+    DT_LAUNCH(dtk::norm_fwd<T>, (unsigned)n, dtk::chunk_row_threads<T>(c), 0, s, static_cast<const T *>(x),
+              static_cast<T *>(y), static_cast<const T *>(w), static_cast<const T *>(b), sdtype, mean, rstd, c, eps,
+              center);
     return cudaGetLastError();
   });
 }
@@ -43,7 +45,7 @@ cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype,
     typedef decltype(tag) T;
     typedef typename dtk::num<T>::acc A;
     A *pw = dw ? static_cast<A *>(scratch) : nullptr, *pb = db ? static_cast<A *>(scratch) + nb * c : nullptr;
-    DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::row_threads(c), 0, s, static_cast<const T *>(dy),
+    DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::chunk_row_threads<T>(c), 0, s, static_cast<const T *>(dy),
               static_cast<const T *>(x), sdtype, mean, rstd, static_cast<T *>(dx), static_cast<const T *>(w), pw, pb, n,
               c, br, center);
     unsigned blocks = (unsigned)((c + 255) / 256);

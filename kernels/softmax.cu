@@ -1,15 +1,19 @@
-/* softmax.cu: softmax/log-softmax rows and fused softmax + cross-entropy (loss and gradient in one kernel). */
-#include "common.cuh"
+/* softmax.cu: softmax/log-softmax rows, fused softmax + cross-entropy (loss and gradient at once), 16-byte chunks. */
+#include "vec.cuh"
 
 namespace dtk {
 
 /* Row max and sum(exp(x - max)) over the block (f32, f64 for double rows). */
 template <typename T, typename A>
-__device__ __forceinline__ void row_stats(const T *x, int64_t v, A *red, A *m, A *s) {
+__device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *red, A *m, A *s) {
   A mx = -(A)INFINITY, sum = 0;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) mx = max_op()(mx, num<T>::load(x[c]));
+  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
+    for (T e : load_chunk<decltype(k)::value>(x + c).x) mx = max_op()(mx, num<T>::load(e));
+  });
   mx = block_reduce(mx, max_op(), -(A)INFINITY, red);
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) sum += exp(num<T>::load(x[c]) - mx);
+  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
+    for (T e : load_chunk<decltype(k)::value>(x + c).x) sum += exp(num<T>::load(e) - mx);
+  });
   *s = block_reduce(sum, sum_op(), (A)0, red);
   *m = mx;
 }
@@ -20,13 +24,18 @@ __global__ void softmax_fwd(const T *x, T *y, int64_t v, bool logsm) {
   DT_SHARED(A, red, [WARP]);
   const T *xr = x + blockIdx.x * v;
   T *yr = y + blockIdx.x * v;
+  bool vec = rows_vec<T>(v, x, y);
   A m, s;
-  row_stats(xr, v, red, &m, &s);
+  row_stats(xr, v, vec, red, &m, &s);
   A lse = m + log(s), inv = 1 / s;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
-    A xv = num<T>::load(xr[c]);
-    yr[c] = num<T>::store(logsm ? xv - lse : exp(xv - m) * inv);
-  }
+  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
+    auto xv = load_chunk<decltype(k)::value>(xr + c);
+    for (T &e : xv.x) {
+      A xe = num<T>::load(e);
+      e = num<T>::store(logsm ? xe - lse : exp(xe - m) * inv);
+    }
+    store_chunk(yr + c, xv);
+  });
 }
 
 /* softmax: dx = y * (dy - <dy, y>); log-softmax: dx = dy - exp(y) * sum(dy). */
@@ -35,16 +44,23 @@ __global__ void softmax_bwd(const T *y, const T *dy, T *dx, int64_t v, bool logs
   typedef typename num<T>::acc A;
   DT_SHARED(A, red, [WARP]);
   int64_t base = blockIdx.x * v;
+  bool vec = rows_vec<T>(v, y, dy, dx);
   A acc = 0;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
-    A g = num<T>::load(dy[base + c]);
-    acc += logsm ? g : g * num<T>::load(y[base + c]);
-  }
+  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
+    constexpr int K = decltype(k)::value;
+    auto gv = load_chunk<K>(dy + base + c), yv = load_chunk<K>(y + base + c);
+    DT_UNROLL for (int e = 0; e < K; e++) acc += num<T>::load(gv.x[e]) * (logsm ? (A)1 : num<T>::load(yv.x[e]));
+  });
   acc = block_reduce(acc, sum_op(), (A)0, red);
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
-    A g = num<T>::load(dy[base + c]), yv = num<T>::load(y[base + c]);
-    dx[base + c] = num<T>::store(logsm ? g - exp(yv) * acc : yv * (g - acc));
-  }
+  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
+    constexpr int K = decltype(k)::value;
+    auto gv = load_chunk<K>(dy + base + c), yv = load_chunk<K>(y + base + c);
+    DT_UNROLL for (int e = 0; e < K; e++) {
+      A g = num<T>::load(gv.x[e]), ye = num<T>::load(yv.x[e]);
+      gv.x[e] = num<T>::store(logsm ? g - exp(ye) * acc : ye * (g - acc));
+    }
+    store_chunk(dx + base + c, gv);
+  });
 }
 
 /* One block counts the valid targets (integer sums: exact in any order) and reports the first bad one it sees. */
@@ -72,9 +88,9 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
   int64_t r = blockIdx.x, t = load_index(targets, tdtype, r);
   const T *xr = logits + r * v;
   T *dl = dlogits ? dlogits + r * v : nullptr;
+  bool vec = rows_vec<T>(v, logits, dlogits);
   if (t == ignore || t < 0 || t >= v) { /* out-of-range targets were reported by ce_count */
-    if (dl)
-      for (int64_t c = threadIdx.x; c < v; c += blockDim.x) dl[c] = num<T>::store((A)0);
+    if (dl) row_chunks<T>(v, vec, [&](int64_t c, auto k) { store_chunk(dl + c, chunk<T, decltype(k)::value>{}); });
     if (threadIdx.x == 0) {
       row_loss[r] = 0;
       if (losses) store_dyn<A>(losses, ldtype, r, (A)0);
@@ -82,7 +98,7 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
     return;
   }
   A m, s;
-  row_stats(xr, v, red, &m, &s);
+  row_stats(xr, v, vec, red, &m, &s);
   A loss = m + log(s) - num<T>::load(xr[t]);
   if (threadIdx.x == 0) {
     row_loss[r] = (double)loss;
@@ -92,10 +108,15 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
   double scale = dlosses ? load_dyn<double>(dlosses, gdtype, r)
                          : !mean ? grad_scale : *n_valid ? grad_scale / (double)*n_valid : 0.0;
   A k = (A)scale, ks = k / s;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
-    A p = exp(num<T>::load(xr[c]) - m) * ks;
-    dl[c] = num<T>::store(c == t ? p - k : p);
-  }
+  row_chunks<T>(v, vec, [&](int64_t c, auto w) {
+    constexpr int K = decltype(w)::value;
+    auto xv = load_chunk<K>(xr + c);
+    DT_UNROLL for (int e = 0; e < K; e++) {
+      A p = exp(num<T>::load(xv.x[e]) - m) * ks;
+      xv.x[e] = num<T>::store(c + e == t ? p - k : p);
+    }
+    store_chunk(dl + c, xv);
+  });
 }
 
 /* One block adds n doubles: per-thread strided sums, then the block tree. */

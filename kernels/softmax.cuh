@@ -7,7 +7,7 @@ cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype,
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::softmax_fwd<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(x),
+    DT_LAUNCH(dtk::softmax_fwd<T>, (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s, static_cast<const T *>(x),
               static_cast<T *>(y), v, log);
     return cudaGetLastError();
   });
@@ -21,7 +21,7 @@ cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype,
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::softmax_bwd<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(y),
+    DT_LAUNCH(dtk::softmax_bwd<T>, (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s, static_cast<const T *>(y),
               static_cast<const T *>(dy), static_cast<T *>(dx), v, log);
     return cudaGetLastError();
   });
@@ -47,7 +47,7 @@ cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype,
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::ce_rows<T>, (unsigned)n, dtk::row_threads(v), 0, s, static_cast<const T *>(logits), targets,
+    DT_LAUNCH(dtk::ce_rows<T>, (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s, static_cast<const T *>(logits), targets,
               tdtype, dlosses, gdtype, n_valid, losses, ldtype, row_loss, static_cast<T *>(dlogits), v, ignore,
               grad_scale, mean);
     return cudaGetLastError();

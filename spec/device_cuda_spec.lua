@@ -226,6 +226,45 @@ describe("cuda tensors", function()
          end
       end)
 
+      cuda_it("dt.backends.cuda.matmul.allow_tf32 (off by default) runs f32 matmuls on TF32 inputs", function()
+         local setting = dt.backends.cuda.matmul
+         assert.is_false(setting.allow_tf32)
+         -- entries +-(k + j / 2^13), k in 1..4, j in 1..3: TF32 (10 mantissa bits) keeps +-k (by rounding or by
+         -- truncation), so the TF32 product is the integers' product, exact in f32 in any summation order
+         local n, x = 128, 7
+         local function operand()
+            local full, int = {}, {}
+            for i = 1, n do
+               full[i], int[i] = {}, {}
+               for j = 1, n do
+                  x = (x * 69069 + 1) % 4294967296
+                  local h = math.floor(x / 65536) -- the generator's high bits
+                  local k, frac, sign = 1 + h % 4, (1 + math.floor(h / 4) % 3) / 8192, h % 32 < 16 and 1 or -1
+                  full[i][j], int[i][j] = sign * (k + frac), sign * k
+               end
+            end
+            return dt.tensor(full), dt.tensor(int)
+         end
+         local a, ai = operand()
+         local b, bi = operand()
+         local exact, tf32 = dt.matmul(a, b), dt.matmul(ai, bi)
+         local ca, cb = a:to("cuda"), b:to("cuda")
+         local function off_is_f32(what)
+            local got = dt.matmul(ca, cb)
+            expect_close(got, exact, 1, what)
+            assert.is_true((got:to("cpu") - tf32):abs():max():item() > 1e-3, what .. ": the inputs' low bits count")
+         end
+         off_is_f32("f32 matmul with allow_tf32 off")
+         setting.allow_tf32 = true
+         local ok, got = pcall(dt.matmul, ca, cb)
+         setting.allow_tf32 = false
+         assert(ok, got)
+         assert.equal(0, (got:to("cpu") - tf32):abs():max():item(), "with allow_tf32: the TF32-rounded inputs' product")
+         off_is_f32("f32 matmul with allow_tf32 off again")
+         expect_error(function() setting.allow_tf32 = 1 end, "dt.backends.cuda.matmul.allow_tf32 must be true or false")
+         expect_error(function() setting.allow_tf33 = true end, "has no setting 'allow_tf33' (it has allow_tf32)")
+      end)
+
       cuda_it("embedding and index_select with their backward", function()
          local idx = dt.tensor({ { 0, 3, 3 }, { 5, 1, 0 } }, { dtype = "i64" })
          for _, dtype in ipairs { "f32", "bf16" } do

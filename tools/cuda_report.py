@@ -30,6 +30,7 @@ NEEDS = {
     "cp.async": (r"\bLDGSTS\.", r"\bcp\.async\.c[ag]\."),
     "v4": (r"\bLDG\.E\.(128|ENL2\.128)",
            r"\bld\.global(\.nc)?\.v4\.(f32|b32|u32|s32)|\bld\.global(\.nc)?\.v2\.(f64|b64|u64)"),
+    "st.v4": (r"\bSTG\.E\.(128|ENL2\.128)", r"\bst\.global\.v4\.(f32|b32|u32|s32)|\bst\.global\.v2\.(f64|b64|u64)"),
 }
 LOCAL = (r"\b(STL|LDL)\b", r"\b(st|ld)\.local\.")
 

@@ -85,6 +85,27 @@ function dt.cuda_versions()
    return { runtime = v.runtime, driver = v.driver, nccl = v.nccl }
 end
 
+-- dt.backends.cuda.matmul.allow_tf32 (false by default, as torch.backends.cuda.matmul.allow_tf32): f32 matmuls on cuda
+-- devices may run on the TF32 tensor cores (inputs rounded to 10 mantissa bits). A CPU-only build keeps the flag only.
+local tf32_flag = false
+dt.backends = { cuda = { matmul = setmetatable({}, {
+   __index = function(_, k)
+      if k ~= "allow_tf32" then return nil end
+      if device.cuda_build() == "none" then return tf32_flag end
+      return C.dt_cuda_matmul_tf32_get()
+   end,
+   __newindex = function(_, k, v)
+      if k ~= "allow_tf32" then
+         error(("dt.backends.cuda.matmul has no setting '%s' (it has allow_tf32)"):format(tostring(k)), 2)
+      end
+      if type(v) ~= "boolean" then
+         error(("dt.backends.cuda.matmul.allow_tf32 must be true or false, got %s"):format(tostring(v)), 2)
+      end
+      tf32_flag = v
+      if device.cuda_build() ~= "none" then C.dt_cuda_matmul_tf32_set(v) end
+   end,
+}) } }
+
 function dt.synchronize(dev)
    dev = device.parse(dev or "cuda", 2)
    if dev.type ~= 0 then check(C.dt_cuda_device_synchronize(dev.index)) end

@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "cuda_internal.h"
@@ -27,6 +28,10 @@ typedef struct {
 
 static blas_api api;
 static char load_error[512];
+static atomic_bool allow_tf32; /* dt_cuda_matmul_tf32_set's (any thread may set it) */
+
+void dt_cuda_matmul_tf32_set(bool allow) { atomic_store_explicit(&allow_tf32, allow, memory_order_relaxed); }
+bool dt_cuda_matmul_tf32_get(void) { return atomic_load_explicit(&allow_tf32, memory_order_relaxed); }
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -117,7 +122,9 @@ static dt_status mm_gemm(dt_stream *s, cublasHandle_t h, int dtype, const dt_mm_
            (long long)count);
   cudaDataType t = dtype == DT_DTYPE_F64 ? CUDA_R_64F : dtype == DT_DTYPE_F32 ? CUDA_R_32F
                    : dtype == DT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-  cublasComputeType_t ct = dtype == DT_DTYPE_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  cublasComputeType_t ct = dtype == DT_DTYPE_F64                              ? CUBLAS_COMPUTE_64F
+                           : dtype == DT_DTYPE_F32 && dt_cuda_matmul_tf32_get() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                               : CUBLAS_COMPUTE_32F;
   float af = (float)alpha, bf = (float)beta;
   const void *ap = dtype == DT_DTYPE_F64 ? (const void *)&alpha : &af,
              *bp = dtype == DT_DTYPE_F64 ? (const void *)&beta : &bf;

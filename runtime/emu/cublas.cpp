@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <new>
 
@@ -37,27 +38,42 @@ struct gemm_op : dt_emu::op {
   cublasOperation_t ta, tb;
   int m, n, k, lda, ldb, ldc, batch;
   cudaDataType type;
+  bool tf32; /* CUBLAS_COMPUTE_32F_FAST_TF32: f32 A and B rounded to TF32 */
   double alpha, beta;
   const char *a, *b;
   char *c;
   long long sa, sb, sc; /* batch strides in elements */
 };
 
-/* A column-major rows x cols matrix (leading dim ld) of a 16-bit type as dense f32 (leading dim rows), and back. */
-void widen(const char *src, cudaDataType t, int rows, int cols, int ld, float *dst) {
-  const uint16_t *s = reinterpret_cast<const uint16_t *>(src);
+/* f rounded to TF32 (10 mantissa bits) to nearest, ties away from zero (PTX cvt.rna.tf32.f32); Inf and NaN kept. */
+float to_tf32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* A column-major rows x cols matrix (leading dim ld) of a 16-bit type or f32 as dense f32 (leading dim rows), rounded
+ * to TF32 if asked; and back. */
+void widen(const char *src, cudaDataType t, bool tf32, int rows, int cols, int ld, float *dst) {
   for (int j = 0; j < cols; j++)
     for (int i = 0; i < rows; i++) {
-      uint16_t h = s[(size_t)j * ld + i];
-      dst[(size_t)j * rows + i] = t == CUDA_R_16BF ? __bfloat162float(__nv_bfloat16{h}) : __half2float(__half{h});
+      size_t k = (size_t)j * ld + i;
+      uint16_t h = t == CUDA_R_32F ? 0 : reinterpret_cast<const uint16_t *>(src)[k];
+      float f = t == CUDA_R_32F    ? reinterpret_cast<const float *>(src)[k]
+                : t == CUDA_R_16BF ? __bfloat162float(__nv_bfloat16{h})
+                                   : __half2float(__half{h});
+      dst[(size_t)j * rows + i] = tf32 ? to_tf32(f) : f;
     }
 }
 void narrow(const float *src, cudaDataType t, int rows, int cols, int ld, char *dst) {
-  uint16_t *d = reinterpret_cast<uint16_t *>(dst);
   for (int j = 0; j < cols; j++)
     for (int i = 0; i < rows; i++) {
       float f = src[(size_t)j * rows + i];
-      d[(size_t)j * ld + i] = t == CUDA_R_16BF ? __float2bfloat16(f).__x : __float2half(f).__x;
+      size_t k = (size_t)j * ld + i;
+      if (t == CUDA_R_32F) reinterpret_cast<float *>(dst)[k] = f;
+      else reinterpret_cast<uint16_t *>(dst)[k] = t == CUDA_R_16BF ? __float2bfloat16(f).__x : __float2half(f).__x;
     }
 }
 
@@ -69,13 +85,14 @@ void run_gemm(dt_emu::op *o) {
   int br = g->tb == CUBLAS_OP_N ? g->k : g->n, bc = g->tb == CUBLAS_OP_N ? g->n : g->k;
   size_t es = type_size(g->type);
   float *fa = nullptr, *fb = nullptr, *fc = nullptr;
-  if (g->type == CUDA_R_16F || g->type == CUDA_R_16BF) { /* 16-bit operands are widened to f32 per batch */
+  bool wide = g->type == CUDA_R_16F || g->type == CUDA_R_16BF || g->tf32;
+  if (wide) { /* 16-bit operands are widened to f32 per batch, TF32 ones copied rounded */
     fa = static_cast<float *>(malloc(((size_t)ar * ac + 1) * sizeof(float)));
     fb = static_cast<float *>(malloc(((size_t)br * bc + 1) * sizeof(float)));
     fc = static_cast<float *>(malloc(((size_t)g->m * g->n + 1) * sizeof(float)));
     if (!fa || !fb || !fc) {
       dt_emu::fail_sticky(g->device, cudaErrorMemoryAllocation, "cuBLAS GEMM: no host memory to widen %s operands",
-                          g->type == CUDA_R_16BF ? "bf16" : "f16");
+                          g->type == CUDA_R_16BF ? "bf16" : g->type == CUDA_R_16F ? "f16" : "tf32");
       free(fa);
       free(fb);
       free(fc);
@@ -88,13 +105,13 @@ void run_gemm(dt_emu::op *o) {
     if (g->type == CUDA_R_64F) {
       cblas_dgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, g->alpha, (const double *)a, g->lda, (const double *)b,
                   g->ldb, g->beta, (double *)c, g->ldc);
-    } else if (g->type == CUDA_R_32F) {
+    } else if (!wide) {
       cblas_sgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, (float)g->alpha, (const float *)a, g->lda,
                   (const float *)b, g->ldb, (float)g->beta, (float *)c, g->ldc);
     } else {
-      widen(a, g->type, ar, ac, g->lda, fa);
-      widen(b, g->type, br, bc, g->ldb, fb);
-      if (g->beta != 0) widen(c, g->type, g->m, g->n, g->ldc, fc);
+      widen(a, g->type, g->tf32, ar, ac, g->lda, fa);
+      widen(b, g->type, g->tf32, br, bc, g->ldb, fb);
+      if (g->beta != 0) widen(c, g->type, false, g->m, g->n, g->ldc, fc);
       cblas_sgemm(CblasColMajor, ta, tb, g->m, g->n, g->k, (float)g->alpha, fa, ar > 0 ? ar : 1, fb,
                   br > 0 ? br : 1, (float)g->beta, fc, g->m > 0 ? g->m : 1);
       narrow(fc, g->type, g->m, g->n, g->ldc, c);
@@ -172,8 +189,9 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     return cfail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmStridedBatchedEx: mixed data types %d, %d, %d", (int)Atype,
                  (int)Btype, (int)Ctype);
   bool is64 = Atype == CUDA_R_64F;
+  bool tf32 = Atype == CUDA_R_32F && computeType == CUBLAS_COMPUTE_32F_FAST_TF32;
   if (!(is64 || Atype == CUDA_R_32F || Atype == CUDA_R_16F || Atype == CUDA_R_16BF) ||
-      computeType != (is64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F))
+      (computeType != (is64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F) && !tf32))
     return cfail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmStridedBatchedEx: data type %d with compute type %d",
                  (int)Atype, (int)computeType);
   bool na = transa == CUBLAS_OP_N, nb = transb == CUBLAS_OP_N;
@@ -206,6 +224,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   g->ldc = ldc;
   g->batch = batchCount;
   g->type = Atype;
+  g->tf32 = tf32;
   g->alpha = is64 ? *(const double *)alpha : *(const float *)alpha;
   g->beta = is64 ? *(const double *)beta : *(const float *)beta;
   g->a = (const char *)A;

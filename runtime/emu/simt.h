@@ -167,6 +167,12 @@ static inline int __all_sync(unsigned mask, int pred) {
 }
 
 static inline int __ffs(int x) { return __builtin_ffs(x); }
+/* CUDA's sincospi: sin(pi x) and cos(pi x), x reduced exactly modulo 2 first. */
+static inline void sincospi(double x, double *s, double *c) {
+  double r = M_PI * (x - 2 * rint(x / 2));
+  *s = sin(r);
+  *c = cos(r);
+}
 
 /* Integer atomics map to the compiler's; float atomics use a compare-and-swap loop like the hardware fallback. */
 template <typename T>

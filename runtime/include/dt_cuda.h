@@ -103,4 +103,10 @@ dt_status dt_cuda_pointer_pool(const void *p, int *pool);
 dt_status dt_cuda_memcpy(dt_stream *s, void *dst, const void *src, size_t nbytes);
 dt_status dt_cuda_memset(dt_stream *s, void *dst, int value, size_t nbytes);
 
+/* Whether f32 matmuls may run on the TF32 tensor cores (cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to 10
+ * mantissa bits, f32 accumulation; several times faster, ~1e-3 relative error). Off by default, as in PyTorch
+ * (torch.backends.cuda.matmul.allow_tf32); process-wide, read at each matmul; f64, bf16 and f16 are unaffected. */
+void dt_cuda_matmul_tf32_set(bool allow);
+bool dt_cuda_matmul_tf32_get(void);
+
 #endif

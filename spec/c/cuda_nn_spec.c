@@ -18,15 +18,25 @@ static void release(void) {
   while (nd > 0) dev_free(S, dmade[--nd]);
 }
 
-static void test_softmax(int dtype) {
-  dt_tensor *hx = H(host_sample(2, SHAPE(5, 300), dtype, 1, 4)), *dx = up(hx);
+/* A device copy of h 1 element past a 16-byte boundary (a view at element 1 of a longer tensor): not vec4_aligned. */
+static dt_tensor *up_misaligned(const dt_tensor *h) {
+  int64_t n = dt_tensor_numel(h);
+  dt_tensor *view = NULL;
+  die_on(dt_tensor_view(dzeros(1, SHAPE(n + 1), h->dtype), 1, SHAPE(n), SHAPE(1), 1, &view), "offset view");
+  die_on(dt_cuda_memcpy(S, dt_tensor_ptr(view), dt_tensor_ptr(h), (size_t)n * dt_dtype_size(h->dtype)), "upload");
+  return view;
+}
+
+/* Rows of v elements: a multiple of every dtype's 16-byte chunk (the kernels' vectorised path) or not (one by one). */
+static void test_softmax(int dtype, int64_t v) {
+  dt_tensor *hx = H(host_sample(2, SHAPE(5, v), dtype, 1, 4)), *dx = up(hx);
   for (int lg = 0; lg < 2; lg++) {
-    dt_tensor *hy = H(host_zeros(2, SHAPE(5, 300), dtype)), *dy = dzeros(2, SHAPE(5, 300), dtype);
+    dt_tensor *hy = H(host_zeros(2, SHAPE(5, v), dtype)), *dy = dzeros(2, SHAPE(5, v), dtype);
     die_on(dt_nn_softmax_fwd(hx, hy, lg), "cpu softmax");
     expect_ok(dt_cuda_nn_softmax_fwd(S, dx, dy, lg), lg ? "log_softmax runs" : "softmax runs");
     expect_close(S, dy, hy, 1, lg ? "log_softmax matches the CPU" : "softmax matches the CPU");
-    dt_tensor *hg = H(host_sample(2, SHAPE(5, 300), dtype, 2, 1)), *dg = up(hg);
-    dt_tensor *hdx = H(host_zeros(2, SHAPE(5, 300), dtype)), *ddx = dzeros(2, SHAPE(5, 300), dtype);
+    dt_tensor *hg = H(host_sample(2, SHAPE(5, v), dtype, 2, 1)), *dg = up(hg);
+    dt_tensor *hdx = H(host_zeros(2, SHAPE(5, v), dtype)), *ddx = dzeros(2, SHAPE(5, v), dtype);
     die_on(dt_nn_softmax_bwd(hy, hg, hdx, lg), "cpu softmax bwd");
     dt_tensor *dyc = up(hy); /* the backward from the CPU's y, so only the backward is compared */
     expect_ok(dt_cuda_nn_softmax_bwd(S, dyc, dg, ddx, lg), "softmax backward runs");
@@ -35,9 +45,9 @@ static void test_softmax(int dtype) {
   release();
 }
 
-static void test_cross_entropy(int dtype) {
-  int64_t n = 7, v = 50;
-  dt_tensor *hl = H(host_sample(2, SHAPE(n, v), dtype, 3, 5)), *ht = H(host_sample(1, SHAPE(n), DT_DTYPE_I64, 4, 50));
+static void test_cross_entropy(int dtype, int64_t v) {
+  int64_t n = 7;
+  dt_tensor *hl = H(host_sample(2, SHAPE(n, v), dtype, 3, 5)), *ht = H(host_sample(1, SHAPE(n), DT_DTYPE_I64, 4, v));
   dt_tensor_set(ht, 2, -100); /* ignored */
   dt_tensor *dl = up(hl), *dtg = up(ht);
   for (int mean = 0; mean < 2; mean++) {
@@ -58,17 +68,19 @@ static void test_cross_entropy(int dtype) {
   die_on(dt_nn_cross_entropy_bwd(hl, ht, hgl, -100, hd), "cpu ce bwd");
   expect_ok(dt_cuda_nn_cross_entropy_bwd(S, dl, dtg, dgl, -100, dd), "cross-entropy backward runs");
   expect_close(S, dd, hd, 1, "cross-entropy backward (per-row dlosses) matches the CPU");
-  dt_tensor_set(ht, 4, 50);
+  dt_tensor_set(ht, 4, (double)v);
   die_on(dt_cuda_memcpy(S, dtg->data, ht->data, (size_t)n * sizeof(int64_t)), "upload");
   int64_t gv = 0;
-  expect_error(dt_cuda_nn_cross_entropy_fwd(S, dl, dtg, -100, 1, true, NULL, dd, &gv, NULL),
-               "cross_entropy: target 50 at row 4 is out of range for 50 classes",
+  char msg[128];
+  snprintf(msg, sizeof msg, "cross_entropy: target %lld at row 4 is out of range for %lld classes", (long long)v,
+           (long long)v);
+  expect_error(dt_cuda_nn_cross_entropy_fwd(S, dl, dtg, -100, 1, true, NULL, dd, &gv, NULL), msg,
                "a bad target is reported when the host waits for the count");
   release();
 }
 
-static void test_norms(int dtype) {
-  int64_t n = 37, c = 70;
+static void test_norms(int dtype, int64_t c) {
+  int64_t n = 37;
   dt_tensor *hx = H(host_sample(2, SHAPE(n, c), dtype, 6, 2)), *hw = H(host_sample(1, SHAPE(c), dtype, 7, 1));
   dt_tensor *hb = H(host_sample(1, SHAPE(c), dtype, 8, 1)), *hg = H(host_sample(2, SHAPE(n, c), dtype, 9, 1));
   dt_tensor *dx = up(hx), *dw = up(hw), *db = up(hb), *dg = up(hg);
@@ -107,14 +119,16 @@ static void test_norms(int dtype) {
     expect_close(S, ddw, hdw, 2, what);
   }
   dt_tensor *bad = dzeros(1, SHAPE(c + 1), dtype), *dy = dzeros(2, SHAPE(n, c), dtype);
-  expect_error(dt_cuda_nn_rmsnorm_fwd(S, dx, bad, 1e-5, dy, NULL), "rms_norm: shape mismatch: w is (71)",
+  char msg[96];
+  snprintf(msg, sizeof msg, "rms_norm: shape mismatch: w is (%lld)", (long long)c + 1);
+  expect_error(dt_cuda_nn_rmsnorm_fwd(S, dx, bad, 1e-5, dy, NULL), msg,
                "a weight of the wrong size is refused like on the CPU");
   release();
 }
 
-/* Runs GELU (exact, tanh), SwiGLU and dropout forward and backward on both backends. */
-static void test_act(int dtype) {
-  int64_t n = 1000;
+/* Runs GELU (exact, tanh), SwiGLU and dropout forward and backward on both backends: n elements in 16-byte chunks and
+ * a tail one by one, then a misaligned input (every element one by one). */
+static void test_act(int dtype, int64_t n) {
   dt_tensor *hx = H(host_sample(1, SHAPE(n), dtype, 12, 4)), *hu = H(host_sample(1, SHAPE(n), dtype, 13, 2));
   dt_tensor *hg = H(host_sample(1, SHAPE(n), dtype, 14, 1)), *dx = up(hx), *du = up(hu), *dg = up(hg);
   dt_tensor *h1 = H(host_zeros(1, SHAPE(n), dtype)), *h2 = H(host_zeros(1, SHAPE(n), dtype));
@@ -143,13 +157,19 @@ static void test_act(int dtype) {
   got = H(host_from_dev(S, d1));
   expect(bitwise_equal(got, h1), "dropout backward regenerates the same mask");
   expect_error(dt_cuda_nn_dropout_fwd(S, dx, 1.0, 1, 0, d1), "dropout: p must be in [0, 1), got 1", "p = 1 is refused");
+  dt_tensor *mx = up_misaligned(hx);
+  die_on(dt_nn_swiglu_fwd(hx, hu, h1), "cpu swiglu");
+  expect_ok(dt_cuda_nn_swiglu_fwd(S, mx, du, d1), "swiglu of a misaligned gate runs");
+  expect_close(S, d1, h1, 1, "SwiGLU of a misaligned gate matches the CPU");
+  dt_tensor_free(mx); /* (its storage goes with release()) */
   release();
 }
 
-static void test_rope(int dtype) {
-  dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, 3, 8), dtype, 15, 1)), *dx = up(hx);
-  dt_tensor *hy = H(host_zeros(4, SHAPE(2, 5, 3, 8), dtype)), *dy = dzeros(4, SHAPE(2, 5, 3, 8), dtype);
-  double f[4] = {1.0, 0.1, 0.01, 0.0001}; /* any frequencies: D/2 = 4 */
+/* Head dim d: pairs in 16-byte chunks when d/2 is a multiple of the dtype's chunk, else one by one. */
+static void test_rope(int dtype, int64_t d) {
+  dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, 3, d), dtype, 15, 1)), *dx = up(hx);
+  dt_tensor *hy = H(host_zeros(4, SHAPE(2, 5, 3, d), dtype)), *dy = dzeros(4, SHAPE(2, 5, 3, d), dtype);
+  double f[8] = {1.0, 0.5, 0.1, 0.05, 0.01, 0.005, 0.001, 0.0001}; /* any frequencies: D/2 <= 8 */
   die_on(dt_nn_rope_fwd(hx, f, 3, hy), "cpu rope");
   expect_ok(dt_cuda_nn_rope_fwd(S, dx, f, 3, dy), "rope runs");
   expect_close(S, dy, hy, 1, "rope matches the CPU");
@@ -159,15 +179,6 @@ static void test_rope(int dtype) {
   dt_tensor *odd = dzeros(4, SHAPE(1, 2, 1, 5), dtype);
   expect_error(dt_cuda_nn_rope_fwd(S, odd, f, 0, odd), "head dim D must be even, got 5", "an odd head dim is refused");
   release();
-}
-
-/* A device copy of h 1 element past a 16-byte boundary (a view at element 1 of a longer tensor): not vec4_aligned. */
-static dt_tensor *up_misaligned(const dt_tensor *h) {
-  int64_t n = dt_tensor_numel(h);
-  dt_tensor *view = NULL;
-  die_on(dt_tensor_view(dzeros(1, SHAPE(n + 1), h->dtype), 1, SHAPE(n), SHAPE(1), 1, &view), "offset view");
-  die_on(dt_cuda_memcpy(S, dt_tensor_ptr(view), dt_tensor_ptr(h), (size_t)n * dt_dtype_size(h->dtype)), "upload");
-  return view;
 }
 
 /* Four parameters of mixed dtype pairs in one call against per-tensor CPU steps; the last one misaligned (the kernel's
@@ -267,18 +278,27 @@ static void test_determinism(void) {
 
 int main(void) {
   S = spec_stream();
-  test_softmax(DT_DTYPE_F32);
-  test_softmax(DT_DTYPE_BF16);
-  test_softmax(DT_DTYPE_F64);
-  test_cross_entropy(DT_DTYPE_F32);
-  test_cross_entropy(DT_DTYPE_BF16);
-  test_norms(DT_DTYPE_F32);
-  test_norms(DT_DTYPE_BF16);
-  test_norms(DT_DTYPE_F16);
-  test_act(DT_DTYPE_F32);
-  test_act(DT_DTYPE_BF16);
-  test_rope(DT_DTYPE_F32);
-  test_rope(DT_DTYPE_BF16);
+  /* sizes that are a multiple of every dtype's 16-byte chunk (vectorised) and sizes that are not (one by one) */
+  for (int64_t v = 296; v <= 301; v += 5) {
+    test_softmax(DT_DTYPE_F32, v);
+    test_softmax(DT_DTYPE_BF16, v);
+    test_softmax(DT_DTYPE_F64, v);
+  }
+  for (int64_t v = 48; v <= 50; v += 2) {
+    test_cross_entropy(DT_DTYPE_F32, v);
+    test_cross_entropy(DT_DTYPE_BF16, v);
+  }
+  for (int64_t c = 70; c <= 72; c += 2) {
+    test_norms(DT_DTYPE_F32, c);
+    test_norms(DT_DTYPE_BF16, c);
+    test_norms(DT_DTYPE_F16, c);
+  }
+  test_act(DT_DTYPE_F32, 1003);
+  test_act(DT_DTYPE_BF16, 1003);
+  for (int64_t d = 8; d <= 16; d += 8) {
+    test_rope(DT_DTYPE_F32, d);
+    test_rope(DT_DTYPE_BF16, d);
+  }
   test_adamw();
   test_sgd();
   test_determinism();
