@@ -6,12 +6,8 @@ local dist = require "spec.dist_helpers"
 local refs = require "spec.fixtures.py_refs"
 
 describe("recipes/sft.lua", function()
-   local tmp, why = refs.tiny()
-   if not tmp then
-      pending(why)
-      return
-   end
-   local tiny = fs.join(tmp, "tiny")
+   local tmp, tiny = refs.tiny() -- tiny: the model's directory, or why the references are missing
+   if not tmp then return pending(tiny) end
    teardown(function() fs.remove_tree(tmp) end)
    local args = ("model.path=%s data=%s seq=32 batch=2 log_every=1 tensorboard=false "):format(tiny,
       fs.join(tiny, "chats.jsonl"))
