@@ -2,14 +2,10 @@
 -- process, its stage split, bubble fraction, activations in flight and bytes sent, and its errors.
 local dt = require "dt"
 local nn = require "dt.nn"
-local optim = require "dt.optim"
-local train = require "dt.train"
 local layout = require "dt.parallel.layout"
 local pipeline = require "dt.parallel.pipeline"
 local testing = require "dt.testing"
-local fs = require "dt.fs"
 local helpers = require "spec.dist_helpers"
-local train_helpers = require "spec.train_helpers"
 
 -- Rank 0's result line of the fixture, as fields.
 local function run(args)
@@ -124,17 +120,5 @@ describe("pipeline.wrap errors", function()
       local idx = dt.zeros({ 4, 8 }, { dtype = "i64" })
       testing.expect_error(function() m(idx, idx) end, "pipeline: the batch of 4 rows (per data-parallel rank) does "
          .. "not split into 3 micro_batches; use a batch that is a multiple of 3, or micro_batches that divides 4")
-   end)
-
-   it("refuses checkpoints (each stage holds other parameters) before the first step", function()
-      local m = pipeline.wrap(nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 })
-      local dir = train_helpers.tmpdir()
-      local trainer = train.Trainer { model = m, optimizer = optim.AdamW(m:parameters(), { lr = 1e-3 }),
-         data = train.text { seq = 8, batch = 2, seed = 1 }, run_dir = dir, print = function() end,
-         config = { steps = 1, checkpoint_every = 1, tensorboard = false } }
-      testing.expect_error(function() trainer:run() end, "pipeline: checkpoints of a pipeline-parallel run are not "
-         .. "written yet (each stage holds other parameters); set checkpoint_every=0 (and resume=false)")
-      assert.equal(0, trainer.step)
-      fs.remove_tree(dir)
    end)
 end)

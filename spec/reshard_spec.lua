@@ -1,27 +1,13 @@
 -- spec/reshard_spec.lua: checkpoints resharded across layouts (fsdp x tp, dp x tp, tp, fsdp, one process): the same
 -- parameters and AdamW moments, then the loss curve of the uninterrupted run; what `ckpt inspect` says; bad input.
+-- Pipeline layouts: spec/reshard_pp_spec.lua.
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
 local helpers = require "spec.dist_helpers"
 local tmpdir = require("spec.train_helpers").tmpdir
+local reshard = require "spec.reshard_helpers"
 
-local FIXTURE = "spec/fixtures/reshard.lua "
-
--- Run the fixture; returns the result and its losses by step.
-local function run(args) return helpers.dtrun_losses(FIXTURE .. args) end
-
--- The checkpoints a and b hold the same tensors, bit for bit.
-local function same_state(a, b)
-   local ta, tb = sharded.load_whole(a).tensors, sharded.load_whole(b).tensors
-   local n = 0
-   for name, t in pairs(ta) do
-      assert.is_not_nil(tb[name], name)
-      assert.equal(0, (t - tb[name]):abs():max():item(), name)
-      n = n + 1
-   end
-   for name in pairs(tb) do assert.is_not_nil(ta[name], name) end
-   return n
-end
+local run, resume_at = reshard.run, reshard.resume
 
 describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", function()
    local root, step10, uninterrupted
@@ -33,22 +19,9 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
    end)
    teardown(function() fs.remove_tree(root) end)
 
-   -- Resume `from` (default: step10) under `args`, saving what it loaded again at once into <root>/<name>: the same
-   -- model and optimizer tensors bit for bit, then the uninterrupted losses (ref: default the fsdp 2 x tp 2 run's) up
-   -- to step `last` (20); `at`: the step saved (10), `params`: the model's parameter count (GPT: 29).
+   -- resume_at with from = step10, ref = the fsdp 2 x tp 2 run, at = 10, last = 20, params = 29 (GPT) unless given
    local function resume(name, args, from, ref, at, last, params)
-      at, last, ref = at or 10, last or 20, ref or uninterrupted
-      local again = fs.join(root, name)
-      local r = run(("%s steps=%d from=%s resave=%s"):format(args, last, from or step10, again))
-      assert.equal(0, r.code, r.out)
-      assert.truthy(r.out:find(("loaded step %d"):format(at), 1, true), r.out)
-      local n = same_state(from or step10, fs.join(again, "step-" .. at))
-      assert.equal(3 * (params or 29), n) -- the parameters, AdamW's m and v of each
-      for step = at + 1, last do
-         local a, b = ref.losses[step], r.losses[step]
-         assert.is_true(math.abs(a - b) <= 1e-5, ("%s step %d: %s vs %s"):format(name, step, tostring(b), tostring(a)))
-      end
-      return fs.join(again, "step-" .. at)
+      return resume_at(root, name, args, from or step10, ref or uninterrupted, at or 10, last or 20, params or 29)
    end
 
    it("records global shapes, placements and the layout; each element is written once", function()

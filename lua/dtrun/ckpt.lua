@@ -43,7 +43,8 @@ local function open(path)
    return dir, plain_index, false, crc
 end
 
--- "mesh_shape {{2, 2}, {"fsdp", "tp"}} on 4 ranks (tp, fsdp)": the layout a sharded checkpoint was saved under.
+-- "mesh_shape {{2, 2}, {"fsdp", "tp"}} on 4 ranks (tp, fsdp)": the layout a sharded checkpoint was saved under; under
+-- pp with the blocks of each stage ("; pp stages: blocks 1-2 | 3").
 local function layout_line(index)
    local l = index.layout
    if type(l) ~= "table" then return ("%d ranks (not recorded: saved by an older dtrun)"):format(index.world or 0) end
@@ -54,7 +55,13 @@ local function layout_line(index)
       mesh = ("mesh_shape {{%s}, {%s}}"):format(table.concat(l.mesh_shape[1], ", "), table.concat(names, ", "))
    end
    local strategies = #l.strategies > 0 and table.concat(l.strategies, ", ") or "one process"
-   return ("%s on %d rank(s) (%s)"):format(mesh, l.world, strategies)
+   local stages, first = {}, 1
+   for s, n in ipairs(type(l.pp_blocks) == "table" and l.pp_blocks or {}) do
+      stages[s] = n == 1 and tostring(first) or ("%d-%d"):format(first, first + n - 1)
+      first = first + n
+   end
+   local pp = #stages > 0 and "; pp stages: blocks " .. table.concat(stages, " | ") or ""
+   return ("%s on %d rank(s) (%s)%s"):format(mesh, l.world, strategies, pp)
 end
 
 local function inspect(path)

@@ -1,5 +1,6 @@
--- dt/parallel/checkpoint.lua: sharded checkpoints of any layout (tp, dp, fsdp, their meshes, or one process), loadable
--- onto any other: each rank saves the boxes of the whole tensors that it holds and reads back only those it needs.
+-- dt/parallel/checkpoint.lua: sharded checkpoints of any layout (tp, pp, dp, fsdp, their meshes, or one process),
+-- loadable onto any other: each rank saves the boxes of the whole tensors that it holds and reads back only those it
+-- needs.
 --
 --    pcheckpoint.save(model, dir, { step =, optimizer =, data =, rng =, config =, trainer =, async =, keep_last = })
 --    local info = pcheckpoint.load(model, path, { optimizer =, data =, rng = }) -- { step=, path=, config=, trainer= }
@@ -7,11 +8,13 @@
 -- Tensors (dt.ckpt.sharded): "model.<parameter name>" (f32 master weights) and "optim.<state key>.<parameter name>"
 -- (e.g. AdamW's m and v), each with the whole model's shape, whatever split them. What a rank holds of a parameter is
 -- worked out from the layout: model.fsdp's shard views (a flat range of the parameter, or of its tp part), model.tp's
--- split (the global ranges along the split dim), or the parameter itself. Every element is written once: by the
--- ranks at coordinate 0 of the replicating axes (dp/replicate), and of what several tp ranks hold (replicated
--- parameters, GQA's shared kv heads) by the lowest tp rank. The index records each tensor's placement and the
--- layout (`dtrun ckpt inspect`). Rank 0's meta also keeps the data position, RNG state, config, the trainer's state
--- and the optimizer's lr and step count; each writer's entry the optimizer step of its parameters.
+-- split (the global ranges along the split dim), or the parameter itself. Under pp (dt.parallel.pipeline) each stage
+-- does this for its own parameters (model.pp.stage_module's, with its fsdp/ddp) and a load reads only those. Every
+-- element is written once: by the ranks at coordinate 0 of the replicating axes (dp/replicate), and of what several
+-- tp ranks hold (replicated parameters, GQA's shared kv heads) by the lowest tp rank. The index records each tensor's
+-- placement and the layout, with the pipeline's blocks per stage (`dtrun ckpt inspect`). Rank 0's meta also keeps the
+-- data position, RNG state, config, the trainer's state and the optimizer's lr and step count; each writer's entry the
+-- optimizer step of its parameters.
 local Tensor = require "dt.tensor"
 local dist = require "dt.dist"
 local sharded = require "dt.ckpt.sharded"
@@ -90,24 +93,34 @@ local function item_view(x, it)
    return v
 end
 
+-- The strategies of model's layout: { module = what holds this rank's parameters (under pp: the stage), fsdp =, ddp =
+-- (the module's), tp =, pp = }. model: the model or, under pp, its stage (both know the pipeline).
+local function strategies(model)
+   local pp = rawget(model, "pp")
+   local m = pp and pp.stage_module or model
+   return { module = m, fsdp = rawget(m, "fsdp"), ddp = rawget(m, "ddp"), tp = rawget(m, "tp"), pp = pp }
+end
+
 -- The mesh and the axes whose ranks hold copies of the same elements (coordinate 0 writes), or nil (no mesh).
-local function replica_axes(model)
-   local f, tp = rawget(model, "fsdp"), rawget(model, "tp")
-   if f then return f.mesh, f.rep_axes or {} end
-   if tp then
+local function replica_axes(l)
+   if l.fsdp then return l.fsdp.mesh, l.fsdp.rep_axes or {} end
+   local mesh = (l.tp or l.pp or {}).mesh
+   if mesh then -- every axis but tp's and pp's (stages hold different parameters)
       local out = {}
-      for _, name in ipairs(tp.mesh.names) do if name ~= tp.axis then out[#out + 1] = name end end
-      return tp.mesh, out
+      for _, name in ipairs(mesh.names) do
+         if name ~= (l.tp or {}).axis and name ~= (l.pp or {}).axis then out[#out + 1] = name end
+      end
+      return mesh, out
    end
 end
 
 -- The global ranks that write: coordinate 0 of the replicating axes; without a mesh every rank under FSDP, else
 -- rank 0 (one process, DDP).
-local function writers(model, world)
-   local mesh, rep = replica_axes(model)
+local function writers(l, world)
+   local mesh, rep = replica_axes(l)
    local out = {}
    for r = 0, world.size - 1 do
-      local write = r == 0 or rawget(model, "fsdp") ~= nil
+      local write = r == 0 or l.fsdp ~= nil
       if mesh then
          write = true
          local c = mesh:coords_of(r)
@@ -118,22 +131,23 @@ local function writers(model, world)
    return out
 end
 
--- The layout a checkpoint records: the world size, the mesh (shape and names) and the strategies.
-local function layout_of(model, world)
-   local f, tp = rawget(model, "fsdp"), rawget(model, "tp")
-   local mesh = (f and f.mesh) or (tp and tp.mesh)
+-- The layout a checkpoint records: the world size, the mesh (shape and names), the strategies in the order they
+-- apply and, under pp, the blocks per stage.
+local function layout_of(l, world)
+   local mesh = (l.fsdp or l.tp or l.pp or {}).mesh
    local names = {}
-   if tp then names[#names + 1] = "tp" end
-   if f then names[#names + 1] = "fsdp" end
-   if rawget(model, "ddp") then names[#names + 1] = "ddp" end
-   return { world = world.size, strategies = names, mesh_shape = mesh and { mesh.shape, mesh.names } or nil }
+   for _, k in ipairs { "tp", "pp", "fsdp", "ddp" } do
+      if l[k] then names[#names + 1] = k end
+   end
+   return { world = world.size, strategies = names, mesh_shape = mesh and { mesh.shape, mesh.names } or nil,
+      pp_blocks = l.pp and l.pp.counts or nil }
 end
 
 -- Every piece this rank holds, in parameter order, and whether this rank writes at all.
-local function pieces(model, world)
-   local f, tp = rawget(model, "fsdp"), rawget(model, "tp")
+local function pieces(l, world)
+   local f, tp = l.fsdp, l.tp
    local mine = false
-   for _, r in ipairs(writers(model, world)) do mine = mine or r == world.rank end
+   for _, r in ipairs(writers(l, world)) do mine = mine or r == world.rank end
    local out = {}
    if f then
       for _, u in ipairs(f.units) do
@@ -142,7 +156,7 @@ local function pieces(model, world)
          end
       end
    else
-      for _, np in ipairs(tp and tp.named or model:named_parameters()) do
+      for _, np in ipairs(l.module:named_parameters()) do
          local p = np[2]
          out[#out + 1] = piece(np[1], p, p.shape, 0, p:numel(), tp_split(tp, p, p.shape), mine)
       end
@@ -178,9 +192,9 @@ end
 -- config, trainer (plain values), async, keep_last. Returns the step dir for synchronous saves, nil while an async
 -- save is in flight.
 function M.save(model, dir, state)
-   local world = dist.init()
+   local world, l = dist.init(), strategies(model)
    local opt = state.optimizer
-   local list, mine = pieces(model, world)
+   local list, mine = pieces(l, world)
    local slices, steps = {}, {}
    for _, pc in ipairs(mine and list or {}) do -- host copies of what this rank writes (the save frees them)
       slices[#slices + 1] = slice("model." .. pc.name, pc, pc.t)
@@ -197,20 +211,22 @@ function M.save(model, dir, state)
    if state.config then meta.config = state.config end
    if state.trainer then meta.trainer = state.trainer end
    return sharded.save(dir, { step = state.step, store = world.store, rank = world.rank, world = world.size,
-      writer = mine, writers = writers(model, world), slices = slices, meta = meta, rank_meta = { steps = steps },
-      async = state.async, keep_last = state.keep_last, layout = layout_of(model, world) })
+      writer = mine, writers = writers(l, world), slices = slices, meta = meta, rank_meta = { steps = steps },
+      async = state.async, keep_last = state.keep_last, layout = layout_of(l, world) })
 end
 
 -- Restore the parameters (and state.optimizer / data / rng) from a checkpoint saved by any layout (a single-process
 -- one too). The optimizer must be built over model:parameters() (after the wrap). Everything is read and checked
 -- before anything changes. Returns { step=, path=, config=, trainer= }.
 function M.load(model, path, state)
-   local opt = state.optimizer
-   local list = pieces(model, dist.init())
+   local opt, l = state.optimizer, strategies(model)
+   local list = pieces(l, dist.init())
    local dir, index = sharded.open_any(path)
-   local have = {} -- every parameter of the model (FSDP: also those without an element on this rank)
-   local f = rawget(model, "fsdp")
-   if f then
+   local have = {} -- every parameter of the model (FSDP: also those without an element on this rank; pp: all stages')
+   local f = l.fsdp
+   if l.pp then
+      for _, name in ipairs(l.pp.names) do have["model." .. name] = true end
+   elseif f then
       for _, u in ipairs(f.units) do for _, e in ipairs(u.params) do have["model." .. e.name] = true end end
    else
       for _, np in ipairs(list) do have["model." .. np.name] = true end

@@ -23,12 +23,15 @@
 -- Composition (dt.parallel.layout: mesh_shape {{2, 2, 2}, {"pp", "fsdp", "tp"}}): tp.wrap the model first, then
 -- pipeline.wrap, then ddp.wrap or fsdp.wrap model.pp.stage_module (FSDP's units: the stage's blocks, its root the
 -- rest of the stage); the stage's strategy reduces gradients once per step, after the last micro-batch's backward,
--- and the global gradient norm sums the stages' (each over its tp and fsdp ranks) over pp. Checkpoints are refused.
+-- and the global gradient norm sums the stages' (each over its tp and fsdp ranks) over pp. Checkpoints
+-- (dt.parallel.checkpoint): each stage saves its own parameters and optimizer state under the full model's names and
+-- loads only those, so a checkpoint reshards across pp sizes and to or from any other layout.
 local dt = require "dt"
 local dist = require "dt.dist"
 local meshmod = require "dt.mesh"
 local autograd = require "dt.autograd"
 local nn = require "dt.nn"
+local pcheckpoint = require "dt.parallel.checkpoint"
 
 local M = {}
 local PP = {}
@@ -97,8 +100,11 @@ function M.wrap(model, opts)
    if type(micro) ~= "number" or micro < 1 or micro % 1 ~= 0 then
       error(("pipeline.wrap: micro_batches must be a positive integer, got %s"):format(tostring(micro)), 2)
    end
+   local names = {} -- every parameter of the whole model (a checkpoint holds the stages' union)
+   for i, np in ipairs(model:named_parameters()) do names[i] = np[1] end
    local self = setmetatable({ model = model, mesh = mesh, axis = axis, comm = comm, S = S, stage = s,
-      first = first, last = first + counts[s + 1] - 1, micro = micro, schedule = schedule,
+      first = first, last = first + counts[s + 1] - 1, counts = counts, names = names, micro = micro,
+      schedule = schedule,
       stats = { bytes = 0, sends = 0, max_in_flight = 0 },
       seed = 1, final = true }, PP) -- the trainer's backward seed (loss scale / grad_accum), its last micro-batch
    self.bubble = (S - 1) / (self.micro + S - 1)
@@ -231,20 +237,14 @@ end
 
 -- Trainer strategy ---------------------------------------------------------------------------------------------
 
-local NO_CKPT = "pipeline: checkpoints of a pipeline-parallel run are not written yet (each stage holds other "
-   .. "parameters); set checkpoint_every=0 (and resume=false)"
-
 -- The trainer's strategy: these hooks around the stage's own strategy (DDP or FSDP over the stage, tp's, or none),
 -- looked up when called (a data-parallel strategy wraps the stage after pipeline.wrap).
 function PP:over()
    local pp = self
    local own = {}
-   function own.begin_step(s, trainer, step)
-      if trainer.config.checkpoint_every > 0 then error(NO_CKPT, 0) end
-      if s.inner and s.inner.begin_step then s.inner:begin_step(trainer, step) end
-   end
-   function own.save_checkpoint() error(NO_CKPT, 0) end
-   function own.load_checkpoint() error(NO_CKPT, 0) end
+   -- every rank takes part: each stage writes its own parameters' boxes (FSDP's async_save writes in the background)
+   function own.save_checkpoint(s, trainer) return pcheckpoint.save_checkpoint(pp.model, trainer, s.async_save) end
+   function own.load_checkpoint(_, trainer, path) return pcheckpoint.load_checkpoint(pp.model, trainer, path) end
    -- the schedule starts backward itself: from the gradient the trainer would give the loss
    function own.micro_batch(s, trainer, i, n)
       pp.seed = (trainer.loss_scaler and trainer.loss_scaler.scale or 1) / n
