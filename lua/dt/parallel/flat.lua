@@ -143,7 +143,7 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
    end
    for _, e in ipairs(u.params) do
       set_handle(e.p, empty_handle(param_dtype, device))
-      e.p.requires_grad = true
+      e.p.requires_grad, e.p.grad = true, nil -- a gradient from before the wrap is not this unit's to reduce
    end
    return u
 end
