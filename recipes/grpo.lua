@@ -120,7 +120,7 @@ local function digits(_, completion, row)
    return right / math.max(#row.answer, #completion)
 end
 
--- GRPO: DDP (or FSDP) among the trainer ranks (--deepspeed FILE: its stage 0, optimizer, scheduler; its batch sizes
+-- GRPO: DDP (or FSDP) among the trainer ranks (--deepspeed FILE: its ZeRO stage, optimizer, scheduler; its batch sizes
 -- give grpo.prompts_per_step); rollouts from each generating rank's own generator.
 if not ({ ddp = true, fsdp = true })[cfg.strategy] then
    error(("grpo: strategy must be ddp or fsdp, got %s"):format(cfg.strategy), 0)

@@ -317,28 +317,39 @@ describe("ds_config.json (dt.train.deepspeed)", function()
          .. "grpo.group_size = 8 (completions per prompt)")
       testing.expect_error(function() parse({ train_batch_size = 64, gradient_accumulation_steps = 2 }) end,
          "gradient_accumulation_steps = 2: GRPO takes one optimizer step per rollout batch")
-      testing.expect_error(function() parse({ train_batch_size = 64, zero_optimization = { stage = 2 } }) end,
-         "zero_optimization.stage = 2: dtrun's GRPO generates its rollouts with the whole model on each rank")
+      assert.equal(4, parse({ train_batch_size = 64, zero_optimization = { stage = 2 } }, {}, 2).grpo.prompts_per_step)
       fs.remove_tree(dir)
    end)
 
-   it("runs recipes/grpo.lua (2 ranks, its optimizer and scheduler) and refuses sft's strategy beside it", function()
+   it("runs recipes/grpo.lua (2 ranks, its optimizer and scheduler; stage 2 = stage 0) and refuses sft's strategy "
+      .. "beside it", function()
       local dir = tmpdir()
-      fs.write(dir .. "/ds.json", cjson.encode { train_batch_size = 8, optimizer = { type = "SGD",
-         params = { lr = 0.05 } }, scheduler = { type = "WarmupLR", params = { warmup_min_lr = 0.01,
-         warmup_max_lr = 0.05, warmup_num_steps = 4, warmup_type = "linear" } } })
-      local run_dir = fs.join(dir, "grpo")
-      local r = helpers.dtrun("recipes/grpo.lua --nproc 2 --deepspeed " .. dir .. "/ds.json steps=3 run_dir="
-         .. run_dir .. " model.dim=32 model.layers=1 model.heads=2 sft.steps=2 eval=4 grpo.group_size=2 log_every=0")
-      assert.equal(0, r.code, r.out)
-      -- 8 completions over 2 ranks, 2 per prompt: 2 prompts per rank
-      assert.matches("prompts_per_step = 2,", fs.read(fs.join(run_dir, "config.lua")), 1, true)
-      local lrs = {}
-      for line in io.lines(fs.join(run_dir, "metrics.jsonl")) do lrs[#lrs + 1] = cjson.decode(line).lr end
-      assert.equal(3, #lrs)
-      for i, want in ipairs { 0, 0.01, 0.02 } do near(want, lrs[i]) end -- WarmupLR: built at 0, iterations 0 and 1
-      helpers.remove_run(r.run_dir)
-      r = helpers.dtrun("recipes/sft.lua --deepspeed " .. dir .. "/ds.json strategy=fsdp model.path=x data=y")
+      local ds = { train_batch_size = 8, optimizer = { type = "SGD", params = { lr = 0.05 } }, scheduler = {
+         type = "WarmupLR", params = { warmup_min_lr = 0.01, warmup_max_lr = 0.05, warmup_num_steps = 4,
+         warmup_type = "linear" } } }
+      local function grpo(name) -- the metrics of 3 steps on 2 ranks under the config dir/name
+         fs.write(fs.join(dir, name), cjson.encode(ds))
+         local run_dir = fs.join(dir, "grpo-" .. name)
+         local r = helpers.dtrun(("recipes/grpo.lua --nproc 2 --deepspeed %s/%s steps=3 run_dir=%s model.dim=32 "
+            .. "model.layers=1 model.heads=2 sft.steps=2 eval=4 grpo.group_size=2 log_every=0"):format(dir, name,
+            run_dir))
+         assert.equal(0, r.code, r.out)
+         -- 8 completions over 2 ranks, 2 per prompt: 2 prompts per rank
+         assert.matches("prompts_per_step = 2,", fs.read(fs.join(run_dir, "config.lua")), 1, true)
+         local records = {}
+         for line in io.lines(fs.join(run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+         helpers.remove_run(r.run_dir)
+         assert.equal(3, #records)
+         return records
+      end
+      local stage0 = grpo("ds.json")
+      for i, want in ipairs { 0, 0.01, 0.02 } do near(want, stage0[i].lr) end -- WarmupLR: built at 0, iterations 0, 1
+      ds.zero_optimization = { stage = 2 } -- the trainers shard (FSDP at ZeRO stage 2): the same steps
+      for i, rec in ipairs(grpo("ds2.json")) do
+         assert.is_true(math.abs(rec.loss - stage0[i].loss) <= 1e-5, ("step %d: loss %.9g at stage 2, %.9g at stage 0")
+            :format(i, rec.loss, stage0[i].loss))
+      end
+      local r = helpers.dtrun("recipes/sft.lua --deepspeed " .. dir .. "/ds.json strategy=fsdp model.path=x data=y")
       if r.run_dir then helpers.remove_run(r.run_dir) end
       fs.remove_tree(dir)
       assert.is_not.equal(0, r.code, r.out)

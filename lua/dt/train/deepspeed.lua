@@ -281,12 +281,8 @@ end
 
 -- GRPO's batch (recipes/grpo.lua): as in TRL, train_micro_batch_size_per_gpu counts completions per trainer rank,
 -- group_size (TRL's num_generations) of them per prompt: grpo.prompts_per_step = micro / group_size. One optimizer
--- step per rollout batch: gradient_accumulation_steps must be 1. ZeRO stage 0 only (DDP, as the recipe trains).
+-- step per rollout batch: gradient_accumulation_steps must be 1. Any ZeRO stage (ds:wrap: DDP or FSDP).
 function DS:apply_grpo(g, micro, accum)
-   if self.stage ~= 0 then
-      fail("zero_optimization.stage = %d: dtrun's GRPO generates its rollouts with the whole model on each rank and "
-         .. "trains under DDP, ZeRO stage 0; use stage 0 (or recipes/sft.lua / train.lua for stages 1-3)", self.stage)
-   end
    if accum ~= 1 then
       fail("gradient_accumulation_steps = %d: GRPO takes one optimizer step per rollout batch; make the batch "
          .. "train_micro_batch_size_per_gpu completions per rank instead (with gradient_accumulation_steps 1)", accum)
