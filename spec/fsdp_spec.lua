@@ -98,6 +98,22 @@ end)
 
 describe("fsdp in one process", function()
    local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 2, heads = 2, seed = 5 } end
+   -- One training step on x of the plain model a (optimizer oa) and of the FSDP-wrapped b (ob).
+   local function step_both(a, oa, b, ob, x)
+      oa:zero_grad()
+      ob:zero_grad()
+      a(x, x):backward()
+      oa:step()
+      b.fsdp:prepare()
+      b(x, x):backward()
+      b.fsdp:finish()
+      ob:step()
+   end
+   -- b's gathered parameters equal a's exactly.
+   local function assert_same(a, b)
+      local full = b.fsdp:full_state_dict()
+      for _, np in ipairs(a:named_parameters()) do testing.assert_close(np[2], full[np[1]], 0, 0, np[1]) end
+   end
 
    it("trains exactly like the unwrapped model and exposes shard views to the optimizer", function()
       local a, b = gpt(), gpt()
@@ -115,18 +131,8 @@ describe("fsdp in one process", function()
       assert.equal(#ga[2].params, #gb[2].params)
       local oa, ob = optim.AdamW(ga, { lr = 1e-2 }), optim.AdamW(gb, { lr = 1e-2 })
       local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
-      for _ = 1, 3 do
-         oa:zero_grad()
-         ob:zero_grad()
-         a(x, x):backward()
-         oa:step()
-         b.fsdp:prepare()
-         b(x, x):backward()
-         b.fsdp:finish()
-         ob:step()
-      end
-      local full = b.fsdp:full_state_dict()
-      for _, np in ipairs(a:named_parameters()) do testing.assert_close(np[2], full[np[1]], 0, 0, np[1]) end
+      for _ = 1, 3 do step_both(a, oa, b, ob, x) end
+      assert_same(a, b)
       -- eval forward under no_grad gathers and frees every unit
       local la = dt.no_grad(function() return a(x, x):item() end)
       local lb = dt.no_grad(function() return b(x, x):item() end)
@@ -139,17 +145,8 @@ describe("fsdp in one process", function()
       local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
       b(x, x):backward() -- b.wte.weight.grad etc. are set: the wrap must not reduce them into the first step
       fsdp.wrap(b)
-      local oa, ob = optim.SGD(a:parameters(), { lr = 0.1 }), optim.SGD(b:parameters(), { lr = 0.1 })
-      oa:zero_grad()
-      ob:zero_grad()
-      a(x, x):backward()
-      oa:step()
-      b.fsdp:prepare()
-      b(x, x):backward()
-      b.fsdp:finish()
-      ob:step()
-      local full = b.fsdp:full_state_dict()
-      for _, np in ipairs(a:named_parameters()) do testing.assert_close(np[2], full[np[1]], 0, 0, np[1]) end
+      step_both(a, optim.SGD(a:parameters(), { lr = 0.1 }), b, optim.SGD(b:parameters(), { lr = 0.1 }), x)
+      assert_same(a, b)
    end)
 
    it("accumulates micro-batches under no_sync in a hand-written loop", function()
@@ -168,8 +165,7 @@ describe("fsdp in one process", function()
       b(x2, x2):backward()
       b.fsdp:finish()
       ob:step()
-      local full = b.fsdp:full_state_dict()
-      for _, np in ipairs(a:named_parameters()) do testing.assert_close(np[2], full[np[1]], 0, 0, np[1]) end
+      assert_same(a, b)
    end)
 
    it("takes a dt.mesh as its second argument", function()
