@@ -7,8 +7,7 @@
 
 /* Length of the UTF-8 sequence that lead byte c starts (0: not a lead byte). */
 int dt_utf8_len(uint8_t c);
-/* Offset of the first byte of p[0..n) that is not part of valid UTF-8, or n. */
-size_t dt_utf8_invalid_at(const uint8_t *p, size_t n);
+/* dt_utf8_invalid_at and dt_utf8_complete_prefix are public: dt_tokenizer.h. */
 /* The code point of the character at p[0..n) (n > 0, valid UTF-8) and its length in *len. */
 int32_t dt_utf8_char_at(const uint8_t *p, size_t n, size_t *len);
 /* The code point of the character that ends at p[end] (end > 0, valid UTF-8) and its length in *len. */

@@ -64,5 +64,8 @@ int32_t dt_tokenizer_vocab_size(const dt_tokenizer *t);
 /* How many of the first n bytes form whole UTF-8 characters: only a valid but unfinished sequence at the end is left
  * out (streaming decode holds it until the next token completes it; invalid bytes are not held). */
 size_t dt_utf8_complete_prefix(const char *s, size_t n);
+/* Offset of the first byte of p[0..n) that is not part of valid UTF-8, or n (the offset dt_tokenizer_encode's error
+ * names; Lua names the file or field it is in). */
+size_t dt_utf8_invalid_at(const uint8_t *p, size_t n);
 
 #endif
