@@ -121,6 +121,7 @@ function commands.info(args)
    if args[2] then return run_info(args[2]) end
    local dt = require "dt"
    local device = require "dt.device"
+   local peaks = require "dt.obs.peaks"
    local cuda_version, triple_version = device.cuda_version, device.triple_version
    local build, n = device.cuda_build(), device.count("cuda")
    print(("dtrun %s  %s"):format(require("dt.version"), jit.version))
@@ -137,6 +138,10 @@ function commands.info(args)
       print(("  cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs  cuBLAS %s%s"):format(i, d.name, d.total_memory / 2 ^ 30,
          d.cc_major, d.cc_minor, d.multiprocessors, triple_version(d.cublas_version), d.emulated and "  (emulated)"
          or ""))
+      -- the peaks that mfu and `dtrun bench kernels` measure against, and how they follow from the properties
+      local flops, dram = peaks.describe(peaks.of(d))
+      print("          peak " .. flops)
+      print("          peak " .. dram)
    end
    return 0
 end

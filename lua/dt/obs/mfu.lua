@@ -1,11 +1,17 @@
--- dt/obs/mfu.lua: model FLOPs utilisation of a training step on the CPU: the model's own FLOP count, the sgemm rate.
+-- dt/obs/mfu.lua: model FLOPs utilisation of a training step: the model's own FLOP count over the device's peak rate.
 --
 -- mfu = (FLOPs of a step: forward + backward = 3 x the forward FLOPs that the model's modules report, model:flops in
--- dt/nn/module.lua: Linear layers and attention's q.k and p.v) / step time / the process's sgemm rate (OpenBLAS
--- n = 1024 on its threads, best of 10, measured once per process: about 0.2 s). nil for a model that counts no FLOPs,
--- and off the CPU (no peak rate to compare with yet). On a machine shared with other jobs the sgemm reading can come
--- out low, and mfu high (even above 1): it is relative to that reading.
+-- dt/nn/module.lua: Linear layers and attention's q.k and p.v) / step time / the device's peak FLOP/s. On a cuda device
+-- the peak is the one `dtrun info` shows (dt/obs/peaks.lua: SMs x clock x FLOPs per SM per clock) for the training
+-- dtype: bf16/f16 tensor cores for a model whose parameters are mostly bf16/f16, else f32 (the TF32 tensor cores
+-- while dt.backends.cuda.matmul.allow_tf32 is on, read at each step); each rank measures against its own device. An
+-- architecture without figures there gives no mfu and one note on stderr. On the CPU the peak is the process's sgemm
+-- rate (OpenBLAS n = 1024 on its threads, best of 10, measured once per process: about 0.2 s); on a machine shared
+-- with other jobs that reading can come out low, and mfu high (even above 1): it is relative to that reading. nil
+-- for a model that counts no FLOPs.
 local dt = require "dt"
+local device = require "dt.device"
+local peaks = require "dt.obs.peaks"
 
 local M = {}
 
@@ -28,16 +34,59 @@ function M.sgemm_gflops(n, reps)
    return 2 * n ^ 3 / best / 1e9
 end
 
-local sgemm_flops -- FLOP/s, measured at the first meter
+local sgemm_flops -- FLOP/s, measured at the first CPU meter
 
--- A function(step result) -> mfu for `model` on `device`, or nil when mfu is not known for them.
-function M.meter(model, device)
-   if device ~= "cpu" or type(model.flops) ~= "function" or model:flops(1, 1) == 0 then return nil end
-   sgemm_flops = sgemm_flops or M.sgemm_gflops(1024, 10) * 1e9 -- as `dtrun bench train` measures it
+-- Where the one-line notes go (a spec may replace it), and the notes said so far (each once per process).
+M.say = function(line) io.stderr:write(line, "\n") end
+local said = {}
+
+-- The dtype holding most of `model`'s parameter elements (by tensor count where they hold none: FSDP's between uses).
+local function training_dtype(model)
+   local elements, count, best = {}, {}, nil
+   for _, p in ipairs(model:parameters()) do
+      local d = p.dtype
+      elements[d], count[d] = (elements[d] or 0) + p:numel(), (count[d] or 0) + 1
+      if best == nil or elements[d] > elements[best] or (elements[d] == elements[best] and count[d] > count[best]) then
+         best = d
+      end
+   end
+   return best or "f32"
+end
+
+-- The peak FLOP/s function of cuda device `index` for `model`, or nil and why not.
+local function cuda_peak(model, index)
+   local p, dtype = peaks.cuda(index), training_dtype(model)
+   local _, why = peaks.for_dtype(p, dtype, true)
+   if why then return nil, ("cuda:%d (%s): %s"):format(index, p.name, why) end
+   return function() return (peaks.for_dtype(p, dtype, dt.backends.cuda.matmul.allow_tf32)) end
+end
+
+-- A function(step result) -> mfu for `model` on `dev` ("cpu", "cuda", "cuda:N"), or nil when mfu is not known for
+-- them (and then, for a device without a peak figure, a note said once).
+function M.meter(model, dev)
+   if type(model.flops) ~= "function" or model:flops(1, 1) == 0 then return nil end
+   -- "cuda:N" is taken as it is (cuda_device_info checks N); "cuda" is the default device
+   local index = type(dev) == "string" and tonumber(dev:match("^cuda:(%d+)$"))
+   local d = not index and device.parse(dev)
+   local peak
+   if d and device.is_cpu(d) then
+      sgemm_flops = sgemm_flops or M.sgemm_gflops(1024, 10) * 1e9 -- as `dtrun bench train` measures it
+      peak = function() return sgemm_flops end
+   else
+      local why
+      peak, why = cuda_peak(model, index or d.index)
+      if not peak then
+         local line = "dtrun: mfu is not reported: " .. why
+         if not said[line] then M.say(line) end
+         said[line] = true
+         return nil
+      end
+   end
    return function(r)
       -- the step's own shape: tokens per second, in sequences of the data's length (not the model's maximum)
-      return M.step_flops(model, r.tokens_per_second, r.tokens_per_second / r.samples_per_second) / sgemm_flops
+      return M.step_flops(model, r.tokens_per_second, r.tokens_per_second / r.samples_per_second) / peak()
    end
 end
+
 
 return M

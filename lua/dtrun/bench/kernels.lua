@@ -1,27 +1,18 @@
 -- dtrun/bench/kernels.lua: `dtrun bench kernels`: each CUDA kernel family's GB/s or TFLOP/s against the device's peak.
 --
 -- Memory-bound kernels are scored by the bytes they must move (each input read once, each output written once) per
--- second, against the peak DRAM bandwidth from the device's memory clock and bus width (2 transfers per clock).
--- Matmul and attention are scored by their FLOPs (2 per multiply-add; causal attention does half of the T x T work;
--- its backward five matmuls to the forward's two) against the dense peak of the SMs at their peak clock: FLOPs per
--- SM per clock by architecture, tensor cores for bf16 (sm_80: 2048, sm_9x: 4096) and CUDA cores for f32 (sm_80: 128,
--- others 256). Times are host wall clock over `iters` launches between two device synchronisations, best of `rounds`.
+-- second, against the peak DRAM bandwidth; matmul and attention by their FLOPs (2 per multiply-add; causal attention
+-- does half of the T x T work; its backward five matmuls to the forward's two) against the dense peak of the SMs for
+-- the dtype: both peaks as dt/obs/peaks.lua derives them from the device's properties (an architecture it has no
+-- figures for scores the FLOP kernels n/a). Times are host wall clock over `iters` launches between two device
+-- synchronisations, best of `rounds`.
 -- On the emulation (kernels on CPU fibers) the figures mean nothing: sizes shrink and it only checks that it runs.
 local dt = require "dt"
 local common = require "dtrun.bench.common"
+local peaks = require "dt.obs.peaks"
 
 local C, check = dt.C, dt.check
 local M = {}
-
-local BF16_FLOPS_PER_SM_CLOCK = { [8] = 2048, [9] = 4096, [10] = 4096 }
-
-local function peaks(info)
-   local bandwidth = 2 * info.memory_clock_khz * 1e3 * info.memory_bus_bits / 8
-   local sm_hz = info.multiprocessors * info.clock_khz * 1e3
-   local f32_per_clock = (info.cc_major == 8 and info.cc_minor == 0) and 128 or 256
-   return { bandwidth = bandwidth, bf16 = sm_hz * (BF16_FLOPS_PER_SM_CLOCK[info.cc_major] or 1024),
-      f32 = sm_hz * f32_per_clock }
-end
 
 -- Best seconds per call of fn over `rounds` rounds of `iters` calls, the device drained around each round.
 local function time_per_call(fn, dev, iters, rounds)
@@ -114,25 +105,28 @@ function M.main(args)
    local info = dt.cuda_device_info(tonumber(o.device:match(":(%d+)$")) or 0)
    local emulated = info.emulated
    local iters, rounds = emulated and 1 or o.iters, emulated and 1 or o.rounds
-   local peak = peaks(info)
-   print(("CUDA kernels on %s (%s, sm_%d%d): peak %.0f GB/s, bf16 %.0f TFLOP/s, f32 %.1f TFLOP/s%s"):format(o.device,
-      info.name, info.cc_major, info.cc_minor, peak.bandwidth / 1e9, peak.bf16 / 1e12, peak.f32 / 1e12,
-      emulated and " (emulated: checks that every kernel runs; the figures mean nothing)" or ""))
+   local peak = peaks.of(info)
+   local flops = peak.note and ("FLOP/s unknown (%s)"):format(peak.note)
+      or ("bf16 %.0f TFLOP/s, f32 %.1f TFLOP/s"):format(peak.bf16 / 1e12, peak.f32 / 1e12)
+   print(("CUDA kernels on %s (%s, %s): peak %.0f GB/s, %s%s"):format(o.device, info.name, peak.arch,
+      peak.bandwidth / 1e9, flops, emulated and " (emulated: checks that every kernel runs; the figures mean nothing)"
+      or ""))
    print(("%-24s %10s %12s %9s"):format("kernel", "ms", "rate", "of peak"))
    local fields, log_sum, counted = {}, 0, 0
    for _, c in ipairs(cases(o.device, emulated)) do
       local name, kind, amount, setup = c[1], c[2], c[3], c[4]
       local seconds = time_per_call(setup(), o.device, iters, rounds)
       local rate = amount / seconds
-      local fraction = rate / (kind == "bytes" and peak.bandwidth or peak[kind])
+      local of = kind == "bytes" and peak.bandwidth or peak[kind]
       local unit, scaled = kind == "bytes" and "GB/s" or "TFLOP/s", kind == "bytes" and rate / 1e9 or rate / 1e12
-      print(("%-24s %10.3f %7.1f %-7s %8.1f%%"):format(name, seconds * 1e3, scaled, unit, 100 * fraction))
+      print(("%-24s %10.3f %7.1f %-7s %9s"):format(name, seconds * 1e3, scaled, unit,
+         of and ("%.1f%%"):format(100 * rate / of) or "n/a"))
       fields[#fields + 1] = { name .. (kind == "bytes" and "_gbps" or "_tflops"), scaled }
-      log_sum, counted = log_sum + math.log(fraction), counted + 1
+      if of then log_sum, counted = log_sum + math.log(rate / of), counted + 1 end
       collectgarbage()
    end
    fields[#fields + 1] = { "peak_gbps", peak.bandwidth / 1e9 }
-   fields[#fields + 1] = { "peak_bf16_tflops", peak.bf16 / 1e12 }
+   if peak.bf16 then fields[#fields + 1] = { "peak_bf16_tflops", peak.bf16 / 1e12 } end
    fields[#fields + 1] = { "emulated", emulated and "yes" or "no" }
    -- headline: the geometric mean fraction of the device's peak over every kernel (no peer: ratio=n/a)
    fields[#fields + 1] = { "roofline_fraction", math.exp(log_sum / counted) }
