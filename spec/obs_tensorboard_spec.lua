@@ -65,6 +65,25 @@ end
 
 local function f32(x) return tonumber(ffi.new("float", x)) end
 
+-- Asserts that the event file's scalars `got` (from dump) are metrics.jsonl's numbers, value for value, and no
+-- others; returns how many values were compared.
+local function assert_same_scalars(dir, got)
+   local want = jsonl_scalars(dir)
+   local n = 0
+   for tag, points in pairs(want) do
+      assert.is_not_nil(got.scalars[tag], "tensorboard has no scalar " .. tag)
+      assert.equal(#points, #got.scalars[tag], tag)
+      for i, p in ipairs(points) do
+         assert.equal(p[1], got.scalars[tag][i][1], tag .. " step")
+         assert.equal(f32(p[2]), got.scalars[tag][i][2], tag .. " at step " .. p[1])
+         n = n + 1
+      end
+   end
+   for tag in pairs(got.scalars) do assert.is_not_nil(want[tag], "tensorboard has a scalar not in metrics.jsonl: "
+      .. tag) end
+   return n
+end
+
 describe("tensorboard event files", function()
    before_each(function() root = helpers.tmpdir() end)
    after_each(function() fs.remove_tree(root) end)
@@ -77,19 +96,7 @@ describe("tensorboard event files", function()
       assert.equal("brain.Event:2", got.file_version)
       assert.is_false(got.truncated)
       assert.equal(1 + 1 + 5, got.records) -- file_version, config, one per step
-      local want = jsonl_scalars(dir)
-      local n = 0
-      for tag, points in pairs(want) do
-         assert.is_not_nil(got.scalars[tag], "tensorboard has no scalar " .. tag)
-         assert.equal(#points, #got.scalars[tag], tag)
-         for i, p in ipairs(points) do
-            assert.equal(p[1], got.scalars[tag][i][1], tag .. " step")
-            assert.equal(f32(p[2]), got.scalars[tag][i][2], tag .. " at step " .. p[1])
-            n = n + 1
-         end
-      end
-      for tag in pairs(got.scalars) do assert.is_not_nil(want[tag], "tensorboard has a scalar not in metrics.jsonl: "
-         .. tag) end
+      local n = assert_same_scalars(dir, got)
       local expected = { "loss", "lr", "grad_norm", "tokens_per_second", "memory/host/peak", "gc_seconds", "mfu" }
       for _, tag in ipairs(expected) do
          assert.is_not_nil(got.scalars[tag], tag)
@@ -99,6 +106,20 @@ describe("tensorboard event files", function()
       assert.matches("    steps = 5,", text, 1, true)
       local back = loadstring(text:gsub("\n    ", "\n"):gsub("^    ", ""))()
       assert.same(cfg, back)
+   end)
+
+   with_tb("hold a GRPO run's rollout fields (rewards, staleness, kl), value for value", function()
+      local dir = fs.join(root, "grpo")
+      local r = require("spec.dist_helpers").dtrun(("recipes/grpo.lua steps=2 seed=3 run_dir=%s model.dim=32 "
+         .. "model.layers=1 model.heads=2 sft.steps=2 eval=4 grpo.prompts_per_step=2 grpo.group_size=2 log_every=0")
+         :format(dir))
+      assert.equal(0, r.code, r.out)
+      local got = dump(event_files(dir)).files[1]
+      assert.is_true(assert_same_scalars(dir, got) > 0)
+      for _, tag in ipairs { "reward_mean", "reward_std", "reward/exact_answer", "staleness_mean", "staleness_max",
+         "async_ratio", "kl", "clip_fraction", "rollout_tokens_per_second", "staleness_histogram/0" } do
+         assert.equal(2, got.scalars[tag] and #got.scalars[tag], tag)
+      end
    end)
 
    with_tb("keep a run's earlier records readable when the last one was cut short by a kill", function()
