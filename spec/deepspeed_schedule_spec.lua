@@ -6,14 +6,17 @@ local optim = require "dt.optim"
 local train = require "dt.train"
 local deepspeed = require "dt.train.deepspeed"
 
--- The reference: DeepSpeed's classes as deepspeed/runtime/lr_schedules.py writes them, transcribed line by line
--- (get_lr reads self.last_batch_iteration), driven as its engine drives them: __init__ at last_batch_iteration -1
--- sets the optimizer's lr (get_lr() gives [0.0] before the start; OneCycle sets cycle_min_lr and betas
--- (cycle_min_mom, 0.99)); _take_model_step runs optimizer.step() and then lr_scheduler.step() unless it overflowed.
+-- The reference: DeepSpeed's classes as deepspeed/runtime/lr_schedules.py writes them (deepspeedai/DeepSpeed master,
+-- commit edaa722), transcribed line by line (get_lr reads self.last_batch_iteration), driven as its engine drives
+-- them: __init__ at last_batch_iteration -1 sets the optimizer's lr (before the start WarmupLR's get_lr() gives
+-- min_lrs, WarmupCosineLR's [0.0]; OneCycle sets cycle_min_lr and betas (cycle_min_mom, 0.99)); _take_model_step
+-- runs optimizer.step() and then lr_scheduler.step() unless it overflowed.
 local Reference = {}
 
-local function warmup_lr(p, decay)
-   local s = { last_batch_iteration = -1, min = p.warmup_min_lr or 0, max = p.warmup_max_lr or 0.001,
+local function warmup_lr(p, org_lr, decay)
+   -- WarmupLR: warmup_max_lr=None is [group['lr'] for group in param_groups]; WarmupDecayLR passes its 0.001
+   local s = { last_batch_iteration = -1, min = p.warmup_min_lr or 0,
+      max = p.warmup_max_lr or (decay and 0.001 or org_lr),
       n = math.max(2, p.warmup_num_steps or 1000), log = (p.warmup_type or "log") == "log", total = p.total_num_steps }
    s.inverse_log_warm_up = 1 / math.log(s.n)
    function s:gamma()
@@ -25,14 +28,14 @@ local function warmup_lr(p, decay)
       return math.max(0, (self.total - self.last_batch_iteration) / math.max(1, self.total - self.n))
    end
    function s:get_lr()
-      if self.last_batch_iteration < 0 then return 0 end
+      if self.last_batch_iteration < 0 then return self.min end
       return self.min + (self.max - self.min) * self:gamma()
    end
    return s
 end
 
-function Reference.WarmupLR(p) return warmup_lr(p, false) end
-function Reference.WarmupDecayLR(p) return warmup_lr(p, true) end
+function Reference.WarmupLR(p, org_lr) return warmup_lr(p, org_lr, false) end
+function Reference.WarmupDecayLR(p, org_lr) return warmup_lr(p, org_lr, true) end
 
 function Reference.WarmupCosineLR(p, org_lr)
    local s = { last_batch_iteration = -1, total = p.total_num_steps, cos_min_ratio = p.cos_min_ratio or 0.0001,
@@ -46,8 +49,9 @@ function Reference.WarmupCosineLR(p, org_lr)
          local ratio = self.log and self.inverse_log_warm_up * math.log(it + 1) or it / self.n
          return org_lr * (self.warmup_min_ratio + ratio * (1 - self.warmup_min_ratio))
       end
-      local real_last_step, real_total_steps = it - self.n + 1, self.total - self.n
-      local ratio = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
+      local real_last_step, real_total_steps = it - self.n + 1, math.max(1, self.total - self.n)
+      local cosine_progress = math.min(1, real_last_step / real_total_steps)
+      local ratio = (1 + math.cos(math.pi * cosine_progress)) / 2
       return org_lr * math.max(0, self.cos_min_ratio + (1 - self.cos_min_ratio) * ratio)
    end
    return s
@@ -55,7 +59,11 @@ end
 
 function Reference.OneCycle(p)
    local first = p.cycle_first_step_size or 2000
-   local s = { last_batch_iteration = -1, total_size = first + (p.cycle_second_step_size or first),
+   local second = p.cycle_second_step_size or first
+   local s = { last_batch_iteration = -1, total_size = first + second, first_step_size = first,
+      second_step_size = second,
+      first_stair_count = p.cycle_first_stair_count or 0,
+      second_stair_count = p.cycle_second_stair_count or p.cycle_first_stair_count or 0,
       min_lr = p.cycle_min_lr, max_lr = p.cycle_max_lr, decay_lr_rate = p.decay_lr_rate or 0,
       decay_mom_rate = p.decay_mom_rate or 0, decay_step_size = p.decay_step_size or 0,
       min_mom = p.cycle_min_mom or 0.8, max_mom = p.cycle_max_mom or 0.9, cycle_momentum = p.cycle_momentum ~= false }
@@ -67,8 +75,23 @@ function Reference.OneCycle(p)
       local batch_iteration = self.last_batch_iteration + 1
       local cycle = math.floor(1 + batch_iteration / self.total_size)
       local x = 1 + batch_iteration / self.total_size - cycle
-      if x <= self.step_ratio then return x / self.step_ratio end
-      return (x - 1) / (self.step_ratio - 1)
+      local scale_factor, stair_count
+      if x <= self.step_ratio then
+         scale_factor, stair_count = x / self.step_ratio, self.first_stair_count
+      else
+         scale_factor, stair_count = (x - 1) / (self.step_ratio - 1), self.second_stair_count
+      end
+      if stair_count > 0 then
+         local cycle_iteration = batch_iteration % self.total_size
+         local stair_position
+         if cycle_iteration <= self.first_step_size then
+            stair_position = cycle_iteration * stair_count / self.first_step_size
+         else
+            stair_position = (self.total_size - cycle_iteration) * stair_count / self.second_step_size
+         end
+         scale_factor = math.floor(stair_position) / stair_count
+      end
+      return scale_factor
    end
    function s:get_lr()
       if self.last_batch_iteration < 0 then return self.lr end
@@ -110,14 +133,20 @@ end
 local CASES = {
    { "WarmupLR", { warmup_max_lr = 0.02, warmup_num_steps = 10, warmup_type = "linear", warmup_min_lr = 0.001 } },
    { "WarmupLR", { warmup_num_steps = 1 } }, -- DeepSpeed warms up over at least 2 steps (log by default)
+   { "WarmupLR", { warmup_min_lr = 0.01, warmup_num_steps = 7 } }, -- up to the optimizer's lr
    { "WarmupDecayLR", { warmup_max_lr = 0.01, warmup_num_steps = 8, total_num_steps = 40 } },
    { "WarmupDecayLR", { warmup_max_lr = 0.01, warmup_min_lr = 0.002, warmup_num_steps = 6, total_num_steps = 30,
       warmup_type = "linear" } },
    { "WarmupCosineLR", { warmup_num_steps = 5, total_num_steps = 30, cos_min_ratio = 0.1, warmup_type = "linear" } },
    { "WarmupCosineLR", { warmup_num_steps = 10, total_num_steps = 50, warmup_min_ratio = 0.2 } },
+   { "WarmupCosineLR", { warmup_num_steps = 10, total_num_steps = 6, cos_min_ratio = 0.3 } }, -- no decay window
    { "OneCycle", { cycle_min_lr = 0.001, cycle_max_lr = 0.01, cycle_first_step_size = 8, cycle_second_step_size = 12,
       decay_step_size = 4, decay_lr_rate = 0.5, decay_mom_rate = 0.1 } },
    { "OneCycle", { cycle_min_lr = 0.002, cycle_max_lr = 0.02, cycle_first_step_size = 5, cycle_momentum = false } },
+   { "OneCycle", { cycle_min_lr = 0.001, cycle_max_lr = 0.01, cycle_first_step_size = 9, cycle_second_step_size = 6,
+      cycle_first_stair_count = 3 } }, -- stairs in both phases (the second's count defaults to the first's)
+   { "OneCycle", { cycle_min_lr = 0.001, cycle_max_lr = 0.01, cycle_first_step_size = 8, cycle_second_stair_count = 2,
+      decay_step_size = 3, decay_lr_rate = 0.2 } },
 }
 
 describe("DeepSpeed's lr schedulers (dt.train.deepspeed_schedule)", function()
@@ -152,8 +181,8 @@ describe("DeepSpeed's lr schedulers (dt.train.deepspeed_schedule)", function()
          warmup_min_lr = 0.01, warmup_max_lr = 0.11, warmup_num_steps = 10, warmup_type = "linear" } } }, 1)
       local t = { optimizer = optim.AdamW(nn.Linear(2, 2):parameters()) }
       ds:trainer(t)
-      -- step 1: the lr __init__ set (0); step 2: iteration 0 (min); step 3: iteration 1 (min + (max - min) / 10)
-      assert.equal(0, t.schedule(1, 0))
+      -- step 1: the lr __init__ set (min); step 2: iteration 0 (min); step 3: iteration 1 (min + (max - min) / 10)
+      assert.equal(0.01, t.schedule(1, 0))
       assert.equal(0.01, t.schedule(2, 0))
       close(0.02, t.schedule(3, 0), "step 3")
       close(0.02, t.schedule(5, 2), "step 5 after 2 skipped")
@@ -165,8 +194,10 @@ describe("DeepSpeed's lr schedulers (dt.train.deepspeed_schedule)", function()
       ds:trainer(t)
       close(0.75, t.schedule(5, 0), "iteration 3") -- 3 / 4 of the warmup
       close((1 + math.cos(math.pi / 4)) / 2, t.schedule(6, 0), "iteration 4") -- (1 + cos(pi * 1 / 4)) / 2
+      assert.equal(0, t.schedule(1, 0)) -- the lr __init__ set
       assert.equal(0, t.schedule(9, 0)) -- iteration 7: (1 + cos(pi)) / 2
-      close((1 + math.cos(math.pi * 5 / 4)) / 2, t.schedule(10, 0), "iteration 8") -- and up again, as DeepSpeed's
+      assert.equal(0, t.schedule(10, 0)) -- iteration 8: clamped at the end (cos_min_ratio), not up again
+      assert.equal(0, t.schedule(100, 0))
    end)
 
    it("follow the Trainer's skipped steps in an fp16 run forced to overflow", function()
@@ -198,9 +229,12 @@ describe("DeepSpeed's lr schedulers (dt.train.deepspeed_schedule)", function()
       end
       err({ type = "OneCycle", params = { cycle_max_lr = 1 } },
          "deepspeed: scheduler.params.cycle_min_lr is required for OneCycle")
-      err({ type = "WarmupCosineLR", params = { total_num_steps = 10, warmup_num_steps = 10 } },
-         "deepspeed: scheduler.params.total_num_steps (10) must be above warmup_num_steps (10, at least 2): "
-         .. "DeepSpeed's cosine phase divides by their difference")
+      err({ type = "WarmupLR", params = { warmup_num_steps = 0 } },
+         "deepspeed: scheduler.params.warmup_num_steps must be a positive integer, got 0")
+      err({ type = "WarmupCosineLR", params = { total_num_steps = 10, warmup_num_steps = 2.5 } },
+         "deepspeed: scheduler.params.warmup_num_steps must be a positive integer, got 2.5")
+      err({ type = "OneCycle", params = { cycle_min_lr = 0.1, cycle_max_lr = 1, cycle_first_step_size = 0 } },
+         "deepspeed: scheduler.params.cycle_first_step_size must be positive, got 0")
       err({ type = "WarmupLR", params = { warmup_type = "exp" } },
          "deepspeed: scheduler.params.warmup_type must be \"log\" or \"linear\", got exp")
       err({ type = "LRRangeTest" }, "deepspeed: scheduler.type = 'LRRangeTest' is not supported (supported: WarmupLR, "
@@ -208,7 +242,12 @@ describe("DeepSpeed's lr schedulers (dt.train.deepspeed_schedule)", function()
       local ds = deepspeed.new({ train_batch_size = 2, optimizer = { type = "SGD", params = { lr = 0.1 } },
          scheduler = { type = "OneCycle", params = { cycle_min_lr = 0.1, cycle_max_lr = 1,
             cycle_first_stair_count = 2 } } }, 1)
-      assert.same({ "scheduler.params.cycle_first_stair_count: DeepSpeed's OneCycle stores it and never uses it",
-         "scheduler.params.cycle_momentum: DeepSpeed disables it for an optimizer without betas (SGD)" }, ds.notes)
+      assert.same({ "scheduler.params.cycle_momentum: DeepSpeed disables it for an optimizer without betas (SGD)" },
+         ds.notes)
+      -- DeepSpeed warns and runs it: the lr is at its floor right after the warmup
+      ds = deepspeed.new({ train_batch_size = 2, scheduler = { type = "WarmupDecayLR", params = {
+         total_num_steps = 3, warmup_num_steps = 10 } } }, 1)
+      assert.same({ "scheduler.params.total_num_steps: 3 is less than warmup_num_steps (10, at least 2): the lr falls "
+         .. "to its floor right after the warmup" }, ds.notes)
    end)
 end)

@@ -90,36 +90,38 @@ describe("loss scaling (DeepSpeed's DynamicLossScaler rule)", function()
       end
    end)
 
-   it("skips exactly the overflowing steps of an f16 run forced to overflow (weights untouched), then recovers",
-      function()
-      local model = zero.wrap(gpt(), { zero_optimization = { stage = 2 }, fp16 = { enabled = true } })
-      assert.equal("f16", model.fsdp.param_dtype)
-      local before = params_of(model)
-      local at_last_skip
-      local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
-      local data = { next = function() return x, x end, position = function() return 0 end }
-      local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
-      -- 2^24: the logits' gradient alone is 2^24 / 16 tokens, far beyond f16's 65504
-      local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
-         loss_scaler = optim.LossScaler { initial_scale_power = 24, hysteresis = 2 },
-         config = { steps = 12, log_every = 0, clip = 1 } }
-      local results = {}
-      trainer:add_step_callback(function(r)
-         results[#results + 1] = r
-         if r.metrics.skipped_steps == r.step then at_last_skip = params_of(model) end
+   for _, stage in ipairs { 2, 0 } do -- stage 0: DDP with f32 master weights (FSDP over one-rank shards)
+      it(("skips exactly the overflowing steps of an f16 run forced to overflow (weights untouched), then recovers "
+         .. "(stage %d)"):format(stage), function()
+         local model = zero.wrap(gpt(), { zero_optimization = { stage = stage }, fp16 = { enabled = true } })
+         assert.equal("f16", model.fsdp.param_dtype)
+         local before = params_of(model)
+         local at_last_skip
+         local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) })
+         local data = { next = function() return x, x end, position = function() return 0 end }
+         local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 3e-3 })
+         -- 2^24: the logits' gradient alone is 2^24 / 16 tokens, far beyond f16's 65504
+         local trainer = train.Trainer { model = model, optimizer = opt, data = data, print = function() end,
+            loss_scaler = optim.LossScaler { initial_scale_power = 24, hysteresis = 2 },
+            config = { steps = 12, log_every = 0, clip = 1 } }
+         local results = {}
+         trainer:add_step_callback(function(r)
+            results[#results + 1] = r
+            if r.metrics.skipped_steps == r.step then at_last_skip = params_of(model) end
+         end)
+         trainer:run()
+         local k = results[12].metrics.skipped_steps
+         assert.is_true(k >= 2 and k < 12, tostring(k)) -- the first two overflow for certain; the run recovers
+         for i, r in ipairs(results) do
+            assert.equal(math.min(i, k), r.metrics.skipped_steps, "step " .. i) -- the first k steps, and only those
+            -- hysteresis 2: the first overflow keeps 2^24, each later one halves; no growth within 1000 good steps
+            assert.equal(2 ^ (24 - math.max(0, math.min(i, k + 1) - 2)), r.metrics.loss_scale, "step " .. i)
+         end
+         assert.same(before, at_last_skip)
+         assert.equal(12 - k, opt.step_count)
+         assert.is_true(results[12].loss < results[k + 1].loss)
       end)
-      trainer:run()
-      local k = results[12].metrics.skipped_steps
-      assert.is_true(k >= 2 and k < 12, tostring(k)) -- the first two overflow for certain; the run recovers
-      for i, r in ipairs(results) do
-         assert.equal(math.min(i, k), r.metrics.skipped_steps, "step " .. i) -- the first k steps, and only those
-         -- hysteresis 2: the first overflow keeps 2^24, each later one halves; no growth within 1000 good steps
-         assert.equal(2 ^ (24 - math.max(0, math.min(i, k + 1) - 2)), r.metrics.loss_scale, "step " .. i)
-      end
-      assert.same(before, at_last_skip)
-      assert.equal(12 - k, opt.step_count)
-      assert.is_true(results[12].loss < results[k + 1].loss)
-   end)
+   end
 
    -- on the cpu: the resumed run must match the uninterrupted one exactly
    it("resumes from a checkpoint with the uninterrupted run's scale, growth counter, hysteresis and skipped steps",
@@ -245,6 +247,25 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       schedule_is({ 0, 0.125, 0.05 }, t.schedule, { 1, 3, 21 }) -- cosine down to cos_min_ratio x lr at iteration 19
    end)
 
+   it("says what reduce_bucket_size does at stage 0 and which fp16 keys a disabled fp16 ignores", function()
+      local function notes(c)
+         c.train_batch_size = 8
+         return deepspeed.new(c, 1)
+      end
+      local ds = notes { zero_optimization = { stage = 0, reduce_bucket_size = 2 ^ 18 } }
+      assert.same({ "zero_optimization.reduce_bucket_size: DeepSpeed ignores it at stage 0 (fixed 5e8-element "
+         .. "buckets); dtrun's DDP takes it: ddp.bucket_mb = 1 (x 4 bytes)" }, ds.notes)
+      assert.equal(1, ds.ddp.bucket_mb)
+      ds = notes { zero_optimization = { stage = 0, reduce_bucket_size = 2 ^ 18 }, bf16 = { enabled = true } }
+      assert.same({ "zero_optimization.reduce_bucket_size: DeepSpeed ignores it at stage 0 (fixed 5e8-element "
+         .. "buckets); dtrun reduces one unit (a transformer block) at a time, overlapped with backward" }, ds.notes)
+      assert.is_nil(ds.ddp)
+      ds = notes { fp16 = { enabled = false, loss_scale = 0, initial_scale_power = 16 } }
+      assert.same({ "fp16.initial_scale_power: fp16.enabled is not true, so DeepSpeed ignores it",
+         "fp16.loss_scale: fp16.enabled is not true, so DeepSpeed ignores it" }, ds.notes)
+      assert.is_nil(ds.loss_scaler)
+   end)
+
    it("rejects what dtrun cannot honour, naming the key (DeepSpeed's own message for the batch sizes)", function()
       local function err(c, world, msg) testing.expect_error(function() deepspeed.new(c, world) end, msg) end
       err({ train_batch_size = 128, train_micro_batch_size_per_gpu = 8, gradient_accumulation_steps = 4 }, 2,
@@ -343,7 +364,8 @@ describe("ds_config.json (dt.train.deepspeed)", function()
          return records
       end
       local stage0 = grpo("ds.json")
-      for i, want in ipairs { 0, 0.01, 0.02 } do near(want, stage0[i].lr) end -- WarmupLR: built at 0, iterations 0, 1
+      -- WarmupLR: built at warmup_min_lr, then iterations 0, 1
+      for i, want in ipairs { 0.01, 0.01, 0.02 } do near(want, stage0[i].lr) end
       ds.zero_optimization = { stage = 2 } -- the trainers shard (FSDP at ZeRO stage 2): the same steps
       for i, rec in ipairs(grpo("ds2.json")) do
          assert.is_true(math.abs(rec.loss - stage0[i].loss) <= 1e-5, ("step %d: loss %.9g at stage 2, %.9g at stage 0")
@@ -380,6 +402,44 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       -- 2 steps x 2 micro-batches x 2 rows x 16 tokens x 2 ranks
       assert.truthy(r.out:find("done: step 2  train loss [%d.]+  val loss [%d.]+  best train loss [%d.]+  256 tokens"),
          r.out)
+   end)
+
+   it("trains stage 0 with fp16 and bf16 (DDP, f32 master weights) as stages 1 and 2 do, loss scaling included "
+      .. "(recipes/ddp.lua, 2 ranks)", function()
+      local dir = tmpdir()
+      -- the metrics of 8 steps on 2 ranks; fp16 from scale 2^20, which overflows at once (hysteresis 2)
+      local function steps(stage, precision)
+         local ds = { train_batch_size = 8, zero_optimization = { stage = stage }, [precision] = { enabled = true },
+            optimizer = { type = "AdamW", params = { lr = 3e-3 } } }
+         if precision == "fp16" then ds.fp16.initial_scale_power = 20 end
+         local path = ("%s/%s%d.json"):format(dir, precision, stage)
+         fs.write(path, cjson.encode(ds))
+         local r = helpers.dtrun("recipes/ddp.lua --nproc 2 --deepspeed " .. path .. " steps=8 model.dim=32 "
+            .. "model.heads=2 model.layers=2 seq=16 eval_batches=1 sample=0 log_every=0")
+         assert.equal(0, r.code, r.out)
+         local records = {}
+         for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+         helpers.remove_run(r.run_dir)
+         assert.equal(8, #records)
+         return records
+      end
+      for _, precision in ipairs { "fp16", "bf16" } do
+         local stage0 = steps(0, precision)
+         if precision == "fp16" then
+            assert.is_true(stage0[8].skipped_steps >= 2 and stage0[8].skipped_steps < 8, stage0[8].skipped_steps)
+            assert.equal(2 ^ 20, stage0[1].loss_scale)
+         end
+         for _, stage in ipairs(precision == "fp16" and { 1, 2 } or { 2 }) do
+            for i, rec in ipairs(steps(stage, precision)) do
+               local what = ("%s step %d: stage %d"):format(precision, i, stage)
+               assert.is_true(math.abs(rec.loss - stage0[i].loss) <= 1e-5, ("%s loss %.9g, stage 0 %.9g"):format(what,
+                  rec.loss, stage0[i].loss))
+               assert.equal(stage0[i].skipped_steps, rec.skipped_steps, what)
+               assert.equal(stage0[i].loss_scale, rec.loss_scale, what)
+            end
+         end
+      end
+      fs.remove_tree(dir)
    end)
 
    it("is refused with a mesh_shape in recipes/train.lua (the ZeRO stage chooses the sharding), naming both", function()

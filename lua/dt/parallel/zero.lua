@@ -7,11 +7,11 @@
 --                       bf16 = { enabled = true } }, { mesh = world.mesh })
 --
 -- One mechanism: ZeRO stages 1-3 are FSDP's sharding (dt.parallel.fsdp, its stage option), stage 0 is DDP
--- (dt.parallel.ddp); this module only translates the keys DeepSpeed users know into fsdp.wrap options (stage,
--- offload_optimizer, offload_param, pin_memory, param_dtype) and rejects what it cannot honour with an error that
--- names the key. Accepted: zero_optimization.stage (0-3, default 3),
--- offload_optimizer.device / offload_param.device ("cpu" or "none"), their pin_memory (true unless false;
--- offload_param's must agree with offload_optimizer's: one host buffer kind), bf16.enabled / fp16.enabled
+-- (dt.parallel.ddp; with bf16/fp16 FSDP over one-rank shards: DDP with f32 master weights); this module only translates
+-- the keys DeepSpeed users know into fsdp.wrap options (stage, offload_optimizer, offload_param, pin_memory,
+-- param_dtype) and rejects what it cannot honour with an error that names the key. Accepted: zero_optimization.stage
+-- (0-3, default 3), offload_optimizer.device / offload_param.device ("cpu" or "none"), their pin_memory (true unless
+-- false; offload_param's must agree with offload_optimizer's: one host buffer kind), bf16.enabled / fp16.enabled
 -- (parameter dtype; gradients are reduced in f32). Everything else (batch sizes, optimizer, scheduler, clipping)
 -- belongs to the trainer config and is an error here.
 local fsdp = require "dt.parallel.fsdp"
@@ -86,14 +86,30 @@ function M.options(cfg)
    return o
 end
 
+-- Stage 0 with bf16/fp16 (DeepSpeed: 16-bit parameters, an f32 master copy the optimizer steps, gradients reduced
+-- over every rank): HSDP whose shard axis has one rank and whose replicate axis every rank, at stage 2 (parameters
+-- kept gathered in param_dtype, each unit's gradient all_reduce(avg)'d during backward), i.e. DDP with f32 master
+-- weights. extra: ddp.wrap's options; comm carries over, bucket_mb has no twin (one unit per reduction).
+local function mixed_ddp(model, o, extra)
+   for k in pairs(extra or {}) do
+      if k ~= "comm" and k ~= "bucket_mb" then
+         error(("zero.wrap: stage 0 takes ddp.wrap's options (comm, bucket_mb), not '%s'"):format(tostring(k)), 3)
+      end
+   end
+   return fsdp.wrap(model, { stage = 2, shard_size = 1, param_dtype = o.param_dtype, comm = extra and extra.comm })
+end
+
 -- fsdp.wrap(model, options(cfg) + extra) where extra holds fsdp options DeepSpeed has no key for (mesh, units,
--- checkpoint, device, ...). A key both set is an error. Stage 0: ddp.wrap(model, extra) (f32, no offload).
+-- checkpoint, device, ...). A key both set is an error. Stage 0: ddp.wrap(model, extra) in f32, DDP with f32 master
+-- weights under bf16/fp16 (mixed_ddp); no offload (DeepSpeed offloads from stage 1).
 function M.wrap(model, cfg, extra)
    local o = M.options(cfg or {})
    if o.stage == 0 then
-      if o.param_dtype or o.offload_optimizer then
-         error("zero.wrap: stage 0 (DDP) trains in f32 without offload; use stage 1-3 for bf16/fp16 or offload", 2)
+      if o.offload_optimizer then
+         error("zero.wrap: zero_optimization.offload_optimizer needs stage 1-3 (stage 0 is DDP: nothing to offload "
+            .. "from); set zero_optimization.stage", 2)
       end
+      if o.param_dtype then return mixed_ddp(model, o, extra) end
       return ddp.wrap(model, extra)
    end
    for k, v in pairs(extra or {}) do

@@ -118,19 +118,25 @@ function DS:translate_zero(c)
       if zero_own[k] then own[k] = v end
    end
    own.stage = stage
+   local prec, mixed = {}, false
+   for _, k in ipairs { "bf16", "fp16" } do
+      if c[k] ~= nil then prec[k] = { enabled = c[k].enabled == true } end
+      mixed = mixed or (c[k] ~= nil and c[k].enabled == true)
+   end
    for _, k in ipairs(sorted_keys(z)) do
       local note = zero_notes[k]
-      if note then
+      if k == "reduce_bucket_size" and stage == 0 then
+         -- DeepSpeed's stage 0 all_reduces in fixed buckets (engine.py's MEMORY_OPT_ALLREDUCE_SIZE); dtrun's f32 DDP
+         -- takes it as its bucket size (elements in DeepSpeed, f32 MiB in dtrun), its bf16/fp16 path has no buckets
+         local elements = number(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size", 1)
+         if not mixed then self.ddp = { bucket_mb = elements * 4 / 2 ^ 20 } end
+         self:note("zero_optimization.reduce_bucket_size", "DeepSpeed ignores it at stage 0 (fixed 5e8-element "
+            .. "buckets); " .. (mixed and note[2] or ("dtrun's DDP takes it: ddp.bucket_mb = %.4g (x 4 bytes)")
+            :format(self.ddp.bucket_mb)))
+      elseif note then
          local used = note[1]:find(tostring(stage), 1, true)
          self:note("zero_optimization." .. k, used and note[2] or ("DeepSpeed ignores it at stage %d"):format(stage))
       end
-   end
-   if stage == 0 and z.reduce_bucket_size then -- DDP's buckets: elements in DeepSpeed, f32 MiB in dtrun
-      self.ddp = { bucket_mb = number(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size", 1) * 4 / 2 ^ 20 }
-   end
-   local prec = {}
-   for _, k in ipairs { "bf16", "fp16" } do
-      if c[k] ~= nil then prec[k] = { enabled = c[k].enabled == true } end
    end
    self.zero = { zero_optimization = own, bf16 = prec.bf16, fp16 = prec.fp16 }
    self.stage = stage
@@ -143,7 +149,12 @@ function DS:translate_precision(c)
    if f == nil then return end
    only(f, { enabled = true, loss_scale = true, initial_scale_power = true, loss_scale_window = true, hysteresis = true,
       min_loss_scale = true, consecutive_hysteresis = true }, "fp16")
-   if not f.enabled then return end
+   if not f.enabled then
+      for _, k in ipairs(sorted_keys(f)) do
+         if k ~= "enabled" then self:note("fp16." .. k, "fp16.enabled is not true, so DeepSpeed ignores it") end
+      end
+      return
+   end
    local static = number(f.loss_scale, "fp16.loss_scale") or 0
    self.loss_scaler = optim.LossScaler { dynamic = static == 0, scale = static > 0 and static or 1,
       initial_scale_power = f.initial_scale_power, window = f.loss_scale_window, hysteresis = f.hysteresis,
@@ -181,10 +192,11 @@ function DS:translate_optimizer(c)
    self.optimizer = { kind = kind, opts = opts }
 end
 
--- Each scheduler's params with DeepSpeed's defaults (REQUIRED: no default).
-local REQUIRED = {}
+-- Each scheduler's params with DeepSpeed's defaults (deepspeed/runtime/lr_schedules.py; REQUIRED: no default;
+-- OPTIMIZER_LR: the optimizer's lr, dt.train.deepspeed_schedule fills it in).
+local REQUIRED, OPTIMIZER_LR = {}, {}
 local schedulers = {
-   WarmupLR = { warmup_min_lr = 0, warmup_max_lr = 0.001, warmup_num_steps = 1000, warmup_type = "log" },
+   WarmupLR = { warmup_min_lr = 0, warmup_max_lr = OPTIMIZER_LR, warmup_num_steps = 1000, warmup_type = "log" },
    WarmupDecayLR = { warmup_min_lr = 0, warmup_max_lr = 0.001, warmup_num_steps = 1000, warmup_type = "log",
       total_num_steps = REQUIRED },
    WarmupCosineLR = { warmup_min_ratio = 0, cos_min_ratio = 0.0001, warmup_num_steps = 1000, warmup_type = "log",
@@ -213,7 +225,15 @@ function DS:translate_scheduler(c)
       local d, v, path = defaults[k], given[k], "scheduler.params." .. k
       if v == nil and d == REQUIRED then fail("%s is required for %s", path, s.type) end
       if v == nil then v = d end
-      if k == "warmup_type" then
+      if v == OPTIMIZER_LR then
+         v = false
+      elseif k == "warmup_num_steps" then -- DeepSpeed's ValueError
+         if type(v) ~= "number" or v % 1 ~= 0 or v <= 0 then
+            fail("%s must be a positive integer, got %s", path, tostring(v))
+         end
+      elseif k == "cycle_first_step_size" and number(v, path) <= 0 then
+         fail("%s must be positive, got %s", path, tostring(v))
+      elseif k == "warmup_type" then
          if v ~= "log" and v ~= "linear" then fail("%s must be \"log\" or \"linear\", got %s", path, tostring(v)) end
       elseif k == "cycle_momentum" then
          if type(v) ~= "boolean" then fail("%s must be true or false, got %s", path, tostring(v)) end
@@ -222,14 +242,9 @@ function DS:translate_scheduler(c)
       end
       p[k] = v or nil
    end
-   if s.type == "WarmupCosineLR" and p.total_num_steps <= math.max(2, p.warmup_num_steps) then
-      fail("scheduler.params.total_num_steps (%s) must be above warmup_num_steps (%s, at least 2): DeepSpeed's "
-         .. "cosine phase divides by their difference", p.total_num_steps, p.warmup_num_steps)
-   end
-   for _, k in ipairs { "cycle_first_stair_count", "cycle_second_stair_count" } do
-      if given[k] ~= nil then
-         self:note("scheduler.params." .. k, "DeepSpeed's OneCycle stores it and never uses it")
-      end
+   if p.total_num_steps and p.total_num_steps < math.max(2, p.warmup_num_steps) then -- DeepSpeed warns, and runs it
+      self:note("scheduler.params.total_num_steps", ("%s is less than warmup_num_steps (%s, at least 2): the lr "
+         .. "falls to its floor right after the warmup"):format(p.total_num_steps, p.warmup_num_steps))
    end
    if p.cycle_momentum and self.optimizer and self.optimizer.kind ~= "AdamW" then -- as DeepSpeed: no betas to cycle
       self:note("scheduler.params.cycle_momentum", "DeepSpeed disables it for an optimizer without betas (SGD)")
