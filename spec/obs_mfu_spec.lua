@@ -76,13 +76,15 @@ describe("mfu", function()
       assert.is_nil(results[3].metrics.mfu)
    end)
 
-   -- A GPT on cuda:0 and the expected mfu of step result r of `model` from cuda:0's properties: its FLOPs over
-   -- SMs x clock x the FLOPs per SM per clock of `kind` (the emulator is an sm_90: H100's figures).
+   -- The expected mfu of step result r of `model` from cuda:0's properties: its FLOPs over SMs x clock x the FLOPs
+   -- per SM per clock of `kind` (the emulator is an sm_90: H100's figures; a real GPU: peaks.lua's table).
    local function expected(model, r, kind)
       local info = dt.cuda_device_info(0)
-      local per = info.emulated and assert(info.cc_major == 9 and info.cc_minor == 0 and
-         ({ bf16 = 4096, tf32 = 2048, f32 = 256 })[kind]) or require("dt.obs.peaks").PER_SM_CLOCK[
-         info.cc_major .. "." .. info.cc_minor][kind]
+      local per = require("dt.obs.peaks").PER_SM_CLOCK[info.cc_major .. "." .. info.cc_minor][kind]
+      if info.emulated then
+         assert.same({ 9, 0 }, { info.cc_major, info.cc_minor })
+         per = ({ bf16 = 4096, tf32 = 2048, f32 = 256 })[kind]
+      end
       return 3 * model:flops(r.tokens_per_second, r.tokens_per_second / r.samples_per_second)
          / (info.multiprocessors * info.clock_khz * 1e3 * per)
    end
@@ -112,15 +114,12 @@ describe("mfu", function()
    end)
 
    describe("with the device's properties replaced", function()
-      local real, notes
+      local real, say, notes
       before_each(function()
-         real, notes = dt.cuda_device_info, {}
+         real, say, notes = dt.cuda_device_info, mfu.say, {}
          mfu.say = function(line) notes[#notes + 1] = line end
       end)
-      after_each(function()
-         dt.cuda_device_info = real
-         mfu.say = function(line) io.stderr:write(line, "\n") end
-      end)
+      after_each(function() dt.cuda_device_info, mfu.say = real, say end)
       -- cuda device i: an sm_<cc> with 10 x (i + 1) SMs at 1.5 GHz
       local function fake(cc_major, cc_minor)
          dt.cuda_device_info = function(i)
