@@ -1,6 +1,8 @@
 -- spec/hostfile_spec.lua: `dtrun --hostfile` (DeepSpeed's hostfile, --include/--exclude): parsing, the launcher's
 -- errors, and jobs over ssh against a loopback sshd the spec starts itself (pending, saying why, without sshd).
+local ffi = require "ffi"
 local hostfile = require "dt.hostfile"
+local launch_hosts = require "dt.launch_hosts"
 local fs = require "dt.fs"
 local testing = require "dt.testing"
 local H = require "spec.dist_helpers"
@@ -43,6 +45,15 @@ describe("hostfile", function()
       testing.expect_error(function() hostfile.filter(hosts, nil, "node0@node1") end, "--exclude leaves no host")
    end)
 
+   it("gives ssh BatchMode and a ConnectTimeout of half the --rdzv-timeout (after the user's words)", function()
+      local user = os.getenv("DT_SSH_ARGS")
+      local mine = user and (user .. " ") or ""
+      assert.same({ mine .. "-o BatchMode=yes -o ConnectTimeout=150", 150 }, { launch_hosts.ssh_args {} })
+      assert.same({ "-p 2222 " .. mine .. "-o BatchMode=yes -o ConnectTimeout=4", 4 },
+         { launch_hosts.ssh_args { ssh_port = 2222, rdzv_timeout = 9 } })
+      assert.equal(1, select(2, launch_hosts.ssh_args { rdzv_timeout = 0.5 })) -- ssh's smallest
+   end)
+
    it("is refused with flags the hostfile decides, uneven hosts and a missing file", function()
       local dir = tmpdir()
       fs.write(dir .. "/hf", text)
@@ -60,6 +71,24 @@ describe("hostfile", function()
    end)
 end)
 
+-- A TCP port that takes connections and never answers (the kernel completes each handshake into the backlog; nobody
+-- accepts or writes a banner): a host that hangs ssh until its ConnectTimeout. Returns the socket's fd.
+pcall(ffi.cdef, [[
+int socket(int domain, int type, int protocol);
+int bind(int fd, const void *addr, unsigned int len);
+int listen(int fd, int backlog);
+int close(int fd);
+]])
+local function silent_port(ip, port)
+   local fd = ffi.C.socket(2, 1, 0) -- AF_INET, SOCK_STREAM
+   assert(fd >= 0, "socket")
+   local a, i = ffi.new("uint8_t[16]"), 4 -- sockaddr_in: family (host order), port (network order), address
+   a[0], a[2], a[3] = 2, math.floor(port / 256), port % 256
+   for octet in ip:gmatch("%d+") do a[i], i = tonumber(octet), i + 1 end
+   assert(ffi.C.bind(fd, a, 16) == 0 and ffi.C.listen(fd, 16) == 0, "bind/listen " .. ip .. ":" .. port)
+   return fd
+end
+
 -- A loopback sshd on a free port (127.0.0.1 and 127.0.0.2: two "hosts") with a fresh host key and client key.
 local sshd = "/usr/sbin/sshd"
 local function have(path) return os.execute("test -x " .. path) == 0 end
@@ -69,14 +98,14 @@ local it_ssh = ssh_ok and it or function(name)
 end
 
 describe("dtrun --hostfile over ssh (loopback sshd)", function()
-   local dir, env
+   local dir, env, port
    lazy_setup(function()
       if not ssh_ok then return end
       dir = tmpdir()
       os.execute("chmod 700 " .. dir)
       assert(os.execute(("ssh-keygen -q -t ed25519 -N '' -f %s/host_key && ssh-keygen -q -t ed25519 -N '' -f %s/id "
          .. "&& cp %s/id.pub %s/authorized_keys"):format(dir, dir, dir, dir)) == 0)
-      local port = H.free_port()
+      port = H.free_port()
       fs.write(dir .. "/sshd_config", table.concat({ "Port " .. port, "ListenAddress 127.0.0.1",
          "ListenAddress 127.0.0.2", "HostKey " .. dir .. "/host_key", "PidFile " .. dir .. "/sshd.pid",
          "AuthorizedKeysFile " .. dir .. "/authorized_keys", "PasswordAuthentication no",
@@ -89,6 +118,7 @@ describe("dtrun --hostfile over ssh (loopback sshd)", function()
       assert(os.execute(("%s -f %s/sshd_config -E %s/sshd.log"):format(sshd, dir, dir)) == 0, "sshd did not start")
       fs.write(dir .. "/hosts", "127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
       fs.write(dir .. "/unreachable", "127.0.0.1 slots=1\n127.0.0.3 slots=1\n") -- nothing listens on .3
+      fs.write(dir .. "/silent", "127.0.0.1 slots=1\n127.0.0.4 slots=1\n") -- .4 takes connections, never answers
       env = ("DT_SSH_ARGS='-F %s/ssh_config' DT_SHM_SLOT_BYTES=4096"):format(dir)
    end)
    lazy_teardown(function()
@@ -124,8 +154,25 @@ describe("dtrun --hostfile over ssh (loopback sshd)", function()
       local tag = H.tag()
       local r = job("unreachable", "spec/fixtures/hostfile_job.lua tag=" .. tag)
       assert.equal(255, r.code, r.out)
-      assert.truthy(r.out:find("dtrun: host 127.0.0.3: ssh failed (exit 255: unreachable, or it refused the login)",
-         1, true), r.out)
+      assert.truthy(r.out:find("dtrun: host 127.0.0.3: ssh failed (exit 255: unreachable, no answer within "
+         .. "ConnectTimeout=150 s, or it refused the login)", 1, true), r.out)
+      assert.equal(0, H.count_procs(tag))
+   end)
+
+   it_ssh("names a host that never answers within half the --rdzv-timeout, before the rendezvous gives up", function()
+      local fd = silent_port("127.0.0.4", port)
+      local tag = H.tag()
+      local t0 = os.time()
+      local r = job("silent", "spec/fixtures/hostfile_job.lua --rdzv-timeout 8 tag=" .. tag)
+      local took = os.time() - t0
+      ffi.C.close(fd)
+      -- 255 is ssh's: node 0's agent would have exited 2 naming node 1 missing after 8 s (without a ConnectTimeout
+      -- that ssh waits for the banner for ever)
+      assert.equal(255, r.code, r.out)
+      assert.truthy(r.out:find("dtrun: host 127.0.0.4: ssh failed (exit 255: unreachable, no answer within "
+         .. "ConnectTimeout=4 s, or it refused the login)", 1, true), r.out)
+      assert.is_nil(r.out:find("missing", 1, true), r.out)
+      assert.is_true(took < 8, took .. " s")
       assert.equal(0, H.count_procs(tag))
    end)
 end)

@@ -2,12 +2,13 @@
 --
 -- Like `deepspeed --hostfile`: the hosts (dt.hostfile) become nodes 0..N-1 of one multi-node job (dt.launch), each
 -- agent started by `ssh HOST` in this directory with this dtrun, --nproc = the host's slot count (its slots as
--- CUDA_VISIBLE_DEVICES when they are not 0..n-1), the first host as --master-addr and --master-port (default 29500)
--- for the store. The job token (DT_JOB_TOKEN, or a fresh random one) goes to each agent on its ssh session's
--- standard input, never on a command line; ssh gets BatchMode (no password prompts), --ssh-port and the words of
--- DT_SSH_ARGS (e.g. "-F my_ssh_config"). The agents stop each other as on any multi-node job (a failed rank stops
--- the whole job, with its root cause). Each session's standard input stays open while its agent runs: when it closes
--- (this launcher ended, or another host could not be reached, which is named) the remote side sends its agent
+-- CUDA_VISIBLE_DEVICES when they are not 0..n-1), the first host as --master-addr and --master-port (default 29500) for
+-- the store. The job token (DT_JOB_TOKEN, or a fresh random one) goes to each agent on its ssh session's standard
+-- input, never on a command line; ssh gets --ssh-port, the words of DT_SSH_ARGS (e.g. "-F my_ssh_config"), BatchMode
+-- (no password prompts) and a ConnectTimeout of half the --rdzv-timeout (M.ssh_args), so a host that never answers is
+-- named before the other agents give up waiting for it. The agents stop each other as on any multi-node job (a failed
+-- rank stops the whole job, with its root cause). Each session's standard input stays open while its agent runs: when
+-- it closes (this launcher ended, or another host could not be reached, which is named) the remote side sends its agent
 -- SIGTERM.
 local ffi = require "ffi"
 local hostfile = require "dt.hostfile"
@@ -77,7 +78,7 @@ for cmd in "$@"; do
   mkfifo "$dir/in$i"
   closes="" # the earlier sessions' stdin: only this launcher may hold them open
   for fd in "${fds[@]}"; do closes+=" $fd>&-"; done
-  run="ssh -o BatchMode=yes \$SSH_ARGS \"\$host\" \"\$cmd\" < \"\$dir/in\$i\""
+  run="ssh \$SSH_ARGS \"\$host\" \"\$cmd\" < \"\$dir/in\$i\""
   eval "{ $run; echo \"$i \$?\" > \"\$dir/done\"; } $closes &"
   exec {fd}>"$dir/in$i"
   fds+=("$fd")
@@ -89,8 +90,8 @@ for ((k = 0; k < n; k++)); do
   if [ "$c" -ne 0 ] && [ "$code" -eq 0 ]; then
     code=$c
     if [ "$c" -eq 255 ]; then
-      echo "dtrun: host ${HOSTS[$((i - 1))]}: ssh failed (exit 255: unreachable, or it refused the login);" \
-        "stopping the other hosts' agents" >&2
+      echo "dtrun: host ${HOSTS[$((i - 1))]}: ssh failed (exit 255: unreachable, no answer within" \
+        "ConnectTimeout=$CONNECT_TIMEOUT s, or it refused the login); stopping the other hosts' agents" >&2
     fi
     for fd in "${fds[@]}"; do eval "exec $fd>&-"; done
     fds=()
@@ -99,6 +100,18 @@ done
 wait
 exit "$code"
 ]]
+
+-- The ssh options (a shell word string) for launcher options opts: --ssh-port, DT_SSH_ARGS (first: for ssh the first
+-- value of an option wins, so the user's -o words override ours), BatchMode and ConnectTimeout (seconds: half the
+-- --rdzv-timeout, default 300, at least 1; it bounds the TCP connect and the SSH handshake), and that timeout.
+function M.ssh_args(opts)
+   local timeout = math.max(1, math.floor((opts.rdzv_timeout or 300) / 2))
+   local words = {}
+   if opts.ssh_port then words[#words + 1] = "-p " .. opts.ssh_port end
+   if os.getenv("DT_SSH_ARGS") then words[#words + 1] = os.getenv("DT_SSH_ARGS") end
+   words[#words + 1] = "-o BatchMode=yes -o ConnectTimeout=" .. timeout
+   return table.concat(words, " "), timeout
+end
 
 -- Run the job on the hostfile's hosts (opts from dt.launch.parse; words: the recipe or dtrun words; args: the
 -- words after it). Returns the exit code.
@@ -131,8 +144,9 @@ function M.run(words, args, opts)
       if h.slots[1] ~= 0 or h.slots[n] ~= n - 1 then env = "CUDA_VISIBLE_DEVICES=" .. table.concat(h.slots, ",") end
       cmds[i], names[i] = quote(remote_command(cwd, agent, env)), quote(h.name)
    end
-   local ssh_args = (opts.ssh_port and ("-p " .. opts.ssh_port .. " ") or "") .. (os.getenv("DT_SSH_ARGS") or "")
-   local script = ("HOSTS=(%s); SSH_ARGS=%s\n%s"):format(table.concat(names, " "), quote(ssh_args), fanout)
+   local ssh_args, timeout = M.ssh_args(opts)
+   local script = ("HOSTS=(%s); SSH_ARGS=%s; CONNECT_TIMEOUT=%d\n%s"):format(table.concat(names, " "), quote(ssh_args),
+      timeout, fanout)
    local status = os.execute("bash -c " .. quote(script) .. " dtrun-hosts " .. table.concat(cmds, " "))
    return math.floor(status / 256)
 end
