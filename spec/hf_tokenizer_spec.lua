@@ -1,5 +1,6 @@
 -- spec/hf_tokenizer_spec.lua: the C byte-level BPE against `tokenizers` (spec/fixtures/hf_tokenizers.py): identical ids
--- on every line of the license texts and on hard strings, decode(encode(s)) == s, streaming decode, bad input.
+-- on every line of the license texts and on hard strings, decode(encode(s)) == s, streaming decode, bad input (files
+-- that are not UTF-8: each reader names the file, line and field, and the offset).
 local cjson = require "cjson"
 local hf = require "dt.hf"
 local fs = require "dt.fs"
@@ -27,8 +28,8 @@ describe("dt.hf.tokenizer", function()
    end
    teardown(function() fs.remove_tree(dir) end)
 
-   for _, name in ipairs { "gpt2_style", "llama3_style", "qwen2_style", "sentencepiece_style", "metaspace_style",
-      "metaspace_always", "metaspace_never", "metaspace_legacy" } do
+   for _, name in ipairs { "gpt2_style", "llama3_style", "llama3_ignore_merges", "qwen2_style", "sentencepiece_style",
+      "metaspace_style", "metaspace_always", "metaspace_never", "metaspace_legacy" } do
       describe(name, function()
          local tok = hf.tokenizer(fs.join(dir, name))
 
@@ -92,6 +93,83 @@ describe("dt.hf.tokenizer", function()
          end)
       end)
    end
+
+   it("llama3_ignore_merges: the option changes tokenizers' ids (so the matching ids above depend on it)", function()
+      local differ = 0
+      for i, case in ipairs(ref.llama3_ignore_merges) do
+         if cjson.encode(case.ids) ~= cjson.encode(ref.llama3_style[i].ids) then differ = differ + 1 end
+      end
+      assert.is_true(differ > 100, ("only %d cases differ from llama3_style's"):format(differ))
+      local j = cjson.decode(fs.read(fs.join(dir, "llama3_ignore_merges", "tokenizer.json")))
+      assert.is_true(j.model.ignore_merges)
+   end)
+
+   describe("a user's file that is not UTF-8", function()
+      local tmp, tok
+      local FIX = "tokenizers read UTF-8 text; convert it (e.g. iconv -f LATIN1 -t UTF-8)"
+      before_each(function()
+         tmp = helpers.tmpdir()
+         tok = hf.tokenizer(fs.join(dir, "qwen2_style"))
+      end)
+      after_each(function() fs.remove_tree(tmp) end)
+      local function write(name, text)
+         fs.write(fs.join(tmp, name), text)
+         return fs.join(tmp, name)
+      end
+      local chat_lines = { cjson.encode { messages = { { role = "user", content = "hi" },
+         { role = "assistant", content = "hello there" } } } }
+
+      it("train.text { tokenizer = }: names the file and the byte offset in it", function()
+         local good = write("a.txt", ("fine text\n"):rep(20))
+         local bad = write("b.txt", ("caf\xc3\xa9 ok\n"):rep(3) .. "caf\xe9 au lait\n")
+         local err = helpers.errmsg(function()
+            require("dt.train").text { path = tmp, seq = 4, batch = 1, tokenizer = tok }
+         end)
+         assert.equal(("train.text: %s is not valid UTF-8 at byte 30 of the file (0xe9): %s"):format(bad, FIX), err)
+         assert.is_nil(err:find(good, 1, true))
+      end)
+
+      it("train.chat: names the file, the line, the message's field and the byte offset in that field", function()
+         chat_lines[2] = '{"messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": '
+            .. '"na\xefve \xff"}]}'
+         local path = write("chats.jsonl", table.concat(chat_lines, "\n") .. "\n")
+         local chat = fs.join(tmp, "tokenizer_config.json")
+         fs.write(chat, cjson.encode { eos_token = "<|im_end|>", chat_template =
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" })
+         local err = helpers.errmsg(function()
+            require("dt.train").chat { path = path, chat = hf.chat(chat), tokenizer = tok, seq = 4, batch = 1 }
+         end)
+         assert.matches(("train.chat: %s:2: message 2's \"content\" is not valid UTF-8 at byte 2 of that field "
+            .. "(0xef): %s"):format(path, FIX), err, 1, true)
+      end)
+
+      it("GRPO prompts (JSONL): names the file, the line and the byte offset in the prompt", function()
+         local path = write("prompts.jsonl",
+            '{"prompt": "1+2=", "answer": "3"}\n{"prompt": "4\x80+5=", "answer": "9"}\n')
+         local model = require("dt.nn").GPT { vocab = tok.vocab_size, seq = 32, dim = 8, layers = 1, heads = 1 }
+         local rl = require "dt.rl"
+         for _, chat in ipairs { false, true } do
+            local codec = rl.rollouts.tokenizer(tok, chat and hf.chat(write("tc.json", cjson.encode {
+               eos_token = "<|im_end|>", chat_template = "<|im_start|>{{ m.content }}<|im_end|>" })) or nil)
+            local err = helpers.errmsg(function()
+               rl.grpo.setup { model = model, prompts = path, tokenizer = codec,
+                  rewards = { rl.rewards.exact_answer() },
+                  config = { group_size = 2, prompts_per_step = 1, max_new_tokens = 2, stop = codec.stop } }
+            end)
+            assert.equal(("%s:2: the prompt is not valid UTF-8 at byte 1 of its text (0x80): %s"):format(path, FIX),
+               err)
+         end
+      end)
+
+      it("dtrun bench tokenize: names the corpus line and the byte offset in its \"text\"", function()
+         local path = write("corpus.jsonl", '{"text": "fine"}\n{"text": "bad \xc3("}\n')
+         local r = require("spec.dist_helpers").dtrun(("bench tokenize tokenizer=%s corpus=%s rounds=1"):format(
+            fs.join(dir, "qwen2_style"), path))
+         assert.is_true(r.code ~= 0, r.out)
+         assert.matches(("%s:2: the \"text\" field is not valid UTF-8 at byte 4 of that field (0xc3)"):format(path),
+            r.out, 1, true)
+      end)
+   end)
 
    describe("unsupported tokenizer.json", function()
       local bad

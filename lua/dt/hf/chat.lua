@@ -6,6 +6,7 @@
 --    local ids, mask = chat:encode(messages, tok)   -- mask[i] == 1: token i is assistant content or its end marker
 local cjson = require "cjson"
 local fs = require "dt.fs"
+local check_utf8 = require("dt.hf.tokenizer").check_utf8
 
 local M = {}
 local Chat = {}
@@ -72,6 +73,9 @@ function Chat:pieces(messages, opts)
    for i, m in ipairs(messages) do
       if type(m.role) ~= "string" or type(m.content) ~= "string" then
          fail("message %d needs string role and content", i)
+      end
+      for _, key in ipairs { "role", "content" } do -- the offset in the field, not in the rendered text
+         check_utf8(m[key], ("message %d's \"%s\""):format(i, key), "that field")
       end
    end
    local gen = opts and opts.add_generation_prompt

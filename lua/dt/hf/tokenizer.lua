@@ -161,13 +161,25 @@ end
 
 local ids_t = ffi.typeof("int32_t[?]")
 
+-- Raise "<what> is not valid UTF-8 at byte N of <of> (0xXX)" with the fix, when s is not UTF-8 (N: 0-based offset in
+-- s; `of` says what s is: "the file", "that field"; nil leaves it out). What every reader of a user's text for a
+-- tokenizer calls, so that the error names the file (and line, field) the offset is in.
+function M.check_utf8(s, what, of)
+   local bad = tonumber(C.dt_utf8_invalid_at(s, #s))
+   if bad == #s then return end
+   error(("%s is not valid UTF-8 at byte %d%s (0x%02x): tokenizers read UTF-8 text; convert it (e.g. iconv -f LATIN1 "
+      .. "-t UTF-8)"):format(what, bad, of and " of " .. of or "", s:byte(bad + 1)), 0)
+end
+
 -- Token ids (a Lua array, 0-based ids as in tokenizer.json) of UTF-8 text, with the post-processor's special tokens
 -- (a BOS) unless opts.add_special_tokens == false, as tokenizers' encode. Text that is not UTF-8 is an error naming
--- the byte offset.
+-- the byte offset, and opts.what / opts.of (see M.check_utf8: e.g. the file's name and "the file") when given.
 function Tokenizer:encode(text, opts)
    local cap = 3 * #text + 1
    local ids, count = ids_t(cap), ffi.new("size_t[1]")
-   check(C.dt_tokenizer_encode(self.h, text, #text, ids, cap, count), 2)
+   local status = C.dt_tokenizer_encode(self.h, text, #text, ids, cap, count)
+   if status ~= 0 and opts and opts.what then M.check_utf8(text, opts.what, opts.of) end
+   check(status, 2)
    local specials = not (opts and opts.add_special_tokens == false)
    local out = specials and { unpack(self.prefix) } or {}
    for i = 0, tonumber(count[0]) - 1 do out[#out + 1] = ids[i] end

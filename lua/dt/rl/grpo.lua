@@ -220,7 +220,9 @@ function M.setup(opts)
    local tokenizer = opts.tokenizer or rollouts.bytes
    -- A prompt that leaves no room for max_new_tokens in the model's context is an error (no silent truncation).
    local function fits(row, where)
-      local n = #tokenizer:prompt(row.prompt)
+      local ok, ids = pcall(tokenizer.prompt, tokenizer, row.prompt) -- e.g. not UTF-8: the error names the row
+      if not ok then error(("%s: %s"):format(where, tostring(ids)), 0) end
+      local n = #ids
       if n + cfg.max_new_tokens > model.seq then
          error(("%s: the prompt has %d tokens; with max_new_tokens %d that exceeds the model's context of %d "
             .. "(shorten the prompt or lower grpo max_new_tokens)"):format(where, n, cfg.max_new_tokens, model.seq), 0)

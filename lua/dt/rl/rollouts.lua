@@ -8,6 +8,7 @@
 -- tok:encode(text) -> tokens (no special tokens) and tok:decode(tokens) -> the text the rewards see.
 local dt = require "dt"
 local generate = require "dt.rl.generate"
+local check_utf8 = require("dt.hf.tokenizer").check_utf8
 
 local M = {}
 local Rollouts = {}
@@ -48,6 +49,7 @@ function M.tokenizer(tok, chat)
    return {
       stop = stop,
       prompt = function(_, text)
+         check_utf8(text, "the prompt", "its text") -- the offset in the prompt (grpo.load_prompts names file:line)
          if not chat then return tok:encode(text) end
          return (chat:encode({ { role = "user", content = text } }, tok, { add_generation_prompt = true }))
       end,

@@ -125,7 +125,10 @@ function M.text(opts)
    local parts, n = {}, 0
    for i, file in ipairs(text_files(path)) do
       parts[i] = fs.read(file)
-      if opts.tokenizer then parts[i] = opts.tokenizer:encode(parts[i], { add_special_tokens = false }) end
+      if opts.tokenizer then -- text that is not UTF-8: an error naming the file and the offset in it
+         parts[i] = opts.tokenizer:encode(parts[i], { add_special_tokens = false, what = "train.text: " .. file,
+            of = "the file" })
+      end
       n = n + #parts[i]
    end
    if opts.tokenizer then

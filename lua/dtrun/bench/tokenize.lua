@@ -12,6 +12,7 @@ local ffi = require "ffi"
 local dt = require "dt"
 local fs = require "dt.fs"
 local hf = require "dt.hf"
+local check_utf8 = require("dt.hf.tokenizer").check_utf8
 local common = require "dtrun.bench.common"
 
 local M = {}
@@ -58,6 +59,7 @@ function M.main(args)
    local texts, nbytes = {}, 0
    for obj, line in require("dt.train.jsonl").read(corpus) do
       if type(obj.text) ~= "string" then error(("%s:%d: no string \"text\" field"):format(corpus, line), 0) end
+      check_utf8(obj.text, ("%s:%d: the \"text\" field"):format(corpus, line), "that field")
       texts[#texts + 1] = obj.text
       nbytes = nbytes + #obj.text
    end
