@@ -79,12 +79,14 @@ function M.dtrun_parallel(cmds)
 end
 
 -- One job of 2 x nproc ranks on this host: two agents (--nnodes 2), started together; as M.dtrun_parallel.
-function M.two_nodes(fixture, nproc, extra, env)
+-- env: variables for both agents, or a function of the node rank giving each agent's; exe: another dtrun (dtrun_emu).
+function M.two_nodes(fixture, nproc, extra, env, exe)
    local port, token = M.free_port(), M.tag()
    local cmds = {}
    for node = 0, 1 do
       cmds[#cmds + 1] = {
-         env = ("DT_JOB_TOKEN=%s %s"):format(token, env or ""),
+         exe = exe,
+         env = ("DT_JOB_TOKEN=%s %s"):format(token, type(env) == "function" and env(node) or env or ""),
          args = ("%s --nproc %d --nnodes 2 --node-rank %d --master-addr 127.0.0.1 --master-port %d %s"):format(fixture,
             nproc, node, port, extra or ""),
       }

@@ -439,8 +439,6 @@ dt_status dt_comm_enable_cuda(dt_comm *c, dt_store_client *store, int device) {
   CHECK_COMM("enable_cuda");
   DT_CHECK(c->device < 0, DT_ERR_STATE, "comm '%s': already has cuda:%d, cannot enable cuda:%d too", c->job,
            c->device, device);
-  DT_CHECK(!c->nodes, DT_ERR_UNSUPPORTED, "comm '%s': its ranks span nodes, and cuda collectives across nodes are "
-           "not supported yet (run CPU ranks: --device cpu)", c->job);
 #if DT_HAVE_CUDA
   DT_TRY(dt_nccl_open(c, store, device));
   c->device = device;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "comm_nccl.h"
 #include "flight_internal.h"
 #include "gloo_shim.h"
 
@@ -231,6 +232,14 @@ dt_status nodes_run(dt_comm *c, const comm_call *call) {
            c->rank, c->world, c->failed);
   dt_status st = p2p ? DT_OK : check_fingerprints(c, &fp);
   uint8_t *tmp = NULL;
+#if DT_HAVE_CUDA
+  /* cuda tensors: checked above over the host paths (shm and Gloo, so across nodes), then moved by NCCL. A node's
+   * ranks first hear their leader's verdict on the other nodes' calls (the barrier fails once it aborts): NCCL never
+   * looks at the node's segment, so a rank that went ahead would wait in NCCL for ranks that are not coming. */
+  if (st == DT_OK && call->nc && !p2p && n->hier) st = dt_comm_barrier(n->local, NULL);
+  if (st == DT_OK && call->nc) st = dt_nccl_run(c, call, &fp);
+  else
+#endif
   if (st == DT_OK) switch (call->kind) {
     case CALL_ALL_REDUCE:
       st = all_reduce(c, dt_tensor_ptr(call->out), count, dtype, call->op);
@@ -273,6 +282,9 @@ dt_status nodes_run(dt_comm *c, const comm_call *call) {
     /* unusable from now on; a leader's node must not wait for it: its shm peers fail with the reason */
     snprintf(c->failed, sizeof c->failed, "%s", dt_last_error());
     if (n->local && leader(n) && !n->local->failed[0]) shm_abort(n->local, st, c->failed);
+#if DT_HAVE_CUDA
+    dt_nccl_abort(c->nccl); /* no queued NCCL call may wait for a rank that is not coming */
+#endif
     return DT_FAIL(st, "%s", c->failed);
   }
   return DT_OK;

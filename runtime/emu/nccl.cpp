@@ -5,6 +5,7 @@
  * order it makes them, as the dt_comm calls above it are already ordered on the host. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +49,17 @@ std::mutex served_lock;
 std::vector<served> servers;
 
 thread_local char last_msg[1024];
+
+/* This host, as NCCL tells hosts apart (NCCL_HOSTID overrides the host name; specs simulate nodes with it): a hash. */
+int host_id() {
+  char name[256] = "";
+  const char *env = getenv("NCCL_HOSTID");
+  if (env && *env) snprintf(name, sizeof name, "%s", env);
+  else gethostname(name, sizeof name - 1);
+  uint32_t h = 2166136261u;
+  for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+  return (int)(h & 0x7fffffff);
+}
 
 ncclResult_t fail(ncclResult_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 ncclResult_t fail(ncclResult_t code, const char *fmt, ...) {
@@ -289,7 +301,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
   }
   dt_store_client *store = nullptr;
   dt_status st = dt_store_connect("127.0.0.1", f.port, f.token, INIT_TIMEOUT_MS, &store);
-  if (st == DT_OK) st = dt_comm_init_shm(store, rank, nranks, f.job, &c->inner);
+  /* ranks on one host meet over shm; on several (NCCL_HOSTID tells simulated hosts apart) over shm and Gloo, as
+   * NCCL's own transports split; the barrier keeps the store up until every rank's Gloo rendezvous is done */
+  if (st == DT_OK) st = dt_comm_init(store, rank, nranks, host_id(), f.job, &c->inner);
+  if (st == DT_OK) st = dt_comm_barrier(c->inner, nullptr);
   dt_store_close(store);
   if (st != DT_OK) {
     ncclResult_t r = fail(ncclSystemError, "ncclCommInitRank (rank %d of %d): %s", rank, nranks, dt_last_error());
