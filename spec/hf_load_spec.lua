@@ -152,6 +152,25 @@ describe("dt.hf.load", function()
       end), 1, true)
    end)
 
+   it("writes generation_config.json when the directory has none, as GenerationConfig.from_model_config does (ids "
+      .. "config.json lacks: the tokenizer's special tokens)", function()
+      local tmp, tiny = refs.tiny()
+      finally(function() fs.remove_tree(tmp) end)
+      local cases = { { fs.join(dir, "llama"), { "config.json", "model.safetensors" },
+         { bos_token_id = 1, eos_token_id = 2, _from_model_config = true } }, -- LlamaConfig's ids
+         { tiny, { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" },
+            { eos_token_id = hf.tokenizer(tiny).special["<|im_end|>"] } } } -- none in its config: the tokenizer's eos
+      for i, case in ipairs(cases) do
+         local src, out = fs.join(tmp, "src" .. i), fs.join(tmp, "saved" .. i)
+         fs.mkdir(src)
+         for _, f in ipairs(case[2]) do fs.write(fs.join(src, f), fs.read(fs.join(case[1], f))) end
+         hf.save(hf.load(src), out)
+         assert.same(case[3], cjson.decode(fs.read(fs.join(out, "generation_config.json"))))
+         -- transformers reads it with from_model_config's values (and the tokenizer's ids besides)
+         assert.matches("generation config: .*\nsame %d+ tensors%s*$", refs.run("hf_roundtrip.py", src, out))
+      end
+   end)
+
    it("loads in another dtype", function()
       local model = hf.load(fs.join(dir, "llama"), { dtype = "bf16" })
       assert.equal("bf16", model.wte.weight.dtype)
@@ -166,6 +185,17 @@ describe("dt.hf.load", function()
          for _, f in ipairs(files) do fs.write(fs.join(bad, f), fs.read(fs.join(dir, from, f))) end
       end
       local function load_err() return helpers.errmsg(function() hf.load(bad) end) end
+
+      it("dt.hf.save refuses a tensor- or pipeline-parallel model, naming dtrun ckpt export-hf", function()
+         for _, kind in ipairs { "tp", "pp" } do
+            local err = helpers.errmsg(function()
+               hf.save({ hf = { config = {}, dir = bad }, [kind] = {} }, fs.join(bad, "out"))
+            end)
+            assert.matches("model is not gathered here: save a checkpoint (checkpoint_every=N) and write it with "
+               .. "`dtrun ckpt export-hf RUN_DIR OUT_DIR`", err, 1, true)
+         end
+         assert.is_false(fs.is_dir(fs.join(bad, "out")))
+      end)
 
       it("names a missing config.json", function()
          assert.matches("config.json: no config.json", load_err(), 1, true)

@@ -148,6 +148,49 @@ end
 local COPIED = { "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
    "vocab.json", "merges.txt" }
 
+-- transformers' GenerationConfig defaults of the generation keys a config.json may carry (null: None).
+local GENERATION_DEFAULTS = { max_length = 20, min_length = 0, do_sample = false, early_stopping = false,
+   num_beams = 1, num_beam_groups = 1, diversity_penalty = 0, temperature = 1, top_k = 50, top_p = 1, typical_p = 1,
+   repetition_penalty = 1, length_penalty = 1, no_repeat_ngram_size = 0, encoder_no_repeat_ngram_size = 0,
+   num_return_sequences = 1, use_cache = true, output_scores = false, return_dict_in_generate = false,
+   remove_invalid_values = false, bad_words_ids = cjson.null, forced_bos_token_id = cjson.null,
+   forced_eos_token_id = cjson.null, exponential_decay_length_penalty = cjson.null, suppress_tokens = cjson.null,
+   begin_suppress_tokens = cjson.null, bos_token_id = cjson.null, eos_token_id = cjson.null,
+   pad_token_id = cjson.null, decoder_start_token_id = cjson.null }
+
+-- The id of tokenizer_config.json's `key` (bos_token, eos_token, pad_token: a string or { content = }) in dir's
+-- tokenizer.json (its added tokens, then its vocabulary), or nil.
+local function special_id(dir, tc, key)
+   local t = tc[key]
+   local content = type(t) == "table" and t.content or t
+   local path = fs.join(dir, "tokenizer.json")
+   if type(content) ~= "string" or not fs.is_file(path) then return nil end
+   local j = read_json(path, "tokenizer.json")
+   for _, a in ipairs(type(j.added_tokens) == "table" and j.added_tokens or {}) do
+      if a.content == content then return a.id end
+   end
+   return type(j.model) == "table" and type(j.model.vocab) == "table" and j.model.vocab[content] or nil
+end
+
+-- generation_config.json for a model directory that has none, as transformers' GenerationConfig.from_model_config
+-- makes it: the generation keys config c sets to other than their defaults (bos/eos/pad_token_id, ...); ids c lacks
+-- of bos/eos/pad come from tokenizer_config.json's special tokens (so that servers stop at the tokenizer's eos), and
+-- then the file is not marked _from_model_config (transformers would otherwise rebuild it from config.json alone).
+local function generation_config(c, dir)
+   local g = { _from_model_config = true }
+   for k, default in pairs(GENERATION_DEFAULTS) do
+      local v = c[k]
+      if v ~= nil and v ~= cjson.null and v ~= default then g[k] = v end
+   end
+   local tc_path = fs.join(dir, "tokenizer_config.json")
+   local tc = fs.is_file(tc_path) and read_json(tc_path, "tokenizer_config.json") or {}
+   for _, key in ipairs { "bos", "eos", "pad" } do
+      local id = g[key .. "_token_id"] == nil and special_id(dir, tc, key .. "_token")
+      if id then g[key .. "_token_id"], g._from_model_config = id, nil end
+   end
+   return g
+end
+
 -- Build the dtrun model for Hugging Face directory `dir` and read its weights (memory-mapped; each tensor copied once
 -- into its parameter). opts.dtype (default f32, as transformers' from_pretrained), opts.device. opts.wrap: a function
 -- that shards the model and returns it (fsdp.wrap or zero.wrap with their options, device included): the model is then
@@ -229,15 +272,43 @@ local function views(model, a, name, p)
    return out
 end
 
+-- The whole model of a sharded one (fsdp.wrap / zero.wrap, any ZeRO stage) on rank 0 of its world, nil on the other
+-- ranks. Collective: every rank gathers unit by unit (the f32 master weights), and only rank 0 keeps the parameters,
+-- so no other rank ever holds more than one unit whole. Rank 0's model is rebuilt from them as `dtrun ckpt export-hf`
+-- rebuilds a checkpoint's (dt.hf.load with opts.state).
+local function gathered(model)
+   local f, src = model.fsdp, model.hf
+   local state, mine = {}, f.world.rank == 0
+   f:each_gathered(function(u, full)
+      if mine then for name, t in pairs(u:split(full)) do state[name] = t end end
+   end)
+   if not mine then return nil end
+   local whole = M.load(src.dir, { state = state })
+   whole.hf.config = src.config
+   return whole
+end
+
 -- Write a model that dt.hf.load built to directory `dir` in the same format: config.json, model.safetensors (or
--- shards of at most opts.max_shard_bytes, default 5e9, with model.safetensors.index.json), and the generation and
--- tokenizer files of the directory it was loaded from. The files are written into a temporary directory beside dir,
--- which is then renamed to dir (so dir must not exist, or be empty): a crash leaves no half-written model.
+-- shards of at most opts.max_shard_bytes, default 5e9, with model.safetensors.index.json), the tokenizer files of the
+-- directory it was loaded from, and its generation_config.json (or one made from config.json and the tokenizer's
+-- special tokens when it has none). The files are written into a temporary directory beside dir, which is then renamed
+-- to dir (so dir must not exist, or be empty): a crash leaves no half-written model. A sharded model (fsdp.wrap or
+-- zero.wrap at load: model.fsdp) is gathered to rank 0, which writes it, in f32 (its master weights): every rank of
+-- the model calls save (a collective); the others return once their shards are sent.
 function M.save(model, dir, opts)
    opts = opts or {}
    local src = model.hf
    if type(src) ~= "table" then
       error("dt.hf.save: the model has no Hugging Face config (build it with dt.hf.load)", 2)
+   end
+   if model.tp or model.pp then
+      error(("dt.hf.save: a %s model is not gathered here: save a checkpoint (checkpoint_every=N) and write it with "
+         .. "`dtrun ckpt export-hf RUN_DIR OUT_DIR`"):format(model.tp and "tensor-parallel" or "pipeline-parallel"), 2)
+   end
+   if model.fsdp then
+      model = gathered(model)
+      if not model then return end
+      src = model.hf
    end
    local c = {}
    for k, v in pairs(src.config) do c[k] = v end
@@ -257,6 +328,9 @@ function M.save(model, dir, opts)
       for _, f in ipairs(COPIED) do
          local from = fs.join(src.dir, f)
          if fs.is_file(from) then fs.write(fs.join(tmp, f), fs.read(from)) end
+      end
+      if not fs.is_file(fs.join(src.dir, "generation_config.json")) then
+         fs.write(fs.join(tmp, "generation_config.json"), cjson.encode(generation_config(c, src.dir)))
       end
       local limit, shards = opts.max_shard_bytes or 5e9, { {} }
       local size = 0
