@@ -8,6 +8,7 @@
 --    dtrun recipes/grpo.lua --nproc 2 --deepspeed ds.json    # micro batch = completions per rank (TRL's meaning)
 --    dtrun recipes/grpo.lua model.path=DIR      # a Hugging Face model, its tokenizer (tokenizer=DIR for another) and
 --                                               # chat template (chat=false: raw prompts; stop at its end of turn)
+--    dtrun recipes/grpo.lua tokenizer=DIR       # a new GPT over that tokenizer's vocabulary, prompts as above
 local dt    = require "dt"
 local hf    = require "dt.hf"
 local nn    = require "dt.nn"
@@ -57,14 +58,16 @@ end
 local eval_gen, eval_rows = dt.Generator(cfg.seed + 1), {}
 for i = 1, cfg.eval do eval_rows[i] = problem(eval_gen) end
 
--- The model: a byte-level GPT, or model.path's; its tokenizer (bytes, or tokenizer.json with the chat template),
--- whose end of turn (or "\n") ends a completion.
-local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() })
-   or nn.GPT { vocab = 256, seq = 16, dim = cfg.model.dim, layers = cfg.model.layers, heads = cfg.model.heads,
-      seed = cfg.seed }
+-- The tokenizer (bytes, or tokenizer.json with the chat template), whose end of turn (or "\n") ends a completion;
+-- the model: model.path's, or a new GPT over the tokenizer's vocabulary (room for chat-rendered prompts).
 local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
-local tok = tok_dir == "" and rl.rollouts.bytes or rl.rollouts.tokenizer(hf.tokenizer(tok_dir),
-   cfg.chat and hf.chat(tok_dir) or nil)
+local hf_tok = tok_dir ~= "" and hf.tokenizer(tok_dir) or nil
+local tok = hf_tok and rl.rollouts.tokenizer(hf_tok, cfg.chat and hf.chat(tok_dir) or nil) or rl.rollouts.bytes
+local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() })
+   or nn.GPT { vocab = hf_tok and hf_tok.vocab_size or 256, seq = hf_tok and 128 or 16, dim = cfg.model.dim,
+      layers = cfg.model.layers, heads = cfg.model.heads, seed = cfg.seed }
+say(("model: %s, vocab %d, %s"):format(cfg.model.path ~= "" and cfg.model.path or "a new GPT",
+   model.wte.weight.shape[1], hf_tok and "tokenizer " .. hf_tok.path or "bytes"))
 cfg.grpo.stop = tok.stop or cfg.grpo.stop
 
 -- Greedy exact-match accuracy on the held-out rows (rank 0 alone: generation is no collective).

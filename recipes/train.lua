@@ -9,6 +9,7 @@
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 --    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
 --    dtrun recipes/train.lua model.path=DIR      # a Hugging Face model (and its tokenizer; tokenizer=DIR for another)
+--    dtrun recipes/train.lua tokenizer=DIR       # a new GPT over that tokenizer's vocabulary (its token ids)
 local dt    = require "dt"
 local hf    = require "dt.hf"
 local nn    = require "dt.nn"
@@ -44,11 +45,11 @@ local tok = tok_dir ~= "" and hf.tokenizer(tok_dir) or nil
 -- (cuda:LOCAL_RANK under --gpus or with DT_DEVICE=cuda; the trainer copies each batch there).
 dt.manual_seed(cfg.seed)
 local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() }):train()
-   or nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
+   or nn.GPT { vocab = tok and tok.vocab_size or 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
       heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
-say(("model: %s, %.2fM parameters, %d rank(s) on %s"):format(cfg.model.path ~= "" and cfg.model.path
-   or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6, world.size,
-   dt.default_device()))
+say(("model: %s, %.2fM parameters, vocab %d, %d rank(s) on %s"):format(cfg.model.path ~= "" and cfg.model.path
+   or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6,
+   model.wte.weight.shape[1], world.size, dt.default_device()))
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
 if ds and #cfg.model.mesh_shape > 0 then
    error("recipes/train.lua: --deepspeed and model.mesh_shape are both set; the DeepSpeed config's ZeRO stage chooses "

@@ -64,4 +64,18 @@ describe("GRPO on a Hugging Face model", function()
       assert.matches('\n  e%.g%. "%d%+%d=" %-> ".-": reward ', r.out)
       assert.matches("accuracy: [%d.]+%% %-> [%d.]+%% %([-+][%d.]+ points after 2 GRPO steps%)", r.out)
    end)
+
+   it("recipes/grpo.lua tokenizer=DIR alone: a new GPT over the tokenizer's vocabulary, chat-rendered prompts",
+      function()
+      local r = dist.dtrun(("recipes/grpo.lua tokenizer=%s steps=2 sft.steps=2 sft.batch=4 eval=4 log_every=1 "
+         .. "grpo.prompts_per_step=2 grpo.group_size=2 model.dim=16 model.layers=1 model.heads=2 tensorboard=false")
+         :format(tiny))
+      if r.run_dir then dist.remove_run(r.run_dir) end
+      assert.equal(0, r.code, r.out)
+      local tok = hf.tokenizer(tiny)
+      assert.matches(("model: a new GPT, vocab %d, tokenizer %s"):format(tok.vocab_size, tok.path), r.out, 1, true)
+      assert.matches("warm start: 2 supervised steps; accuracy [%d.]+%%", r.out)
+      assert.matches("step 2/2  loss ", r.out, 1, true)
+      assert.matches("accuracy: [%d.]+%% %-> [%d.]+%% %([-+][%d.]+ points after 2 GRPO steps%)", r.out)
+   end)
 end)

@@ -80,6 +80,17 @@ describe("recipes/sft.lua", function()
       assert.matches("sample:\nThe ", r.out, 1, true)
    end)
 
+   it("recipes/train.lua tokenizer=DIR alone: a new GPT over the tokenizer's vocabulary trains on its ids", function()
+      local r = dist.dtrun(("recipes/train.lua tokenizer=%s steps=2 seq=32 batch=2 sample=8 eval_batches=1 "
+         .. "model.dim=32 model.layers=1 model.heads=2 tensorboard=false"):format(tiny))
+      dist.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.matches(("model: GPT 1 layers, dim 32, [%%d.]+M parameters, vocab %d,"):format(
+         hf.tokenizer(tiny).vocab_size), r.out) -- the tokenizer's (756), not the 256 bytes
+      assert.matches("done: step 2", r.out, 1, true)
+      assert.matches("sample:\nThe ", r.out, 1, true)
+   end)
+
    it("names what is missing", function()
       local r = dist.dtrun("recipes/sft.lua tensorboard=false steps=1")
       if r.run_dir then dist.remove_run(r.run_dir) end
