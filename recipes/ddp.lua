@@ -8,7 +8,7 @@ local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
-local ddp   = require "dt.parallel.ddp"
+local zero  = require "dt.parallel.zero"
 
 local cfg = train.config {
    steps = 400, seed = 1, log_every = 25,
@@ -17,6 +17,7 @@ local cfg = train.config {
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0 },
    ddp = { bucket_mb = 25 },                    -- gradients are all_reduced in buckets of this size as backward runs
+   mixed_precision = "no",                      -- bf16 | fp16: compute in it over f32 master weights (ZeRO stage 0)
    eval_batches = 8,                            -- val batches for the final val loss
    sample = 200,                                -- bytes to generate at the end (0: skip)
 }
@@ -35,7 +36,9 @@ local model = nn.GPT { vocab = 256, seq = cfg.seq, dim = cfg.model.dim, layers =
    heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 local n_params = model:num_parameters()
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: its ZeRO stage, optimizer, scheduler, fp16
-if ds then ds:wrap(model) else ddp.wrap(model, { bucket_mb = cfg.ddp.bucket_mb }) end
+if ds then ds:wrap(model) else -- ZeRO stage 0: ddp.wrap in f32
+   zero.wrap(model, zero.mixed_precision(cfg.mixed_precision), { bucket_mb = cfg.ddp.bucket_mb })
+end
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), ddp"):format(cfg.model.layers, cfg.model.dim,
    n_params / 1e6, world.size))
 

@@ -17,6 +17,7 @@ local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
 local layout = require "dt.parallel.layout"
+local zero  = require "dt.parallel.zero"
 
 local cfg = train.config {
    steps = 400, seed = 1, log_every = 25,
@@ -30,6 +31,7 @@ local cfg = train.config {
          schedule = "1f1b", split = {} },       -- "1f1b" or "gpipe", blocks per stage ({}: an even split)
       path = "" },                              -- a Hugging Face model directory ("": a new byte-level GPT)
    tokenizer = "",                              -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
+   mixed_precision = "no",                      -- bf16 | fp16: compute in it over f32 master weights (DDP or fsdp)
    sample = 200,                                -- bytes to generate at the end (0: skip)
    eval_batches = 8,                            -- val batches for the final val loss
 }
@@ -56,13 +58,23 @@ if ds and #cfg.model.mesh_shape > 0 then
       .. "the sharding over every rank: drop model.mesh_shape (or --deepspeed to use the mesh's strategies)", 0)
 end
 local data_world = world                        -- the ranks that read different rows of the global batch
+local mp, mesh_shape = zero.mixed_precision(cfg.mixed_precision), cfg.model.mesh_shape -- mp: bf16/fp16 blocks
+local dtype = zero.precisions[cfg.mixed_precision]
 if ds then                                      -- DDP, or the mesh's strategies
    ds:wrap(model)
+elseif #mesh_shape == 0 then                    -- DDP (ZeRO stage 0; with bf16/fp16 over f32 master weights)
+   if world.size > 1 or dtype ~= "f32" then zero.wrap(model, mp) end
 else
+   local fsdp_axis = false
+   for _, name in ipairs(mesh_shape[2] or {}) do fsdp_axis = fsdp_axis or name == "fsdp" end
+   if dtype ~= "f32" and not fsdp_axis then
+      error(("recipes/train.lua: mixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis "
+         .. "(FSDP's param_dtype), or none (DDP)"):format(cfg.mixed_precision), 0)
+   end
    local pp = cfg.model.pipeline
-   data_world = layout.wrap(model, cfg.model.mesh_shape, { sequence_parallel = cfg.model.sequence_parallel,
+   data_world = layout.wrap(model, mesh_shape, { sequence_parallel = cfg.model.sequence_parallel,
       pipeline = { micro_batches = pp.micro_batches > 0 and pp.micro_batches or nil, schedule = pp.schedule,
-         split = #pp.split > 0 and pp.split or nil } })
+         split = #pp.split > 0 and pp.split or nil }, fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil })
 end
 
 -- Data: random (batch, seq) windows of bytes (or token ids); targets are the inputs shifted by one. Each

@@ -25,7 +25,7 @@ local cfg = train.config {
    -- DeepSpeed's keys (dt.parallel.zero says which it accepts)
    zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", pin_memory = true },
       offload_param = { device = "none", pin_memory = true } },
-   bf16 = { enabled = false },
+   bf16 = { enabled = false }, fp16 = { enabled = false }, -- compute dtype over the f32 master weights
    eval_batches = 8,                            -- val batches for the final val loss
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
@@ -44,7 +44,7 @@ local n_params = model:num_parameters()
 local mesh = #cfg.mesh_shape > 0 and { mesh_shape = cfg.mesh_shape } or nil
 local ds = train.deepspeed(cfg)                 -- --deepspeed FILE: the whole ds_config.json (its keys win)
 if ds then ds:wrap(model, { mesh = mesh }) else
-   zero.wrap(model, { zero_optimization = cfg.zero_optimization, bf16 = cfg.bf16 }, { mesh = mesh })
+   zero.wrap(model, { zero_optimization = cfg.zero_optimization, bf16 = cfg.bf16, fp16 = cfg.fp16 }, { mesh = mesh })
 end
 local z = model.fsdp or { comm = { size = 1 }, param_dtype = "f32" } -- a DeepSpeed config's stage 0 is DDP
 say(("model: GPT %d layers, dim %d, %.2fM parameters, %d rank(s), %d shard(s), %s on %s, offload: %s"):format(

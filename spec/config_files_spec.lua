@@ -1,4 +1,7 @@
--- spec/config_files_spec.lua: --config files in JSON and YAML (dt.train.config_file) and InstructLab's keys in them.
+-- spec/config_files_spec.lua: --config files in JSON and YAML (dt.train.config_file) and InstructLab's keys in them,
+-- flat or in the `train:` section of ilab's config.yaml (spec/fixtures/ilab_config.yaml: the seed guide's example).
+local ffi = require "ffi"
+local cjson = require "cjson"
 local nn = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
@@ -6,6 +9,35 @@ local fs = require "dt.fs"
 local config = require "dt.train.config"
 local testing = require "dt.testing"
 local tmpdir = require("spec.train_helpers").tmpdir
+local helpers = require "spec.dist_helpers"
+
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+pcall(ffi.cdef, "int unsetenv(const char *name);")
+
+-- fn() with the environment variables of `vars` set (then put back, as dtrun's children read them); its results.
+local function with_env(vars, fn)
+   local before = {}
+   for k, v in pairs(vars) do
+      before[k] = os.getenv(k) or false
+      ffi.C.setenv(k, v, 1)
+   end
+   local out = { pcall(fn) }
+   for k, v in pairs(before) do
+      if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+   end
+   if not out[1] then error(out[2], 0) end
+   return unpack(out, 2)
+end
+
+-- fn()'s results and what it wrote through io.stdout:write (the notes).
+local function capture(fn)
+   local real, lines = io.stdout, {}
+   io.stdout = { write = function(_, ...) lines[#lines + 1] = table.concat({ ... }) end } -- luacheck: ignore 122
+   local out = { pcall(fn) }
+   io.stdout = real -- luacheck: ignore 122
+   if not out[1] then error(out[2], 0) end
+   return table.concat(lines), unpack(out, 2)
+end
 
 describe("config files", function()
    local dir
@@ -62,6 +94,84 @@ describe("config files", function()
       end, "mixed_precision must be bf16, fp16 or no, got fp8")
       assert.is_true(config.parse({ bf16 = { enabled = false } }, { "--config", file("z.yaml",
          "mixed_precision: bf16\n") }).bf16.enabled)
+   end)
+
+   -- recipes/train.lua's keys (batch, seq, lr, model.path, mixed_precision) and the base ones
+   local recipe = { lr = 2e-3, batch = 16, seq = 128, mixed_precision = "no", model = { dim = 8, path = "" } }
+   local SEED_YAML = "spec/fixtures/ilab_config.yaml"
+
+   it("takes the seed guide's InstructLab config.yaml (a train: section) key by key", function()
+      -- ~/.config/instructlab/ds_config.json: the seed's ds_config.json; 4 ranks, as its num_gpus says
+      local home = dir .. "/home"
+      fs.mkdir(home .. "/.config/instructlab")
+      fs.write(home .. "/.config/instructlab/ds_config.json", fs.read("spec/fixtures/ds_config.json"))
+      local out, cfg = with_env({ HOME = home, WORLD_SIZE = "4", RANK = "0" }, function()
+         return capture(function() return config.parse(recipe, { "--config", SEED_YAML }) end)
+      end)
+      assert.same({ 8, 4, true, "bf16", 4096, "granite-7b-base", home .. "/.config/instructlab/ds_config.json" },
+         { cfg.batch, cfg.grad_accum, cfg.gradient_checkpointing, cfg.mixed_precision, cfg.seq, cfg.model.path,
+            cfg.deepspeed })
+      assert.equal(8, cfg.model.dim) -- the recipe's other model keys stay
+      -- the keys with no dtrun meaning, and the precision the DeepSpeed config overrides, each get one line
+      assert.truthy(out:find("config: " .. SEED_YAML .. ": train.distributed: true: dtrun's launcher decides", 1,
+         true), out)
+      assert.truthy(out:find("config: " .. SEED_YAML .. ": mixed_precision: bf16: the DeepSpeed config " .. home
+         .. "/.config/instructlab/ds_config.json decides the precision (fp16)", 1, true), out)
+   end)
+
+   it("names the file and the InstructLab key it cannot honour", function()
+      local function err(text, msg, schema)
+         local path = file("e.yaml", text)
+         testing.expect_error(function()
+            with_env({ WORLD_SIZE = "2" }, function() config.parse(schema or recipe, { "--config", path }) end)
+         end, "config: " .. path .. ": " .. msg)
+      end
+      err("train:\n  lora_rank: 4\n", "unknown key train.lora_rank (InstructLab's keys here: batch_size, ")
+      err("train:\n  num_gpus: 4\n", "train.num_gpus = 4, but this job has 2 rank(s): start it with `dtrun --gpus 4`")
+      err("train:\n  num_epochs: 3\n", "train.num_epochs: dtrun's recipes count optimizer steps; set steps")
+      err("train:\n  model:\n    base: granite\n", "train.model.base: this recipe trains its own model",
+         { batch = 1, model = { dim = 8 } })
+      err("train:\n  model:\n    revision: main\n", "unknown key train.model.revision (known: base, max_seq_length)")
+      err("train:\n  deepspeed:\n    zero_stage: 2\n", "train.deepspeed: give config_path")
+      local ds = file("ds.json", cjson.encode { train_batch_size = 8, zero_optimization = { stage = 1 } })
+      err(("train:\n  deepspeed:\n    config_path: %s\n    zero_stage: 2\n"):format(ds),
+         ("train.deepspeed.zero_stage = 2, but %s has zero_optimization.stage 1: make them agree"):format(ds))
+      err(("train:\n  effective_batch_size: 16\n  deepspeed:\n    config_path: %s\n"):format(ds),
+         ("effective_batch_size = 16, but the DeepSpeed config %s has train_batch_size 8"):format(ds))
+      err("train:\n  batch_size: 4\n", "train.batch_size: this recipe has no `batch` key for it", { steps = 1 })
+   end)
+
+   it("maps mixed_precision onto every recipe's precision knob with one meaning", function()
+      local function mp(text, schema)
+         return config.parse(schema, { "--config", file("mp.yaml", text) })
+      end
+      -- recipes/train.lua, ddp.lua, sft.lua, grpo.lua: their mixed_precision key (YAML's `no` is false)
+      assert.equal("fp16", mp("mixed_precision: fp16\n", recipe).mixed_precision)
+      assert.equal("no", mp("train:\n  mixed_precision: no\n", recipe).mixed_precision)
+      -- recipes/fsdp.lua: fsdp.param_dtype; recipes/zero3_offload.lua: DeepSpeed's bf16/fp16 blocks
+      assert.equal("f16", mp("mixed_precision: fp16\n", defaults).fsdp.param_dtype)
+      local z = mp("mixed_precision: fp16\n", { bf16 = { enabled = false }, fp16 = { enabled = false } })
+      assert.same({ false, true }, { z.bf16.enabled, z.fp16.enabled })
+   end)
+
+   it("trains recipes/ddp.lua in bf16 from mixed_precision as a DeepSpeed config's stage 0 bf16 does (2 ranks)",
+      function()
+      local small = " steps=3 model.dim=32 model.heads=2 model.layers=2 seq=16 batch=2 eval_batches=1 sample=0 "
+         .. "log_every=0"
+      local function losses(words)
+         local r = helpers.dtrun("recipes/ddp.lua --nproc 2 " .. words .. small)
+         assert.equal(0, r.code, r.out)
+         local out = {}
+         for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do out[#out + 1] = cjson.decode(line).loss end
+         helpers.remove_run(r.run_dir)
+         return out
+      end
+      local ds = file("ds.json", cjson.encode { train_micro_batch_size_per_gpu = 2, gradient_clipping = 1,
+         bf16 = { enabled = true } })
+      local bf16, want, f32 = losses("--config " .. file("mp.yaml", "mixed_precision: bf16\n")),
+         losses("--deepspeed " .. ds), losses("")
+      assert.same(want, bf16)
+      assert.is_true(math.abs(bf16[3] - f32[3]) > 0, "bf16 trains like f32")
    end)
 
    it("gradient_checkpointing makes the Trainer recompute the model's blocks", function()

@@ -86,6 +86,21 @@ function M.options(cfg)
    return o
 end
 
+-- InstructLab's mixed_precision words as parameter dtypes: the one mapping (dt.train.config_file maps the key onto a
+-- recipe's fsdp.param_dtype or bf16/fp16 blocks; recipes with a mixed_precision key wrap through M.mixed_precision).
+M.precisions = { bf16 = "bf16", fp16 = "f16", no = "f32" }
+
+-- The zero.wrap config for mixed_precision `name` (bf16 | fp16 | no) at zero_optimization `z` (default: stage 0, i.e.
+-- DDP, with f32 master weights under bf16/fp16): { zero_optimization = z, bf16 or fp16 = { enabled = true } }.
+function M.mixed_precision(name, z)
+   if not M.precisions[name] then
+      error(("mixed_precision must be bf16, fp16 or no, got %s"):format(tostring(name)), 2)
+   end
+   local cfg = { zero_optimization = z or { stage = 0 } }
+   if name ~= "no" then cfg[name] = { enabled = true } end
+   return cfg
+end
+
 -- Stage 0 with bf16/fp16 (DeepSpeed: 16-bit parameters, an f32 master copy the optimizer steps, gradients reduced
 -- over every rank): HSDP whose shard axis has one rank and whose replicate axis every rank, at stage 2 (parameters
 -- kept gathered in param_dtype, each unit's gradient all_reduce(avg)'d during backward), i.e. DDP with f32 master

@@ -130,6 +130,7 @@ end
 function M.token_logprobs(model, x, temperature)
    local B, L = x:size(1), x:size(2)
    local logits = model(x:narrow(2, 1, L - 1))
+   if logits.dtype ~= "f32" then logits = logits:to("f32") end -- bf16/f16 compute: log-probs in f32, as the old ones
    if temperature > 0 and temperature ~= 1 then logits = logits / temperature end
    local logp = dt.F.log_softmax(logits)
    return logp:gather(3, x:narrow(2, 2, L - 1):contiguous():view(B, L - 1, 1)):view(B, L - 1)
