@@ -12,8 +12,6 @@ local hf    = require "dt.hf"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
-local ddp   = require "dt.parallel.ddp"
-local fsdp  = require "dt.parallel.fsdp"
 local zero  = require "dt.parallel.zero"
 
 local cfg = train.config {
@@ -24,6 +22,7 @@ local cfg = train.config {
    model = { path = "" },                       -- a Hugging Face model directory (required)
    tokenizer = "",                              -- tokenizer.json + tokenizer_config.json ("": model.path's)
    strategy = "ddp",                            -- ddp | fsdp | zero3 (ZeRO-3 with CPU offload)
+   mixed_precision = "no",                      -- bf16 | fp16: compute in it over f32 master weights
    out = "",                                    -- write the tuned model here as a Hugging Face directory ("": don't)
 }
 if cfg.model.path == "" or cfg.data == "" then error("sft: set model.path=DIR and data=CHATS.jsonl", 0) end
@@ -42,15 +41,15 @@ local say = world.is_main and print or function() end
 
 -- Model: loaded from the directory; fsdp, zero3 and DeepSpeed's stages 1-3 shard it as it loads (each rank reads
 -- only its shards).
+local mp = zero.mixed_precision(cfg.mixed_precision, ({ ddp = { stage = 0 }, fsdp = { stage = 3 }, -- ZeRO's stages
+   zero3 = { stage = 3, offload_optimizer = { device = "cpu" } } })[cfg.strategy])
 local wrap = ds and ds.stage > 0 and function(m) return ds:wrap(m) end
-   or cfg.strategy == "fsdp" and fsdp.wrap or cfg.strategy == "zero3" and function(m)
-      return zero.wrap(m, { zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" } } })
-   end
+   or cfg.strategy ~= "ddp" and function(m) return zero.wrap(m, mp) end
 local model, hf_config = hf.load(cfg.model.path, { wrap = wrap or nil })
 if ds then
    if ds.stage == 0 then ds:wrap(model) end
-elseif cfg.strategy == "ddp" and world.size > 1 then
-   ddp.wrap(model)
+elseif cfg.strategy == "ddp" and (world.size > 1 or cfg.mixed_precision ~= "no") then
+   zero.wrap(model, mp)
 end
 model:train()
 say(("model: %s from %s, %d rank(s), %s"):format(hf_config.model_type, cfg.model.path, world.size,
