@@ -15,8 +15,7 @@ local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
-local ddp   = require "dt.parallel.ddp"
-local fsdp  = require "dt.parallel.fsdp"
+local zero  = require "dt.parallel.zero"
 local rl    = require "dt.rl"
 local fs    = require "dt.fs"
 local json  = require("dt.train.jsonl").json
@@ -29,6 +28,7 @@ local cfg = train.config {
    partial_credit = 0.5,      -- weight of the per-digit reward beside exact_answer (1)
    eval = 200,                -- held-out prompts for the accuracy (greedy, exact match)
    strategy = "ddp", stage = 3, -- the trainers': ddp, or fsdp (stage: ZeRO's 1, 2 or 3)
+   mixed_precision = "no",    -- bf16 | fp16: the trainers compute in it over f32 master weights
    model = { dim = 64, layers = 2, heads = 4, path = "" }, -- path: a Hugging Face model directory ("": a byte GPT)
    tokenizer = "",            -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    chat = true,               -- with a tokenizer: prompts as a user turn of its chat template (false: plain text)
@@ -135,10 +135,9 @@ if ds and cfg.strategy ~= "ddp" then
 end
 if roles.trains and ds then
    ds:wrap(model, { comm = roles.comm })
-elseif roles.trains and cfg.strategy == "fsdp" then
-   fsdp.wrap(model, { comm = roles.comm, stage = cfg.stage })
-elseif roles.trains then
-   ddp.wrap(model, { comm = roles.comm })
+elseif roles.trains then -- ddp is ZeRO stage 0
+   zero.wrap(model, zero.mixed_precision(cfg.mixed_precision, { stage = cfg.strategy == "fsdp" and cfg.stage or 0 }),
+      { comm = roles.comm })
 end
 dt.manual_seed(cfg.seed * 1000 + world.rank)
 local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles, tokenizer = tok,
