@@ -409,12 +409,32 @@ static void print_summary(agent *a) {
   fflush(stderr);
 }
 
+/* Across nodes every agent shares its node's summary through the store and prints the others' (each agent sees
+ * only its own node's rings, and the rank behind may be on another node). The others stop their ranks within a
+ * poll and a grace period of this one; an agent that has not answered a few seconds after that is left out. */
+static void flight_share(agent *a, const char *line) {
+  if (!a->o->store || a->store_lost) return;
+  char key[64];
+  snprintf(key, sizeof key, "dtrun/flight/%d/%d", a->attempt, a->o->node_rank);
+  if (dt_store_set(a->o->store, key, line, (int64_t)strlen(line), STORE_CALL_MS) != DT_OK) return;
+  int wait_ms = STORE_POLL_MS + (int)(a->o->grace_s * 1000) + STORE_CALL_MS;
+  for (int node = 0; node < a->o->nnodes; node++) {
+    void *v = NULL;
+    int64_t len = 0;
+    snprintf(key, sizeof key, "dtrun/flight/%d/%d", a->attempt, node);
+    if (node == a->o->node_rank || dt_store_get(a->o->store, key, wait_ms, &v, &len) != DT_OK) continue;
+    if (len > 0) fprintf(stderr, "dtrun: node %d's flight recorder: %.*s\n", node, (int)len, (const char *)v);
+    dt_store_free(v);
+  }
+}
+
 /* After a failed or stopped attempt: the ranks' flight rings to JSON, and which rank is behind, in which call. */
 static void flight_summary(agent *a) {
   char dir[4096], line[2048];
   snprintf(dir, sizeof dir, "%s/flight", a->o->run_dir);
-  if (dt_flight_report(dir, a->w[0].rank, a->n, "the agent stopped the job", line, sizeof line) == DT_OK && line[0])
-    fprintf(stderr, "dtrun: flight recorder (%s/rank<N>.json): %s\n", dir, line);
+  if (dt_flight_report(dir, a->w[0].rank, a->n, "the agent stopped the job", line, sizeof line) != DT_OK) line[0] = 0;
+  if (line[0]) fprintf(stderr, "dtrun: flight recorder (%s/rank<N>.json): %s\n", dir, line);
+  flight_share(a, line);
 }
 
 /* A few times per window while the group runs: has every rank stopped making collective progress? */

@@ -1,5 +1,5 @@
 -- spec/multinode_spec.lua: two agents on one host form one job (--nnodes 2): shared run dir, collectives over all
--- ranks, cross-node failure, SLURM variables.
+-- ranks, cross-node failure and hang reports, SLURM variables.
 local launch = require "dt.launch"
 local H = require "spec.dist_helpers"
 
@@ -49,6 +49,24 @@ describe("multi-node on one host", function()
       assert.equal(0, H.count_procs(tag), "stray workers")
       H.remove_run(n0.run_dir)
    end)
+
+   it("names the rank behind on the other node when one hangs (SIGSTOP): every agent prints every node's summary",
+      function()
+         local tag = H.tag()
+         local res = two_nodes("spec/fixtures/dist_faults.lua", 2,
+            ("--grace 1 --timeout 3 timeout=env mode=stop stop_rank=3 calls=5 tag=%s"):format(tag))
+         local n0, n1 = res[1], res[2]
+         assert.equal(4, n0.code, n0.out)
+         assert.equal(4, n1.code, n1.out)
+         -- the calls of the job's communicator, not the node-local steps inside them (those are not recorded)
+         local behind = "rank 3 is behind: finished all_reduce #%d+ %(sum, f32, count 8%) %[dist_faults call 5%] and "
+            .. "entered no later call; rank 2 wait in all_reduce #%d+ %(sum, f32, count 8%) %[dist_faults call 6%]"
+         assert.matches("dtrun: node 1's flight recorder: " .. behind, n0.out)
+         assert.matches("dtrun: flight recorder %([^)]*%): " .. behind, n1.out)
+         assert.matches("dtrun: node 0's flight recorder: no rank is behind", n1.out)
+         assert.equal(0, H.count_procs(tag), "stray workers")
+         H.remove_run(n0.run_dir)
+      end)
 
    it("stops node 1's ranks when a rank on node 0 fails", function()
       local res = two_nodes("spec/fixtures/dist_faults.lua", 1, "--grace 1 mode=fail fail_rank=0 code=5")

@@ -360,6 +360,7 @@ static dt_status nodes_open(dt_comm *c, dt_store_client *store, const int *nodes
              c->job);
     DT_TRY(dt_comm_init_shm(store, n->local_rank, n->per_node, name, &n->local));
     n->local->node = c->node;
+    n->local->node_part = true;
     n->local->timeout_ms = c->timeout_ms;
   }
   snprintf(name, sizeof name, "%s/all", c->job);

@@ -50,7 +50,7 @@ static flight_entry *live_entry(int64_t id) {
 
 int64_t flight_begin(const dt_comm *c, const shm_fp *fp, const comm_call *call) {
   flight_ring *r = atomic_load_explicit(&g_ring, memory_order_acquire);
-  if (!r) return -1;
+  if (!r || c->node_part) return -1;
   int64_t id = (int64_t)atomic_fetch_add(&r->next, 1);
   flight_entry *e = entry_of(r, id);
   atomic_store_explicit(&e->id, 0, memory_order_release); /* being rewritten: a reader skips it */

@@ -95,6 +95,8 @@ struct dt_comm {
   struct pollfd *peers;               /* per rank: a pidfd of its process to poll (fd -1 for this one) */
   int64_t flight;                     /* the running call's number in the flight recorder (flight.c), or -1 */
   int node;                           /* this rank's node (dt_comm_init) */
+  bool node_part;                     /* the node-local part of a comm across nodes: its calls are steps of that
+                                         comm's calls, which alone go into the flight recorder */
   comm_nodes *nodes;                  /* non-NULL: the ranks span nodes; calls run in comm_nodes.c, not the segment */
   _Atomic int64_t shm_bytes;          /* bytes this rank has written into the segment (dt_comm_bytes) */
   /* asynchronous calls (comm_api.c) */
