@@ -442,6 +442,18 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       fs.remove_tree(dir)
    end)
 
+   it("gives mixed_precision = fp16 without a DeepSpeed config DeepSpeed's default dynamic loss scaling", function()
+      local r = helpers.dtrun("recipes/train.lua mixed_precision=fp16 steps=3 model.dim=32 model.heads=2 "
+         .. "model.layers=1 seq=16 batch=2 eval_batches=1 sample=0 log_every=0")
+      assert.equal(0, r.code, r.out)
+      local records = {}
+      for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+      helpers.remove_run(r.run_dir)
+      assert.equal(3, #records)
+      for _, rec in ipairs(records) do assert.equal(2 ^ 16, rec.loss_scale) end
+      assert.equal(0, records[3].skipped_steps)
+   end)
+
    it("is refused with a mesh_shape in recipes/train.lua (the ZeRO stage chooses the sharding), naming both", function()
       local dir = tmpdir()
       fs.write(dir .. "/ds.json",

@@ -16,7 +16,8 @@
 -- loss_scaler (dt.optim.loss_scale: f16 training) backward starts from loss * scale; gradients that overflow (a
 -- non-finite global norm: the one all_reduce of the norm is the overflow check) skip the step, counted in
 -- metrics.skipped_steps with metrics.loss_scale the scale the step used; otherwise the gradients are unscaled as
--- they are clipped, and the scaler updates. After
+-- they are clipped, and the scaler updates (config.mixed_precision = "fp16" without one, or a DeepSpeed config's
+-- fp16 block: DeepSpeed's default, dynamic from 2^16). After
 -- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
 -- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
 -- are small tables over C memory): a full collection takes ~2 ms on recipes/train.lua's model (about 3%
@@ -106,6 +107,8 @@ local function new(opts)
    end
    -- a DeepSpeed config: its optimizer, scheduler and loss scaling (dt.train.deepspeed)
    if cfg.deepspeed ~= "" then require("dt.train.deepspeed").load(cfg.deepspeed):trainer(self) end
+   -- f16 compute without loss scaling underflows small gradients: fp16 gets DeepSpeed's default dynamic scaling
+   if cfg.mixed_precision == "fp16" and not self.loss_scaler then self.loss_scaler = optim.LossScaler {} end
    return self
 end
 
