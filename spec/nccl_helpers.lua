@@ -16,4 +16,18 @@ function M.it_on(device, nproc)
    return function(name) env.pending(("%s (skipped: %d cuda device(s))"):format(name, M.devices)) end
 end
 
+-- dist_helpers.dtrun(args) on this process's default device: with DT_DEVICE=cuda the launcher gets --device cuda (one
+-- cuda device per rank of args' --nproc; the emulation makes them, 4 at least). nil and why when this machine has
+-- fewer cuda devices than that: `local r = NH.dtrun(args) or pending(why)`.
+function M.dtrun(args)
+   local nproc, extra, env = tonumber(args:match("%-%-nproc (%d+)")) or 1, "", ""
+   if dt.default_device() ~= "cpu" then
+      if not emulated and M.devices < nproc then
+         return nil, ("%d ranks need %d cuda devices, there are %d"):format(nproc, nproc, M.devices)
+      end
+      extra, env = " --device cuda", emulated and ("DT_EMU_DEVICES=%d"):format(math.max(4, nproc)) or ""
+   end
+   return require("spec.dist_helpers").dtrun(args .. extra, env)
+end
+
 return M

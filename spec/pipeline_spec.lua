@@ -6,10 +6,17 @@ local layout = require "dt.parallel.layout"
 local pipeline = require "dt.parallel.pipeline"
 local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
+
+-- `dtrun args` on the default device (DT_DEVICE=cuda: a cuda device per rank, pending where there are fewer).
+local function launch(args)
+   local r, why = NH.dtrun(args)
+   return r or pending(why)
+end
 
 -- Rank 0's result line of the fixture, as fields.
 local function run(args)
-   local r = helpers.dtrun("spec/fixtures/pp_equivalence.lua " .. args)
+   local r = launch("spec/fixtures/pp_equivalence.lua " .. args)
    helpers.remove_run(r.run_dir)
    assert.equal(0, r.code, r.out)
    local line = r.out:match("%[0%] pp [^\n]*")
@@ -78,7 +85,7 @@ describe("pipeline in mesh_shape (dt.parallel.layout) vs one process (10 steps, 
    end)
 
    it("recipes/train.lua trains, evaluates and samples on the 3-D mesh with model.pipeline's keys (8 ranks)", function()
-      local r = helpers.dtrun("recipes/train.lua --nproc 8 'model.mesh_shape=[[2,2,2],[\"pp\",\"fsdp\",\"tp\"]]' "
+      local r = launch("recipes/train.lua --nproc 8 'model.mesh_shape=[[2,2,2],[\"pp\",\"fsdp\",\"tp\"]]' "
          .. "model.pipeline.micro_batches=2 'model.pipeline.split={1,1}' steps=2 log_every=1 model.dim=32 "
          .. "model.layers=2 model.heads=2 batch=2 seq=16 sample=4 eval_batches=1")
       helpers.remove_run(r.run_dir)
@@ -97,7 +104,7 @@ describe("pipeline.wrap errors", function()
          "pipeline.wrap: split {2} must give 1 stages 1 blocks in all")
       testing.expect_error(function() pipeline.wrap(gpt(), { mesh = { shape = { 1 }, names = { "dp" } } }) end,
          "pipeline.wrap: the mesh has no axis 'pp' (axes: dp)")
-      local r = helpers.dtrun("spec/fixtures/pp_equivalence.lua --nproc 2 layers=1") -- through mesh_shape
+      local r = launch("spec/fixtures/pp_equivalence.lua --nproc 2 layers=1") -- through mesh_shape
       helpers.remove_run(r.run_dir)
       assert.are_not.equal(0, r.code)
       assert.truthy(r.out:find("mesh_shape: pipeline.wrap: the pp size 2 is larger than the model's 1 blocks; use a pp "

@@ -9,10 +9,17 @@ local testing = require "dt.testing"
 local placement = require "dt.parallel.placement"
 local show = require "dt.repl.show"
 local helpers = require "spec.dist_helpers"
+local NH = require "spec.nccl_helpers"
+
+-- `dtrun args` on the default device (DT_DEVICE=cuda: a cuda device per rank, pending where there are fewer).
+local function launch(args)
+   local r, why = NH.dtrun(args)
+   return r or pending(why)
+end
 
 -- Run a fixture under the launcher; returns rank 0's lines that start with `tag`.
 local function fixture(args, tag)
-   local r = helpers.dtrun(args)
+   local r = launch(args)
    helpers.remove_run(r.run_dir)
    assert.equal(0, r.code, r.out)
    local lines = {}
@@ -34,7 +41,7 @@ describe("placement", function()
       local w = dt.zeros({ 4, 3 })
       placement.shard(w, "tp", 1, { ranges = { { 3, 3 } }, size = 6 })
       assert.equal("Shard(1)@tp", tostring(placement.of(w)))
-      assert.truthy(tostring(w):find("(4, 3) f32 cpu [Shard(1)@tp]", 1, true), tostring(w))
+      assert.truthy(tostring(w):find("(4, 3) f32 " .. w.device .. " [Shard(1)@tp]", 1, true), tostring(w))
       assert.truthy(show.value(w):find("[Shard(1)@tp]", 1, true))
       local v = dt.zeros({ 6 })
       placement.shard(v, "fsdp", 0, { flat = { 6, 6 }, base = w })
@@ -184,7 +191,7 @@ describe("mesh_shape (dt.parallel.layout)", function()
 
    -- A recipe's 2 tiny steps with `words`; returns its output once it ran to the end.
    local function recipe(words)
-      local r = helpers.dtrun(words .. " steps=2 log_every=1 model.dim=32 model.layers=1 model.heads=2 batch=2 seq=16 "
+      local r = launch(words .. " steps=2 log_every=1 model.dim=32 model.layers=1 model.heads=2 batch=2 seq=16 "
          .. "sample=4 eval_batches=1")
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)

@@ -39,10 +39,16 @@ static dt_status run_call_on(dt_comm *c, const comm_call *call) {
   return shm_run(c, call);
 }
 
-/* Runs one call, recorded by the flight recorder. */
+/* Runs one call, recorded by the flight recorder; a cuda call in its turn (dt_nccl_turn_begin). */
 static dt_status run_call(dt_comm *c, const comm_call *call) {
   c->flight = -1;
+#if DT_HAVE_CUDA
+  if (call->nc) dt_nccl_turn_begin(call->nc);
+#endif
   dt_status st = run_call_on(c, call);
+#if DT_HAVE_CUDA
+  if (call->nc) dt_nccl_turn_end(call->nc);
+#endif
   flight_end(c->flight, st);
   return st;
 }

@@ -1,5 +1,6 @@
 /* nccl.c: the NCCL side of dt_comm: communicator setup and split, calls on the comm stream ordered by events. */
 #include <nccl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -18,8 +19,31 @@ struct dt_nccl {
 struct dt_nccl_call {
   cudaEvent_t ready, done; /* the compute stream's work before the call; the call on the comm stream */
   bool ran;                /* done was recorded */
+  bool turn_over;          /* dt_nccl_turn_end ran */
+  uint64_t ticket;         /* its place in the process's order of issue */
   char what[192];          /* "all_reduce #5 (sum, f32, count 100)" */
 };
+
+/* The order of issue of this process's NCCL calls (see dt_nccl_turn_begin): the next ticket, the one whose turn it is. */
+static pthread_mutex_t turn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t turn_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t next_ticket, serving;
+
+void dt_nccl_turn_begin(dt_nccl_call *nc) {
+  pthread_mutex_lock(&turn_mu);
+  while (serving != nc->ticket) pthread_cond_wait(&turn_cv, &turn_mu);
+  pthread_mutex_unlock(&turn_mu);
+}
+
+void dt_nccl_turn_end(dt_nccl_call *nc) {
+  if (nc->turn_over) return;
+  pthread_mutex_lock(&turn_mu);
+  while (serving != nc->ticket) pthread_cond_wait(&turn_cv, &turn_mu); /* a call that never ran waits its turn too */
+  serving++;
+  nc->turn_over = true;
+  pthread_cond_broadcast(&turn_cv);
+  pthread_mutex_unlock(&turn_mu);
+}
 
 /* Records "<context>: NCCL <error>: <NCCL's last message>" and returns the matching dt_status. */
 static dt_status nccl_fail(ncclResult_t r, ncclComm_t comm, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -127,6 +151,7 @@ dt_status dt_nccl_prepare(dt_comm *c, dt_nccl_call **out) {
   DT_TRY(dt_cuda_dev_get(c->device, &d));
   dt_nccl_call *nc = calloc(1, sizeof *nc);
   DT_CHECK(nc, DT_ERR_OOM, "comm '%s': out of memory for a call's events", c->job);
+  nc->turn_over = true; /* no ticket yet: nothing to wait for */
   cudaError_t e = cudaEventCreateWithFlags(&nc->ready, cudaEventDisableTiming);
   if (e == cudaSuccess) {
     e = cudaEventCreateWithFlags(&nc->done, cudaEventDisableTiming);
@@ -139,6 +164,10 @@ dt_status dt_nccl_prepare(dt_comm *c, dt_nccl_call **out) {
   *out = nc;
   /* the call reads what the compute stream has queued so far */
   DT_CUDA_TRY("cudaEventRecord (collective input ready)", cudaEventRecord(nc->ready, d->streams[DT_STREAM_COMPUTE].s));
+  pthread_mutex_lock(&turn_mu); /* last: a call that gets a ticket always reaches dt_nccl_finish */
+  nc->ticket = next_ticket++;
+  nc->turn_over = false;
+  pthread_mutex_unlock(&turn_mu);
   return DT_OK;
 }
 
@@ -231,6 +260,7 @@ dt_status dt_nccl_run(dt_comm *c, const comm_call *call, const shm_fp *fp) {
 }
 
 dt_status dt_nccl_finish(dt_comm *c, dt_nccl_call *nc) {
+  dt_nccl_turn_end(nc); /* a call that never ran (its queueing failed) gives its turn up */
   dt_status st = DT_OK;
   dt_cuda_dev *d;
   if (nc->ran && (st = dt_cuda_dev_get(c->device, &d)) == DT_OK) {
