@@ -87,6 +87,31 @@ describe("grpo.loss", function()
       end)
    end
 
+   it("reports the importance weights' mean and max over the counted tokens only", function()
+      local logp, old, ref, adv, mask = tensors(false)
+      local _, stats = grpo.loss(logp, old, ref, adv, mask,
+         { epsilon = 0.2, beta = 0, loss_type = "dapo", max_new_tokens = 5 })
+      local sum, n, max = 0, 0, -math.huge
+      for b = 1, 2 do
+         for t = 1, 3 do
+            if mask_v[b][t] == 1 then
+               local r = math.exp(logp_v[b][t] - old_v[b][t])
+               sum, n, max = sum + r, n + 1, math.max(max, r)
+            end
+         end
+      end
+      assert.near(sum / n, stats.importance_weight_mean, 1e-12)
+      assert.near(max, stats.importance_weight_max, 1e-12)
+      assert.near(math.exp(0.3), stats.importance_weight_max, 1e-12) -- token (1,1)
+      -- a masked-out token with a larger ratio changes neither
+      local mask2 = dt.tensor({ { 1, 1, 1 }, { 1, 1, 0 } }, { dtype = "f64" })
+      local logp2 = dt.tensor({ { -1.0, -0.5, -2.0 }, { -0.2, -3.0, 1.0 } }, { dtype = "f64" })
+      local _, stats2 = grpo.loss(logp2, old, ref, adv, mask2,
+         { epsilon = 0.2, beta = 0, loss_type = "dapo", max_new_tokens = 5 })
+      assert.near(sum / n, stats2.importance_weight_mean, 1e-12)
+      assert.near(max, stats2.importance_weight_max, 1e-12)
+   end)
+
    it("beta = 0 needs no reference log-probs and reports KL 0", function()
       local logp, old, _, adv, mask = tensors(false)
       local loss, stats = grpo.loss(logp, old, nil, adv, mask,
@@ -247,5 +272,77 @@ describe("grpo.setup", function()
       assert.equal(2, m.equal_reward_groups)
       assert.equal(1, m.reward_mean)
       assert.equal(0, m.kl)
+   end)
+
+   it("mask_truncated_completions leaves completions that hit max_new_tokens out of the loss", function()
+      -- a stop token drawn first by sample 1 (the same draws with a stop: the same generator seed) ends some rows
+      local first = setup({ function() return 1 end }).data:next()
+      local stop = first:get(#"1+1=" + 1)
+      local plain = setup({ function(_, c) return #c end }, { stop = stop })
+      local _, y0 = plain.data:next()
+      local g = setup({ function(_, c) return #c end }, { stop = stop, mask_truncated_completions = true })
+      local _, y = g.data:next()
+      local stopped, truncated, want = 0, 0, 0
+      for i, s in ipairs(g.batch.samples) do
+         local row = y.mask:narrow(1, i, 1):sum():item()
+         if s.finish == "length" then
+            truncated = truncated + 1
+            assert.is_false(s.kept)
+            assert.equal(0, row)
+         else
+            stopped, want = stopped + 1, want + #s.tokens
+            assert.is_true(s.kept)
+            assert.equal(#s.tokens, row)
+         end
+      end
+      assert.is_true(stopped > 0 and truncated > 0) -- both kinds in the batch
+      assert.equal(want, y.mask:sum():item())
+      assert.is_true(y0.mask:sum():item() > want) -- without the option the truncated rows count
+      local m = metrics(g)
+      assert.near(truncated / 8, m.truncated_fraction, 1e-12)
+      assert.equal(3, m.completion_length_max)
+   end)
+
+   it("skip_equal_groups leaves groups whose rewards are all equal out of the loss", function()
+      local function counting() -- the first group's rewards are all 1, the second's differ
+         local calls = 0
+         return function()
+            calls = calls + 1
+            return calls <= 4 and 1 or calls
+         end
+      end
+      local g = setup({ counting() }, { skip_equal_groups = true })
+      local _, y = g.data:next()
+      assert.same({ true, false }, g.batch.equal)
+      assert.equal(0, y.mask:narrow(1, 1, 4):sum():item())
+      assert.equal(4 * 3, y.mask:narrow(1, 5, 4):sum():item())
+      local _, y0 = setup({ counting() }).data:next()
+      assert.equal(8 * 3, y0.mask:sum():item())
+      assert.equal(1, metrics(g).equal_reward_groups)
+   end)
+end)
+
+describe("grpo step metrics", function()
+   it("completion lengths, truncated fraction, importance weights and train tokens/s from the batch", function()
+      local step_metrics = require "dt.rl.metrics"
+      local function sample(n, finish, reward)
+         local versions = {}
+         for i = 1, n do versions[i] = 3 end
+         return { tokens = versions, versions = versions, finish = finish, reward = reward, kept = true, per = {} }
+      end
+      local samples = { sample(2, "stop", 1), sample(5, "length", 0), sample(1, "stop", 1), sample(4, "length", 0) }
+      local m = step_metrics.step(nil, { samples = samples, equal = { false, false }, names = {}, failures = 0,
+         version = 3, bound = 1, info = { rollout_seconds = 2 }, fresh = true, tokens = 300, train_seconds = 1.5,
+         loss = { clip_fraction = 0.25, kl = 0, offpolicy_kl = 0.01, importance_weight_mean = 1.02,
+            importance_weight_max = 1.7 } })
+      assert.equal(5, m.completion_length_max)
+      assert.equal(3, m.completion_length_mean)
+      assert.equal(0.5, m.truncated_fraction)
+      assert.equal(1.02, m.importance_weight_mean)
+      assert.equal(1.7, m.importance_weight_max)
+      assert.equal(200, m.train_tokens_per_second) -- 300 tokens in 1.5 s
+      assert.equal(6, m.rollout_tokens_per_second) -- 12 completion tokens in 2 s
+      assert.equal(0.5, m.reward_mean)
+      assert.equal(0, m.staleness_mean)
    end)
 end)
