@@ -1,6 +1,7 @@
--- spec/tp_spec.lua: tensor parallelism: placements, tp 2/4 (GPT, Llama with GQA) and dp x tp / fsdp x tp vs one
--- process, sequence parallelism (equivalence, bytes sent), the vocab-parallel cross-entropy (values, gradients, peak
--- memory), tp.wrap's and mesh_shape's errors and recipes/train.lua's mesh_shape.
+-- spec/tp_spec.lua: tensor parallelism: placements, tp 2/4 (GPT, Llama with GQA, Hugging Face GPT-2 and Qwen3) and
+-- dp x tp / fsdp x tp vs one process (with gradient accumulation and activation checkpointing), sequence parallelism
+-- (equivalence, bytes sent), the vocab-parallel cross-entropy (values, gradients, peak memory), tp.wrap's and
+-- mesh_shape's errors and recipes/train.lua's mesh_shape.
 local dt = require "dt"
 local nn = require "dt.nn"
 local tp = require "dt.parallel.tp"
@@ -8,8 +9,11 @@ local layout = require "dt.parallel.layout"
 local testing = require "dt.testing"
 local placement = require "dt.parallel.placement"
 local show = require "dt.repl.show"
+local fs = require "dt.fs"
 local helpers = require "spec.dist_helpers"
 local NH = require "spec.nccl_helpers"
+local refs = require "spec.fixtures.py_refs"
+local train_helpers = require "spec.train_helpers"
 
 -- `dtrun args` on the default device (DT_DEVICE=cuda: a cuda device per rank, pending where there are fewer).
 local function launch(args)
@@ -80,20 +84,38 @@ describe("placement", function()
       end
       assert.equal(9, seen)
    end)
+
+   it("keeps a tied head the embedding's tensor, and refuses a tie that the plan splits two ways", function()
+      local m = nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 }
+      m.head.weight = m.wte.weight
+      local n = #m:parameters()
+      tp.wrap(m)
+      assert.is_true(rawequal(m.wte.weight, m.head.weight))
+      assert.equal(n, #m:parameters())
+      local Pair = nn.Module:extend("Pair")
+      function Pair:init()
+         self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+         self.b.weight = self.a.weight
+      end
+      testing.expect_error(function() tp.wrap(Pair(), { plan = { a = "colwise", b = "rowwise" } }) end,
+         "tp.wrap: a.weight is the tensor of b.weight (tied), but the plan splits them differently (dim 0 vs 1); give "
+         .. "both styles that split it alike, or untie them")
+   end)
 end)
 
+-- tp_equivalence.lua's run under `args` matches one process (f32: only the order of the partial sums differs).
+local TOL = 1e-5
+local function check(args)
+   local line = fixture("spec/fixtures/tp_equivalence.lua " .. args, "tp ")[1]
+   local f = fields(line)
+   assert.is_true(f.max_abs_param_diff <= TOL, line)
+   assert.is_true(f.max_abs_loss_diff <= TOL, line)
+   -- the global norm counts each element once: replicated parameters counted tp times would move it by far more
+   assert.is_true(f.max_abs_norm_diff <= TOL, line)
+   return f, line
+end
+
 describe("tp vs one process (10 steps, same global batch, clip 1.0)", function()
-   -- f32: only the order of the partial sums differs
-   local TOL = 1e-5
-   local function check(args)
-      local line = fixture("spec/fixtures/tp_equivalence.lua " .. args, "tp ")[1]
-      local f = fields(line)
-      assert.is_true(f.max_abs_param_diff <= TOL, line)
-      assert.is_true(f.max_abs_loss_diff <= TOL, line)
-      -- the global norm counts each element once: replicated parameters counted tp times would move it by far more
-      assert.is_true(f.max_abs_norm_diff <= TOL, line)
-      return f, line
-   end
 
    it("GPT on tp 2: one all_reduce per attention and per MLP each way, plus embedding, loss and head", function()
       local f, line = check("--nproc 2 model=gpt")
@@ -113,6 +135,38 @@ describe("tp vs one process (10 steps, same global batch, clip 1.0)", function()
    it("composes: dp 2 x tp 2 (DDP) and fsdp 2 x tp 2 (FSDP shards tp's parts)", function()
       check("--nproc 4 model=gpt mesh=dp")
       check("--nproc 4 model=llama mesh=fsdp")
+   end)
+
+   it("with the trainer's grad_accum and activation checkpointing: tp 2, dp 2 x tp 2 and fsdp 2 x tp 2", function()
+      for _, args in ipairs { "--nproc 2", "--nproc 4 mesh=dp", "--nproc 4 model=llama mesh=fsdp" } do
+         local f, line = check(args .. " accum=2 ckpt=true")
+         -- per step 2 micro-batches of 13, and backward recomputes each block's 2 forward all_reduces (2 blocks)
+         assert.equal((2 * 13 + 2 * 2 * 2) * 10, f.tp_collectives, line)
+      end
+   end)
+end)
+
+describe("tp on models loaded from Hugging Face (dt.hf.load of spec/fixtures/tp_hf.py's; 10 steps)", function()
+   local py, why = refs.python()
+   if not py then
+      pending(why)
+      return
+   end
+   local dir = train_helpers.tmpdir()
+   refs.run("tp_hf.py", dir)
+   teardown(function() fs.remove_tree(dir) end)
+
+   it("GPT-2's tied head stays the embedding's tensor (one part per rank) and tp 2 matches one process", function()
+      -- eps: the k biases' gradients are 0 but for rounding (softmax ignores them); see tp_equivalence.lua
+      local f, line = check("--nproc 2 eps=1e-5 hf=" .. fs.join(dir, "gpt2"))
+      assert.equal("true", f.tied, line)
+   end)
+
+   it("Qwen3's q_norm and k_norm gradients (shares: each rank's heads) are summed: tp 2 and tp 4 (kv heads held "
+      .. "twice) match one process", function()
+      local f, line = check("--nproc 2 hf=" .. fs.join(dir, "qwen3"))
+      assert.equal("true", f.tied, line)
+      check("--nproc 4 hf=" .. fs.join(dir, "qwen3"))
    end)
 end)
 

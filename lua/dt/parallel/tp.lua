@@ -13,7 +13,8 @@
 --                      of the gradient backward), its children take the styles given
 --   "attention"        CausalSelfAttention as a region: q heads split; kv heads split when tp divides them, else
 --                      (tp a multiple of kv_heads) each rank keeps the one kv head its q heads read and the copies'
---                      gradients are summed over tp; the output projection rowwise
+--                      gradients are summed over tp; the output projection rowwise; its other parameters
+--                      (Qwen3's q_norm, k_norm) replicated, their gradients (shares: this rank's heads) summed
 --   "vocab_embedding"  Embedding: rows (token ids) split; ids held elsewhere give zero rows; all_reduce
 --   "vocab_head"       the language-model head: colwise over the vocabulary in a region; the model's loss becomes
 --                      the vocab-parallel cross-entropy (never gathers the full logits); logits asked for without
@@ -31,6 +32,7 @@
 -- output reduce_scattered along T in place of the all_reduces (the same bytes on a ring); the gradients of the
 -- parameters used on shards are summed over tp before the optimizer step. T must be divisible by tp. Dropout then
 -- draws one mask per shard, which matches tp without sequence parallelism in distribution, not bit for bit.
+local cjson = require "cjson"
 local dt = require "dt"
 local nn = require "dt.nn"
 local autograd = require "dt.autograd"
@@ -74,15 +76,27 @@ local function take(w, dim, ranges)
 end
 
 -- Replace m[key] by its part on this rank: ranges_of(r) gives rank r's ranges along dim; copies (optional) how many
--- ranks hold each range.
+-- ranks hold each range. A tensor two modules share (a tied head: tie_word_embeddings) becomes one part they share
+-- again, when both styles split it alike (the vocab-parallel embedding and head do).
 function TP:split(m, key, path, dim, ranges_of, copies)
    local w = rawget(m, key)
    local ranges, all = ranges_of(self.rank), {}
    for r = 0, self.size - 1 do all[r + 1] = ranges_of(r) end
+   local name, done = path .. "." .. key, self.parts[w]
+   if done then
+      local lay = self.layout[done]
+      if lay.dim ~= dim or cjson.encode(lay.ranges) ~= cjson.encode(all) then
+         error(("tp.wrap: %s is the tensor of %s (tied), but the plan splits them differently (dim %d vs %d); give "
+            .. "both styles that split it alike, or untie them"):format(name, lay.name, dim, lay.dim), 0)
+      end
+      m[key] = done
+      return done
+   end
    local p = take(w, dim, ranges)
    m[key] = p
    placement.shard(p, self.axis, dim, { ranges = ranges, copies = copies, size = w:size(dim + 1) })
-   self.layout[p] = { name = path .. "." .. key, dim = dim, shape = w.shape, ranges = all }
+   self.layout[p] = { name = name, dim = dim, shape = w.shape, ranges = all }
+   self.parts[w] = p
    return p
 end
 
@@ -113,10 +127,11 @@ local function region(tp, m)
    end)
 end
 
--- Replicated over tp; under sequence parallelism used on sequence shards, so each rank's gradient is a share.
-local function replicated(tp, p)
+-- Replicated over tp; each rank's gradient is a share (summed over tp before the optimizer step) when `partial`, or
+-- under sequence parallelism (used on sequence shards).
+local function replicated(tp, p, partial)
    placement.replicate(p, tp.axis, tp.size)
-   if tp.sequence then placement.of(p):on(tp.axis).partial = true end
+   if partial or tp.sequence then placement.of(p):on(tp.axis).partial = true end
 end
 
 local styles = {}
@@ -210,6 +225,10 @@ function styles.attention(tp, m, path)
    end
    m.heads, m.kv_heads, m.dim = hl, kvl, hl * D
    styles.rowwise(tp, m.proj, path .. ".proj")
+   -- what the region holds whole besides (Qwen3's q_norm and k_norm over each head) sees this rank's heads only
+   for _, np in ipairs(m:named_parameters()) do
+      if not rawget(np[2], "placement") then replicated(tp, np[2], true) end
+   end
    region(tp, m)
 end
 
@@ -283,7 +302,9 @@ function M.wrap(model, opts)
    if not plan then
       error(("tp.wrap: no plan for a %s; pass opts.plan (see dt/parallel/tp.lua)"):format(model.__name), 2)
    end
+   self.parts = {} -- { [whole tensor] = its part here } while the plan applies (tied tensors)
    local ok, err = pcall(self.apply, self, model, plan)
+   self.parts = nil
    if not ok then error(err, 2) end
    for _, p in ipairs(model:parameters()) do
       if not self.layout[p] and not rawget(p, "placement") then placement.replicate(p, axis, self.size) end
