@@ -1,6 +1,6 @@
--- spec/reshard_spec.lua: checkpoints resharded across layouts (fsdp x tp, dp x tp, tp, fsdp, one process): the same
--- parameters and AdamW moments, then the loss curve of the uninterrupted run; what `ckpt inspect` says; bad input.
--- Pipeline layouts: spec/reshard_pp_spec.lua.
+-- spec/reshard_spec.lua: checkpoints resharded across layouts (fsdp x tp, dp x tp, tp, fsdp, one process; the
+-- issue's fsdp 4 x tp 2 on 8 ranks to fsdp 2 x tp 1 on 2): the same parameters and AdamW moments, then the loss curve
+-- of the uninterrupted run; what `ckpt inspect` says; bad input. Pipeline layouts: spec/reshard_pp_spec.lua.
 local fs = require "dt.fs"
 local sharded = require "dt.ckpt.sharded"
 local helpers = require "spec.dist_helpers"
@@ -74,5 +74,17 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
       assert.are_not.equal(0, r.code, r.out)
       assert.truthy(r.out:find("holds tensor 'model.blocks.2.", 1, true), r.out)
       assert.truthy(r.out:find("which the model does not have", 1, true), r.out)
+   end)
+end)
+
+describe("resharding the issue's example: fsdp 4 x tp 2 on 8 ranks -> fsdp 2 x tp 1 on 2", function()
+   it("resumes the 8 ranks' step 10 of 20 on 2 ranks: the same state, then the uninterrupted losses", function()
+      local root = tmpdir()
+      finally(function() fs.remove_tree(root) end)
+      local a = run(("--nproc 8 mesh=fsdp4xtp2 steps=20 save_every=10 run_dir=%s/a"):format(root))
+      assert.equal(0, a.code, a.out)
+      local step10 = fs.join(root, "a", "checkpoints", "step-10")
+      assert.same({ { 4, 2 }, { "fsdp", "tp" } }, select(2, sharded.open_index(step10)).layout.mesh_shape)
+      resume_at(root, "fsdp2xtp1", "--nproc 2 mesh=fsdp2xtp1", step10, a, 10, 20, 29)
    end)
 end)
