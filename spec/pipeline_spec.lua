@@ -32,12 +32,15 @@ describe("pipeline vs one process (10 steps, same batch, clip 1.0)", function()
          line)
    end
 
-   it("GPipe and 1F1B on 2 stages (GPT, 3 blocks: 2 + 1), the same bytes, 1F1B with fewer activations alive", function()
-      local g, gline = run("--nproc 2 schedule=gpipe micro=4")
+   it("GPipe and 1F1B on 2 stages (GPT, 3 blocks), the same bytes, 1F1B with fewer activations alive", function()
+      local g, gline = run("--nproc 2 schedule=gpipe micro=4 balance=blocks")
       same(g, gline)
       local o, oline = run("--nproc 2 schedule=1f1b micro=4")
       same(o, oline)
-      assert.equal("1-2", o.blocks, oline) -- stage 1's blocks: the first stages take the remainder
+      -- stage 1's blocks: by count the first stages take the remainder (2 + 1); by parameters (the default) the
+      -- embeddings (8448) weigh with stage 1 and the final norm and head (8256) with stage 2, a block 12704: 1 + 2
+      assert.equal("1-2", g.blocks, gline)
+      assert.equal("1-1", o.blocks, oline)
       -- stage 1 sends each micro-batch's (B/M, T, dim) activations: 4 x (1 x 16 x 32) f32 per step
       assert.equal(10 * 4 * 16 * 32 * 4, o.pp_bytes, oline)
       assert.equal(g.pp_bytes, o.pp_bytes)
@@ -95,6 +98,25 @@ describe("pipeline in mesh_shape (dt.parallel.layout) vs one process (10 steps, 
    end)
 end)
 
+describe("pipeline stages balanced by parameter count (pipeline.balance, the default)", function()
+   it("weighs the embeddings with the first stage and the final norm and head with the last", function()
+      local big = nn.GPT { vocab = 4096, seq = 8, dim = 32, layers = 6, heads = 2 } -- embeddings of 10 blocks each
+      local w = pipeline.weights(big)
+      assert.same({ 4096 * 32 + 8 * 32, 32 * 2 + 4096 * 32 }, { w.first, w.last })
+      assert.same({ 1, 4, 1 }, pipeline.balance(w, 3)) -- by count: 2, 2, 2
+      assert.same({ 3, 3 }, pipeline.balance(w, 2))
+      local small = pipeline.weights(nn.GPT { vocab = 64, seq = 8, dim = 32, layers = 6, heads = 2 })
+      assert.same({ 2, 2, 2 }, pipeline.balance(small, 3))
+   end)
+
+   it("takes the cut whose heaviest stage is lightest, later stages taking fewer blocks between equals", function()
+      local w = { first = 10, blocks = { 1, 1, 1, 1, 8, 1 }, last = 0 }
+      assert.same({ 2, 4 }, pipeline.balance(w, 2)) -- 12 | 11 (1 | 5 blocks: 11 | 12, as heavy)
+      assert.same({ 1, 4, 1 }, pipeline.balance(w, 3)) -- 11 | 11 | 1 (1 | 3 | 2: 11 | 3 | 9, as heavy)
+      assert.same({ 1, 1, 1, 1, 1, 1 }, pipeline.balance(w, 6))
+   end)
+end)
+
 describe("pipeline.wrap errors", function()
    it("names a pp size larger than the blocks, a split that does not add up and a bad schedule", function()
       local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 } end
@@ -102,6 +124,8 @@ describe("pipeline.wrap errors", function()
          "pipeline.wrap: schedule must be \"1f1b\" or \"gpipe\", got zb")
       testing.expect_error(function() pipeline.wrap(gpt(), { split = { 2 } }) end,
          "pipeline.wrap: split {2} must give 1 stages 1 blocks in all")
+      testing.expect_error(function() pipeline.wrap(gpt(), { balance = "flops" }) end,
+         "pipeline.wrap: balance must be \"params\" or \"blocks\", got flops")
       testing.expect_error(function() pipeline.wrap(gpt(), { mesh = { shape = { 1 }, names = { "dp" } } }) end,
          "pipeline.wrap: the mesh has no axis 'pp' (axes: dp)")
       local r = launch("spec/fixtures/pp_equivalence.lua --nproc 2 layers=1") -- through mesh_shape

@@ -5,7 +5,7 @@
 -- mesh_shape = {{sizes...}, {names...}} (the seeds' form; {} = DDP over every rank, nothing on one rank; with
 -- opts.fsdp: FSDP over every rank). Axes:
 --   tp         tensor parallelism (dt.parallel.tp; applied first)
---   pp         pipeline parallelism (dt.parallel.pipeline; opts.pipeline: micro_batches, schedule, split): the
+--   pp         pipeline parallelism (dt.parallel.pipeline; opts.pipeline: micro_batches, schedule, split, balance): the
 --              model is cut into stages after tp; fsdp / dp then wrap this rank's stage
 --   fsdp       FSDP shards over it (dt.parallel.fsdp; over tp: tp's parts again), with dp/replicate axes as HSDP
 --   dp         data parallel: DDP over it without an fsdp axis (replicate is the same word)
@@ -30,7 +30,7 @@ local function as_mesh_shape(fn, ...)
 end
 
 -- Wrap model for mesh_shape; opts.fsdp: FSDP (also without an fsdp axis) with fsdp.wrap's options (mesh aside);
--- opts.sequence_parallel: tp's; opts.pipeline: pipeline.wrap's micro_batches, schedule and split.
+-- opts.sequence_parallel: tp's; opts.pipeline: pipeline.wrap's micro_batches, schedule, split and balance.
 function M.wrap(model, mesh_shape, opts)
    opts = opts or {}
    local world = dist.init()
@@ -55,7 +55,7 @@ function M.wrap(model, mesh_shape, opts)
    if has.pp then
       local p = opts.pipeline or {}
       as_mesh_shape(pipeline.wrap, model, { mesh = mesh, micro_batches = p.micro_batches, schedule = p.schedule,
-         split = p.split })
+         split = p.split, balance = p.balance })
    end
    local target = model.pp and model.pp.stage_module or model -- what data parallelism wraps
    local fopts = {}

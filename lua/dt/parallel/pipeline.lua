@@ -4,22 +4,23 @@
 --    pipeline.wrap(model, { mesh = mesh, micro_batches = 4, schedule = "1f1b" })   -- nn.GPT / nn.Llama
 --    train.Trainer { model = model, ... }   -- model(x, y) runs the whole schedule (forward and backward)
 --
--- Stage s of S (the rank's pp coordinate) holds blocks [first, last] (an even split by count, the first stages one
--- more; opts.split = {n1, n2, ...} blocks per stage), stage 1 the embeddings, the last stage the final norm, head and
--- loss: model.pp.stage_module, a module of those parts under their full-model names. model:parameters() lists its
--- parameters only (what the optimizer steps). Every pp rank reads the same batch: the batch (B rows) is cut into
--- micro_batches equal parts; stage s receives each part's activations (B/M, T, dim; T/tp under sequence parallelism)
--- from stage s - 1 and sends its output on, and gradients come back the same way. While gradients are recorded,
--- model(x, y) runs the schedule's forwards and backwards itself (each micro-batch's loss scaled by 1/M, so the
--- gradients are those of the whole batch's mean loss; under the Trainer also by its loss scale / grad_accum) and
+-- Stage s of S (the rank's pp coordinate) holds blocks [first, last]: by default the cut whose heaviest stage by
+-- parameter count is lightest, the first stage weighed with the embeddings and the last with the final norm and head
+-- (DeepSpeed's partition_method "parameters"; pipeline.balance); opts.balance = "blocks": an even split by count, the
+-- first stages one more; opts.split = {n1, n2, ...} blocks per stage. Stage 1 holds the embeddings, the last the final
+-- norm, head and loss: model.pp.stage_module, a module of those parts under their full-model names. model:parameters()
+-- lists its parameters only (what the optimizer steps). Every pp rank reads the same batch: the batch (B rows) is cut
+-- into micro_batches equal parts; stage s receives each part's activations (B/M, T, dim; T/tp under sequence
+-- parallelism) from stage s - 1 and sends its output on, and gradients come back the same way. While gradients are
+-- recorded, model(x, y) runs the schedule's forwards and backwards itself (each micro-batch's loss scaled by 1/M, so
+-- the gradients are those of the whole batch's mean loss; under the Trainer also by its loss scale / grad_accum) and
 -- returns the loss (the last stage's, broadcast over pp) as a tensor whose backward does nothing more: with the
--- trainer's grad_accum each accumulation micro-batch runs the whole schedule.
--- Without gradients (evaluation) the micro-batches run forward only; without targets (generate) every row goes
--- through at once and the logits are broadcast over pp. Schedules: "gpipe" (every forward, then every backward) and
--- "1f1b" (warm-up forwards, then one forward one backward, then the rest: at most S - s activations alive instead of
--- M: model.pp.stats.max_in_flight). Bubble fraction (idle share of a step when every stage costs the same):
--- (S - 1) / (M + S - 1), in model.pp.bubble and each step's metrics.bubble_fraction; model.pp.stats counts the bytes
--- this rank sends.
+-- trainer's grad_accum each accumulation micro-batch runs the whole schedule. Without gradients (evaluation) the
+-- micro-batches run forward only; without targets (generate) every row goes through at once and the logits are
+-- broadcast over pp. Schedules: "gpipe" (every forward, then every backward) and "1f1b" (warm-up forwards, then one
+-- forward one backward, then the rest: at most S - s activations alive instead of M: model.pp.stats.max_in_flight).
+-- Bubble fraction (idle share of a step when every stage costs the same): (S - 1) / (M + S - 1), in model.pp.bubble and
+-- each step's metrics.bubble_fraction; model.pp.stats counts the bytes this rank sends.
 -- Composition (dt.parallel.layout: mesh_shape {{2, 2, 2}, {"pp", "fsdp", "tp"}}): tp.wrap the model first, then
 -- pipeline.wrap, then ddp.wrap or fsdp.wrap model.pp.stage_module (FSDP's units: the stage's blocks, its root the
 -- rest of the stage); the stage's strategy reduces gradients once per step, after the last micro-batch's backward,
@@ -37,8 +38,49 @@ local M = {}
 local PP = {}
 PP.__index = PP
 
--- Blocks per stage: opts.split, or an even split by count.
-local function split_blocks(n, S, split)
+-- The parameters of the model's parts, as the stages weigh them: { first = embeddings, blocks = { per block },
+-- last = final norm and head } (this rank's: after tp.wrap its parts, alike on every rank of a pp group).
+function M.weights(model)
+   local function n(m) return m and m:num_parameters() or 0 end
+   local w = { first = n(model.wte) + n(model.wpe), blocks = {}, last = n(model.lnf) + n(model.head) }
+   for i, b in ipairs(model.blocks) do w.blocks[i] = n(b) end
+   return w
+end
+
+-- Blocks per stage for S stages balanced by parameter count: the cut into consecutive blocks whose heaviest stage
+-- (the first weighed with the embeddings, the last with the final norm and head) is lightest; between equal cuts,
+-- later stages take fewer blocks (the last as few as it can, then the one before it). w: M.weights(model).
+function M.balance(w, S)
+   local n = #w.blocks
+   local pre = { [0] = 0 }
+   for i = 1, n do pre[i] = pre[i - 1] + w.blocks[i] end
+   -- best[s][i]: the lightest heaviest stage of stages 1..s over blocks 1..i, and cut[s][i] the first block of stage s
+   local best, cut = { [0] = { [0] = 0 } }, {}
+   for s = 1, S do
+      best[s], cut[s] = {}, {}
+      for i = s, n - (S - s) do
+         for j = i, s, -1 do -- stage s holds blocks j..i; j from i down: on a tie stage s keeps fewer
+            local prev = best[s - 1][j - 1]
+            if prev then
+               local load = pre[i] - pre[j - 1] + (s == 1 and w.first or 0) + (s == S and w.last or 0)
+               local v = math.max(prev, load)
+               if best[s][i] == nil or v < best[s][i] then best[s][i], cut[s][i] = v, j end
+            end
+         end
+      end
+   end
+   local out, i = {}, n
+   for s = S, 1, -1 do
+      out[s] = i - cut[s][i] + 1
+      i = cut[s][i] - 1
+   end
+   return out
+end
+
+-- Blocks per stage: opts.split, an even split by count (balance "blocks": the first stages one more), or balanced by
+-- parameter count (balance "params", the default: M.balance).
+local function split_blocks(model, S, split, balance)
+   local n = #model.blocks
    if split then
       local total = 0
       for _, k in ipairs(split) do total = total + k end
@@ -52,6 +94,7 @@ local function split_blocks(n, S, split)
       error(("pipeline.wrap: the pp size %d is larger than the model's %d blocks; use a pp size of at most %d (or a "
          .. "model with more layers)"):format(S, n, n), 3)
    end
+   if balance == "params" then return M.balance(M.weights(model), S) end
    local out = {}
    for s = 1, S do out[s] = math.floor(n / S) + (s <= n % S and 1 or 0) end
    return out
@@ -74,7 +117,8 @@ function Stage:forward(x, targets)
 end
 
 -- Wrap model (see the top of this file). opts: mesh (a dt.mesh or a mesh spec; default pp over every rank), axis
--- ("pp"), micro_batches (default 2 x the stages), schedule ("1f1b" | "gpipe"), split (blocks per stage).
+-- ("pp"), micro_batches (default 2 x the stages), schedule ("1f1b" | "gpipe"), split (blocks per stage), balance
+-- ("params", the default: stages balanced by parameter count; "blocks": by block count).
 function M.wrap(model, opts)
    opts = opts or {}
    local world = dist.init()
@@ -93,7 +137,11 @@ function M.wrap(model, opts)
    end
    local comm = mesh:comm(axis)
    local S, s = comm.size, comm.rank
-   local counts = split_blocks(#model.blocks, S, opts.split)
+   local balance = opts.balance or "params"
+   if balance ~= "params" and balance ~= "blocks" then
+      error(("pipeline.wrap: balance must be \"params\" or \"blocks\", got %s"):format(tostring(balance)), 2)
+   end
+   local counts = split_blocks(model, S, opts.split, balance)
    local first = 1
    for i = 1, s do first = first + counts[i] end
    local micro = opts.micro_batches or 2 * S
