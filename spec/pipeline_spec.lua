@@ -118,7 +118,8 @@ describe("pipeline stages balanced by parameter count (pipeline.balance, the def
 end)
 
 describe("pipeline.wrap errors", function()
-   it("names a pp size larger than the blocks, a split that does not add up and a bad schedule", function()
+   it("names a pp size larger than the blocks, a split that does not add up, a bad schedule or balance and a tied "
+      .. "head", function()
       local function gpt() return nn.GPT { vocab = 64, seq = 8, dim = 16, layers = 1, heads = 2 } end
       testing.expect_error(function() pipeline.wrap(gpt(), { schedule = "zb" }) end,
          "pipeline.wrap: schedule must be \"1f1b\" or \"gpipe\", got zb")
@@ -133,6 +134,13 @@ describe("pipeline.wrap errors", function()
       assert.are_not.equal(0, r.code)
       assert.truthy(r.out:find("mesh_shape: pipeline.wrap: the pp size 2 is larger than the model's 1 blocks; use a pp "
          .. "size of at most 1 (or a model with more layers)", 1, true), r.out)
+      r = launch("spec/fixtures/pp_equivalence.lua --nproc 2 tied=true")
+      helpers.remove_run(r.run_dir)
+      assert.are_not.equal(0, r.code)
+      assert.truthy(r.out:find("mesh_shape: pipeline.wrap: the head is the embedding's tensor (tied: "
+         .. "tie_word_embeddings), but stage 1 holds the embedding and stage 2 the head, which would train two copies "
+         .. "of it apart; untie it first (model.head.weight = model.wte.weight:clone()) or use no pp axis", 1, true),
+         r.out)
    end)
 
    it("in mesh_shape: names the mesh that does not fit, a model it cannot cut, and micro-batches that do not divide "

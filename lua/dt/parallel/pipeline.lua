@@ -137,6 +137,11 @@ function M.wrap(model, opts)
    end
    local comm = mesh:comm(axis)
    local S, s = comm.size, comm.rank
+   if S > 1 and rawequal(model.wte.weight, model.head.weight) then
+      error(("pipeline.wrap: the head is the embedding's tensor (tied: tie_word_embeddings), but stage 1 holds the "
+         .. "embedding and stage %d the head, which would train two copies of it apart; untie it first "
+         .. "(model.head.weight = model.wte.weight:clone()) or use no pp axis"):format(S), 2)
+   end
    local balance = opts.balance or "params"
    if balance ~= "params" and balance ~= "blocks" then
       error(("pipeline.wrap: balance must be \"params\" or \"blocks\", got %s"):format(tostring(balance)), 2)
