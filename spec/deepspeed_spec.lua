@@ -39,6 +39,17 @@ local function run(model, steps, scaler, cfg, run_dir)
    return results, opt
 end
 
+-- `dtrun args` (it must succeed): its metrics.jsonl records, `steps` of them, its run dir removed.
+local function metrics_of(args, steps)
+   local r = helpers.dtrun(args)
+   assert.equal(0, r.code, r.out)
+   local records = {}
+   for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
+   helpers.remove_run(r.run_dir)
+   assert.equal(steps, #records)
+   return records
+end
+
 local function params_of(model)
    local out = {}
    local src = model.fsdp and model.fsdp:full_state_dict() or {}
@@ -414,14 +425,8 @@ describe("ds_config.json (dt.train.deepspeed)", function()
          if precision == "fp16" then ds.fp16.initial_scale_power = 20 end
          local path = ("%s/%s%d.json"):format(dir, precision, stage)
          fs.write(path, cjson.encode(ds))
-         local r = helpers.dtrun("recipes/ddp.lua --nproc 2 --deepspeed " .. path .. " steps=8 model.dim=32 "
-            .. "model.heads=2 model.layers=2 seq=16 eval_batches=1 sample=0 log_every=0")
-         assert.equal(0, r.code, r.out)
-         local records = {}
-         for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
-         helpers.remove_run(r.run_dir)
-         assert.equal(8, #records)
-         return records
+         return metrics_of("recipes/ddp.lua --nproc 2 --deepspeed " .. path .. " steps=8 model.dim=32 model.heads=2 "
+            .. "model.layers=2 seq=16 eval_batches=1 sample=0 log_every=0", 8)
       end
       for _, precision in ipairs { "fp16", "bf16" } do
          local stage0 = steps(0, precision)
@@ -443,13 +448,8 @@ describe("ds_config.json (dt.train.deepspeed)", function()
    end)
 
    it("gives mixed_precision = fp16 without a DeepSpeed config DeepSpeed's default dynamic loss scaling", function()
-      local r = helpers.dtrun("recipes/train.lua mixed_precision=fp16 steps=3 model.dim=32 model.heads=2 "
-         .. "model.layers=1 seq=16 batch=2 eval_batches=1 sample=0 log_every=0")
-      assert.equal(0, r.code, r.out)
-      local records = {}
-      for line in io.lines(fs.join(r.run_dir, "metrics.jsonl")) do records[#records + 1] = cjson.decode(line) end
-      helpers.remove_run(r.run_dir)
-      assert.equal(3, #records)
+      local records = metrics_of("recipes/train.lua mixed_precision=fp16 steps=3 model.dim=32 model.heads=2 "
+         .. "model.layers=1 seq=16 batch=2 eval_batches=1 sample=0 log_every=0", 3)
       for _, rec in ipairs(records) do assert.equal(2 ^ 16, rec.loss_scale) end
       assert.equal(0, records[3].skipped_steps)
    end)
