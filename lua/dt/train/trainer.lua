@@ -24,9 +24,10 @@
 -- of its step); the result's metrics.gc_seconds reports it.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
--- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count, on the
--- CPU: see dt/obs/mfu.lua), on a cuda device gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the
--- driver's library opens: dt/obs/nvml.lua; otherwise stderr says why not, once), ... } }. Step
+-- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count over the
+-- sgemm rate on the CPU, over the device's peak on a cuda device: see dt/obs/mfu.lua), on a cuda device
+-- gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the driver's library opens: dt/obs/nvml.lua;
+-- otherwise stderr says why not, once), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
 -- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
