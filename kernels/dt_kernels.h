@@ -202,13 +202,15 @@ cudaError_t dt_k_decode_attention(cudaStream_t s, int dtype, const void *q, cons
                                   const int64_t *slots, void *out, dt_k_error *err, const dt_k_kv_dims *a);
 
 /* dt_nn_sample over logits (n, v) of float `dtype`, one block per row; z: scratch of n * v floats; log_min_p -inf when
- * min_p is off. A row with a NaN or no finite logit is reported through err (DT_KERR_SAMPLE, where = the row). */
+ * min_p is off; seen (n, v) > 0 where the repetition penalty applies, NULL when it is off. A row with a NaN or no
+ * finite logit is reported through err (DT_KERR_SAMPLE, where = the row). */
 typedef struct dt_k_sample_args {
   int32_t dtype, ldtype;
   int64_t n, v, top_k;
-  double temperature, top_p, log_min_p;
+  double temperature, top_p, log_min_p, repetition_penalty;
   uint64_t seed, offset;
   const void *logits;
+  const float *seen;
   float *z;
   int64_t *tokens;
   void *logprobs;

@@ -29,8 +29,10 @@ __global__ void sample_rows(dt_k_sample_args a, dt_k_error *err) {
   float *z = a.z + r * v;
   float m = -INFINITY;
   int64_t nan = 0;
+  const float *seen = a.seen ? a.seen + r * v : NULL;
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
-    float zi = dt_sample_scaled((double)num<T>::load(x[i]), a.temperature);
+    double xi = (double)num<T>::load(x[i]);
+    float zi = dt_sample_scaled(seen ? dt_sample_penalized(xi, seen[i] > 0, a.repetition_penalty) : xi, a.temperature);
     z[i] = zi;
     nan |= isnan(zi) ? 1 : 0;
     m = zi > m ? zi : m;
@@ -88,9 +90,23 @@ __global__ void sample_rows(dt_k_sample_args a, dt_k_error *err) {
     double top = block_reduce(best, max_op(), -(double)INFINITY, redd);
     tok = block_reduce(best == top ? at : v, min_op(), v, redi); /* the lowest index among equal scores */
   }
+  double logprob = (double)z[tok] - log(sum);
+  if (seen) { /* the log-prob without the penalty (the policy's): its max and sum again */
+    float m0 = -INFINITY;
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+      float u = dt_sample_scaled((double)num<T>::load(x[i]), a.temperature);
+      m0 = u > m0 ? u : m0;
+    }
+    m0 = block_reduce(m0, max_op(), -INFINITY, redf);
+    double sum0 = 0;
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x)
+      sum0 += exp((double)(dt_sample_scaled((double)num<T>::load(x[i]), a.temperature) - m0));
+    sum0 = block_reduce(sum0, sum_op(), 0.0, redd);
+    logprob = (double)(dt_sample_scaled((double)num<T>::load(x[tok]), a.temperature) - m0) - log(sum0);
+  }
   if (threadIdx.x == 0) {
     a.tokens[r] = tok;
-    store_dyn<double>(a.logprobs, a.ldtype, r, (double)z[tok] - log(sum));
+    store_dyn<double>(a.logprobs, a.ldtype, r, logprob);
   }
 }
 

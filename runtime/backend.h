@@ -92,9 +92,9 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
      double scale, dt_tensor *out),                                                                                  \
     (q, kcache, vcache, slots, pos, scale, out))                                                                     \
   X(nn_sample,                                                                                                       \
-    (const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p, uint64_t seed,          \
-     uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs),                                                       \
-    (logits, temperature, top_k, top_p, min_p, seed, offset, tokens, logprobs))                                      \
+    (const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k, double top_p, double min_p,  \
+     double repetition_penalty, uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs),             \
+    (logits, seen, temperature, top_k, top_p, min_p, repetition_penalty, seed, offset, tokens, logprobs))            \
   X(random_uniform, (dt_tensor * out, uint64_t seed, uint64_t offset, double lo, double hi),                         \
     (out, seed, offset, lo, hi))                                                                                     \
   X(random_normal, (dt_tensor * out, uint64_t seed, uint64_t offset, double mean, double std),                       \

@@ -179,8 +179,9 @@ dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_ten
   return DT_OK;
 }
 
-dt_status dt_nn_sample_check(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
-                             const dt_tensor *tokens, const dt_tensor *logprobs, int64_t *n, int64_t *v) {
+dt_status dt_nn_sample_check(const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k,
+                             double top_p, double min_p, double repetition_penalty, const dt_tensor *tokens,
+                             const dt_tensor *logprobs, int64_t *n, int64_t *v) {
   const char *op = "sample";
   char b[DT_SHAPE_BUF];
   DT_TRY(dt_nn_check_float(logits, op, "logits"));
@@ -198,6 +199,18 @@ dt_status dt_nn_sample_check(const dt_tensor *logits, double temperature, int64_
   DT_CHECK(top_k >= 0, DT_ERR_ARG, "%s: top_k must be >= 0 (0: off), got %lld", op, (long long)top_k);
   DT_CHECK(top_p > 0 && top_p <= 1, DT_ERR_ARG, "%s: top_p must be in (0, 1] (1: off), got %g", op, top_p);
   DT_CHECK(min_p >= 0 && min_p < 1, DT_ERR_ARG, "%s: min_p must be in [0, 1) (0: off), got %g", op, min_p);
+  DT_CHECK(repetition_penalty > 0 && isfinite(repetition_penalty), DT_ERR_ARG,
+           "%s: repetition_penalty must be finite and > 0 (1: off), got %g", op, repetition_penalty);
+  DT_CHECK(seen || repetition_penalty == 1, DT_ERR_ARG,
+           "%s: repetition_penalty %g needs seen, the (N, V) f32 tensor > 0 where a row has seen a token", op,
+           repetition_penalty);
+  if (seen) {
+    char bs[DT_SHAPE_BUF];
+    DT_CHECK(seen->dtype == DT_DTYPE_F32 && seen->data && dt_tensor_is_contiguous(seen) && seen->ndim == 2 &&
+                 seen->shape[0] == *n && seen->shape[1] == *v,
+             DT_ERR_ARG, "%s: seen must be contiguous f32 with the logits' (N, V): logits %s, seen %s", op,
+             dt_shape_str(logits, b, sizeof b), dt_shape_str(seen, bs, sizeof bs));
+  }
   return DT_OK;
 }
 

@@ -37,10 +37,12 @@ dt_status dt_nn_rope_check(const char *op, const dt_tensor *x, const dt_tensor *
 /* cross-entropy's targets: n contiguous i32/i64 values, one per row of logits. */
 dt_status dt_nn_targets_check(const char *op, const dt_tensor *targets, const dt_tensor *logits, int64_t n);
 
-/* sample: logits (N, V) contiguous float with V >= 1, tokens N contiguous i64, logprobs N contiguous float, the
- * options in range (dt_nn_sample); *n, *v get N and V. */
-dt_status dt_nn_sample_check(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
-                             const dt_tensor *tokens, const dt_tensor *logprobs, int64_t *n, int64_t *v);
+/* sample: logits (N, V) contiguous float with V >= 1, seen (N, V) contiguous f32 (may be NULL when
+ * repetition_penalty == 1), tokens N contiguous i64, logprobs N contiguous float, the options in range (dt_nn_sample);
+ * *n, *v get N and V. */
+dt_status dt_nn_sample_check(const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k,
+                             double top_p, double min_p, double repetition_penalty, const dt_tensor *tokens,
+                             const dt_tensor *logprobs, int64_t *n, int64_t *v);
 
 /* kv_append / decode_attention (op): cache (S, Hkv, L, D) contiguous float; slots B contiguous i64 values (their range
  * is the backend's to check); x (B, H, T, D) contiguous in the cache's dtype (named nx), H == Hkv or, when grouped, a

@@ -198,10 +198,11 @@ dt_status dt_nn_decode_attention(const dt_tensor *q, const dt_tensor *kcache, co
               scale, out);
 }
 
-dt_status dt_nn_sample(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
-                       uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs) {
-  DT_DISPATCH("sample", (logits, tokens, logprobs), nn_sample, logits, temperature, top_k, top_p, min_p, seed, offset,
-              tokens, logprobs);
+dt_status dt_nn_sample(const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k, double top_p,
+                       double min_p, double repetition_penalty, uint64_t seed, uint64_t offset, dt_tensor *tokens,
+                       dt_tensor *logprobs) {
+  DT_DISPATCH("sample", (logits, seen, tokens, logprobs), nn_sample, logits, seen, temperature, top_k, top_p, min_p,
+              repetition_penalty, seed, offset, tokens, logprobs);
 }
 
 dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_t offset, dt_tensor *y) {

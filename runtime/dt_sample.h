@@ -10,6 +10,12 @@
 
 #include "dt_philox.h"
 
+/* Hugging Face's repetition penalty p of a logit x whose token the sequence holds (seen): x / p if x > 0, else x * p;
+ * x when not seen. */
+static inline double dt_sample_penalized(double x, int seen, double p) {
+  return seen ? (x > 0 ? x / p : x * p) : x;
+}
+
 /* The scaled logit a = x / temperature rounded to f32 (x itself when temperature == 0). */
 static inline float dt_sample_scaled(double x, double temperature) {
   return (float)(temperature > 0 ? x / temperature : x);

@@ -1,5 +1,5 @@
 -- spec/rl_generate_spec.lua: dt.rl generation: KV-cached, continuously batched output equals full recomputation;
--- weights swapped mid-completion.
+-- weights swapped mid-completion; the repetition penalty over each row's prompt and tokens so far.
 local dt = require "dt"
 local nn = require "dt.nn"
 local rl = require "dt.rl"
@@ -67,6 +67,46 @@ for name, make in pairs(models) do
             for j, lp in ipairs(a[i].logprobs) do assert.near(want[j], lp, 1e-4) end
          end
          assert.is_true(differs)
+      end)
+
+      it("repetition_penalty: greedy tokens are a plain Lua loop's over HF's penalized logits; cache = recompute",
+         function()
+         local p = 3
+         local function reference(prompt, n) -- full forwards; penalize every id of the context once, then argmax
+            local ctx = { unpack(prompt) }
+            for _ = 1, n do
+               local logits = dt.no_grad(model, dt.tensor({ ctx }, { dtype = "i64" })):select(1, 1)
+               local row = logits:select(1, #ctx):totable()
+               local once = {}
+               for _, id in ipairs(ctx) do
+                  if not once[id] then
+                     row[id + 1] = row[id + 1] > 0 and row[id + 1] / p or row[id + 1] * p
+                     once[id] = true
+                  end
+               end
+               local best = 1
+               for i = 2, #row do if row[i] > row[best] then best = i end end
+               ctx[#ctx + 1] = best - 1
+            end
+            return { unpack(ctx, #prompt + 1) }
+         end
+         local out = rl.generate(model, prompts, { max_new_tokens = 8, temperature = 0, repetition_penalty = p,
+            slots = 2 })
+         local plain = rl.generate(model, prompts, { max_new_tokens = 8, temperature = 0, slots = 2 })
+         local differs = false
+         for i, prompt in ipairs(prompts) do
+            assert.same(reference(prompt, 8), out[i].tokens)
+            if table.concat(out[i].tokens, ",") ~= table.concat(plain[i].tokens, ",") then differs = true end
+            local want = full_logprobs(model, prompt, out[i].tokens, 1) -- the unpenalized policy's log-probs
+            for j, lp in ipairs(out[i].logprobs) do assert.near(want[j], lp, 1e-4) end
+         end
+         assert.is_true(differs)
+         local function sampled(cache)
+            return rl.generate(model, prompts, { max_new_tokens = 8, temperature = 1, repetition_penalty = 1.5,
+               slots = 3, cache = cache, generator = dt.Generator(2), stop = 0 })
+         end
+         local a, b = sampled(true), sampled(false)
+         for i = 1, #prompts do assert.same(b[i].tokens, a[i].tokens) end
       end)
 
       it("swaps weights mid-completion (poll): later tokens are the new weights' over the whole context", function()

@@ -3,9 +3,10 @@
 #include "nn_common.h"
 
 typedef struct {
-  double temperature, top_p, log_min_p;
+  double temperature, top_p, log_min_p, penalty;
   int64_t top_k, v;
   uint64_t seed, offset;
+  const float *seen; /* (N, V) or NULL: no repetition penalty */
 } sample_args;
 
 /* The smallest key t with fewer than k keys above it (top-k: keep key >= t). */
@@ -32,15 +33,32 @@ static uint32_t threshold_mass(const uint32_t *key, const double *e, int64_t v, 
   return lo;
 }
 
+/* log_softmax(a) at token tok of row `base` of x without the repetition penalty (the policy's log-prob). */
+static double unpenalized_logprob(const sample_args *a, const void *x, int dtype, int64_t base, int64_t tok) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < a->v; i++) {
+    float u = dt_sample_scaled(dt_load(x, dtype, base + i), a->temperature);
+    m = u > m ? u : m;
+  }
+  double sum = 0;
+  for (int64_t i = 0; i < a->v; i++) {
+    float u = dt_sample_scaled(dt_load(x, dtype, base + i), a->temperature);
+    sum += exp((double)(u - m));
+  }
+  return (double)(dt_sample_scaled(dt_load(x, dtype, base + tok), a->temperature) - m) - log(sum);
+}
+
 /* Row r of x (dtype) -> *token, *logprob; false when the row has a NaN or no finite logit. z, key, e: V scratch
  * values each. */
 static bool sample_row(const sample_args *a, const void *x, int dtype, int64_t r, float *z, uint32_t *key, double *e,
                        int64_t *token, double *logprob) {
   int64_t v = a->v, base = r * v;
+  const float *seen = a->seen ? a->seen + base : NULL;
   float m = -INFINITY;
   bool nan = false;
   for (int64_t i = 0; i < v; i++) {
-    z[i] = dt_sample_scaled(dt_load(x, dtype, base + i), a->temperature);
+    double xi = dt_load(x, dtype, base + i);
+    z[i] = dt_sample_scaled(seen ? dt_sample_penalized(xi, seen[i] > 0, a->penalty) : xi, a->temperature);
     nan |= isnan(z[i]);
     m = z[i] > m ? z[i] : m;
   }
@@ -69,16 +87,19 @@ static bool sample_row(const sample_args *a, const void *x, int dtype, int64_t r
     }
   }
   *token = tok;
-  *logprob = z[tok] - log(sum);
+  *logprob = seen ? unpenalized_logprob(a, x, dtype, base, tok) : z[tok] - log(sum);
   return true;
 }
 
-dt_status dt_cpu_nn_sample(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
-                           uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs) {
+dt_status dt_cpu_nn_sample(const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k,
+                           double top_p, double min_p, double repetition_penalty, uint64_t seed, uint64_t offset,
+                           dt_tensor *tokens, dt_tensor *logprobs) {
   int64_t n, v;
-  DT_TRY(dt_nn_sample_check(logits, temperature, top_k, top_p, min_p, tokens, logprobs, &n, &v));
+  DT_TRY(dt_nn_sample_check(logits, seen, temperature, top_k, top_p, min_p, repetition_penalty, tokens, logprobs, &n,
+                            &v));
   sample_args a = {.temperature = temperature, .top_p = top_p, .log_min_p = min_p > 0 ? log(min_p) : -INFINITY,
-                   .top_k = top_k, .v = v, .seed = seed, .offset = offset};
+                   .penalty = repetition_penalty, .top_k = top_k, .v = v, .seed = seed, .offset = offset,
+                   .seen = seen && repetition_penalty != 1 ? dt_tensor_ptr(seen) : NULL};
   char *scr = NULL;
   size_t stride;
   void *shared;

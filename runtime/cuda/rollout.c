@@ -3,20 +3,25 @@
 
 #include "cuda_internal.h"
 
-dt_status dt_cuda_nn_sample(dt_stream *s, const dt_tensor *logits, double temperature, int64_t top_k, double top_p,
-                            double min_p, uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs) {
+dt_status dt_cuda_nn_sample(dt_stream *s, const dt_tensor *logits, const dt_tensor *seen, double temperature,
+                            int64_t top_k, double top_p, double min_p, double repetition_penalty, uint64_t seed,
+                            uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs) {
   const char *op = "sample";
   int64_t n, v;
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", op);
-  DT_TRY(dt_nn_sample_check(logits, temperature, top_k, top_p, min_p, tokens, logprobs, &n, &v));
+  DT_TRY(dt_nn_sample_check(logits, seen, temperature, top_k, top_p, min_p, repetition_penalty, tokens, logprobs, &n,
+                            &v));
   DT_TRY(dt_cuda_check_on(s, logits, op, "logits"));
+  if (seen) DT_TRY(dt_cuda_check_on(s, seen, op, "seen"));
   DT_TRY(dt_cuda_check_on(s, tokens, op, "tokens"));
   DT_TRY(dt_cuda_check_stat(s, logprobs, n, op, "logprobs"));
   dt_cuda_dev *d;
   DT_TRY(dt_cuda_dev_get(s->device, &d));
   dt_k_sample_args a = {.dtype = logits->dtype, .ldtype = logprobs->dtype, .n = n, .v = v, .top_k = top_k,
                         .temperature = temperature, .top_p = top_p, .log_min_p = min_p > 0 ? log(min_p) : -INFINITY,
-                        .seed = seed, .offset = offset, .logits = dt_tensor_ptr(logits),
+                        .repetition_penalty = repetition_penalty, .seed = seed, .offset = offset,
+                        .logits = dt_tensor_ptr(logits),
+                        .seen = seen && repetition_penalty != 1 ? (const float *)dt_tensor_ptr(seen) : NULL,
                         .tokens = dt_tensor_ptr(tokens), .logprobs = dt_tensor_ptr(logprobs)};
   if (n > 0) DT_TRY(dt_cuda_malloc(s, (size_t)(n * v) * sizeof(float), (void **)&a.z)); /* z between the passes */
   cudaError_t e = dt_k_sample(s->s, &a, d->err);

@@ -86,15 +86,18 @@ dt_status dt_nn_dropout_fwd(const dt_tensor *x, double p, uint64_t seed, uint64_
 dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx);
 
 /* Fused next-token sampling: one token per row of logits (N, V) float, O(V) work per row (thresholds found by
- * bisection, no sort), the same tokens on every backend. a = logits / temperature rounded to f32 (the raw logits when
- * temperature == 0), z = a - max(a). temperature 0: the first largest logit (greedy; no random values used). Otherwise
+ * bisection, no sort), the same tokens on every backend. Repetition penalty p (Hugging Face's; 1: off): where seen
+ * (N, V) f32 is > 0 (the row's sequence holds token i) the logit x becomes x / p if x > 0, else x * p; seen may be
+ * NULL when p == 1. a = those logits / temperature rounded to f32 (the raw ones when temperature == 0), z = a - max(a). temperature 0: the first largest logit (greedy; no random values used). Otherwise
  * token i is kept iff fewer than top_k tokens have a larger z (top_k 0: off), the probability of the tokens with a
  * larger z is below top_p (1: off) and z_i >= log(min_p) (0: off), so ties at a boundary are all kept; the kept token
  * with the largest z_i + g_i wins (the lower index on a tie), g_i = -log(-log(u * (1 - 2e-7) + 1e-7)) with u the value
  * dt_random_uniform(seed, offset) draws at element row * V + i: N * V values of the stream are used. tokens (N) i64;
- * logprobs (N) f32 or f64 get log_softmax(a) at the token, before filtering. A row with a NaN or no finite logit is
- * an error (on cuda: reported at the next synchronisation). */
-dt_status dt_nn_sample(const dt_tensor *logits, double temperature, int64_t top_k, double top_p, double min_p,
-                       uint64_t seed, uint64_t offset, dt_tensor *tokens, dt_tensor *logprobs);
+ * logprobs (N) f32 or f64 get log_softmax(logits / temperature) at the token, before the penalty and filtering (the
+ * policy's own log-prob). A row with a NaN or no finite logit is an error (on cuda: reported at the next
+ * synchronisation). */
+dt_status dt_nn_sample(const dt_tensor *logits, const dt_tensor *seen, double temperature, int64_t top_k, double top_p,
+                       double min_p, double repetition_penalty, uint64_t seed, uint64_t offset, dt_tensor *tokens,
+                       dt_tensor *logprobs);
 
 #endif

@@ -11,8 +11,9 @@
 -- prompt takes it at the next step, so short answers never wait for long ones. opts.cache = false recomputes each
 -- row's whole context instead (the reference the cache is checked against; same rows, same draws).
 -- An FSDP-wrapped model (every rank calls generate) is gathered whole for the call (FSDP:gathered), so ranks may
--- generate different prompts and lengths. Sampling options are dt.rl.sample's; logprobs[j] is the behaviour log-prob
--- of tokens[j] and versions[j] the policy version of the weights that drew it (opts.version, default 0).
+-- generate different prompts and lengths. Sampling options are dt.rl.sample's (repetition_penalty: over each row's
+-- prompt and tokens so far, a dt.rl.sample.seen record per slot on the model's device); logprobs[j] is the behaviour
+-- log-prob of tokens[j] and versions[j] the policy version of the weights that drew it (opts.version, default 0).
 -- Interruptible generation: opts.poll, when given, is called after every token step; when it has swapped newer
 -- weights into the model it returns their version, and the next token of every live row comes from them: the cache's
 -- keys and values (the old weights') are dropped and each live row prefills its whole context (prompt and tokens so
@@ -63,6 +64,12 @@ return function(model, prompts, opts)
    local free, waiting, live, out = {}, 1, {}, {}
    for s = n_slots - 1, 0, -1 do free[#free + 1] = s end
    local version = opts.version or 0
+   local penalized = (opts.repetition_penalty or 1) ~= 1
+   local seen, draw_opts = nil, opts -- seen: created at the first draw (V from the logits)
+   if penalized then
+      draw_opts = {}
+      for k, v in pairs(opts) do draw_opts[k] = v end
+   end
    local was_training = model.training
    model:eval()
    -- an FSDP model is gathered whole for the generation: its ranks run different numbers of forwards
@@ -96,8 +103,22 @@ return function(model, prompts, opts)
          for i, row in ipairs(live) do perm[i] = at[row] end
          local logits = (#last == 1 and last[1] or dt.cat(last, 1)):index_select(1,
             dt.tensor(perm, { dtype = "i64", device = dev }))
-         local tokens, logprobs = sample.draw(logits, opts, opts.generator)
+         local slots_of = {}
+         if penalized then -- each row's seen ids: its prompt when it starts, then every token drawn
+            seen = seen or sample.seen(n_slots, logits:size(2), dev)
+            for i, row in ipairs(live) do
+               slots_of[i] = row.slot
+               if not row.seen then seen:start(row.slot, row.context) end
+               row.seen = true
+            end
+            draw_opts.seen = seen:rows(slots_of)
+         end
+         local tokens, logprobs = sample.draw(logits, draw_opts, opts.generator)
          tokens, logprobs = tokens:to("cpu"):totable(), logprobs:to("cpu"):totable()
+         if seen then
+            draw_opts.seen:free()
+            seen:add(slots_of, tokens)
+         end
          local still = {}
          for i, row in ipairs(live) do
             local t = tokens[i]
@@ -123,5 +144,6 @@ return function(model, prompts, opts)
    end) end)
    model:train(was_training)
    if cache then cache:free() end
+   if seen then seen:free() end
    return out
 end

@@ -23,11 +23,12 @@ local fsdp = require "dt.parallel.fsdp"
 
 local M = {}
 
--- Config keys (numbers keep their type for key=value overrides): top_k 0 = off, stop -1 = no stop token (else a
--- token id), epsilon_high 0 = epsilon, slots 0 = every completion of the batch generates at once.
+-- Config keys (numbers keep their type for key=value overrides): top_k 0 = off, repetition_penalty 1 = off (HF's, over
+-- the prompt and the completion so far), stop -1 = no stop token (else a token id), epsilon_high 0 = epsilon, slots 0
+-- = every completion of the batch generates at once.
 M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temperature = 1, top_k = 0, top_p = 1,
-   min_p = 0, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0, loss_type = "dapo",
-   num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
+   min_p = 0, repetition_penalty = 1, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0,
+   loss_type = "dapo", num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
    adaptive_async = false, -- or a table of dt.rl.async.defaults' keys
    placement = "colocated", rollout_ranks = 1, publish_dtype = "f32" } -- see dt.rl.placement
 M.aliases = { num_generations = "group_size" } -- TRL's names

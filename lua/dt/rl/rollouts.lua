@@ -80,7 +80,8 @@ function Rollouts:generate(n, version, poll)
    local t0 = dt.time()
    local out = generate(self.model, prompts, { max_new_tokens = cfg.max_new_tokens, stop = cfg.stop,
       slots = cfg.slots > 0 and cfg.slots or nil, temperature = cfg.temperature,
-      top_k = cfg.top_k > 0 and cfg.top_k or nil, top_p = cfg.top_p, min_p = cfg.min_p, generator = self.generator,
+      top_k = cfg.top_k > 0 and cfg.top_k or nil, top_p = cfg.top_p, min_p = cfg.min_p,
+      repetition_penalty = cfg.repetition_penalty, generator = self.generator,
       version = version, poll = poll })
    for i, s in ipairs(samples) do
       local o = out[i]
