@@ -15,7 +15,6 @@ local nn    = require "dt.nn"
 local optim = require "dt.optim"
 local train = require "dt.train"
 local dist  = require "dt.dist"
-local zero  = require "dt.parallel.zero"
 local rl    = require "dt.rl"
 local fs    = require "dt.fs"
 local json  = require("dt.train.jsonl").json
@@ -33,6 +32,7 @@ local cfg = train.config {
    tokenizer = "",            -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    chat = true,               -- with a tokenizer: prompts as a user turn of its chat template (false: plain text)
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
+      repetition_penalty = 1, -- > 1 discourages ids the prompt or completion already holds (Hugging Face's rule)
       epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
       -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
       adaptive_async = { target_staleness = 0.15, max_async_ratio = 0 },
@@ -72,18 +72,8 @@ cfg.grpo.stop = tok.stop or cfg.grpo.stop
 
 -- Greedy exact-match accuracy on the held-out rows (rank 0 alone: generation is no collective).
 local function accuracy()
-   local encoded = {}
-   for i, row in ipairs(eval_rows) do encoded[i] = tok:prompt(row.prompt) end
-   local out = rl.generate(model, encoded, { max_new_tokens = cfg.grpo.max_new_tokens, stop = cfg.grpo.stop,
-      temperature = 0 })
-   local right = 0
-   for i, row in ipairs(eval_rows) do
-      local o = out[i]
-      if o.finish == "stop" and tok:decode({ unpack(o.tokens, 1, #o.tokens - 1) }) == row.answer then
-         right = right + 1
-      end
-   end
-   return right / #eval_rows
+   return rl.eval.exact_match(model, eval_rows, { tokenizer = tok, max_new_tokens = cfg.grpo.max_new_tokens,
+      stop = cfg.grpo.stop })
 end
 
 -- Warm start (every rank the same steps from the same seed; ddp.wrap then starts all from rank 0's weights).
@@ -125,20 +115,7 @@ end
 
 -- GRPO: DDP (or FSDP) among the trainer ranks (--deepspeed FILE: its ZeRO stage, optimizer, scheduler; its batch sizes
 -- give grpo.prompts_per_step); rollouts from each generating rank's own generator.
-if not ({ ddp = true, fsdp = true })[cfg.strategy] then
-   error(("grpo: strategy must be ddp or fsdp, got %s"):format(cfg.strategy), 0)
-end
-local ds = train.deepspeed(cfg)
-if ds and cfg.strategy ~= "ddp" then
-   error(("grpo: --deepspeed and strategy=%s are both set; the DeepSpeed config's zero_optimization.stage chooses "
-      .. "the strategy: drop strategy"):format(cfg.strategy), 0)
-end
-if roles.trains and ds then
-   ds:wrap(model, { comm = roles.comm })
-elseif roles.trains then -- ddp is ZeRO stage 0
-   zero.wrap(model, zero.mixed_precision(cfg.mixed_precision, { stage = cfg.strategy == "fsdp" and cfg.stage or 0 }),
-      { comm = roles.comm })
-end
+rl.policy.wrap(model, cfg, roles)
 dt.manual_seed(cfg.seed * 1000 + world.rank)
 local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles, tokenizer = tok,
    rewards = { rl.rewards.exact_answer(), { fn = digits, weight = cfg.partial_credit, name = "digits" } } }

@@ -322,6 +322,19 @@ describe("grpo.setup", function()
    end)
 end)
 
+describe("rl.eval.exact_match", function()
+   it("counts the rows whose greedy completion ends with the stop token and decodes to the answer", function()
+      local model = nn.GPT { vocab = 256, seq = 16, dim = 16, layers = 1, heads = 2, seed = 5 }
+      local free = rl.generate(model, { { ("1+1="):byte(1, -1) } }, { max_new_tokens = 3, temperature = 0 })
+      local stop = free[1].tokens[2] -- the greedy completion stops at or before its second token
+      local out = rl.generate(model, { { ("1+1="):byte(1, -1) } }, { max_new_tokens = 3, temperature = 0, stop = stop })
+      local text = rl.rollouts.bytes:decode({ unpack(out[1].tokens, 1, #out[1].tokens - 1) })
+      local rows = { { prompt = "1+1=", answer = text }, { prompt = "1+1=", answer = text .. "x" } }
+      assert.equal(0.5, rl.eval.exact_match(model, rows, { max_new_tokens = 3, stop = stop }))
+      assert.equal(0, rl.eval.exact_match(model, { rows[1] }, { max_new_tokens = 3, stop = -1 })) -- never stops
+   end)
+end)
+
 describe("grpo step metrics", function()
    it("completion lengths, truncated fraction, importance weights and train tokens/s from the batch", function()
       local step_metrics = require "dt.rl.metrics"

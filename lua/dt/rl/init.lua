@@ -1,4 +1,5 @@
--- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, placement, adaptive async.
+-- dt/rl/init.lua: `require "dt.rl"`: KV-cached batched generation, sampling, rewards, GRPO, placement, adaptive async,
+-- the policy's trainer strategy and exact-match evaluation.
 return {
    generate = require "dt.rl.generate",
    sample = require "dt.rl.sample",
@@ -8,4 +9,6 @@ return {
    grpo = require "dt.rl.grpo",
    async = require "dt.rl.async",
    placement = require "dt.rl.placement",
+   policy = require "dt.rl.policy",
+   eval = require "dt.rl.eval",
 }
