@@ -18,7 +18,7 @@ end
 
 -- dist_helpers.dtrun(args) on this process's default device: with DT_DEVICE=cuda the launcher gets --device cuda (one
 -- cuda device per rank of args' --nproc; the emulation makes them, 4 at least). nil and why when this machine has
--- fewer cuda devices than that: `local r = NH.dtrun(args) or pending(why)`.
+-- fewer cuda devices than that (M.launch turns it into a pending spec).
 function M.dtrun(args)
    local nproc, extra, env = tonumber(args:match("%-%-nproc (%d+)")) or 1, "", ""
    if dt.default_device() ~= "cpu" then
@@ -28,6 +28,12 @@ function M.dtrun(args)
       extra, env = " --device cuda", emulated and ("DT_EMU_DEVICES=%d"):format(math.max(4, nproc)) or ""
    end
    return require("spec.dist_helpers").dtrun(args .. extra, env)
+end
+
+-- M.dtrun(args) inside a spec: its result, or the spec marked pending with the reason (too few cuda devices).
+function M.launch(args)
+   local r, why = M.dtrun(args)
+   return r or getfenv(2).pending(why) -- the calling spec's environment holds busted's `pending`
 end
 
 return M

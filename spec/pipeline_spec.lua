@@ -8,11 +8,7 @@ local testing = require "dt.testing"
 local helpers = require "spec.dist_helpers"
 local NH = require "spec.nccl_helpers"
 
--- `dtrun args` on the default device (DT_DEVICE=cuda: a cuda device per rank, pending where there are fewer).
-local function launch(args)
-   local r, why = NH.dtrun(args)
-   return r or pending(why)
-end
+local launch = NH.launch -- `dtrun args` on the default device (pending where it has too few)
 
 -- Rank 0's result line of the fixture, as fields.
 local function run(args)

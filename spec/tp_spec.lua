@@ -15,11 +15,7 @@ local NH = require "spec.nccl_helpers"
 local refs = require "spec.fixtures.py_refs"
 local train_helpers = require "spec.train_helpers"
 
--- `dtrun args` on the default device (DT_DEVICE=cuda: a cuda device per rank, pending where there are fewer).
-local function launch(args)
-   local r, why = NH.dtrun(args)
-   return r or pending(why)
-end
+local launch = NH.launch -- `dtrun args` on the default device (pending where it has too few)
 
 -- Run a fixture under the launcher; returns rank 0's lines that start with `tag`.
 local function fixture(args, tag)
