@@ -32,10 +32,10 @@ local cfg = train.config {
    tokenizer = "",            -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    chat = true,               -- with a tokenizer: prompts as a user turn of its chat template (false: plain text)
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
-      repetition_penalty = 1, -- > 1 discourages ids the prompt or completion already holds (Hugging Face's rule)
+      top_k = 0, top_p = 1, min_p = 0, repetition_penalty = 1, -- off; repetition_penalty > 1: Hugging Face's rule
       epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
       -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
-      adaptive_async = { target_staleness = 0.15, max_async_ratio = 0 },
+      adaptive_async = rl.async.options { target_staleness = 0.15, max_async_ratio = 0 },
       placement = "colocated", rollout_ranks = 1 }, -- separated: the last rollout_ranks ranks generate, the rest train
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first

@@ -1,5 +1,6 @@
 -- spec/config_files_spec.lua: --config files in JSON and YAML (dt.train.config_file) and InstructLab's keys in them,
--- flat or in the `train:` section of ilab's config.yaml (spec/fixtures/ilab_config.yaml: the seed guide's example).
+-- flat or in the `train:` section of ilab's config.yaml (spec/fixtures/ilab_config.yaml: the seed guide's example);
+-- Flux's shape for recipes/grpo.lua (dt.train.config_flux; spec/fixtures/flux_config.yaml: the seed tutorial's).
 local ffi = require "ffi"
 local cjson = require "cjson"
 local nn = require "dt.nn"
@@ -172,6 +173,99 @@ describe("config files", function()
          losses("--deepspeed " .. ds), losses("")
       assert.same(want, bf16)
       assert.is_true(math.abs(bf16[3] - f32[3]) > 0, "bf16 trains like f32")
+   end)
+
+   describe("Flux's shape (recipes/grpo.lua)", function()
+      local rl = require "dt.rl"
+      local FLUX_YAML = "spec/fixtures/flux_config.yaml"
+      -- recipes/grpo.lua's keys (its train.config table)
+      local grpo_recipe = { steps = 300, seed = 1, log_every = 50, lr = 3e-4, prompts = "", strategy = "ddp",
+         stage = 3, model = { dim = 64, path = "" }, grpo = { group_size = 8, prompts_per_step = 32,
+            max_new_tokens = 4, temperature = 1, top_k = 0, top_p = 1, min_p = 0, repetition_penalty = 1, stop = 10,
+            beta = 0.02, epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group",
+            num_iterations = 1, adaptive_async = rl.async.options { max_async_ratio = 0 }, placement = "colocated",
+            rollout_ranks = 1 } }
+      local function parse(path, world)
+         return with_env({ WORLD_SIZE = tostring(world or 4), RANK = "0" }, function()
+            return capture(function() return config.parse(grpo_recipe, { "--config", path }) end)
+         end)
+      end
+
+      it("takes the seed tutorial's config-8gpu.yaml key by key (4 trainer ranks)", function()
+         local out, cfg = parse(FLUX_YAML)
+         assert.same({ "Qwen/Qwen3-8B", "./outputs", 5000, 1e-6, 64 },
+            { cfg.model.path, cfg.run_dir, cfg.steps, cfg.lr, cfg.model.dim })
+         -- batch_size 64 completions over 4 trainers x group_size 8: 2 prompts per rank and step
+         assert.same({ 8, 2, "fsdp" }, { cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.strategy })
+         local a = cfg.grpo.adaptive_async
+         assert.same({ 0.15, 0.8, 0, 0.5 }, { a.target_staleness, a.max_async_ratio, a.min_async_ratio, a.gain })
+         assert.truthy(out:find("config: " .. FLUX_YAML .. ": sglang: rollouts come from dtrun's own generation "
+            .. "engine, not a server", 1, true), out)
+         assert.truthy(out:find("config: " .. FLUX_YAML .. ": distributed.tensor_parallel: 2: GRPO policies here are "
+            .. "DDP or FSDP, not tensor-parallel: the policy is sharded with FSDP over the 4 trainer ranks instead", 1,
+            true), out)
+      end)
+
+      it("maps rollout, algorithm and controller keys; notes the ones with no meaning here", function()
+         local out, cfg = parse(file("f.yaml", "num_steps: 3\nbatch_size: 16\ndistributed:\n  placement: separated\n"
+            .. "algorithm:\n  name: grpo\n  group_size: 4\n  clip_range: 0.1\n  kl_coef: 0\n  max_grad_norm: 0.5\n"
+            .. "  normalize_advantages: false\n  entropy_coef: 0.01\n  epsilon_high: 0.3\n"
+            .. "rollout:\n  max_tokens: 6\n  top_k: -1\n  top_p: 0.9\n  oversample_ratio: 1.5\n"
+            .. "adaptive_async:\n  kp: 0.2\n  ema_alpha: 0.25\n  ki: 0.01\n"), 3)
+         local g = cfg.grpo
+         -- separated on 3 ranks: 2 trainers; 16 completions / (2 x 4) = 2 prompts each
+         assert.same({ "separated", 4, 2, 0.1, 0, "none", 0.3, 6, 0, 0.9 }, { g.placement, g.group_size,
+            g.prompts_per_step, g.epsilon, g.beta, g.scale_rewards, g.epsilon_high, g.max_new_tokens, g.top_k,
+            g.top_p })
+         assert.same({ 3, 0.5, 0.2, 0.75, "ddp" }, { cfg.steps, cfg.clip, g.adaptive_async.gain, g.adaptive_async.ema,
+            cfg.strategy })
+         for _, key in ipairs { "algorithm.entropy_coef", "rollout.oversample_ratio", "adaptive_async.ki" } do
+            assert.truthy(out:find(": " .. key .. ": ", 1, true), key .. " gets a note: " .. out)
+         end
+      end)
+
+      it("names the file and the Flux key it cannot honour", function()
+         local function err(text, msg, world, schema)
+            local path = file("e.yaml", text)
+            testing.expect_error(function()
+               with_env({ WORLD_SIZE = tostring(world or 2) }, function()
+                  config.parse(schema or grpo_recipe, { "--config", path })
+               end)
+            end, "config: " .. path .. ": " .. msg)
+         end
+         err("model_path: m\nwarp: 9\n", "unknown key warp (neither Flux's nor a key of this recipe)")
+         err("algorithm:\n  name: ppo\n", "algorithm.name = ppo: recipes/grpo.lua runs GRPO")
+         err("algorithm:\n  lora: 1\n", "unknown key algorithm.lora (Flux's keys here: clip_range, group_size, ")
+         err("adaptive_async:\n  kp2: 1\n", "unknown key adaptive_async.kp2 (Flux's keys here: ema, ema_alpha, gain, ")
+         err("distributed:\n  world_size: 4\n", "distributed.world_size = 4 trainer ranks, but this job has 2: start "
+            .. "it with `dtrun --nproc 4` (or --gpus)")
+         err("distributed:\n  world_size: 2\n  placement: separated\n", "distributed.world_size = 2 trainer ranks, "
+            .. "but this job has 1: start it with `dtrun --nproc 3` (or --gpus)")
+         err("distributed:\n  tensor_parallel: 2\n  data_parallel: 2\n",
+            "distributed: tensor_parallel 2 x data_parallel 2 is not world_size 2")
+         err("batch_size: 24\nalgorithm:\n  group_size: 8\n", "batch_size = 24 completions per step: over 2 trainer "
+            .. "rank(s) x group_size 8 that is not a whole number of prompts per rank (make batch_size a multiple "
+            .. "of 16)")
+         err("num_steps: 2\nalgorithm: grpo\n", "Flux's config shape (model_path, algorithm, adaptive_async, ...) is "
+            .. "for recipes/grpo.lua", 2, recipe)
+      end)
+
+      it("runs recipes/grpo.lua as written (4 ranks; a byte GPT instead of Qwen3-8B, 2 of its 5000 steps)", function()
+         local r = helpers.dtrun(("recipes/grpo.lua --nproc 4 --config %s model.path= steps=2 sft.steps=2 eval=4 "
+            .. "log_every=1 tensorboard=false run_dir=%s/run"):format(FLUX_YAML, dir))
+         assert.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("policy is sharded with FSDP over the 4 trainer ranks", 1, true), r.out)
+         assert.truthy(r.out:find("step 2/2  loss ", 1, true), r.out)
+         assert.truthy(r.out:find("lr 1.00e-06", 1, true), r.out) -- learning_rate
+         assert.matches("accuracy: [%d.]+%% %-> [%d.]+%% %([-+][%d.]+ points after 2 GRPO steps%)", r.out)
+         local resolved = dofile(dir .. "/run/config.lua") -- the run's resolved config
+         local a = resolved.grpo.adaptive_async
+         assert.same({ 2, 8, "fsdp", 0.15, 0.8 }, { resolved.grpo.prompts_per_step, resolved.grpo.group_size,
+            resolved.strategy, a.target_staleness, a.max_async_ratio })
+         local ratios = {}
+         for line in io.lines(dir .. "/run/metrics.jsonl") do ratios[#ratios + 1] = cjson.decode(line).async_ratio end
+         assert.same({ 0.075, 0.15 }, ratios) -- the controller moves r toward target_staleness: 0.5 x 0.15 a step
+      end)
    end)
 
    it("gradient_checkpointing makes the Trainer recompute the model's blocks", function()

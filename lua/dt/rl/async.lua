@@ -21,6 +21,15 @@ local M = {}
 M.defaults = { target_staleness = 0.15, max_async_ratio = 0.8, min_async_ratio = 0, gain = 0.5, ema = 0.9,
    max_offpolicy_kl = 0.1 }
 
+-- M.defaults with `over` laid on top: every key of the controller, for a recipe's config table (so each can be set
+-- by key=value or a config file; dt.rl.async.new checks them).
+function M.options(over)
+   local t = {}
+   for k, v in pairs(M.defaults) do t[k] = v end
+   for k, v in pairs(over or {}) do t[k] = v end
+   return t
+end
+
 local Controller = {}
 Controller.__index = Controller
 

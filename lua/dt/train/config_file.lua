@@ -15,6 +15,8 @@
 --                           max_seq_len and model.max_seq_length (seq), model.base (model.path), num_gpus (checked
 --                           against the ranks), deepspeed.{enabled, config_path, zero_stage} (deepspeed = config_path;
 --                           zero_stage checked against its zero_optimization.stage), distributed (a note)
+-- Flux's shape (the seed tutorial's config-8gpu.yaml: model_path, num_steps, algorithm, adaptive_async, ...) is taken
+-- by recipes/grpo.lua (a recipe with a `grpo` table): dt.train.config_flux maps it.
 local fs = require "dt.fs"
 
 local M = {}
@@ -66,6 +68,9 @@ local function recipe_key(schema, key, what, path)
    if schema[key] == nil then fail(path, "%s: this recipe has no `%s` key for it", what, key) end
    return key
 end
+
+-- For dt.train.config_flux: the same errors and notes.
+M.fail, M.note, M.recipe_key, M.as_list = fail, note, recipe_key, as_list
 
 -- ilab's config.yaml sections that are not about training.
 local other_sections = { chat = true, generate = true, serve = true, evaluate = true, general = true, metadata = true,
@@ -193,6 +198,7 @@ end
 
 -- t (a loaded config file) with InstructLab's keys turned into the recipe's (schema: the recipe's defaults).
 function M.instructlab(t, schema, path)
+   t = require("dt.train.config_flux").map(t, schema, path) -- Flux's shape, when t has it
    if schema.train == nil and t.train ~= nil then t = train_section(t, schema, path) end
    if t.effective_batch_size == nil and t.mixed_precision == nil then return t end
    local out = {}
