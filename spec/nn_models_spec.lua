@@ -197,7 +197,7 @@ describe("layers", function()
          h:remove()
          assert.equal(1, seen)
          assert.equal("gelu", y2.node.inputs[1].node.name)
-         if dt.default_device() == "cpu" then testing.assert_close(y, y2, 0, 0, "fused == separate (" .. gelu .. ")") end
+         if dt.default_device() == "cpu" then testing.assert_close(y, y2, 0, 0, "fused == separate " .. gelu) end
       end
    end)
 
