@@ -26,6 +26,8 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
   X(op_matmul,                                                                                                       \
     (const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b, double alpha, double beta), \
     (a, b, out, trans_a, trans_b, alpha, beta))                                                                      \
+  X(op_linear, (const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y, dt_tensor *pre),   \
+    (x, w, b, act, y, pre))                                                                                          \
   X(op_index_select, (const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out), (x, dim, idx, out))        \
   X(op_index_add, (dt_tensor * out, int dim, const dt_tensor *idx, const dt_tensor *src), (out, dim, idx, src))      \
   X(op_gather, (const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out), (x, dim, idx, out))              \

@@ -126,6 +126,44 @@ dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_te
   return DT_OK;
 }
 
+dt_status dt_op_linear_check(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, const dt_tensor *y,
+                             const dt_tensor *pre, int64_t *N, int64_t *K, int64_t *Nout) {
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
+  DT_CHECK(act == DT_LINEAR_NONE || act == DT_LINEAR_GELU || act == DT_LINEAR_GELU_TANH, DT_ERR_ARG,
+           "linear: act must be DT_LINEAR_NONE, DT_LINEAR_GELU or DT_LINEAR_GELU_TANH, got %d", act);
+  DT_CHECK(x && w && y, DT_ERR_ARG, "linear: x, w and y are required (b and pre may be NULL)");
+  DT_CHECK(x->ndim == 2 && w->ndim == 2 && y->ndim == 2, DT_ERR_ARG,
+           "linear: x (N, K), w (Nout, K) and y (N, Nout) must be matrices, got x %s, w %s, y %s (flatten the "
+           "leading dims of x first)",
+           dt_shape_str(x, b1, sizeof b1), dt_shape_str(w, b2, sizeof b2), dt_shape_str(y, b3, sizeof b3));
+  DT_CHECK(x->dtype == w->dtype && x->dtype == y->dtype && dt_dtype_is_float(x->dtype), DT_ERR_ARG,
+           "linear: x, w and y must share one float dtype, got %s, %s, %s", dt_dtype_name(x->dtype),
+           dt_dtype_name(w->dtype), dt_dtype_name(y->dtype));
+  *N = x->shape[0], *K = x->shape[1], *Nout = w->shape[0];
+  DT_CHECK(w->shape[1] == *K && y->shape[0] == *N && y->shape[1] == *Nout, DT_ERR_ARG,
+           "linear: x %s, w %s (out_features, in_features) and y %s do not match: y must be (%lld, %lld)",
+           dt_shape_str(x, b1, sizeof b1), dt_shape_str(w, b2, sizeof b2), dt_shape_str(y, b3, sizeof b3),
+           (long long)*N, (long long)*Nout);
+  DT_CHECK(y->data && dt_tensor_is_contiguous(y), DT_ERR_ARG, "linear: y %s must be contiguous",
+           dt_shape_str(y, b1, sizeof b1));
+  if (b)
+    DT_CHECK(b->dtype == x->dtype && b->ndim == 1 && b->shape[0] == *Nout && dt_tensor_is_contiguous(b), DT_ERR_ARG,
+             "linear: bias must be (%lld) contiguous %s, got %s %s (use b:contiguous())", (long long)*Nout,
+             dt_dtype_name(x->dtype), dt_shape_str(b, b1, sizeof b1), dt_dtype_name(b->dtype));
+  if (pre) {
+    DT_CHECK(act != DT_LINEAR_NONE, DT_ERR_ARG,
+             "linear: pre (the activation's input) is only written with an activation; pass NULL for act none");
+    DT_CHECK(pre->dtype == x->dtype && pre->ndim == 2 && pre->shape[0] == *N && pre->shape[1] == *Nout &&
+                 pre->data && dt_tensor_is_contiguous(pre),
+             DT_ERR_ARG, "linear: pre must be (%lld, %lld) contiguous %s like y, got %s %s", (long long)*N,
+             (long long)*Nout, dt_dtype_name(x->dtype), dt_shape_str(pre, b1, sizeof b1), dt_dtype_name(pre->dtype));
+  }
+  DT_CHECK(*N <= INT_MAX && *K <= INT_MAX && *Nout <= INT_MAX, DT_ERR_UNSUPPORTED,
+           "linear: N, K, Nout = %lld, %lld, %lld exceed the BLAS int range", (long long)*N, (long long)*K,
+           (long long)*Nout);
+  return DT_OK;
+}
+
 bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
   if (rows > INT_MAX || cols > INT_MAX) return false;
   bool row_major = (cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX));

@@ -27,6 +27,10 @@ dt_status dt_ew_ctype(int kind, int op, int n, const dt_tensor *const *in, doubl
 dt_status dt_op_reduce_check(int op, const dt_tensor *x, int dim, bool keepdim, const dt_tensor *out);
 dt_status dt_op_matmul_check(const dt_tensor *a, const dt_tensor *b, const dt_tensor *out, bool ta, bool tb,
                              int64_t *M, int64_t *N, int64_t *K);
+/* linear (dt_op_linear): act a dt_linear_act; x (N, K), w (Nout, K), y (N, Nout) of one float dtype; b (Nout) and pre
+ * (N, Nout, only with an activation) when given, of that dtype; b, y and pre contiguous; sizes in BLAS's int range. */
+dt_status dt_op_linear_check(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, const dt_tensor *y,
+                             const dt_tensor *pre, int64_t *N, int64_t *K, int64_t *Nout);
 /* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on a mismatch. */
 bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst);
 dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,

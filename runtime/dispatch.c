@@ -67,6 +67,11 @@ dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, b
   DT_DISPATCH("matmul", (a, b, out), op_matmul, a, b, out, trans_a, trans_b, alpha, beta);
 }
 
+dt_status dt_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
+                       dt_tensor *pre) {
+  DT_DISPATCH("linear", (x, w, b, y, pre), op_linear, x, w, b, act, y, pre);
+}
+
 dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   DT_DISPATCH("index_select", (x, idx, out), op_index_select, x, dim, idx, out);
 }

@@ -182,6 +182,25 @@ describe("layers", function()
       end)
    end
 
+   it("MLP runs fc -> GELU as one fused op (linear_gelu), through fc's own call when fc has hooks", function()
+      for _, gelu in ipairs { "exact", "tanh" } do
+         local mlp = nn.MLP(8, 24, { gelu = gelu, generator = dt.Generator(4) })
+         mlp.fc.bias:copy_(testing.sample(mlp.fc.bias.shape, 5))
+         local x = testing.sample({ 2, 3, 8 }, 6, "f32"):requires_grad_()
+         local y = mlp(x)
+         local want = gelu == "tanh" and "linear_gelu_tanh" or "linear_gelu"
+         -- proj's input (the GELU output) is the fused node's
+         assert.equal(want, y.node.inputs[1].node.name)
+         local seen = 0
+         local h = mlp.fc:register_hook("post_forward", function() seen = seen + 1 end)
+         local y2 = mlp(x)
+         h:remove()
+         assert.equal(1, seen)
+         assert.equal("gelu", y2.node.inputs[1].node.name)
+         if dt.default_device() == "cpu" then testing.assert_close(y, y2, 0, 0, "fused == separate " .. gelu) end
+      end
+   end)
+
    it("CausalSelfAttention rejects head counts that do not divide", function()
       assert.has_error(function() nn.CausalSelfAttention(8, 3) end,
          "CausalSelfAttention: dim 8 is not divisible by heads 3")

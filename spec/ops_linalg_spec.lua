@@ -1,6 +1,8 @@
 -- spec/ops_linalg_spec.lua: matmul and linear against naive f64 loops (dtypes, views, batching, 1-d), gradchecks,
--- errors.
+-- errors; linear + GELU as one op against the separate ops, and which cuBLASLt epilogue ran on cuda.
 local dt = require "dt"
+local C = require("dt.ffi").C
+local nn = require "dt.nn"
 local testing = require "dt.testing"
 
 local RTOL = { f32 = 1e-5, f64 = 1e-12, bf16 = 2e-2, f16 = 4e-3 }
@@ -204,5 +206,125 @@ describe("linalg gradients (f64 gradcheck)", function()
       end
       testing.gradcheck(function(x, w) return dt.linear(x:transpose(1, 2), w) end,
          { leaf({ 5, 3 }, 6), leaf({ 2, 5 }, 7) })
+   end)
+end)
+
+describe("linear with GELU (dt.F.linear_act, one op: dt_op_linear)", function()
+   local on_cpu = dt.default_device() == "cpu"
+   -- the separate ops the fused one replaces: linear, then GELU
+   local function separate(x, w, b, act)
+      local y = dt.linear(x, w, b)
+      if act == "none" then return y end
+      return dt.F.gelu(y, act == "gelu_tanh")
+   end
+   -- dt.linear's forward before dt_op_linear (not recorded): bias rows, then the GEMM adding onto them (beta = 1)
+   local function bias_rows_then_gemm(x, w, b)
+      local k = x.shape[x.ndim]
+      local x2 = x:contiguous():reshape(x:numel() / k, k)
+      local y = dt.zeros({ x2.shape[1], w.shape[1] }, { dtype = x.dtype })
+      if b then assert.equal(0, C.dt_op_axpby(1, b.h, 0, y.h)) end
+      assert.equal(0, C.dt_op_matmul(x2.h, w.h, y.h, false, true, 1, b and 1 or 0))
+      return y
+   end
+   -- values and gradients (x, w, b) of sum(f(x, w, b) * g)
+   local function run(f, x, w, b, act, g)
+      local xs, ws, bs = x:clone():requires_grad_(), w:clone():requires_grad_(), b and b:clone():requires_grad_()
+      local y = f(xs, ws, bs, act)
+      y:backward(g)
+      return y, xs.grad, ws.grad, bs and bs.grad
+   end
+   -- 200 x 520 x 64 is past OpenBLAS's small-matrix kernels and K spans several of its K blocks, so the bias must be
+   -- added first to keep the bits (added after the GEMM, y differs by up to 5e-7); out 64 and 7 features (a
+   -- multiple of 8 or not: cuBLASLt's GELU aux matrix needs one)
+   local cases = { { rows = { 4, 50 }, k = 520, out = 64 }, { rows = { 6 }, k = 24, out = 7 }, { rows = {}, k = 9,
+      out = 16 } }
+
+   it("gives the values and gradients of dt.linear then F.gelu (bit for bit on the CPU)", function()
+      for _, d in ipairs { "f32", "f64", "bf16" } do
+         for ci, c in ipairs(cases) do
+            local xshape = { unpack(c.rows) }
+            xshape[#xshape + 1] = c.k
+            local x = testing.sample(xshape, 10 + ci, d)
+            local w = (testing.sample({ c.out, c.k }, 20 + ci) * 0.2):to(d)
+            local b = testing.sample({ c.out }, 30 + ci, d)
+            for _, act in ipairs { "none", "gelu", "gelu_tanh" } do
+               for _, bias in ipairs { b, false } do
+                  local yshape = { unpack(c.rows) }
+                  yshape[#yshape + 1] = c.out
+                  local g = testing.sample(yshape, 40 + ci, d)
+                  local fused = { run(dt.F.linear_act, x, w, bias or nil, act, g) }
+                  local sep = { run(separate, x, w, bias or nil, act, g) }
+                  local what = ("%s %s k=%d out=%d bias=%s"):format(d, act, c.k, c.out, tostring(bias ~= false))
+                  assert.same(sep[1].shape, fused[1].shape)
+                  -- on cuda the GELU epilogue computes in f32 before rounding (the kernel reads the rounded input)
+                  local tol = on_cpu and 0 or RTOL[d]
+                  if act == "none" then
+                     testing.assert_close(fused[1], bias_rows_then_gemm(x, w, bias or nil), tol, tol, what .. " old y")
+                  end
+                  for i, name in ipairs { "y", "dx", "dw", "db" } do
+                     if sep[i] then testing.assert_close(fused[i], sep[i], tol, tol, what .. " " .. name) end
+                  end
+                  -- no gradient asked for: no pre-activation kept, the same values
+                  local y0 = dt.no_grad(dt.F.linear_act, x, w, bias or nil, act)
+                  testing.assert_close(y0, sep[1], tol, tol, what .. " no_grad")
+               end
+            end
+         end
+      end
+   end)
+
+   it("passes f64 gradchecks for gelu and gelu_tanh, with and without bias", function()
+      local function leaf(shape, seed) return testing.sample(shape, seed):requires_grad_() end
+      for _, act in ipairs { "gelu", "gelu_tanh" } do
+         local f = function(x, w, b) return dt.F.linear_act(x, w, b, act) end
+         testing.gradcheck(f, { leaf({ 2, 3, 5 }, 1), leaf({ 4, 5 }, 2), leaf({ 4 }, 3) })
+         testing.gradcheck(f, { leaf({ 3, 5 }, 4), leaf({ 8, 5 }, 5) })
+         testing.gradcheck(function(x, w, b) return dt.F.linear_act(x:transpose(1, 2), w, b, act) end,
+            { leaf({ 5, 3 }, 6), leaf({ 2, 5 }, 7), leaf({ 2 }, 8) })
+      end
+   end)
+
+   it("rejects an unknown activation", function()
+      testing.expect_error(function() return dt.F.linear_act(dt.zeros({ 2, 3 }), dt.zeros({ 4, 3 }), nil, "relu") end,
+         'linear: act must be "none", "gelu" or "gelu_tanh", got relu')
+   end)
+
+   local cuda_it = on_cpu and function(name) pending(name .. " (skipped: needs DT_DEVICE=cuda)") end or it
+   cuda_it("runs the bias and tanh-GELU epilogues of cuBLASLt on cuda, and says why it falls back", function()
+      local x, w, b = testing.sample({ 6, 16 }, 1, "f32"), testing.sample({ 24, 16 }, 2, "f32"),
+         testing.sample({ 24 }, 3, "f32")
+      local function count(f)
+         dt.cuda_linear_stats(true)
+         f()
+         return dt.cuda_linear_stats()
+      end
+      local wg = w:clone():requires_grad_()
+      local s = count(function() dt.F.linear_act(x, wg, b, "gelu_tanh") end)
+      assert.same({ 1, 0, 0 }, { s.gelu_aux_bias, s.gelu_kernel, s.fallback })
+      s = count(function() dt.F.linear_act(x, w, b, "gelu_tanh") end)
+      assert.same({ 1, 0 }, { s.gelu_bias, s.fallback })
+      s = count(function() dt.F.linear_act(x, wg, nil, "gelu_tanh") end)
+      assert.same({ 1, 0 }, { s.gelu_aux, s.fallback })
+      -- exact GELU: cuBLASLt's GELU is the tanh one, so the bias epilogue and then the GELU kernel
+      s = count(function() dt.F.linear_act(x, wg, b, "gelu") end)
+      assert.same({ 1, 1, 0, 0 }, { s.bias, s.gelu_kernel, s.gelu_aux_bias, s.fallback })
+      s = count(function() nn.Linear(16, 24)(x) end)
+      assert.same({ 1, 0 }, { s.bias, s.fallback })
+      s = count(function() dt.linear(x, w) end)
+      assert.same({ 1, 0 }, { s.default, s.fallback })
+      -- 7 output features cannot hold the aux matrix (leading dim a multiple of 8): cuBLAS, bias rows, GELU kernel
+      s = count(function() dt.F.linear_act(x, wg:narrow(1, 1, 7), b:narrow(1, 1, 7), "gelu_tanh") end)
+      assert.same({ 1, 1 }, { s.fallback, s.gelu_kernel })
+      assert.matches("out_features 7 is not a multiple of 8", s.reason, 1, true)
+      s = count(function() dt.linear(x:to("f64"), w:to("f64"), b:to("f64")) end)
+      assert.same({ 1, 0 }, { s.fallback, s.bias })
+      assert.matches("f64", s.reason, 1, true)
+      -- TF32 on: still the epilogue path, within TF32's error
+      dt.backends.cuda.matmul.allow_tf32 = true
+      local y32
+      s = count(function() y32 = dt.F.linear_act(x, w, b, "gelu_tanh") end)
+      dt.backends.cuda.matmul.allow_tf32 = false
+      assert.same({ 1, 0 }, { s.gelu_bias, s.fallback })
+      testing.assert_close(y32, dt.F.gelu(dt.linear(x, w, b), true), 5e-3, 5e-3, "tf32")
    end)
 end)

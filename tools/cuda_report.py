@@ -5,6 +5,8 @@ Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdum
 (cuobjdump -res-usage), or PTX plus ptxas -v output. Prints every kernel's registers / local memory, then the hot
 kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100;
 --check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
+Then the passes over a linear layer's output that cuBLASLt's epilogues remove (tools/cuda_epilogues.tsv): bytes saved
+per call and the DRAM time that is on an A100 and an H100.
 """
 import argparse
 import os
@@ -92,6 +94,30 @@ def occupancy(arch, regs, threads, smem):
     return blocks, 100.0 * blocks * wpb / L["warps"]
 
 
+def epilogues(path, markdown):
+    """Bytes per call the cuBLASLt epilogues save (passes over the (N, Nout) output removed) and that DRAM time."""
+    with open(path) as f:
+        lines = [l.rstrip("\n") for l in f if l.strip() and not l.startswith("#")]
+    header = lines[0].split("\t")
+    print()
+    if markdown:
+        print("| linear epilogue (cuBLASLt) | passes over the output | bytes saved per call | A100 | H100 |")
+        print("|---|---|---|---|---|")
+    for line in lines[1:]:
+        h = dict(zip(header, line.split("\t")))
+        shape = {k: int(v) for k, v in (kv.split("=") for kv in h["shape"].split(","))}
+        unfused, fused = int(h["unfused"]), int(h["fused"])
+        saved = (unfused - fused) * shape["N"] * shape["Nout"] * shape["E"]
+        t = {gpu: saved / peak["dram"] for gpu, _, peak in GPUS}
+        if markdown:
+            print(f"| {h['label']}: {h['epilogue']} ({h['shape']}) | {unfused} -> {fused} | {saved / 1e6:.1f} MB | "
+                  f"{t['A100'] * 1e3:.3f} ms | {t['H100'] * 1e3:.3f} ms |")
+        else:
+            print(f"{h['label']} [{h['shape']}]: {h['epilogue']} epilogue, {unfused} -> {fused} passes over the "
+                  f"output, {saved / 1e6:.1f} MB saved per call = {t['A100'] * 1e3:.3f} ms on an A100, "
+                  f"{t['H100'] * 1e3:.3f} ms on an H100 (DRAM roofline)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True,
@@ -99,6 +125,8 @@ def main():
     ap.add_argument("--table", required=True)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="print the hot kernels as the README's table")
+    ap.add_argument("--epilogues", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                        "cuda_epilogues.tsv"))
     a = ap.parse_args()
     sass = os.path.exists(os.path.join(a.dir, "sass_80.txt"))
     res, code = {}, {}
@@ -176,6 +204,7 @@ def main():
                   f"occupancy sm_80 {o80[2]} blocks {o80[3]:.1f}%, sm_90 {o90[2]} blocks {o90[3]:.1f}%")
             for g, t, pct in pred:
                 print(f"  {g}: predicted {t * 1e3:.3f} ms ({h['unit']}-bound roofline), {pct:.1f}% of {ref} peak")
+    epilogues(a.epilogues, a.markdown)
     if failures:
         print("\nregressions:\n  " + "\n  ".join(failures))
     return 1 if a.check and failures else 0

@@ -4,7 +4,8 @@
 # memory, then the hot kernels of tools/cuda_hot_kernels.tsv (tools/cuda_report.py models them). SASS: the kernels nvcc
 # built in the build dir (DT_CUDA=ON), read with cuobjdump/nvdisasm from PyPI (nvidia-cuda-cuobjdump,
 # nvidia-cuda-nvdisasm, installed into build/py-refs). Without them: PTX only (nvcc --keep, ptxas -v) of the hot
-# kernels' families, as it says.
+# kernels' families, as it says. Last, the passes over a linear layer's output cuBLASLt's epilogues remove
+# (tools/cuda_epilogues.tsv): bytes saved per call and that DRAM time on an A100 and an H100.
 # Exit 77: no nvcc-built kernels and no nvcc; with --check, 1 when a hot kernel regressed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -85,6 +85,20 @@ function dt.cuda_versions()
    return { runtime = v.runtime, driver = v.driver, nccl = v.nccl }
 end
 
+-- How dt.linear ran on cuda devices (dt_cuda_linear_stats): cuBLASLt calls by epilogue (default, bias, gelu,
+-- gelu_aux, gelu_bias, gelu_aux_bias), calls whose GELU ran as a separate kernel (gelu_kernel), cuBLAS fallbacks and
+-- the latest one's reason; nil in a CPU-only build. dt.cuda_linear_stats(true) also resets the counts.
+function dt.cuda_linear_stats(reset)
+   if device.cuda_build() == "none" then return nil end
+   local s = ffi.new("dt_cuda_linear_stats")
+   C.dt_cuda_linear_stats_get(s)
+   if reset then C.dt_cuda_linear_stats_reset() end
+   return { default = tonumber(s.lt_default), bias = tonumber(s.lt_bias), gelu = tonumber(s.lt_gelu),
+      gelu_aux = tonumber(s.lt_gelu_aux), gelu_bias = tonumber(s.lt_gelu_bias),
+      gelu_aux_bias = tonumber(s.lt_gelu_aux_bias), gelu_kernel = tonumber(s.gelu_kernel),
+      fallback = tonumber(s.fallback), reason = ffi.string(s.reason) }
+end
+
 -- dt.backends.cuda.matmul.allow_tf32 (false by default, as torch.backends.cuda.matmul.allow_tf32): f32 matmuls on cuda
 -- devices may run on the TF32 tensor cores (inputs rounded to 10 mantissa bits). A CPU-only build keeps the flag only.
 local tf32_flag = false

@@ -1,4 +1,4 @@
-/* matmul.c: batched, broadcasting matmul through OpenBLAS sgemm/dgemm; bf16/f16 via f32 copies (dt_ops.h). */
+/* matmul.c: batched, broadcasting matmul through OpenBLAS sgemm/dgemm (bf16/f16 via f32 copies) and linear + GELU. */
 #include <cblas.h>
 #include <limits.h>
 
@@ -124,4 +124,18 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
   dt_tensor_free(tb);
   dt_tensor_free(tc);
   return s;
+}
+
+/* The bias is written first and the GEMM adds onto it (beta = 1): OpenBLAS adds C to each K block's partial sum, so
+ * adding the bias after the GEMM instead would change the rounding for K beyond one block. That keeps these bits
+ * those of the separate ops (bias rows, matmul, gelu); GELU then runs as one threaded pass over the output (in place
+ * when the pre-activation is not kept). */
+dt_status dt_cpu_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
+                           dt_tensor *pre) {
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_check(x, w, b, act, y, pre, &N, &K, &Nout));
+  dt_tensor *z = pre ? pre : y; /* x @ w^T + b */
+  if (b) DT_TRY(dt_cpu_op_axpby(1, b, 0, z));
+  DT_TRY(dt_cpu_op_matmul(x, w, z, false, true, 1, b ? 1 : 0));
+  return act == DT_LINEAR_NONE ? DT_OK : dt_cpu_nn_gelu_fwd(z, y, act == DT_LINEAR_GELU_TANH);
 }

@@ -14,8 +14,6 @@
 #ifndef DT_CUBLAS_LIBRARY
 #define DT_CUBLAS_LIBRARY NULL
 #endif
-#define DT_NAME_OF(fn) DT_NAME_OF_(fn)
-#define DT_NAME_OF_(fn) #fn
 
 typedef struct {
   __typeof__(cublasCreate) *create;
@@ -35,23 +33,31 @@ bool dt_cuda_matmul_tf32_get(void) { return atomic_load_explicit(&allow_tf32, me
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void load_blas(void) {
-  const char *path = DT_CUBLAS_LIBRARY, *base = path ? strrchr(path, '/') : NULL;
+void dt_cuda_dl_load(const char *path, const char *what, int n, const char *const *names, void **const *slots,
+                     char *err, size_t errsize) {
+  const char *base = path ? strrchr(path, '/') : NULL;
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h && base) h = dlopen(base + 1, RTLD_NOW | RTLD_LOCAL); /* the toolkit moved: try the soname on the search path */
+  if (!h && base) h = dlopen(base + 1, RTLD_NOW | RTLD_LOCAL); /* the toolkit moved: the soname on the search path */
+  if (!h) {
+    snprintf(err, errsize, "cannot open %s: %s", what, dlerror());
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    *slots[i] = dlsym(h, names[i]);
+    if (!*slots[i]) {
+      snprintf(err, errsize, "%s (%s) lacks %s", what, path ? path : "built in", names[i]);
+      return;
+    }
+  }
+}
+
+static void load_blas(void) {
   const char *names[6] = {DT_NAME_OF(cublasCreate), DT_NAME_OF(cublasDestroy), DT_NAME_OF(cublasSetStream),
                           DT_NAME_OF(cublasGetVersion), DT_NAME_OF(cublasGetStatusString),
                           DT_NAME_OF(cublasGemmStridedBatchedEx)};
   void **slots[6] = {(void **)&api.create, (void **)&api.destroy, (void **)&api.set_stream,
                      (void **)&api.get_version, (void **)&api.status_string, (void **)&api.gemm};
-  for (int i = 0; h && i < 6; i++) {
-    *slots[i] = dlsym(h, names[i]);
-    if (!*slots[i]) {
-      snprintf(load_error, sizeof load_error, "cuBLAS (%s) lacks %s", path ? path : "built in", names[i]);
-      return;
-    }
-  }
-  if (!h) snprintf(load_error, sizeof load_error, "cannot open cuBLAS: %s", dlerror());
+  dt_cuda_dl_load(DT_CUBLAS_LIBRARY, "cuBLAS", 6, names, slots, load_error, sizeof load_error);
 }
 
 /* Loads cuBLAS (once) and returns the device's handle (created on first use). */

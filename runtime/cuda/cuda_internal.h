@@ -25,6 +25,7 @@ typedef struct dt_cuda_dev {
   bool ready;
   dt_stream streams[2];   /* DT_STREAM_COMPUTE, DT_STREAM_COMM */
   cublasHandle_t blas;    /* created on the first matmul (blas.c) */
+  void *blas_lt;          /* cublasLtHandle_t, created on the first linear (blas_lt.c) */
   dt_k_error *err;        /* the device-side argument error word (device memory) */
 } dt_cuda_dev;
 
@@ -33,6 +34,17 @@ dt_status dt_cuda_dev_get(int device, dt_cuda_dev **out);
 /* cuBLAS is opened on first use (blas.c): its version (loads it), and dropping a device's handle before a reset. */
 dt_status dt_cuda_blas_version(int device, int *version);
 void dt_cuda_blas_release(dt_cuda_dev *d);
+/* The cuBLASLt handle of a device dropped likewise (blas_lt.c). */
+void dt_cuda_blas_lt_release(dt_cuda_dev *d);
+/* Opens the shared library `path` (NULL: the process's own symbols, as in the emulation; its soname on the search
+ * path when the file moved) and fills slots[i] with names[i]; on failure writes why (naming `what`) into err. The
+ * math libraries are opened so, on first use: loading them costs ~0.1 s and ~95 MB per process, which CPU-only
+ * workers should not pay. */
+void dt_cuda_dl_load(const char *path, const char *what, int n, const char *const *names, void **const *slots,
+                     char *err, size_t errsize);
+/* The name of an exported symbol after the headers' renaming macros (cublasCreate -> "cublasCreate_v2"). */
+#define DT_NAME_OF(fn) DT_NAME_OF_(fn)
+#define DT_NAME_OF_(fn) #fn
 /* Makes `device` the calling thread's current device. */
 dt_status dt_cuda_use(int device);
 

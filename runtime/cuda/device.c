@@ -189,6 +189,7 @@ dt_status dt_cuda_device_reset(int device) {
   dt_cuda_dev *d = &devs[device];
   if (d->ready) { /* the reset below destroys the resources; release the handles that own host memory */
     dt_cuda_blas_release(d);
+    dt_cuda_blas_lt_release(d);
     for (int i = 0; i < 2; i++) cudaStreamDestroy(d->streams[i].s);
   }
   memset(d, 0, sizeof *d);

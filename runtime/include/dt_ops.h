@@ -60,6 +60,19 @@ dt_status dt_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_ten
 dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
                        double alpha, double beta);
 
+/* The activation dt_op_linear applies (GELU exact: x Phi(x); GELU_TANH: the tanh approximation). */
+typedef enum { DT_LINEAR_NONE = 0, DT_LINEAR_GELU = 1, DT_LINEAR_GELU_TANH = 2 } dt_linear_act;
+
+/* y = act(x @ w^T + b), a linear layer in one op: x (N, K) (strided views as dt_op_matmul reads them), w (Nout, K),
+ * b (Nout) contiguous or NULL, y (N, Nout) contiguous, one float dtype. pre: NULL, or (N, Nout) contiguous receiving
+ * x @ w^T + b (GELU's input, which its backward needs; only with an activation). On the CPU the bias rows are written
+ * first and the GEMM adds onto them (beta = 1), then GELU runs as one pass: the same bits as dt_op_matmul after
+ * dt_op_axpby of b, then dt_nn_gelu_fwd. On CUDA devices one cublasLtMatmul with the BIAS epilogue (GELU_BIAS /
+ * GELU_AUX_BIAS for GELU_TANH, the only GELU cuBLASLt has), otherwise cuBLAS plus the GELU kernel (dt_cuda.h:
+ * dt_cuda_linear_stats says which path ran and why). */
+dt_status dt_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
+                       dt_tensor *pre);
+
 /* Indices are i32 or i64 holding 0-based positions; out-of-range is an error naming the value. */
 /* out = x.index_select(dim, idx): out.shape[dim] = numel(idx). */
 dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out);

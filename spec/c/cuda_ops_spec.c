@@ -1,4 +1,7 @@
-/* cuda_ops_spec.c: the CUDA backend's generic ops (elementwise, copy, reduce, matmul, index, gather/scatter) vs the CPU. */
+/* cuda_ops_spec.c: the CUDA backend's generic ops (elementwise, copy, reduce, matmul, linear, index, gather/scatter) vs
+ * the CPU. */
+#include <stddef.h>
+
 #include "cuda_spec_util.h"
 #include "dt_ops.h"
 
@@ -341,6 +344,72 @@ static void test_gather_scatter(int dtype) {
   dt_tensor_free(dxt);
 }
 
+/* dt_cuda_op_linear (N, K) x (Nout, K) [+ b] [-> GELU] vs the CPU's dt_op_linear on the same inputs; `path` points at
+ * the field of dt_cuda_linear_stats that must count this call (the path taken). x_t: x is a transposed view. */
+static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, bool bias, bool keep_pre, bool x_t,
+                        size_t path, const char *what) {
+  dt_tensor *hx = x_t ? host_sample(2, SHAPE(K, N), dtype, 30, 1) : host_sample(2, SHAPE(N, K), dtype, 30, 1);
+  dt_tensor *hw = host_sample(2, SHAPE(Nout, K), dtype, 31, 0.3), *hb = host_sample(1, SHAPE(Nout), dtype, 32, 1);
+  dt_tensor *dx = dev_from_host(S, hx), *dw = dev_from_host(S, hw), *db = dev_from_host(S, hb);
+  dt_tensor *hxv = x_t ? transposed(hx) : hx, *dxv = x_t ? transposed(dx) : dx;
+  dt_tensor *ref = host_zeros(2, SHAPE(N, Nout), dtype), *ref_pre = host_zeros(2, SHAPE(N, Nout), dtype);
+  dt_tensor *dy = dev_empty(S, 2, SHAPE(N, Nout), dtype), *dpre = dev_empty(S, 2, SHAPE(N, Nout), dtype);
+  die_on(dt_op_linear(hxv, hw, bias ? hb : NULL, act, ref, keep_pre ? ref_pre : NULL), "cpu linear");
+  dt_cuda_linear_stats before, after;
+  dt_cuda_linear_stats_get(&before);
+  expect_ok(dt_cuda_op_linear(S, dxv, dw, bias ? db : NULL, act, dy, keep_pre ? dpre : NULL), what);
+  dt_cuda_linear_stats_get(&after);
+  /* the GEMM epilogue rounds x @ w^T + b once; the CPU rounds the bias rows, then the sum (bf16: one more ulp) */
+  expect_close(S, dy, ref, 1 + (double)K / 8, what);
+  if (keep_pre) expect_close(S, dpre, ref_pre, 1 + (double)K / 8, what);
+  int64_t got = *(const int64_t *)((const char *)&after + path) - *(const int64_t *)((const char *)&before + path);
+  if (got != 1) printf("  %s: the expected path counted %lld calls (reason: %s)\n", what, (long long)got, after.reason);
+  expect(got == 1, what);
+  if (x_t) {
+    dt_tensor_free(hxv);
+    dt_tensor_free(dxv);
+  }
+  dt_tensor *frees[] = {hx, hw, hb, ref, ref_pre};
+  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
+  dt_tensor *dfrees[] = {dx, dw, db, dy, dpre};
+  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+}
+
+#define LT(field) offsetof(dt_cuda_linear_stats, field)
+static void test_linear(void) {
+  static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
+  for (int i = 0; i < 3; i++) {
+    int dt = dtypes[i];
+    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, true, false, false, LT(lt_bias), "linear: the BIAS epilogue");
+    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, false, false, false, LT(lt_default), "linear without bias");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, LT(lt_gelu_aux_bias),
+                "linear + tanh GELU keeping GELU's input: GELU_AUX_BIAS");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, false, false, LT(lt_gelu_bias), "GELU_BIAS");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, false, true, false, LT(lt_gelu_aux), "GELU_AUX");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU, true, true, false, LT(gelu_kernel),
+                "exact GELU: the bias epilogue, then the GELU kernel");
+    linear_case(dt, 6, 40, 7, DT_LINEAR_GELU_TANH, true, true, false, LT(fallback),
+                "7 output features cannot hold the aux matrix: the cuBLAS path");
+  }
+  linear_case(DT_DTYPE_F32, 9, 20, 8, DT_LINEAR_GELU_TANH, true, true, true, LT(lt_gelu_aux_bias),
+              "a transposed x is read column-major by the epilogue path");
+  linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, LT(fallback), "f64 takes the cuBLAS path");
+  dt_cuda_linear_stats st;
+  dt_cuda_linear_stats_get(&st);
+  expect(strstr(st.reason, "f64") != NULL, "the fallback says why (f64)");
+  dt_tensor *x = dev_empty(S, 2, SHAPE(3, 4), DT_DTYPE_F32), *w = dev_empty(S, 2, SHAPE(5, 6), DT_DTYPE_F32);
+  dt_tensor *y = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32);
+  expect_error(dt_cuda_op_linear(S, x, w, NULL, DT_LINEAR_NONE, y, NULL), "do not match", "a K mismatch is refused");
+  dt_tensor *w2 = dev_empty(S, 2, SHAPE(5, 4), DT_DTYPE_F32), *pre = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32);
+  expect_error(dt_cuda_op_linear(S, x, w2, NULL, 7, y, NULL), "act must be", "an unknown activation is refused");
+  expect_error(dt_cuda_op_linear(S, x, w2, NULL, DT_LINEAR_NONE, y, pre), "only written with an activation",
+               "pre without an activation is refused");
+  expect_ok(dt_cuda_op_linear(S, x, w2, NULL, DT_LINEAR_GELU, y, pre), "matching shapes run");
+  dt_tensor *dfree[] = {x, w, y, w2, pre};
+  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+}
+#undef LT
+
 int main(void) {
   S = spec_stream();
   test_unary(DT_DTYPE_F32);
@@ -352,6 +421,7 @@ int main(void) {
   test_reduce(DT_DTYPE_BF16);
   test_reduce_int();
   test_matmul();
+  test_linear();
   test_index(DT_DTYPE_F32);
   test_index(DT_DTYPE_BF16);
   test_gather_scatter(DT_DTYPE_F32);

@@ -36,8 +36,22 @@ function MLP:init(dim, hidden, opts)
    self.drop = layers.Dropout(opts.dropout or 0)
 end
 
+-- Whether fc -> GELU may run as one fused op (dt.F.linear_act) instead of through fc's own forward: fc is a plain
+-- Linear (tensor parallel's colwise split keeps it one) without hooks or checkpointing, which would expect its call.
+local function fusable(fc)
+   return getmetatable(fc) == layers.Linear and rawget(fc, "_hooks") == nil and not fc.checkpoint
+end
+
 function MLP:forward(x)
-   if self.kind == "gelu" then return self.drop(self.proj(dt.F.gelu(self.fc(x), self.gelu == "tanh"))) end
+   if self.kind == "gelu" then
+      local fc, h = self.fc
+      if fusable(fc) then
+         h = dt.F.linear_act(x, fc.weight, fc.bias, self.gelu == "tanh" and "gelu_tanh" or "gelu")
+      else
+         h = dt.F.gelu(fc(x), self.gelu == "tanh")
+      end
+      return self.drop(self.proj(h))
+   end
    return self.drop(self.down(dt.F.swiglu(self.gate(x), self.up(x))))
 end
 

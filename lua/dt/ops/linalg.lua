@@ -1,4 +1,4 @@
--- dt/ops/linalg.lua: matmul (batched, broadcasting, 1-d operands) and linear layers through BLAS, with autograd.
+-- dt/ops/linalg.lua: matmul (batched, broadcasting, 1-d operands) and linear layers (+ GELU) through BLAS; autograd.
 local dtffi = require "dt.ffi"
 local autograd = require "dt.autograd"
 local common = require "dt.ops.common"
@@ -54,10 +54,20 @@ return function(dt, Tensor)
    end
    Tensor.matmul = dt.matmul
 
-   -- y = x @ w^T + b with x (..., in), w (out, in), b (out) or nil; no transposed copies are made.
-   function dt.linear(x, w, b)
+   -- The activations dt.linear fuses (dt_linear_act): nil / "none", "gelu" (exact, erf) and "gelu_tanh".
+   local acts = { none = 0, gelu = 1, gelu_tanh = 2 }
+
+   -- y = act(x @ w^T + b) with x (..., in), w (out, in), b (out) or nil; no transposed copies are made. One op
+   -- (dt_op_linear) and one tape node: the bias is added in the GEMM's epilogue on cuda (cuBLASLt), and so is GELU
+   -- where cuBLASLt has it (gelu_tanh); the backward runs GELU's backward on the saved pre-activation, then the two
+   -- GEMMs. On the CPU the values and gradients are those of dt.linear followed by dt.F.gelu, bit for bit.
+   function dt.linear(x, w, b, act)
       common.check_dtypes(x, w, 2)
       if b then common.check_dtypes(x, b, 2) end
+      local code = acts[act or "none"]
+      if not code then
+         error(("linear: act must be \"none\", \"gelu\" or \"gelu_tanh\", got %s"):format(tostring(act)), 2)
+      end
       local xs, ws = x.shape, w.shape
       if #ws ~= 2 or #xs == 0 or xs[#xs] ~= ws[2] then
          error(("linear: x %s does not match weight %s (out_features, in_features)"):format(shape_str(xs),
@@ -71,17 +81,24 @@ return function(dt, Tensor)
       for i = 1, #xs - 1 do n = n * xs[i] end
       local x2 = view(contiguous(x), { n, in_f })
       local y2 = empty({ n, out_f }, x.dtype, x)
-      if b then check(C.dt_op_axpby(1, b.h, 0, y2.h)) end -- bias rows first, then the gemm adds (beta = 1)
-      check(C.dt_op_matmul(x2.h, w.h, y2.h, false, true, 1, b and 1 or 0))
+      -- GELU's input, kept for the backward only when a gradient will be asked for
+      local pre = code ~= 0 and autograd.needs_grad({ x, w, b }) and empty({ n, out_f }, x.dtype, x) or nil
+      local bc = b and contiguous(b)
+      check(C.dt_op_linear(x2.h, w.h, bc and bc.h, code, y2.h, pre and pre.h))
       local ys = { unpack(xs, 1, #xs - 1) }
       ys[#ys + 1] = out_f
       return record(view(y2, ys), { x, w, b }, function(g)
          local g2 = view(contiguous(g), { n, out_f })
+         if pre then
+            local dz = empty({ n, out_f }, x.dtype, x)
+            check(C.dt_nn_gelu_bwd(pre.h, g2.h, dz.h, code == 2))
+            g2 = dz
+         end
          local gx, gw, gb
          if x.requires_grad then gx = view(mm(g2, w, false, false), xs) end
          if w.requires_grad then gw = mm(g2, x2, true, false) end
          if b and b.requires_grad then gb = g2:sum(1) end
          return gx, gw, gb
-      end, "linear")
+      end, code == 0 and "linear" or "linear_" .. act)
    end
 end

@@ -1,7 +1,7 @@
 -- dt/ops/nn.lua: dt.F, the fused NN ops, each one tape node whose hand-written backward calls its _bwd kernel.
 --
--- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, swiglu, rope, attention, dropout; generation's
--- kv_append and decode_attention (forward only).
+-- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, linear_act, swiglu, rope, attention, dropout;
+-- generation's kv_append and decode_attention (forward only).
 -- cross_entropy with reduction mean/sum instead reuses the gradient its forward pass computed.
 -- Kernels need contiguous inputs: strided ones are copied first (not recorded; the gradient still goes to the
 -- original tensor). Per-row statistics saved for the backward are f64 beside f64 inputs, else f32.
@@ -159,6 +159,15 @@ return function(dt, Tensor)
          check(C.dt_nn_gelu_bwd(xc.h, contiguous(g).h, dx.h, approx))
          return dx
       end, "gelu")
+   end
+
+   -- act(x @ w^T + b) as one op and one tape node (dt.linear's act: "gelu" by default, "gelu_tanh", "none"): the
+   -- bias and, for gelu_tanh, GELU itself run in cuBLASLt's GEMM epilogue on cuda; the CPU gives the bits of
+   -- dt.linear then F.gelu.
+   function F.linear_act(x, w, b, act)
+      need_tensor(x, "linear_act", "x")
+      need_tensor(w, "linear_act", "w")
+      return dt.linear(x, w, b, act or "gelu")
    end
 
    -- silu(gate) * up (same shapes).

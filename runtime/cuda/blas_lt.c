@@ -1,0 +1,266 @@
+/* blas_lt.c: dt_op_linear on device tensors: one cublasLtMatmul with a bias / GELU epilogue, else cuBLAS + kernels. */
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+#include "dt_ops.h"
+
+/* cuBLASLt is opened on the first linear, like cuBLAS (blas.c); the build names the library (DT_CUBLASLT_LIBRARY),
+ * the emulation finds it among the process's own symbols. */
+#ifndef DT_CUBLASLT_LIBRARY
+#define DT_CUBLASLT_LIBRARY NULL
+#endif
+
+typedef struct {
+  __typeof__(cublasLtCreate) *create;
+  __typeof__(cublasLtDestroy) *destroy;
+  __typeof__(cublasLtGetStatusString) *status_string;
+  __typeof__(cublasLtMatmulDescCreate) *desc_create;
+  __typeof__(cublasLtMatmulDescDestroy) *desc_destroy;
+  __typeof__(cublasLtMatmulDescSetAttribute) *desc_set;
+  __typeof__(cublasLtMatrixLayoutCreate) *layout_create;
+  __typeof__(cublasLtMatrixLayoutDestroy) *layout_destroy;
+  __typeof__(cublasLtMatmulPreferenceCreate) *pref_create;
+  __typeof__(cublasLtMatmulPreferenceDestroy) *pref_destroy;
+  __typeof__(cublasLtMatmulPreferenceSetAttribute) *pref_set;
+  __typeof__(cublasLtMatmulAlgoGetHeuristic) *heuristic;
+  __typeof__(cublasLtMatmul) *matmul;
+} lt_api;
+
+enum { N_API = 13 };
+static lt_api api;
+static char load_error[sizeof ((dt_cuda_linear_stats *)0)->reason];
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t handle_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void load_lt(void) {
+  const char *names[N_API] = {
+      DT_NAME_OF(cublasLtCreate), DT_NAME_OF(cublasLtDestroy), DT_NAME_OF(cublasLtGetStatusString),
+      DT_NAME_OF(cublasLtMatmulDescCreate), DT_NAME_OF(cublasLtMatmulDescDestroy),
+      DT_NAME_OF(cublasLtMatmulDescSetAttribute), DT_NAME_OF(cublasLtMatrixLayoutCreate),
+      DT_NAME_OF(cublasLtMatrixLayoutDestroy), DT_NAME_OF(cublasLtMatmulPreferenceCreate),
+      DT_NAME_OF(cublasLtMatmulPreferenceDestroy), DT_NAME_OF(cublasLtMatmulPreferenceSetAttribute),
+      DT_NAME_OF(cublasLtMatmulAlgoGetHeuristic), DT_NAME_OF(cublasLtMatmul)};
+  void **slots[N_API] = {(void **)&api.create,        (void **)&api.destroy,       (void **)&api.status_string,
+                         (void **)&api.desc_create,   (void **)&api.desc_destroy,  (void **)&api.desc_set,
+                         (void **)&api.layout_create, (void **)&api.layout_destroy, (void **)&api.pref_create,
+                         (void **)&api.pref_destroy,  (void **)&api.pref_set,      (void **)&api.heuristic,
+                         (void **)&api.matmul};
+  dt_cuda_dl_load(DT_CUBLASLT_LIBRARY, "cuBLASLt", N_API, names, slots, load_error, sizeof load_error);
+}
+
+/* The device's cuBLASLt handle (created on first use); false with why in `why` when cuBLASLt cannot be used. */
+static bool lt_get(int device, cublasLtHandle_t *h, char *why, size_t size) {
+  pthread_once(&load_once, load_lt);
+  if (load_error[0]) {
+    snprintf(why, size, "%s", load_error);
+    return false;
+  }
+  dt_cuda_dev *d;
+  if (dt_cuda_dev_get(device, &d) != DT_OK) {
+    snprintf(why, size, "%s", dt_last_error());
+    return false;
+  }
+  pthread_mutex_lock(&handle_lock);
+  cublasLtHandle_t lt = d->blas_lt;
+  cublasStatus_t r = lt ? CUBLAS_STATUS_SUCCESS : api.create(&lt);
+  if (r == CUBLAS_STATUS_SUCCESS) d->blas_lt = lt;
+  pthread_mutex_unlock(&handle_lock);
+  if (r != CUBLAS_STATUS_SUCCESS) snprintf(why, size, "cublasLtCreate failed: %s", api.status_string(r));
+  *h = lt;
+  return r == CUBLAS_STATUS_SUCCESS;
+}
+
+void dt_cuda_blas_lt_release(dt_cuda_dev *d) {
+  pthread_mutex_lock(&handle_lock);
+  if (d->blas_lt) api.destroy(d->blas_lt);
+  d->blas_lt = NULL;
+  pthread_mutex_unlock(&handle_lock);
+}
+
+/* dt_cuda_linear_stats: the paths by counter (the struct's int64 fields in order) and the latest fallback's reason. */
+enum { P_DEFAULT, P_BIAS, P_GELU, P_GELU_AUX, P_GELU_BIAS, P_GELU_AUX_BIAS, P_GELU_KERNEL, P_FALLBACK, N_PATHS };
+static _Atomic int64_t counts[N_PATHS];
+static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
+static char last_reason[sizeof ((dt_cuda_linear_stats *)0)->reason];
+
+void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out) {
+  int64_t *f[N_PATHS] = {&out->lt_default,  &out->lt_bias,          &out->lt_gelu,     &out->lt_gelu_aux,
+                         &out->lt_gelu_bias, &out->lt_gelu_aux_bias, &out->gelu_kernel, &out->fallback};
+  for (int i = 0; i < N_PATHS; i++) *f[i] = atomic_load(&counts[i]);
+  pthread_mutex_lock(&reason_lock);
+  memcpy(out->reason, last_reason, sizeof last_reason);
+  pthread_mutex_unlock(&reason_lock);
+}
+
+void dt_cuda_linear_stats_reset(void) {
+  for (int i = 0; i < N_PATHS; i++) atomic_store(&counts[i], 0);
+  pthread_mutex_lock(&reason_lock);
+  last_reason[0] = 0;
+  pthread_mutex_unlock(&reason_lock);
+}
+
+/* A matrix operand: row-major y (N, Nout) = x (N, K) @ w^T is column-major D (Nout, N) = op(A) op(B) with A = w
+ * (read as column-major (K, Nout): op T) and B = x (column-major (K, N): op N); a column-major stored operand (a
+ * transposed view) flips its op. The bias runs along D's rows (Nout). */
+typedef struct {
+  const void *p;
+  cublasOperation_t op;
+  uint64_t rows, cols; /* as stored, column-major */
+  int64_t ld;
+} lt_operand;
+
+/* x (rows, cols) row-major as op(stored) with op T when `trans`; false when BLAS cannot read its strides. */
+static bool operand_of(const dt_tensor *t, bool trans, lt_operand *o) {
+  bool flip = false;
+  int64_t r = t->shape[0], c = t->shape[1];
+  if (!dt_blas_view(r, c, t->strides[0], t->strides[1], &flip, &o->ld)) return false;
+  o->p = dt_tensor_ptr(t);
+  /* row-major (r, c) is column-major (c, r) */
+  o->rows = (uint64_t)(flip ? r : c);
+  o->cols = (uint64_t)(flip ? c : r);
+  o->op = (trans != flip) ? CUBLAS_OP_T : CUBLAS_OP_N;
+  return true;
+}
+
+/* One cublasLtMatmul: D = epilogue(op(A) op(B)) into d (and aux); DT_ERR_UNSUPPORTED with `why` filled when the
+ * heuristic has no algorithm for it (the caller falls back), another error when cuBLASLt fails outright. */
+static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt_operand *a, const lt_operand *b,
+                           const dt_tensor *bias, cublasLtEpilogue_t ep, void *d, void *aux, int64_t M, int64_t N,
+                           int64_t K, char *why, size_t size) {
+  cudaDataType t = dtype == DT_DTYPE_F32 ? CUDA_R_32F : dtype == DT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  cublasComputeType_t ct = dtype == DT_DTYPE_F32 && dt_cuda_matmul_tf32_get() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                              : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  const void *bias_p = bias ? dt_tensor_ptr(bias) : NULL;
+  int64_t aux_ld = M;
+  uint64_t workspace = 0; /* none: no split-K, and nothing held between calls (memory accounting stays exact) */
+  const char *step = "cublasLtMatmulDescCreate";
+  cublasStatus_t r = api.desc_create(&desc, ct, CUDA_R_32F);
+#define LT_STEP(name, call) \
+  if (r == CUBLAS_STATUS_SUCCESS) step = name, r = (call)
+  LT_STEP("TRANSA", api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &a->op, sizeof a->op));
+  LT_STEP("TRANSB", api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &b->op, sizeof b->op));
+  LT_STEP("EPILOGUE", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+  if (bias) LT_STEP("BIAS_POINTER", api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_p, sizeof bias_p));
+  if (aux) {
+    LT_STEP("EPILOGUE_AUX_POINTER", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    LT_STEP("EPILOGUE_AUX_LD", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  LT_STEP("layout A", api.layout_create(&la, t, a->rows, a->cols, a->ld));
+  LT_STEP("layout B", api.layout_create(&lb, t, b->rows, b->cols, b->ld));
+  LT_STEP("layout D", api.layout_create(&ld, t, (uint64_t)M, (uint64_t)N, M));
+  LT_STEP("cublasLtMatmulPreferenceCreate", api.pref_create(&pref));
+  LT_STEP("MAX_WORKSPACE_BYTES",
+          api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  memset(&heur, 0, sizeof heur);
+  dt_status st = DT_OK;
+  if (r == CUBLAS_STATUS_SUCCESS) {
+    r = api.heuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    if (r != CUBLAS_STATUS_SUCCESS || found < 1 || heur.state != CUBLAS_STATUS_SUCCESS) {
+      snprintf(why, size, "cublasLtMatmulAlgoGetHeuristic has no algorithm for M=%lld N=%lld K=%lld %s epilogue %d: %s",
+               (long long)M, (long long)N, (long long)K, dt_dtype_name(dtype), (int)ep,
+               api.status_string(r != CUBLAS_STATUS_SUCCESS ? r
+                                 : found < 1                ? CUBLAS_STATUS_NOT_SUPPORTED
+                                                            : heur.state));
+      st = DT_ERR_UNSUPPORTED;
+    } else {
+      float one = 1.0f, zero = 0.0f;
+      st = dt_cuda_use(s->device);
+      if (st == DT_OK)
+        r = api.matmul(h, desc, &one, a->p, la, b->p, lb, &zero, d, ld, d, ld, &heur.algo, NULL, 0, s->s);
+      step = "cublasLtMatmul";
+    }
+  }
+#undef LT_STEP
+  if (st == DT_OK && r != CUBLAS_STATUS_SUCCESS)
+    st = DT_FAIL(DT_ERR_STATE, "linear: %s (M=%lld N=%lld K=%lld, %s, epilogue %d) failed: %s", step, (long long)M,
+                 (long long)N, (long long)K, dt_dtype_name(dtype), (int)ep, api.status_string(r));
+  if (pref) api.pref_destroy(pref);
+  if (ld) api.layout_destroy(ld);
+  if (lb) api.layout_destroy(lb);
+  if (la) api.layout_destroy(la);
+  if (desc) api.desc_destroy(desc);
+  return st;
+}
+
+/* Why cuBLASLt cannot run this linear (written into why), or true when it can: the operands as its layouts read
+ * them, and its handle. */
+static bool lt_usable(dt_stream *s, const dt_tensor *x, const dt_tensor *w, const dt_tensor *pre, int act, int64_t K,
+                      int64_t Nout, lt_operand *a, lt_operand *b, cublasLtHandle_t *h, char *why, size_t size) {
+  if (x->dtype == DT_DTYPE_F64) {
+    snprintf(why, size, "f64: the epilogues run with the f32 compute types only");
+    return false;
+  }
+  if (K == 0) {
+    snprintf(why, size, "K = 0 (nothing to multiply)");
+    return false;
+  }
+  if (!operand_of(w, true, a) || !operand_of(x, false, b)) {
+    snprintf(why, size, "x or w has strides BLAS cannot read in place (a copy is needed)");
+    return false;
+  }
+  if (pre && act == DT_LINEAR_GELU_TANH && Nout % 8 != 0) {
+    snprintf(why, size, "out_features %lld is not a multiple of 8 (the GELU_AUX epilogue's leading dimension)",
+             (long long)Nout);
+    return false;
+  }
+  return lt_get(s->device, h, why, size);
+}
+
+/* The epilogue of this call: GELU epilogues only for the tanh approximation (cuBLASLt's GELU is that one); exact GELU
+ * takes the bias epilogue and the GELU kernel after it. */
+static cublasLtEpilogue_t epilogue_of(int act, bool bias, bool aux, int *path) {
+  if (act != DT_LINEAR_GELU_TANH) {
+    *path = bias ? P_BIAS : P_DEFAULT;
+    return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  *path = bias ? (aux ? P_GELU_AUX_BIAS : P_GELU_BIAS) : (aux ? P_GELU_AUX : P_GELU);
+  return bias ? (aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+              : (aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
+}
+
+dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act,
+                            dt_tensor *y, dt_tensor *pre) {
+  DT_CHECK(s, DT_ERR_ARG, "linear: NULL stream");
+  const dt_tensor *ts[5] = {x, w, b, y, pre};
+  const char *names[5] = {"x", "w", "b", "y", "pre"};
+  for (int i = 0; i < 5; i++)
+    if (ts[i] || (i != 2 && i != 4)) DT_TRY(dt_cuda_check_on(s, ts[i], "linear", names[i]));
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_check(x, w, b, act, y, pre, &N, &K, &Nout));
+  if (N == 0 || Nout == 0) return DT_OK;
+  dt_tensor *z = act == DT_LINEAR_NONE || !pre ? y : pre; /* where x @ w^T + b goes (GELU's input) */
+  char why[sizeof ((dt_cuda_linear_stats *)0)->reason];
+  lt_operand la, lb;
+  cublasLtHandle_t h = NULL;
+  dt_status st = DT_ERR_UNSUPPORTED;
+  bool lt_act = act == DT_LINEAR_GELU_TANH; /* the epilogue applies the activation itself */
+  if (lt_usable(s, x, w, pre, act, K, Nout, &la, &lb, &h, why, sizeof why)) {
+    int path = 0;
+    cublasLtEpilogue_t ep = epilogue_of(act, b != NULL, pre != NULL, &path);
+    st = lt_matmul(s, h, x->dtype, &la, &lb, b, ep, dt_tensor_ptr(lt_act ? y : z),
+                   lt_act && pre ? dt_tensor_ptr(pre) : NULL, Nout, N, K, why, sizeof why);
+    if (st == DT_OK) atomic_fetch_add(&counts[path], 1);
+    if (st != DT_OK && st != DT_ERR_UNSUPPORTED) return st;
+  }
+  if (st == DT_ERR_UNSUPPORTED) { /* the cuBLAS path: bias rows, then the GEMM adds onto them */
+    atomic_fetch_add(&counts[P_FALLBACK], 1);
+    pthread_mutex_lock(&reason_lock);
+    memcpy(last_reason, why, sizeof why);
+    pthread_mutex_unlock(&reason_lock);
+    lt_act = false;
+    if (b) DT_TRY(dt_cuda_op_axpby(s, 1, b, 0, z));
+    DT_TRY(dt_cuda_op_matmul(s, x, w, z, false, true, 1, b ? 1 : 0));
+  }
+  if (act == DT_LINEAR_NONE || lt_act) return DT_OK;
+  atomic_fetch_add(&counts[P_GELU_KERNEL], 1);
+  return dt_cuda_nn_gelu_fwd(s, z, y, act == DT_LINEAR_GELU_TANH);
+}
