@@ -13,7 +13,7 @@
 -- at the copy bandwidth measured in the same run: a memcpy of the same size on every rank at once (read S, write S:
 -- 2S bytes per rank; the fastest iteration of the slowest rank), so the ranks share the memory bus as in the op.
 -- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time; registered_* are the
--- same for tensors in the communicator's registered memory (comm:alloc: DDP's buckets), which the ranks reduce in
+-- same for tensors in the communicator's registered memory (comm:alloc), which the ranks reduce in
 -- place, reading and writing each byte of the data once (the peer, gloo, has no such memory: its ratio stays ratio=).
 local ffi = require "ffi"
 local dt = require "dt"
@@ -28,7 +28,7 @@ M.launch_defaults = { "--nproc", "2" }
 local RESULTS = "bench_collectives.txt"
 -- gloo's all_reduce runs on the calling thread: torch's thread settings do not change it (one configuration).
 local PEER_CONFIG = "gloo,threads=1"
--- all_reduce_reg: all_reduce of registered tensors (comm:alloc, as DDP's buckets: reduced in place, unstaged)
+-- all_reduce_reg: all_reduce of registered tensors (comm:alloc: reduced in place, unstaged)
 local OPS = { "all_reduce", "all_reduce_reg", "reduce_scatter", "all_gather", "broadcast" }
 
 local function busbw_factor(op, n)
