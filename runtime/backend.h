@@ -123,6 +123,8 @@ typedef struct dt_backend {
    * the cuda device type's about DT_POOL_DEVICE and DT_POOL_PINNED). */
   dt_status (*memory_stats)(int pool, dt_pool_stats *out);
   void (*memory_reset_peak)(int pool);
+  /* Counts in a pool it owns `delta` bytes it did not allocate itself (dt_tensor_wrap_owned's). */
+  void (*memory_account)(int pool, int64_t delta);
   /* Around each op on `device`: begin gives the stream the op is queued on (fails naming `op` when the device cannot
    * be used) and may note the op for error messages; end follows every begin that succeeded. */
   dt_status (*begin)(dt_device device, const char *op, int n, const dt_tensor *const *ts, dt_stream **s);

@@ -27,6 +27,11 @@ static inline bool dt_same_device(dt_device a, dt_device b) {
 }
 /* "cpu" or "cuda:N" into buf, for error messages. */
 const char *dt_device_str(dt_device d, char *buf, size_t n);
+/* A host tensor over memory a subsystem hands out (a communicator's registered memory): release(ctx, data) gives it
+ * back when the storage's last view goes; its bytes count in the host pool while it lives. */
+typedef void (*dt_release_fn)(void *ctx, void *data);
+dt_status dt_tensor_wrap_owned(void *data, int ndim, const int64_t *shape, int dtype, dt_release_fn release,
+                               void *ctx, dt_tensor **out);
 /* "(2, 3, 4) f32" into buf, for error messages. */
 const char *dt_shape_str(const dt_tensor *t, char *buf, size_t n);
 #define DT_SHAPE_BUF 96

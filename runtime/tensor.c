@@ -11,6 +11,8 @@ struct dt_storage {
   _Atomic int refcount;
   dt_device device; /* where data lives: its backend frees it */
   bool owned;       /* false for dt_tensor_wrap */
+  dt_release_fn release; /* dt_tensor_wrap_owned's: gives the bytes back, counted in host_pool */
+  void *release_ctx;
 };
 
 /* The backend that counts `pool`: the CPU's the host pool, the cuda device type's the device and pinned pools; NULL
@@ -66,8 +68,19 @@ static dt_tensor *tensor_struct(int ndim, const int64_t *shape, int dtype) {
   return t;
 }
 
+/* Bytes a backend did not allocate itself counted in the host pool (dt_tensor_wrap_owned). */
+static void account_host(int64_t delta) {
+  const dt_backend *b = pool_owner(DT_POOL_HOST);
+  if (b) b->memory_account(DT_POOL_HOST, delta);
+}
+
 static void storage_free(dt_storage *s) {
   const dt_backend *b;
+  if (s->release && s->data) {
+    account_host(-s->nbytes);
+    s->release(s->release_ctx, s->data);
+    return;
+  }
   if (!s->owned || !s->data || dt_backend_of(s->device, "free", &b) != DT_OK) return;
   b->free(s->device, s->data,
           (size_t)s->nbytes); /* device memory: once the device's queued work (which may read it) ran */
@@ -119,6 +132,11 @@ dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device d
 }
 
 dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, dt_tensor **out) {
+  return dt_tensor_wrap_owned(data, ndim, shape, dtype, NULL, NULL, out);
+}
+
+dt_status dt_tensor_wrap_owned(void *data, int ndim, const int64_t *shape, int dtype, dt_release_fn release,
+                               void *ctx, dt_tensor **out) {
   *out = NULL;
   int64_t numel;
   DT_TRY(check_shape(ndim, shape, &numel));
@@ -134,6 +152,9 @@ dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, 
   s->nbytes = numel * (int64_t)dt_dtype_size(dtype);
   s->refcount = 1;
   s->owned = false;
+  s->release = release;
+  s->release_ctx = ctx;
+  if (release) account_host(s->nbytes);
   t->storage = s;
   t->data = data;
   *out = t;

@@ -35,6 +35,18 @@ describe("ddp", function()
 
    ranks_it(4, "matches one process on 4 ranks", function() equivalence("--nproc 4") end)
 
+   it("matches one process with host buckets in registered memory (reduced in place, unstaged)", function()
+      if on_cuda then return pending("registered memory is host memory: cuda buckets go through NCCL") end
+      local r = helpers.dtrun("spec/fixtures/ddp_equivalence.lua --nproc 2 registered=true")
+      helpers.remove_run(r.run_dir)
+      assert.equal(0, r.code, r.out)
+      assert.is_true(tonumber(r.out:match("max_abs_param_diff=(%S+)")) <= 1e-5, r.out)
+      -- every bucket past the one-barrier path, every step (10), went in place
+      local calls, large = r.out:match("registered_calls=(%d+) large_buckets=(%d+)")
+      assert.is_true(tonumber(large) > 0, r.out)
+      assert.equal(10 * tonumber(large), tonumber(calls), r.out)
+   end)
+
    ranks_it(2, "accumulates gradients without syncing every micro-batch (no_sync)", function()
       equivalence("--nproc 2 grad_accum=2")
    end)

@@ -29,6 +29,20 @@ describe("collectives through the launcher", function()
    end)
 end)
 
+describe("registered memory (comm:alloc)", function()
+   it("all_reduces in place, bit for bit as the staged path, on 2 and 3 ranks; staged when a rank's is not",
+      function()
+         for _, n in ipairs { 2, 3 } do
+            local r = H.dtrun("spec/fixtures/dist_registered.lua --nproc " .. n)
+            H.remove_run(r.run_dir)
+            assert.equal(0, r.code, r.out)
+            for rank = 0, n - 1 do
+               assert.matches(("%%[%d%%] rank %d/%d: %%d+ registered checks passed"):format(rank, rank, n), r.out)
+            end
+         end
+      end)
+end)
+
 describe("collectives on cuda ranks (through NCCL)", function()
    for _, nproc in ipairs { 2, 4 } do
       NH.it_on("cuda", nproc)(("match the reference for every op and dtype on %d cuda ranks"):format(nproc), function()
@@ -145,7 +159,7 @@ describe("dtrun bench collectives", function()
    it("runs under the launcher flags and ends with the one summary line", function()
       local r = H.dtrun("bench collectives --nproc 2 --iters 2 --warmup 1 --max_mib 1 --peer no")
       assert.equal(0, r.code, r.out)
-      for _, op in ipairs { "all_reduce", "reduce_scatter", "all_gather", "broadcast" } do
+      for _, op in ipairs { "all_reduce", "all_reduce_reg", "reduce_scatter", "all_gather", "broadcast" } do
          for _, size in ipairs { "1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB" } do
             local row = "%%[0%%] %s%%s+%s%%s+[%%d.]+ us%%s+[%%d.]+ GB/s%%s+[%%d.]+ GB/s%%s+[%%d.]+%%%%\n"
             assert.matches(row:format(op, size), r.out)
@@ -155,7 +169,8 @@ describe("dtrun bench collectives", function()
       assert.matches("bench collectives: needs at least 2 ranks", one.out)
       H.remove_run(one.run_dir)
       assert.matches("^bench collectives: allreduce_64mib_busbw_gbps=n/a peer_allreduce_64mib_busbw_gbps=n/a ratio=n/a "
-         .. "roofline_fraction=n/a allreduce_1kib_us=[%d.]+ peer_allreduce_1kib_us=n/a latency_ratio=n/a "
+         .. "roofline_fraction=n/a registered_allreduce_64mib_busbw_gbps=n/a registered_ratio=n/a "
+         .. "registered_roofline_fraction=n/a allreduce_1kib_us=[%d.]+ peer_allreduce_1kib_us=n/a latency_ratio=n/a "
          .. "peer_config=n/a$", r.lines[#r.lines])
       H.remove_run(r.run_dir)
    end)

@@ -120,11 +120,13 @@ function Comm:set_timeout(seconds) check(C.dt_comm_set_timeout(self.h, math.floo
 -- Across nodes: false runs the collectives flat over Gloo, true (the default) hierarchical; every rank calls it.
 function Comm:set_hierarchical(on) check(C.dt_comm_set_hierarchical(self.h, on)) end
 
--- Bytes this rank has sent so far: { shm = written into shared memory, net = onto the network (Gloo) }.
+-- Bytes this rank has sent so far: { shm = written into shared memory, net = onto the network (Gloo) }, and
+-- registered_calls: the all_reduces that reduced registered tensors (Comm:alloc) in place.
 function Comm:stats()
    local shm, net = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
    C.dt_comm_bytes(self.h, shm, net)
-   return { shm = tonumber(shm[0]), net = tonumber(net[0]) }
+   return { shm = tonumber(shm[0]), net = tonumber(net[0]),
+      registered_calls = tonumber(C.dt_comm_registered_calls(self.h)) }
 end
 
 -- Collectives on tensors of cuda device `index` go through NCCL from now on (every rank calls it, each naming its
@@ -143,6 +145,16 @@ function Comm:split(color, key)
    local c = wrap_comm(out[0], self.store, ("%s/split/%d"):format(self.job_id, color))
    c.device = self.device
    return c
+end
+
+-- A zeroed host tensor of `shape` (dtype: default f32) in this rank's registered memory of the communicator (ranks on
+-- one host): a large all_reduce whose tensors are registered on every rank reads and writes each rank's data in
+-- place, without staging it (dt_comm_alloc; DDP's gradient buckets use it). Any other call takes it as usual.
+function Comm:alloc(shape, dtype)
+   local dtinfo = require("dt.dtype").get(dtype or "f32", 2)
+   local out = Tensor.handle_out()
+   check(C.dt_comm_alloc(self.h, #shape, Tensor.to_carray(shape), dtinfo.id, out))
+   return Tensor.wrap(out[0]):zero_()
 end
 
 function Comm:destroy()

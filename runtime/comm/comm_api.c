@@ -213,6 +213,7 @@ void dt_comm_destroy(dt_comm *c) {
   if (c->failed[0]) dt_nccl_abort(c->nccl); /* a failure seen by a host call, or reported by another rank */
   dt_nccl_close(c->nccl);
 #endif
+  shm_arena_close(c); /* before the segment: its name is the arena's prefix */
   shm_segment_close(c);
   nodes_close(c);
   pthread_cond_destroy(&c->cv);

@@ -16,6 +16,7 @@ typedef enum {
 typedef struct dt_nccl dt_nccl;           /* a communicator's NCCL side (runtime/cuda/nccl.c) */
 typedef struct comm_nodes comm_nodes;     /* a communicator's ranks on several nodes (comm_nodes.c) */
 typedef struct dt_nccl_call dt_nccl_call; /* one call's NCCL side: its events */
+typedef struct shm_arena shm_arena;       /* a rank's registered host memory (shm_arena.c) */
 
 /* One call's arguments as issued (tensors validated by comm_api.c). */
 typedef struct comm_call {
@@ -55,6 +56,7 @@ typedef struct shm_rank {
   int32_t pid;
   shm_fp fp[2]; /* the call being entered, indexed by sequence parity: a fast rank can enter call
                    s + 1 while a slow one still reads call s, never s + 2 (it needs s + 1's barrier) */
+  int64_t reg[2]; /* by parity as fp: where a large all_reduce's data lies in this rank's registered memory, or -1 */
   char abort_msg[768];
 } shm_rank;
 
@@ -99,6 +101,10 @@ struct dt_comm {
                                          comm's calls, which alone go into the flight recorder */
   comm_nodes *nodes;                  /* non-NULL: the ranks span nodes; calls run in comm_nodes.c, not the segment */
   _Atomic int64_t shm_bytes;          /* bytes this rank has written into the segment (dt_comm_bytes) */
+  shm_arena *arena;                   /* this rank's registered memory (dt_comm_alloc), or NULL */
+  uint8_t **peer_arena;               /* per rank: its registered memory mapped here (on first use), or NULL */
+  size_t *peer_arena_bytes;
+  _Atomic int64_t registered_calls;   /* all_reduces that reduced registered tensors in place */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -147,6 +153,12 @@ dt_status shm_abort(dt_comm *c, dt_status code, const char *msg);
 dt_status shm_aborted_error(call_ctx *x);
 dt_status shm_segment_open(dt_comm *c, dt_store_client *store);
 void shm_segment_close(dt_comm *c);
+
+/* shm_arena.c: whether t's data lies in this rank's registered memory (*off: where); rank r's registered memory
+ * mapped here (rank r has published an offset in it); unmap and unlink at close (live tensors keep theirs). */
+bool shm_arena_offset(const dt_comm *c, const dt_tensor *t, int64_t *off);
+dt_status shm_arena_peer(dt_comm *c, int r, uint8_t **base);
+void shm_arena_close(dt_comm *c);
 
 /* shm_reduce.c: out[i] := op over j = 0..n-1 (in order) of srcs[j][i]; avg divides by n. out2 (or NULL) gets a
  * second copy of the result. out and out2 may alias any srcs[j]. */

@@ -58,6 +58,8 @@ static dt_status memory_stats(int pool, dt_pool_stats *out) {
 
 static void memory_reset_peak(int pool) { atomic_store(&host_peak, atomic_load(&host_live)); }
 
+static void memory_account(int pool, int64_t delta) { account(delta); }
+
 static dt_status begin(dt_device device, const char *op, int n, const dt_tensor *const *ts, dt_stream **s) {
   *s = NULL;
   return DT_OK;
@@ -84,6 +86,7 @@ const dt_backend dt_cpu_backend = {
     .memset = fill_bytes,
     .memory_stats = memory_stats,
     .memory_reset_peak = memory_reset_peak,
+    .memory_account = memory_account,
     .begin = begin,
     .end = end,
     .supports = supports,

@@ -37,6 +37,9 @@ static dt_status memory_stats(int pool, dt_pool_stats *out) {
 
 static void memory_reset_peak(int pool) { dt_cuda_memory_reset_peak(-1, pool); }
 
+/* Its pools hold only what it allocates (registered host memory is the host pool's). */
+static void memory_account(int pool, int64_t delta) { (void)pool, (void)delta; }
+
 static dt_status begin(dt_device device, const char *op, int n, const dt_tensor *const *ts, dt_stream **s) {
   DT_TRY(dt_cuda_compute_stream(device, op, s));
   dt_cuda_op_begin(device.index, op, n, ts);
@@ -119,6 +122,7 @@ const dt_backend dt_cuda_backend = {
     .memset = fill_bytes,
     .memory_stats = memory_stats,
     .memory_reset_peak = memory_reset_peak,
+    .memory_account = memory_account,
     .begin = begin,
     .end = end,
     .supports = supports,

@@ -33,12 +33,20 @@ dt_status dt_comm_set_hierarchical(dt_comm *c, bool on);
 /* Bytes this rank has written so far into shared memory (*shm) and onto the network (*net, what Gloo's algorithms
  * send from this rank; a broadcast counts its copies at the root). */
 void dt_comm_bytes(const dt_comm *c, int64_t *shm, int64_t *net);
+/* All_reduces so far that found every rank's tensor registered (dt_comm_alloc) and reduced them in place. */
+int64_t dt_comm_registered_calls(const dt_comm *c);
 /* Remove this user's shm segments of every communicator whose id starts with `job_id` followed by '-' (the world
  * "<job_id>-r<restart>-world" and its splits): what an agent does when a job ends, whatever happened, since a rank
  * killed before every rank joined cannot remove its own. removed (may be NULL) counts them. */
 dt_status dt_comm_shm_remove_job(const char *job_id, int *removed);
 /* Wait for queued asynchronous calls, stop the progress thread, unmap. NULL is fine. */
 void dt_comm_destroy(dt_comm *c);
+/* A host tensor in this rank's registered memory of c (a shared memory file the other ranks map; sparse, of
+ * DT_COMM_REGISTERED_MIB, default 1024): when every rank's tensor of a large all_reduce on c is registered, each rank
+ * reduces its part over every rank's data in place and writes the result into every rank's: each byte of the data is
+ * read once and written once (no staging). Counted in the host pool; any other call takes it as an ordinary tensor.
+ * Ranks on one host only. */
+dt_status dt_comm_alloc(dt_comm *c, int ndim, const int64_t *shape, int dtype, dt_tensor **out);
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_world(const dt_comm *c);
 /* How long a call waits for the other ranks before failing (default 300000 ms, or DT_COLLECTIVE_TIMEOUT seconds).

@@ -459,6 +459,43 @@ static void pipelined(dt_comm *c, int rank, int world) {
     }
 }
 
+/* Registered tensors (dt_comm_alloc): every rank's in place, every dtype and op against the reference; the arena
+ * reuses freed blocks (many more tensors than fit at once) and the communicator counts the in-place calls. */
+static void registered(dt_comm *c, int rank, int world) {
+  setenv("DT_COMM_REGISTERED_MIB", "2", 1); /* read when the arena is made, at the first allocation */
+  char what[128];
+  int salt = 300;
+  int64_t calls = 0;
+  for (int d = 0; d < NDTYPES; d++) {
+    int64_t n = 3 * 8192 + 5; /* past the one-barrier path for every dtype, not a multiple of the ranks */
+    dt_tensor *t = NULL;
+    expect_ok(dt_comm_alloc(c, 1, &n, DTYPES[d], &t), "registered tensor");
+    for (int op = 0; t && op < DT_COMM_OP_COUNT; op++) {
+      fill(t, rank, ++salt, 0);
+      describe(what, sizeof what, "registered all_reduce", DTYPES[d], n, world);
+      expect(dt_comm_all_reduce(c, t, op, NULL) == DT_OK && check_reduced(t, op, world, salt, 0), what);
+      calls++;
+    }
+    dt_tensor_free(t);
+  }
+  expect(dt_comm_registered_calls(c) == calls, "every call on registered tensors went in place");
+  int64_t big = 150000; /* 600 kB: the 2 MiB arena holds three at once; 40 rounds of three must reuse blocks */
+  for (int k = 0; k < 40; k++) {
+    dt_tensor *a = NULL, *b = NULL, *e = NULL;
+    bool ok = dt_comm_alloc(c, 1, &big, DT_DTYPE_F32, &a) == DT_OK &&
+              dt_comm_alloc(c, 1, &big, DT_DTYPE_F32, &b) == DT_OK && dt_comm_alloc(c, 1, &big, DT_DTYPE_F32, &e) == DT_OK;
+    expect(ok, "allocate, free, allocate again");
+    dt_tensor_free(b);
+    dt_tensor_free(a);
+    dt_tensor_free(e);
+  }
+  int64_t huge = (int64_t)1 << 20; /* 4 MB */
+  dt_tensor *t = NULL;
+  expect_status(dt_comm_alloc(c, 1, &huge, DT_DTYPE_F32, &t), DT_OK,
+                NEEDLES("registered memory is full (2 MiB)", "DT_COMM_REGISTERED_MIB"), "a tensor larger than the arena");
+  unsetenv("DT_COMM_REGISTERED_MIB");
+}
+
 /* Segments of `job` in /dev/shm (their names carry the job id). */
 static int count_segments(const char *name) {
   char prefix[128];
@@ -556,6 +593,10 @@ int main(void) {
   expect(run_ranks(4, "spec-all-4-default", every_collective), "4 ranks, default slots: every collective");
   expect(run_ranks(2, "spec-pipe-2", pipelined), "2 ranks, default slots: pipelined all_reduce");
   expect(run_ranks(3, "spec-pipe-3", pipelined), "3 ranks, default slots: pipelined all_reduce");
+  expect(run_ranks(2, "spec-registered-2", registered), "2 ranks: registered tensors");
+  expect(run_ranks(3, "spec-registered-3", registered), "3 ranks: registered tensors");
+  expect(count_segments("spec-registered-2") + count_segments("spec-registered-3") == 0,
+         "registered memory is unlinked with its communicator");
   expect(run_ranks(2, "spec-async", async_calls), "2 ranks: async");
   expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
   expect(run_ranks(4, "spec-mismatch-4", mismatches), "4 ranks: mismatches");

@@ -20,8 +20,9 @@ local DDP = {}
 DDP.__index = DDP
 
 -- Group params (in reverse order) into buckets of at most bucket_bytes (a larger param gets its own), on the
--- parameters' device: cuda buckets are reduced by NCCL, host ones by shm.
-local function make_buckets(params, bucket_bytes)
+-- parameters' device: cuda buckets are reduced by NCCL, host ones by shm; with `registered`, host buckets live in the
+-- communicator's registered memory where it has some (reduced in place, unstaged; else an ordinary tensor).
+local function make_buckets(params, bucket_bytes, comm, registered)
    local buckets, cur = {}, nil
    for i = #params, 1, -1 do
       local p = params[i]
@@ -33,8 +34,11 @@ local function make_buckets(params, bucket_bytes)
       cur.params[#cur.params + 1] = { p = p, offset = cur.numel }
       cur.numel = cur.numel + p:numel()
    end
+   local host = registered and params[1] and params[1].device == "cpu" and comm.size > 1
    for _, b in ipairs(buckets) do
-      b.flat = dist.Tensor.zeros({ b.numel }, { dtype = "f32", device = b.params[1].p.device })
+      local ok, flat = false, nil
+      if host then ok, flat = pcall(comm.alloc, comm, { b.numel }, "f32") end
+      b.flat = ok and flat or dist.Tensor.zeros({ b.numel }, { dtype = "f32", device = b.params[1].p.device })
       for _, e in ipairs(b.params) do
          e.view = b.flat:narrow(1, e.offset + 1, e.p:numel()):view(e.p.shape)
       end
@@ -43,7 +47,10 @@ local function make_buckets(params, bucket_bytes)
 end
 
 -- Wrap model for data parallelism over opts.comm (default: the world communicator).
--- opts.bucket_mb (25): bucket size; opts.broadcast (true): copy rank 0's parameters to every rank.
+-- opts.bucket_mb (25): bucket size; opts.broadcast (true): copy rank 0's parameters to every rank; opts.registered
+-- (false): host buckets in the communicator's registered memory (comm:alloc), all_reduced in place without staging
+-- (faster alone: bench collectives' all_reduce_reg; `dtrun bench ddp` measured it slower than staging on a busy
+-- 2-core machine, where the backward runs beside the reduction, so off by default until measured idle).
 function M.wrap(model, opts)
    opts = opts or {}
    local comm = opts.comm or dist.init().comm
@@ -64,7 +71,7 @@ function M.wrap(model, opts)
    end
    local self = setmetatable({ comm = comm, model = model, sync = true, overlapped = 0,
       stats = { bytes = 0, collectives = 0 }, -- bytes this rank sends (tp_ops.count's ring figure)
-      buckets = make_buckets(params, (opts.bucket_mb or 25) * 2 ^ 20) }, DDP)
+      buckets = make_buckets(params, (opts.bucket_mb or 25) * 2 ^ 20, comm, opts.registered) }, DDP)
    self.entry_of = {} -- param -> { p, offset, view, bucket }
    for _, b in ipairs(self.buckets) do
       for _, e in ipairs(b.params) do

@@ -12,7 +12,9 @@
 -- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
 -- at the copy bandwidth measured in the same run: a memcpy of the same size on every rank at once (read S, write S:
 -- 2S bytes per rank; the fastest iteration of the slowest rank), so the ranks share the memory bus as in the op.
--- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time.
+-- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time; registered_* are the
+-- same for tensors in the communicator's registered memory (comm:alloc), which the ranks reduce in
+-- place, reading and writing each byte of the data once (the peer, gloo, has no such memory: its ratio stays ratio=).
 local ffi = require "ffi"
 local dt = require "dt"
 local dist = require "dt.dist"
@@ -26,10 +28,11 @@ M.launch_defaults = { "--nproc", "2" }
 local RESULTS = "bench_collectives.txt"
 -- gloo's all_reduce runs on the calling thread: torch's thread settings do not change it (one configuration).
 local PEER_CONFIG = "gloo,threads=1"
-local OPS = { "all_reduce", "reduce_scatter", "all_gather", "broadcast" }
+-- all_reduce_reg: all_reduce of registered tensors (comm:alloc: reduced in place, unstaged)
+local OPS = { "all_reduce", "all_reduce_reg", "reduce_scatter", "all_gather", "broadcast" }
 
 local function busbw_factor(op, n)
-   if op == "all_reduce" then return 2 * (n - 1) / n end
+   if op:match("^all_reduce") then return 2 * (n - 1) / n end
    if op == "broadcast" then return 1 end
    return (n - 1) / n
 end
@@ -42,7 +45,7 @@ end
 --   all_gather      reads n blocks of S/n, writes n S: (n+1)/n S
 --   broadcast       the root reads S, n - 1 ranks write S: S
 local function min_traffic(op, n)
-   if op == "all_reduce" then return 2 end
+   if op:match("^all_reduce") then return 2 end
    if op == "broadcast" then return 1 end
    return (n + 1) / n
 end
@@ -57,8 +60,8 @@ end
 local function setup(comm, op, bytes)
    local n = comm.size
    local count = math.floor(bytes / 4)
-   if op == "all_reduce" then
-      local t = dt.zeros({ count })
+   if op:match("^all_reduce") then
+      local t = op == "all_reduce_reg" and comm:alloc({ count }) or dt.zeros({ count })
       return function() comm:all_reduce(t) end, count * 4, { t }
    elseif op == "broadcast" then
       local t = dt.zeros({ count })
@@ -204,6 +207,10 @@ function M.main(args)
             headline.allreduce_64mib_busbw_gbps = busbw
             headline.roofline_fraction = roofline
          end
+         if op == "all_reduce_reg" and bytes == 64 * 1048576 then
+            headline.registered_allreduce_64mib_busbw_gbps = busbw
+            headline.registered_roofline_fraction = roofline
+         end
          bytes = bytes * 4
       end
    end
@@ -258,6 +265,9 @@ function M.after_launch(run_dir)
       { "peer_allreduce_64mib_busbw_gbps", pbw or "n/a" },
       { "ratio", ratio(bw, pbw) },
       { "roofline_fraction", ours.roofline_fraction or "n/a" },
+      { "registered_allreduce_64mib_busbw_gbps", ours.registered_allreduce_64mib_busbw_gbps or "n/a" },
+      { "registered_ratio", ratio(ours.registered_allreduce_64mib_busbw_gbps, pbw) },
+      { "registered_roofline_fraction", ours.registered_roofline_fraction or "n/a" },
       { "allreduce_1kib_us", us or "n/a" },
       { "peer_allreduce_1kib_us", pus or "n/a" },
       { "latency_ratio", ratio(pus, us) },
