@@ -10,8 +10,9 @@
 -- all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
 --
 -- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
--- at the copy bandwidth measured in the same run: a memcpy of the same size on every rank at once (read S, write S:
--- 2S bytes per rank; the fastest iteration of the slowest rank), so the ranks share the memory bus as in the op.
+-- at the copy bandwidth measured in the same run: read S and write S on every rank at once, the faster of a memcpy
+-- and a plain load/store stream (copy_seconds; the fastest iteration of the slowest rank), so the ranks share the
+-- memory bus as in the op.
 -- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time; registered_* are the
 -- same for tensors in the communicator's registered memory (comm:alloc), which the ranks reduce in
 -- place, reading and writing each byte of the data once (the peer, gloo, has no such memory: its ratio stays ratio=).
@@ -91,15 +92,21 @@ local function time_call(comm, call, warmup, iters)
    return common.median(ts), math.min(unpack(ts))
 end
 
--- Seconds of a memcpy of `bytes` on every rank at once: the fastest iteration (of the slowest rank), since a
--- roofline is the best the memory system does.
+-- Seconds to read `bytes` and write `bytes` on every rank at once: the faster of a memcpy of `bytes` and
+-- dt_optim_stream moving the same 2 x bytes with plain loads and stores (four f32 streams read, three written: large
+-- memcpys use non-temporal stores, slower than plain ones on some machines); the fastest iteration (of the slowest
+-- rank), since a roofline is the best the memory system does.
 local function copy_seconds(comm, bytes, warmup, iters)
    local src, dst = dt.ones({ bytes / 4 }), dt.zeros({ bytes / 4 })
    local s, d = dt.C.dt_tensor_ptr(src.h), dt.C.dt_tensor_ptr(dst.h)
-   local _, fastest = time_call(comm, function() ffi.copy(d, s, bytes) end, warmup, iters)
+   local _, copy = time_call(comm, function() ffi.copy(d, s, bytes) end, warmup, iters)
    src:free()
    dst:free()
-   return fastest
+   local n = math.max(1, math.floor(bytes / 14)) -- 28 bytes an element: 2 x bytes
+   local x, a, b, c = dt.ones({ n }), dt.zeros({ n }), dt.zeros({ n }), dt.zeros({ n })
+   local _, stream = time_call(comm, function() dt.check(dt.C.dt_optim_stream(a.h, b.h, c.h, x.h)) end, warmup, iters)
+   for _, t in ipairs { x, a, b, c } do t:free() end
+   return math.min(copy, stream)
 end
 
 -- Seconds of a send of `bytes` from rank 0 to rank `to` (node 1's leader) over the network, timed on the receiver: the
