@@ -49,8 +49,8 @@ end
 -- Wrap model for data parallelism over opts.comm (default: the world communicator).
 -- opts.bucket_mb (25): bucket size; opts.broadcast (true): copy rank 0's parameters to every rank; opts.registered
 -- (false): host buckets in the communicator's registered memory (comm:alloc), all_reduced in place without staging
--- (faster alone: bench collectives' all_reduce_reg; `dtrun bench ddp` measured it slower than staging on a busy
--- 2-core machine, where the backward runs beside the reduction, so off by default until measured idle).
+-- (faster alone: bench collectives' all_reduce_reg; in DDP on the idle 2-core machine, where the backward computes
+-- beside the reduction, tokens/s were the same within noise, so off by default).
 function M.wrap(model, opts)
    opts = opts or {}
    local comm = opts.comm or dist.init().comm
