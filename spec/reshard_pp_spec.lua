@@ -45,13 +45,14 @@ describe("resharding pipeline checkpoints (GPT with 3 blocks, pp 2 x fsdp 2 save
          .. "blocks 1 | 2-3", 1, true), r.out)
    end)
 
-   it("resumes in one process, that on pp 2, pp 2 x tp 2 (then tp 2) and pp 2 x dp 2 (then pp 2 x fsdp 2 x tp 2)",
-      function()
+   it("resumes in one process, that on pp 2, pp 2 x fsdp 2, pp 2 x tp 2 (then tp 2) and pp 2 x dp 2 (then pp 2 x "
+      .. "fsdp 2 x tp 2)", function()
          local function resume(name, args, from)
             return resume_at(root, name, args .. " layers=3", from, uninterrupted, 3, 6, GPT3)
          end
          local one = resume("one", "mesh=none", step3)
          resume("pp2", "--nproc 2 mesh=pp2", one)
+         resume("pp2xfsdp2", "--nproc 4 mesh=pp2xfsdp2", one) -- the base layout loading, not only saving
          local pp2xtp2 = resume("pp2xtp2", "--nproc 4 mesh=pp2xtp2", one)
          resume("tp2", "--nproc 2 mesh=tp2", pp2xtp2)
          local pp2xdp2 = resume("pp2xdp2", "--nproc 4 mesh=pp2xdp2", one)

@@ -1,4 +1,4 @@
--- spec/reshard_spec.lua: checkpoints resharded across layouts (fsdp x tp, dp x tp, tp, fsdp, one process; the
+-- spec/reshard_spec.lua: checkpoints resharded across layouts (fsdp x tp, dp x tp, tp 2 and 4, fsdp, one process; the
 -- issue's fsdp 4 x tp 2 on 8 ranks to fsdp 2 x tp 1 on 2): the same parameters and AdamW moments, then the loss curve
 -- of the uninterrupted run; what `ckpt inspect` says; bad input. Pipeline layouts: spec/reshard_pp_spec.lua.
 local fs = require "dt.fs"
@@ -40,9 +40,10 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
          1, true), r.out)
    end)
 
-   it("resumes under tp 2 (2 ranks), then dp 2 x tp 2 resumes that one", function()
+   it("resumes under tp 2 (2 ranks), then dp 2 x tp 2 resumes that one; and under tp 4", function()
       local tp2 = resume("tp2", "--nproc 2 mesh=tp2")
       resume("dp2xtp2", "--nproc 4 mesh=dp2xtp2", tp2)
+      resume("tp4", "--nproc 4 mesh=tp4")
    end)
 
    it("resumes under fsdp 4, DDP and in one process without a strategy, and back onto fsdp 2 x tp 2", function()
