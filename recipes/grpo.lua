@@ -6,6 +6,7 @@
 --    dtrun recipes/grpo.lua --nproc 3 grpo.placement=separated strategy=fsdp    # ... the trainers shard (FSDP)
 --    dtrun recipes/grpo.lua --nproc 2 steps=40 grpo.beta=0.04 grpo.group_size=16 prompts=mine.jsonl
 --    dtrun recipes/grpo.lua --nproc 2 --deepspeed ds.json    # micro batch = completions per rank (TRL's meaning)
+--    dtrun recipes/grpo.lua --nproc 4 'model.mesh_shape={{2,2},{"dp","tp"}}'   # DDP x tensor parallel (colocated)
 --    dtrun recipes/grpo.lua model.path=DIR      # a Hugging Face model, its tokenizer (tokenizer=DIR for another) and
 --                                               # chat template (chat=false: raw prompts; stop at its end of turn)
 --    dtrun recipes/grpo.lua tokenizer=DIR       # a new GPT over that tokenizer's vocabulary, prompts as above
@@ -28,7 +29,8 @@ local cfg = train.config {
    eval = 200,                -- held-out prompts for the accuracy (greedy, exact match)
    strategy = "ddp", stage = 3, -- the trainers': ddp, or fsdp (stage: ZeRO's 1, 2 or 3)
    mixed_precision = "no",    -- bf16 | fp16: the trainers compute in it over f32 master weights
-   model = { dim = 64, layers = 2, heads = 4, path = "" }, -- path: a Hugging Face model directory ("": a byte GPT)
+   model = { dim = 64, layers = 2, heads = 4, path = "", -- path: a Hugging Face model directory ("": a byte GPT)
+      mesh_shape = {} },      -- the trainers' {{sizes}, {axes}} of dp, fsdp, tp (dt/rl/policy.lua); {}: strategy
    tokenizer = "",            -- a Hugging Face tokenizer directory ("": model.path's, else bytes)
    chat = true,               -- with a tokenizer: prompts as a user turn of its chat template (false: plain text)
    grpo = { group_size = 8, prompts_per_step = 32, max_new_tokens = 4, temperature = 1, stop = 10, beta = 0.02,
@@ -114,9 +116,9 @@ local function digits(_, completion, row)
 end
 
 -- GRPO: DDP (or FSDP) among the trainer ranks (--deepspeed FILE: its ZeRO stage, optimizer, scheduler; its batch sizes
--- give grpo.prompts_per_step); rollouts from each generating rank's own generator.
-rl.policy.wrap(model, cfg, roles)
-dt.manual_seed(cfg.seed * 1000 + world.rank)
+-- give grpo.prompts_per_step; model.mesh_shape: its axes); rollouts from each data rank's own generator.
+local data = rl.policy.wrap(model, cfg, roles)
+dt.manual_seed(cfg.seed * 1000 + data.rank)
 local g = rl.grpo.setup { model = model, prompts = prompts, config = cfg.grpo, roles = roles, tokenizer = tok,
    rewards = { rl.rewards.exact_answer(), { fn = digits, weight = cfg.partial_credit, name = "digits" } } }
 local opt = optim.AdamW(model:parameters(), { lr = cfg.lr })

@@ -177,6 +177,7 @@ function styles.vocab_head(tp, m, path, model)
    styles.colwise(tp, m, path)
    region(tp, m)
    local first, per = tp.rank * m.out_features, m.out_features
+   tp.vocab = { first = first, per = per } -- this rank's classes of the head's output (TP:token_logprobs)
    model.loss = function(_, logits, targets)
       local n = targets:numel()
       return ops.vocab_cross_entropy(tp, logits:reshape(n, per), targets:reshape(n), first)
@@ -350,6 +351,32 @@ function TP:over(inner)
       return t:item()
    end
    return s
+end
+
+-- Per-token log-probs of the model's next tokens from the vocab-parallel logits, never gathered: x (B, L) token ids ->
+-- (B, L - 1), entry j log_softmax(logits_j / temperature)[x_{j+1}] over the whole vocabulary (dt.rl.grpo's
+-- token_logprobs; differentiable). The model's forward runs as usual (its hooks: DDP, FSDP) with the targets, and its
+-- loss is the per-token tp_ops.vocab_logprobs for this call. Collective over tp: every tp rank calls it with the same
+-- x.
+function TP:token_logprobs(x, temperature)
+   if not self.vocab then
+      error(("tp: per-token log-probs need a vocab_head in the plan of the %s (tp.plans.GPT / Llama have one)")
+         :format(self.model.__name), 2)
+   end
+   local model, v = self.model, self.vocab
+   local B, L = x:size(1), x:size(2)
+   local loss = rawget(model, "loss")
+   model.loss = function(_, logits, targets)
+      local n = targets:numel()
+      logits = logits:reshape(n, v.per)
+      if logits.dtype ~= "f32" then logits = logits:to("f32") end -- bf16/f16 compute: log-probs in f32
+      if temperature and temperature > 0 and temperature ~= 1 then logits = logits / temperature end
+      return ops.vocab_logprobs(self, logits, targets:reshape(n), v.first)
+   end
+   local ok, out = pcall(model, x:narrow(2, 1, L - 1), x:narrow(2, 2, L - 1):contiguous())
+   model.loss = loss
+   if not ok then error(out, 0) end
+   return out:view(B, L - 1)
 end
 
 -- The rows of the global batch this rank reads: every rank of a tp group reads the same ones.

@@ -125,27 +125,37 @@ function M.vocab_embedding(tp, idx, weight, lo)
    return M.reduce_from(tp, rows * here:view(shape))
 end
 
+-- The statistics of logits (N, Vl) holding the classes [lo, lo + Vl) of every row, against targets (N) (global 0-based
+-- classes; `ignore` adds nothing), not recorded: m (N, 1) the row max, p (N, Vl) exp(x - m) (this rank's part), s
+-- (N, 1) the sum of exponentials over every rank, z (N, 1) the target's logit (0 where ignored), valid (N, 1) 1 where
+-- not ignored, here (N, 1) 1 where the target's class lives on this rank and at (N, 1) its column here. Three
+-- all_reduces of N numbers.
+local function vocab_stats(tp, logits, targets, lo, ignore)
+   local N, Vl = logits:size(1), logits:size(2)
+   local m = logits:max(2, true):contiguous()               -- (N, 1)
+   all_reduce(tp, m, "max")
+   local p = logits - m                                       -- (N, Vl): exp(x - max), then the softmax
+   p:exp_()
+   local s = p:sum(2, true):contiguous()
+   all_reduce(tp, s)
+   local valid = dt.ne(targets, ignore):to(logits.dtype):view(N, 1)
+   local t = targets:view(N, 1)
+   local here = M.in_range(t, lo, Vl, logits.dtype) * valid -- the target's class lives on this rank
+   local at = dt.where(here, t - lo, 0)
+   local z = (logits:gather(2, at) * here):contiguous()
+   all_reduce(tp, z)
+   return m, p, s, z, valid, here, at
+end
+
 -- Mean cross-entropy of logits (N, Vl) holding the classes [lo, lo + Vl) of every row against targets (N) (global
 -- 0-based classes; opts.ignore_index, default -100, adds nothing). Three all_reduces of N numbers (the row max, the
 -- sum of exponentials, the target's logit); the only (N, Vl) buffer beside the logits is the softmax, which becomes
 -- the gradient in place.
 function M.vocab_cross_entropy(tp, logits, targets, lo, opts)
    local ignore = opts and opts.ignore_index or -100
-   local N, Vl = logits:size(1), logits:size(2)
    local loss, grad, n_valid
    dt.no_grad(function()
-      local m = logits:max(2, true):contiguous()               -- (N, 1)
-      all_reduce(tp, m, "max")
-      local p = logits - m                                       -- (N, Vl): exp(x - max), then the softmax
-      p:exp_()
-      local s = p:sum(2, true):contiguous()
-      all_reduce(tp, s)
-      local valid = dt.ne(targets, ignore):to(logits.dtype):view(N, 1)
-      local t = targets:view(N, 1)
-      local here = M.in_range(t, lo, Vl, logits.dtype) * valid -- the target's class lives on this rank
-      local at = dt.where(here, t - lo, 0)
-      local z = (logits:gather(2, at) * here):contiguous()
-      all_reduce(tp, z)
+      local m, p, s, z, valid, here, at = vocab_stats(tp, logits, targets, lo, ignore)
       n_valid = valid:sum():item()
       loss = n_valid > 0 and ((s:log() + m - z) * valid):sum():item() / n_valid or 0
       p:div_(s)
@@ -159,6 +169,29 @@ function M.vocab_cross_entropy(tp, logits, targets, lo, opts)
       if s == 1 then return grad end
       return grad * s
    end, "vocab_cross_entropy")
+end
+
+-- Per-token log-probs of targets (N) under logits (N, Vl) holding the classes [lo, lo + Vl) of every row: (N), entry i
+-- log_softmax(logits_i)[targets_i] over the whole vocabulary (0 where targets_i is opts.ignore_index, default -100),
+-- what GRPO's loss needs of the sampled tokens (minus the cross-entropy's unreduced per-token value). The same three
+-- all_reduces of N numbers as the cross-entropy and no (N, V) tensor: the softmax (N, Vl) is kept for the backward,
+-- which turns it into the gradient, (onehot - softmax) x g per row, in place.
+function M.vocab_logprobs(tp, logits, targets, lo, opts)
+   local ignore = opts and opts.ignore_index or -100
+   local N = logits:size(1)
+   local out, p, valid, here, at
+   dt.no_grad(function()
+      local m, s, z
+      m, p, s, z, valid, here, at = vocab_stats(tp, logits, targets, lo, ignore)
+      out = ((z - m - s:log()) * valid):view(N)
+      p:div_(s)
+   end)
+   return autograd.record(out, { logits }, function(g)
+      local gv = g:contiguous():view(N, 1) * valid
+      p:mul_(-gv)
+      p:scatter_add_(2, at, here * gv) -- the target's column, where it is here
+      return p
+   end, "vocab_logprobs")
 end
 
 return M

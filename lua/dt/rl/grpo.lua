@@ -20,6 +20,7 @@ local async = require "dt.rl.async"
 local placement = require "dt.rl.placement"
 local step_metrics = require "dt.rl.metrics"
 local fsdp = require "dt.parallel.fsdp"
+local tp = require "dt.parallel.tp"
 
 local M = {}
 
@@ -128,7 +129,9 @@ function M.loss(logp, old, ref, adv, mask, opts)
 end
 
 -- log_softmax(model(x) / temperature) at each next token: x (B, L) -> (B, L - 1); entry j is the log-prob of x[j+1].
+-- A tensor-parallel model's come from its vocab-parallel logits, never gathered (dt.parallel.tp's token_logprobs).
 function M.token_logprobs(model, x, temperature)
+   if model.tp then return model.tp:token_logprobs(x, temperature) end
    local B, L = x:size(1), x:size(2)
    local logits = model(x:narrow(2, 1, L - 1))
    if logits.dtype ~= "f32" then logits = logits:to("f32") end -- bf16/f16 compute: log-probs in f32, as the old ones
@@ -158,14 +161,16 @@ local function check_config(cfg)
 end
 
 -- A frozen copy of a language model (same class and config, the same weights), for the KL term; of an FSDP model,
--- sharded over the same ranks (its forwards gather as the policy's do).
+-- sharded over the same ranks (its forwards gather as the policy's do); of a tensor-parallel one, split by the same
+-- plan over the same mesh (its log-probs come from its vocab-parallel logits too).
 local function frozen_copy(model)
    local ref = getmetatable(model)(model.config):to(model.wte.weight.device)
    if rawequal(model.head.weight, model.wte.weight) then ref.head.weight = ref.wte.weight end -- tied (dt.hf.load)
+   if model.tp then tp.wrap(ref, { mesh = model.tp.mesh, axis = model.tp.axis }) end
    ref:load_state_dict(model.fsdp and model.fsdp:full_state_dict() or model:state_dict())
    ref:requires_grad_(false)
    ref:eval()
-   if model.fsdp then fsdp.wrap(ref, { comm = model.fsdp.comm }) end
+   if model.fsdp then fsdp.wrap(ref, model.tp and { mesh = model.fsdp.mesh } or { comm = model.fsdp.comm }) end
    return ref
 end
 
@@ -282,13 +287,15 @@ function M.setup(opts)
       return loss
    end
 
-   -- Step callback: this step's metrics over every trainer into r.metrics; the new policy version; the controller's
-   -- next ratio.
+   -- Step callback: this step's metrics over every trainer into r.metrics (over the data-parallel ranks: the ranks of
+   -- one tensor-parallel group share their batch); the new policy version; the controller's next ratio.
+   local stats_comm = roles.comm
+   if roles.data then stats_comm = roles.data.comm end
    g.metrics = function(result)
       local info, fresh = g.batch.info, uses == 1 -- the step that drew the batch waited for it (or generated it)
       -- staleness bound: an early rollout starts one batch (num_iterations versions) before its batch is drawn,
       -- which is then trained on for num_iterations steps
-      local m = step_metrics.step(roles.comm, { samples = g.batch.samples, equal = g.batch.equal, names = names,
+      local m = step_metrics.step(stats_comm, { samples = g.batch.samples, equal = g.batch.equal, names = names,
          failures = scorer.failures, version = g.version, bound = 2 * cfg.num_iterations - 1, loss = loss_stats,
          info = info, fresh = fresh, tokens = tokens,
          train_seconds = result.step_seconds - (fresh and (info.train_idle_seconds or info.rollout_seconds) or 0) })

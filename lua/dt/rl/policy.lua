@@ -1,22 +1,80 @@
--- dt/rl/policy.lua: the GRPO policy on its trainer ranks: DDP or FSDP (ZeRO's stages, mixed precision), or a
--- DeepSpeed config's strategy, over the trainers' own communicator.
+-- dt/rl/policy.lua: the GRPO policy on its trainer ranks: DDP or FSDP (ZeRO's stages, mixed precision), a DeepSpeed
+-- config's strategy, or a model.mesh_shape's (tensor parallel, with dp or fsdp) over the trainers' own communicator.
 --
---    rl.policy.wrap(model, cfg, roles)  -- cfg: strategy (ddp | fsdp), stage, mixed_precision, deepspeed (path or "")
+--    local data = rl.policy.wrap(model, cfg, roles)  -- cfg: strategy (ddp | fsdp), stage, mixed_precision,
+--                                                    -- deepspeed (path or ""), model.mesh_shape ({} or absent: none)
+--    dt.manual_seed(cfg.seed * 1000 + data.rank)     -- the ranks of one tp group draw the same rollouts
 --
 -- Rollout ranks (separated placement) keep the plain model: they only generate, with the weights the trainers publish.
+-- model.mesh_shape (colocated placement): dt.parallel.layout.wrap's mesh over every rank, with the axes GRPO's trainers
+-- take (M.axes): {{2}, {"tp"}}, {{1, 2}, {"fsdp", "tp"}}, {{2, 2}, {"dp", "tp"}}, ... Every rank of a tp group then
+-- generates the same rollouts (the same generator seed: the returned data rank) with its heads and its slice of the
+-- vocabulary, and trains on them; the log-probs come from the vocab-parallel logits (dt.rl.grpo.token_logprobs).
 local train = require "dt.train"
 local zero = require "dt.parallel.zero"
+local layout = require "dt.parallel.layout"
 
 local M = {}
 
+-- The mesh axes GRPO's trainers take (a pipeline's stages could neither generate nor score whole sequences).
+M.axes = { "dp", "fsdp", "replicate", "tp" }
+
+-- The mesh's strategies; returns the data world (the ranks of one tp group read, and here generate, the same rows)
+-- and sets roles.data = { rank, size, comm } (comm: over the data-parallel axes, nil for one group).
+local function wrap_mesh(model, cfg, roles, ds)
+   local mesh_shape = cfg.model.mesh_shape
+   local function fail(fmt, ...) error(("grpo: " .. fmt):format(...), 0) end
+   if ds then
+      fail("--deepspeed and model.mesh_shape are both set; the DeepSpeed config's ZeRO stage chooses the sharding over "
+         .. "every trainer: drop model.mesh_shape (or --deepspeed to use the mesh's strategies)")
+   end
+   if cfg.strategy ~= "ddp" then
+      fail('strategy=%s and model.mesh_shape are both set; the mesh\'s axis names choose the strategies (an "fsdp" '
+         .. "axis shards, a dp axis replicates): drop strategy", cfg.strategy)
+   end
+   if roles.placement ~= "colocated" then
+      fail('model.mesh_shape needs placement = "colocated" (every rank generates with the tensor-parallel policy and '
+         .. 'trains it); separated placement takes strategy=ddp|fsdp trainers: drop model.mesh_shape or set '
+         .. "grpo.placement=colocated")
+   end
+   local ok_axis, has = {}, {}
+   for _, name in ipairs(M.axes) do ok_axis[name] = true end
+   for _, name in ipairs(type(mesh_shape[2]) == "table" and mesh_shape[2] or {}) do
+      if not ok_axis[name] then
+         fail("model.mesh_shape axis '%s' is not one GRPO's trainers take (they generate and score whole sequences on "
+            .. "every rank): use %s", tostring(name), table.concat(M.axes, ", "))
+      end
+      has[name] = true
+   end
+   local dtype = zero.precisions[cfg.mixed_precision]
+   if dtype ~= "f32" and not has.fsdp then
+      fail("mixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)",
+         cfg.mixed_precision)
+   end
+   local data = layout.wrap(model, mesh_shape, { fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil })
+   local comm = roles.comm
+   if model.tp then -- the data-parallel ranks: the mesh's other axes
+      local names = {}
+      for _, name in ipairs(model.tp.mesh.names) do
+         if name ~= model.tp.axis then names[#names + 1] = name end
+      end
+      comm = #names > 0 and model.tp.mesh:comm(names) or nil
+   end
+   roles.data = { rank = data.rank, size = data.size, comm = comm }
+   return data
+end
+
 -- Wraps model in place on the trainer ranks (roles: dt.rl.placement.roles). --deepspeed FILE: its ZeRO stage,
 -- optimizer and scheduler, and its batch sizes give grpo.prompts_per_step; strategy must then stay "ddp". ddp is ZeRO
--- stage 0. Returns the DeepSpeed settings (nil without a config).
+-- stage 0. model.mesh_shape (non-empty): see the top of this file. Returns the data world { rank, size } this rank's
+-- rollouts belong to (without a mesh: the world's rank and size).
 function M.wrap(model, cfg, roles)
    if not ({ ddp = true, fsdp = true })[cfg.strategy] then
       error(("grpo: strategy must be ddp or fsdp, got %s"):format(cfg.strategy), 0)
    end
    local ds = train.deepspeed(cfg)
+   local mesh_shape = cfg.model and cfg.model.mesh_shape
+   if mesh_shape and #mesh_shape > 0 then return wrap_mesh(model, cfg, roles, ds) end
    if ds and cfg.strategy ~= "ddp" then
       error(("grpo: --deepspeed and strategy=%s are both set; the DeepSpeed config's zero_optimization.stage chooses "
          .. "the strategy: drop strategy"):format(cfg.strategy), 0)
@@ -27,7 +85,7 @@ function M.wrap(model, cfg, roles)
       zero.wrap(model, zero.mixed_precision(cfg.mixed_precision, { stage = cfg.strategy == "fsdp" and cfg.stage or 0 }),
          { comm = roles.comm })
    end
-   return ds
+   return { rank = roles.world.rank, size = roles.world.size }
 end
 
 return M

@@ -1,0 +1,148 @@
+-- spec/grpo_tp_spec.lua: GRPO's trainers on a model.mesh_shape (dt.rl.policy.wrap; colocated placement): tp 2, fsdp 1 x
+-- tp 2 and dp 2 x tp 2 train as one process (or DDP) does on the same global batch, drawing the same tokens; the
+-- per-token log-probs (the policy's and the reference's) come from the vocab-parallel logits (tp_ops.vocab_logprobs:
+-- values, gradients, peak memory); the mesh errors GRPO raises; recipes/grpo.lua with model.mesh_shape.
+local fs = require "dt.fs"
+local jsonl = require "dt.train.jsonl"
+local helpers = require "spec.dist_helpers"
+local train_helpers = require "spec.train_helpers"
+local safetensors = require "dt.ckpt.safetensors"
+local NH = require "spec.nccl_helpers"
+
+local on_cuda = require("dt").default_device() ~= "cpu"
+local ranks_it = function(n) return NH.it_on(on_cuda and "cuda" or "cpu", n) end
+
+local function fields(line)
+   local f = {}
+   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
+   return f
+end
+
+describe("tp_ops.vocab_logprobs", function()
+   ranks_it(2)("matches log_softmax of the full logits at the targets (values, gradients) and holds no (tokens x "
+      .. "vocab) tensor", function()
+         local r = NH.launch("spec/fixtures/tp_vocab_logprobs.lua --nproc 2")
+         helpers.remove_run(r.run_dir)
+         assert.equal(0, r.code, r.out)
+         local n = 0
+         for line in r.out:gmatch("vocab_logprobs [^\n]*") do
+            local f = fields(line)
+            assert.is_true(f.max_abs_value_diff <= 1e-5, line)
+            assert.is_true(f.max_abs_grad_diff <= 1e-5, line)
+            assert.equal(0, f.ignored, line)
+            assert.is_true(f.peak_growth < f.full_logits_bytes, line)
+            assert.equal(3, f.collectives, line)
+            n = n + 1
+         end
+         assert.equal(2, n, r.out)
+      end)
+end)
+
+describe("grpo on model.mesh_shape", function()
+   local dir
+   before_each(function() dir = train_helpers.tmpdir() end)
+   after_each(function() fs.remove_tree(dir) end)
+
+   -- Run the fixture (its final full weights saved); returns the result, rank -> { step -> { loss, tokens, data } },
+   -- rank -> its log-prob path fields, the metrics records and the weights { name = tensor }.
+   local function run(name, args)
+      local run_dir, save = fs.join(dir, name), fs.join(dir, name .. ".st")
+      local r = helpers.dtrun(("spec/fixtures/grpo_tp.lua --threads 1 run_dir=%s save=%s %s%s"):format(run_dir, save,
+         args, on_cuda and " --device cuda" or ""))
+      assert.equal(0, r.code, r.out)
+      local steps, paths = {}, {}
+      for rank, s, loss, data, tokens in r.out:gmatch("%[(%d+)%] step (%d+) loss (%S+) data (%S+) tokens ([^\n]*)") do
+         local t = steps[tonumber(rank)] or {}
+         t[tonumber(s)] = { loss = tonumber(loss), data = data, tokens = tokens }
+         steps[tonumber(rank)] = t
+      end
+      for rank, line in r.out:gmatch("%[(%d+)%] (logprobs [^\n]*)") do paths[tonumber(rank)] = fields(line) end
+      local records = {}
+      for rec in jsonl.read(fs.join(run_dir, "metrics.jsonl")) do records[#records + 1] = rec end
+      local reader, weights = safetensors.open(save), {}
+      for _, n in ipairs(reader.names) do weights[n] = reader:tensor(n) end
+      return r, steps, paths, records, weights
+   end
+
+   -- got's ranks (rank -> the want rank it must match): the same tokens every step, losses and weights within 1e-5;
+   -- every tp rank's log-probs went the vocab-parallel way (3 forwards + 2 reference passes), no gather while scoring.
+   local function same(want, got, ranks, tp)
+      local _, ws, _, wrec, ww = unpack(want)
+      local r, gs, gp, grec, gw = unpack(got)
+      for rank, of in pairs(ranks) do
+         for s = 1, 3 do
+            local a, b = ws[of][s], gs[rank][s]
+            assert.is_not_nil(b, r.out)
+            assert.equal(a.tokens, b.tokens, ("rank %d step %d"):format(rank, s))
+            assert.equal(a.data, b.data)
+            assert.is_true(math.abs(a.loss - b.loss) <= 1e-5, ("step %d: %g vs %g"):format(s, a.loss, b.loss))
+         end
+         local p = gp[rank]
+         assert.same({ 5, 128, 256, 0, tp }, { p.vocab_parallel, p.width, p.vocab, p.gathers, p.tp }, r.out)
+      end
+      for s = 1, 3 do -- metrics over the data ranks: each token counted once, not once per tp rank
+         assert.same(wrec[s].staleness_histogram, grec[s].staleness_histogram)
+         assert.equal(wrec[s].equal_reward_groups, grec[s].equal_reward_groups)
+      end
+      local n = 0
+      for name, t in pairs(ww) do
+         assert.same(t.shape, gw[name].shape, name)
+         local d = (t - gw[name]):abs():max():item()
+         assert.is_true(d <= 1e-5, ("%s: max |diff| %g"):format(name, d))
+         n = n + 1
+      end
+      assert.equal(17, n)
+   end
+
+   ranks_it(2)("tp 2 and fsdp 1 x tp 2 train as one process: the same tokens, losses and weights (beta > 0)",
+      function()
+         local one = { run("one", "--nproc 1") }
+         same(one, { run("tp", "--nproc 2 'model.mesh_shape={{2},{\"tp\"}}'") }, { [0] = 0, [1] = 0 }, 2)
+         same(one, { run("fsdp_tp", "--nproc 2 'model.mesh_shape={{1,2},{\"fsdp\",\"tp\"}}'") }, { [0] = 0, [1] = 0 },
+            2)
+      end)
+
+   ranks_it(4)("dp 2 x tp 2 trains as DDP on 2 ranks: each tp group draws its data rank's rollouts", function()
+      local ddp = { run("ddp", "--nproc 2 rank_seeds=true") }
+      same(ddp, { run("dp_tp", "--nproc 4 rank_seeds=true 'model.mesh_shape={{2,2},{\"dp\",\"tp\"}}'") },
+         { [0] = 0, [1] = 0, [2] = 1, [3] = 1 }, 2)
+      assert.are_not.equal(ddp[2][0][1].tokens, ddp[2][1][1].tokens) -- the data ranks' batches differ
+   end)
+
+   ranks_it(2)("recipes/grpo.lua takes model.mesh_shape", function()
+      local r = helpers.dtrun(("recipes/grpo.lua --nproc 2 --threads 1 steps=2 sft.steps=2 eval=8 log_every=1 "
+         .. "'model.mesh_shape={{2},{\"tp\"}}' run_dir=%s%s"):format(fs.join(dir, "recipe"),
+         on_cuda and " --device cuda" or ""))
+      assert.equal(0, r.code, r.out)
+      assert.truthy(r.out:find("%[0%] step 2 rollouts: reward"), r.out)
+      assert.truthy(r.out:find("%[0%] accuracy: [%d.]+%% %-> [%d.]+%%"), r.out)
+   end)
+end)
+
+describe("grpo mesh_shape errors", function()
+   local policy = require("dt.rl").policy
+   local function wrap(mesh_shape, extra, placement)
+      local cfg = { strategy = "ddp", deepspeed = "", mixed_precision = "no", model = { mesh_shape = mesh_shape } }
+      for k, v in pairs(extra or {}) do cfg[k] = v end
+      return function() policy.wrap({}, cfg, { placement = placement or "colocated" }) end
+   end
+
+   it("names an axis GRPO's trainers cannot take (pp, or an unknown one) and the ones they can", function()
+      for _, axis in ipairs { "pp", "sp" } do
+         assert.has_error(wrap({ { 2, 2 }, { axis, "tp" } }), ("grpo: model.mesh_shape axis '%s' is not one GRPO's "
+            .. "trainers take (they generate and score whole sequences on every rank): use dp, fsdp, replicate, tp")
+            :format(axis))
+      end
+   end)
+
+   it("rejects strategy=fsdp, separated placement and mixed precision without an fsdp axis beside a mesh", function()
+      local tp = { { 2 }, { "tp" } }
+      assert.has_error(wrap(tp, { strategy = "fsdp" }), "grpo: strategy=fsdp and model.mesh_shape are both set; the "
+         .. 'mesh\'s axis names choose the strategies (an "fsdp" axis shards, a dp axis replicates): drop strategy')
+      assert.has_error(wrap(tp, nil, "separated"), 'grpo: model.mesh_shape needs placement = "colocated" (every rank '
+         .. "generates with the tensor-parallel policy and trains it); separated placement takes strategy=ddp|fsdp "
+         .. "trainers: drop model.mesh_shape or set grpo.placement=colocated")
+      assert.has_error(wrap(tp, { mixed_precision = "bf16" }), "grpo: mixed_precision = bf16 needs f32 master "
+         .. "weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)")
+   end)
+end)
