@@ -97,8 +97,9 @@ function M.weights(model, roles, dtype)
       error(('grpo: publish_dtype must be "f32" or "bf16", got %s'):format(tostring(dtype)), 2)
    end
    if model.tp then
-      error("grpo: separated placement publishes plain, DDP or FSDP models, not tensor-parallel ones: use ddp.wrap "
-         .. 'or fsdp.wrap for the trainers, or placement = "colocated"', 2)
+      error("grpo: separated placement publishes plain, DDP or FSDP models, not tensor-parallel ones: a tensor-"
+         .. 'parallel policy (model.mesh_shape with a tp axis) trains with placement = "colocated" (every rank '
+         .. "generates with its heads); separated trainers take ddp.wrap or fsdp.wrap (strategy=ddp|fsdp)", 2)
    end
    local self = setmetatable({ model = model, dtype = dtype, comm = roles.publish, fsdp = model.fsdp,
       device = roles.trains and not model.fsdp and model:parameters()[1].device or nil,
