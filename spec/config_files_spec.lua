@@ -180,7 +180,7 @@ describe("config files", function()
       local FLUX_YAML = "spec/fixtures/flux_config.yaml"
       -- recipes/grpo.lua's keys (its train.config table)
       local grpo_recipe = { steps = 300, seed = 1, log_every = 50, lr = 3e-4, prompts = "", strategy = "ddp",
-         stage = 3, model = { dim = 64, path = "" }, grpo = { group_size = 8, prompts_per_step = 32,
+         stage = 3, model = { dim = 64, path = "", mesh_shape = {} }, grpo = { group_size = 8, prompts_per_step = 32,
             max_new_tokens = 4, temperature = 1, top_k = 0, top_p = 1, min_p = 0, repetition_penalty = 1, stop = 10,
             beta = 0.02, epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group",
             num_iterations = 1, adaptive_async = rl.async.options { max_async_ratio = 0 }, placement = "colocated",
@@ -195,15 +195,15 @@ describe("config files", function()
          local out, cfg = parse(FLUX_YAML)
          assert.same({ "Qwen/Qwen3-8B", "./outputs", 5000, 1e-6, 64 },
             { cfg.model.path, cfg.run_dir, cfg.steps, cfg.lr, cfg.model.dim })
-         -- batch_size 64 completions over 4 trainers x group_size 8: 2 prompts per rank and step
-         assert.same({ 8, 2, "fsdp" }, { cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.strategy })
+         -- tensor_parallel 2 x data_parallel 2: the trainers' mesh; batch_size 64 completions over the 2 data-parallel
+         -- ranks x group_size 8: 4 prompts per tp group and step
+         assert.same({ 8, 4, "ddp" }, { cfg.grpo.group_size, cfg.grpo.prompts_per_step, cfg.strategy })
+         assert.same({ { 2, 2 }, { "dp", "tp" } }, cfg.model.mesh_shape)
          local a = cfg.grpo.adaptive_async
          assert.same({ 0.15, 0.8, 0, 0.5 }, { a.target_staleness, a.max_async_ratio, a.min_async_ratio, a.gain })
          assert.truthy(out:find("config: " .. FLUX_YAML .. ": sglang: rollouts come from dtrun's own generation "
             .. "engine, not a server", 1, true), out)
-         assert.truthy(out:find("config: " .. FLUX_YAML .. ": distributed.tensor_parallel: 2: GRPO policies here are "
-            .. "DDP or FSDP, not tensor-parallel: the policy is sharded with FSDP over the 4 trainer ranks instead", 1,
-            true), out)
+         assert.falsy(out:find("distributed.tensor_parallel", 1, true), out) -- a real tp axis: no substitution note
       end)
 
       it("maps rollout, algorithm and controller keys; notes the ones with no meaning here", function()
@@ -224,6 +224,15 @@ describe("config files", function()
          end
       end)
 
+      it("shards a separated placement's trainers with FSDP for tensor_parallel, with a note (5 ranks: 4 trainers)",
+         function()
+            local out, cfg = parse(file("s.yaml", "distributed:\n  placement: separated\n  tensor_parallel: 2\n"), 5)
+            assert.same({ "fsdp", {} }, { cfg.strategy, cfg.model.mesh_shape })
+            assert.truthy(out:find(": distributed.tensor_parallel: 2: separated placement's trainers are DDP or FSDP, "
+               .. "not tensor-parallel (a tp policy trains colocated): the policy is sharded with FSDP over the 4 "
+               .. "trainer ranks instead (strategy=fsdp)", 1, true), out)
+         end)
+
       it("names the file and the Flux key it cannot honour", function()
          local function err(text, msg, world, schema)
             local path = file("e.yaml", text)
@@ -243,6 +252,11 @@ describe("config files", function()
             .. "but this job has 1: start it with `dtrun --nproc 3` (or --gpus)")
          err("distributed:\n  tensor_parallel: 2\n  data_parallel: 2\n",
             "distributed: tensor_parallel 2 x data_parallel 2 is not world_size 2")
+         err("distributed:\n  tensor_parallel: 3\n", "distributed.tensor_parallel = 3 does not divide the 4 trainer "
+            .. "ranks: use a divisor of 4", 4)
+         err("batch_size: 8\ndistributed:\n  tensor_parallel: 2\nalgorithm:\n  group_size: 8\n", "batch_size = 8 "
+            .. "completions per step: over 2 data-parallel rank(s) x group_size 8 that is not a whole number of "
+            .. "prompts per rank (make batch_size a multiple of 16)", 4)
          err("batch_size: 24\nalgorithm:\n  group_size: 8\n", "batch_size = 24 completions per step: over 2 trainer "
             .. "rank(s) x group_size 8 that is not a whole number of prompts per rank (make batch_size a multiple "
             .. "of 16)")
@@ -254,14 +268,14 @@ describe("config files", function()
          local r = helpers.dtrun(("recipes/grpo.lua --nproc 4 --config %s model.path= steps=2 sft.steps=2 eval=4 "
             .. "log_every=1 tensorboard=false run_dir=%s/run"):format(FLUX_YAML, dir))
          assert.equal(0, r.code, r.out)
-         assert.truthy(r.out:find("policy is sharded with FSDP over the 4 trainer ranks", 1, true), r.out)
          assert.truthy(r.out:find("step 2/2  loss ", 1, true), r.out)
          assert.truthy(r.out:find("lr 1.00e-06", 1, true), r.out) -- learning_rate
          assert.matches("accuracy: [%d.]+%% %-> [%d.]+%% %([-+][%d.]+ points after 2 GRPO steps%)", r.out)
          local resolved = dofile(dir .. "/run/config.lua") -- the run's resolved config
          local a = resolved.grpo.adaptive_async
-         assert.same({ 2, 8, "fsdp", 0.15, 0.8 }, { resolved.grpo.prompts_per_step, resolved.grpo.group_size,
+         assert.same({ 4, 8, "ddp", 0.15, 0.8 }, { resolved.grpo.prompts_per_step, resolved.grpo.group_size,
             resolved.strategy, a.target_staleness, a.max_async_ratio })
+         assert.same({ { 2, 2 }, { "dp", "tp" } }, resolved.model.mesh_shape) -- DDP x tensor parallel
          local ratios = {}
          for line in io.lines(dir .. "/run/metrics.jsonl") do ratios[#ratios + 1] = cjson.decode(line).async_ratio end
          assert.same({ 0.075, 0.15 }, ratios) -- the controller moves r toward target_staleness: 0.5 x 0.15 a step

@@ -10,9 +10,11 @@
 --   max_grad_norm (clip), normalize_advantages (grpo.scale_rewards group | none), and any grpo key by its name;
 --   adaptive_async: grpo.adaptive_async (dt.rl.async's keys; kp is its gain, ema_alpha = 1 - its ema);
 --   rollout: max_tokens (grpo.max_new_tokens), top_k (-1: off), temperature, top_p, min_p, any grpo key;
---   distributed: world_size (the trainer ranks: checked), tensor_parallel x data_parallel = world_size (GRPO policies
---   are DDP or FSDP: tensor_parallel > 1 shards the policy with FSDP, strategy = fsdp, and says so), placement
---   (colocated | separated: grpo.placement) and rollout_ranks, also at the top level.
+--   distributed: world_size (the trainer ranks: checked), tensor_parallel x data_parallel = world_size (colocated:
+--   tensor_parallel > 1 is the trainers' tp axis, model.mesh_shape = {{data_parallel, tensor_parallel}, {"dp", "tp"}},
+--   and batch_size counts completions over the data_parallel ranks; separated placement's trainers are DDP or FSDP:
+--   there tensor_parallel > 1 shards the policy with FSDP, strategy = fsdp, and says so), placement (colocated |
+--   separated: grpo.placement) and rollout_ranks, also at the top level.
 -- Flux settings with no meaning here (M.notes) get a one-line note; any other key is an error naming it.
 local config_file = require "dt.train.config_file"
 
@@ -26,7 +28,8 @@ M.notes = {
    eval_interval = "the recipe measures greedy accuracy before and after training",
    sglang = "rollouts come from dtrun's own generation engine, not a server (grpo.placement=separated gives them ranks "
       .. "of their own)",
-   megatron = "the trainers are DDP or FSDP (strategy=ddp|fsdp); distributed: sets their sizes",
+   megatron = "the trainers are DDP, FSDP (strategy=ddp|fsdp) or tensor-parallel (model.mesh_shape); distributed: sets "
+      .. "their sizes",
    weight_sync = "trainer 0 broadcasts the full weights to the rollout ranks after each step (grpo.publish_dtype=bf16 "
       .. "halves the bytes)",
    batch_composer = "a batch is the rollouts of prompts_per_step prompts, in order",
@@ -186,19 +189,31 @@ function M.map(t, schema, path)
       fail(path, "distributed: tensor_parallel %s x data_parallel %s is not world_size %s", tostring(dist.tp),
          tostring(dist.dp), tostring(dist.world_size or trainers))
    end
-   if dist.tp and dist.tp > 1 then
+   local data_ranks = trainers -- the ranks that draw their own rollouts (a tp group draws one set)
+   if dist.tp and dist.tp > 1 and separated then
       out[recipe_key(schema, "strategy", "distributed.tensor_parallel", path)] = "fsdp"
-      note(path, "distributed.tensor_parallel", ("%s: GRPO policies here are DDP or FSDP, not tensor-parallel: the "
-         .. "policy is sharded with FSDP over the %d trainer ranks instead (strategy=fsdp)"):format(tostring(dist.tp),
-         trainers))
+      note(path, "distributed.tensor_parallel", ("%s: separated placement's trainers are DDP or FSDP, not tensor-"
+         .. "parallel (a tp policy trains colocated): the policy is sharded with FSDP over the %d trainer ranks "
+         .. "instead (strategy=fsdp)"):format(tostring(dist.tp), trainers))
+   elseif dist.tp and dist.tp > 1 then
+      if type(schema.model) ~= "table" or schema.model.mesh_shape == nil then
+         fail(path, "distributed.tensor_parallel: this recipe has no model.mesh_shape key for it")
+      end
+      if trainers % dist.tp ~= 0 then
+         fail(path, "distributed.tensor_parallel = %s does not divide the %d trainer ranks: use a divisor of %d",
+            tostring(dist.tp), trainers, trainers)
+      end
+      data_ranks = trainers / dist.tp
+      out.model = out.model or {}
+      out.model.mesh_shape = data_ranks > 1 and { { data_ranks, dist.tp }, { "dp", "tp" } } or { { dist.tp }, { "tp" } }
    end
    if sections.batch_size ~= nil then
       local b, group = sections.batch_size, grpo.group_size or schema.grpo.group_size
-      local per = type(b) == "number" and b / (trainers * group) or 0
+      local per = type(b) == "number" and b / (data_ranks * group) or 0
       if per < 1 or per % 1 ~= 0 then
-         fail(path, "batch_size = %s completions per step: over %d trainer rank(s) x group_size %s that is not a whole "
-            .. "number of prompts per rank (make batch_size a multiple of %d)", tostring(b), trainers, tostring(group),
-            trainers * group)
+         fail(path, "batch_size = %s completions per step: over %d %s rank(s) x group_size %s that is not a whole "
+            .. "number of prompts per rank (make batch_size a multiple of %d)", tostring(b), data_ranks,
+            data_ranks == trainers and "trainer" or "data-parallel", tostring(group), data_ranks * group)
       end
       set_grpo("batch_size", "prompts_per_step", per)
    end
