@@ -1,7 +1,8 @@
--- spec/grpo_tp_spec.lua: GRPO's trainers on a model.mesh_shape (dt.rl.policy.wrap; colocated placement): tp 2, fsdp 1 x
--- tp 2 and dp 2 x tp 2 train as one process (or DDP) does on the same global batch, drawing the same tokens; the
--- per-token log-probs (the policy's and the reference's) come from the vocab-parallel logits (tp_ops.vocab_logprobs:
--- values, gradients, peak memory); the mesh errors GRPO raises; recipes/grpo.lua with model.mesh_shape.
+-- spec/grpo_tp_spec.lua: GRPO's trainers on a model.mesh_shape (dt.rl.policy.wrap; colocated placement): tp 2,
+-- fsdp 1 x tp 2, dp 2 x tp 2 and fsdp 2 x tp 2 train as one process (or DDP) does on the same global batch, drawing the
+-- same tokens; the per-token log-probs (the policy's and the reference's) come from the vocab-parallel logits
+-- (tp_ops.vocab_logprobs: values, gradients, peak memory); the mesh errors GRPO raises; recipes/grpo.lua with
+-- model.mesh_shape.
 local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local helpers = require "spec.dist_helpers"
@@ -102,12 +103,15 @@ describe("grpo on model.mesh_shape", function()
             2)
       end)
 
-   ranks_it(4)("dp 2 x tp 2 trains as DDP on 2 ranks: each tp group draws its data rank's rollouts", function()
-      local ddp = { run("ddp", "--nproc 2 rank_seeds=true") }
-      same(ddp, { run("dp_tp", "--nproc 4 rank_seeds=true 'model.mesh_shape={{2,2},{\"dp\",\"tp\"}}'") },
-         { [0] = 0, [1] = 0, [2] = 1, [3] = 1 }, 2)
-      assert.are_not.equal(ddp[2][0][1].tokens, ddp[2][1][1].tokens) -- the data ranks' batches differ
-   end)
+   ranks_it(4)("dp 2 x tp 2 and fsdp 2 x tp 2 train as DDP on 2 ranks: each tp group draws its data rank's rollouts",
+      function()
+         local ddp = { run("ddp", "--nproc 2 rank_seeds=true") }
+         for _, data in ipairs { "dp", "fsdp" } do
+            same(ddp, { run(data .. "_tp", ("--nproc 4 rank_seeds=true 'model.mesh_shape={{2,2},{\"%s\",\"tp\"}}'")
+               :format(data)) }, { [0] = 0, [1] = 0, [2] = 1, [3] = 1 }, 2)
+         end
+         assert.are_not.equal(ddp[2][0][1].tokens, ddp[2][1][1].tokens) -- the data ranks' batches differ
+      end)
 
    ranks_it(2)("recipes/grpo.lua takes model.mesh_shape", function()
       local r = helpers.dtrun(("recipes/grpo.lua --nproc 2 --threads 1 steps=2 sft.steps=2 eval=8 log_every=1 "
