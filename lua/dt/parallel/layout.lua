@@ -12,7 +12,6 @@
 -- e.g. {{2, 2}, {"dp", "tp"}}, {{2, 2}, {"fsdp", "tp"}}, {{1, 4}, {"fsdp", "tp"}}, {{2, 2}, {"replicate", "fsdp"}},
 -- {{2, 2}, {"pp", "fsdp"}}, {{2, 2, 2}, {"pp", "fsdp", "tp"}}.
 -- Returns the {rank=, size=} the data is split by: the ranks of one tp group and of one pipeline read the same rows.
-local dt = require "dt"
 local dist = require "dt.dist"
 local tp = require "dt.parallel.tp"
 local pipeline = require "dt.parallel.pipeline"
@@ -30,13 +29,17 @@ local function as_mesh_shape(fn, ...)
 end
 
 -- Wrap model for mesh_shape; opts.fsdp: FSDP (also without an fsdp axis) with fsdp.wrap's options (mesh aside);
--- opts.sequence_parallel: tp's; opts.pipeline: pipeline.wrap's micro_batches, schedule, split and balance.
+-- opts.sequence_parallel: tp's; opts.pipeline: pipeline.wrap's micro_batches, schedule, split and balance;
+-- opts.world: { rank, size, comm } of the ranks the model lives on (a communicator split from the world's, e.g. GRPO's
+-- trainer ranks under separated placement; default: every rank): the mesh spans these ranks only.
 function M.wrap(model, mesh_shape, opts)
    opts = opts or {}
-   local world = dist.init()
+   local world = opts.world or dist.init()
    if mesh_shape == nil or #mesh_shape == 0 then
       if opts.fsdp then
-         fsdp.wrap(model, opts.fsdp)
+         local fopts = { comm = opts.world and world.comm }
+         for k, v in pairs(opts.fsdp) do fopts[k] = v end
+         fsdp.wrap(model, fopts)
       elseif world.size > 1 then
          ddp.wrap(model, { comm = world.comm })
       end
@@ -50,7 +53,7 @@ function M.wrap(model, mesh_shape, opts)
       end
       has[name] = true
    end
-   local mesh = as_mesh_shape(dt.mesh, { mesh_shape = mesh_shape })
+   local mesh = as_mesh_shape(dist.mesh, world, { mesh_shape = mesh_shape })
    if has.tp then tp.wrap(model, { mesh = mesh, sequence_parallel = opts.sequence_parallel }) end
    if has.pp then
       local p = opts.pipeline or {}
@@ -60,7 +63,7 @@ function M.wrap(model, mesh_shape, opts)
    local target = model.pp and model.pp.stage_module or model -- what data parallelism wraps
    local fopts = {}
    for k, v in pairs(opts.fsdp or {}) do fopts[k] = v end
-   fopts.mesh = mesh
+   fopts.mesh, fopts.comm = mesh, opts.world and world.comm -- FSDP's process group: the mesh's ranks
    local dp, data = {}, {}
    for _, name in ipairs(mesh.names) do
       if name == "dp" or name == "replicate" then dp[#dp + 1] = name end
