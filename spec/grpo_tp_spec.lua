@@ -1,8 +1,9 @@
--- spec/grpo_tp_spec.lua: GRPO's trainers on a model.mesh_shape (dt.rl.policy.wrap; colocated placement): tp 2,
--- fsdp 1 x tp 2, dp 2 x tp 2 and fsdp 2 x tp 2 train as one process (or DDP) does on the same global batch, drawing the
--- same tokens; the per-token log-probs (the policy's and the reference's) come from the vocab-parallel logits
--- (tp_ops.vocab_logprobs: values, gradients, peak memory); the mesh errors GRPO raises; recipes/grpo.lua with
--- model.mesh_shape.
+-- spec/grpo_tp_spec.lua: GRPO's trainers on a model.mesh_shape (dt.rl.policy.wrap): colocated, tp 2, fsdp 1 x tp 2,
+-- dp 2 x tp 2 and fsdp 2 x tp 2 train as one process (or DDP) does on the same global batch, drawing the same tokens;
+-- separated (1 rollout rank + 2 trainers with tp 2, or fsdp 1 x tp 2) too, the rollout rank receiving the trainers'
+-- gathered weights bit for bit at every publish (bf16: rounded); the per-token log-probs (the policy's and the
+-- reference's) come from the vocab-parallel logits (tp_ops.vocab_logprobs: values, gradients, peak memory); the mesh
+-- errors GRPO raises; recipes/grpo.lua with model.mesh_shape.
 local fs = require "dt.fs"
 local jsonl = require "dt.train.jsonl"
 local helpers = require "spec.dist_helpers"
@@ -103,6 +104,52 @@ describe("grpo on model.mesh_shape", function()
             2)
       end)
 
+   -- Every publish's weights (versions 0, 2 and 3: fresh batches at steps 1 and 3, the last after step 3) as the
+   -- rollout rank took them equal the trainers' gathered ones (rounded to bf16 first when round).
+   local function published(pubs, round)
+      for _, v in ipairs { 0, 2, 3 } do
+         local want, got = {}, {}
+         for _, side in ipairs { { "trainer", want }, { "rollout", got } } do
+            local reader = safetensors.open(fs.join(pubs, ("%s-%d.st"):format(side[1], v)))
+            for _, n in ipairs(reader.names) do side[2][n] = reader:tensor(n) end
+         end
+         local n = 0
+         for name, t in pairs(want) do
+            if round then t = t:to("bf16"):to("f32") end
+            assert.same(t.shape, got[name].shape, name)
+            assert.equal(0, (t - got[name]):abs():max():item(), ("version %d %s"):format(v, name))
+            n = n + 1
+         end
+         assert.equal(17, n)
+      end
+   end
+
+   ranks_it(3)("separated placement: 2 trainers on tp 2 (or fsdp 1 x tp 2, bf16 publish) and a rollout rank train as "
+      .. "one process, the rollout rank holding the trainers' gathered weights after each publish", function()
+         local one = { run("one", "--nproc 1") }
+         for _, c in ipairs { { "tp", '{{2},{"tp"}}', "f32" }, { "fsdp_tp", '{{1,2},{"fsdp","tp"}}', "bf16" } } do
+            local pubs = fs.join(dir, c[1] .. "_pubs")
+            fs.mkdir(pubs)
+            local sep = { run("sep_" .. c[1], ("--nproc 3 grpo.placement=separated grpo.rollout_ranks=1 "
+               .. "grpo.publish_dtype=%s pubs=%s 'model.mesh_shape=%s'"):format(c[3], pubs, c[2])) }
+            -- bf16 rollouts sample other tokens: only the weights' path is compared then
+            if c[3] == "f32" then same(one, sep, { [0] = 0, [1] = 0 }, 2) end
+            assert.is_nil(sep[2][2], sep[1].out) -- the rollout rank trains on nothing
+            published(pubs, c[3] == "bf16")
+         end
+      end)
+
+   ranks_it(4)("separated placement: more rollout ranks than the tp trainers' data ranks is an error naming the fix",
+      function()
+         local r = helpers.dtrun(("spec/fixtures/grpo_tp.lua --nproc 4 --threads 1 run_dir=%s grpo.placement=separated "
+            .. "grpo.rollout_ranks=2 'model.mesh_shape={{2},{\"tp\"}}'%s"):format(fs.join(dir, "k2"),
+            on_cuda and " --device cuda" or ""))
+         assert.are_not.equal(0, r.code, r.out)
+         assert.truthy(r.out:find("grpo: grpo.rollout_ranks = 2 but the trainers form 1 data-parallel group(s) (the "
+            .. "ranks of one tp group train on one batch): lower grpo.rollout_ranks to at most 1 or give the trainers' "
+            .. "model.mesh_shape more data-parallel ranks", 1, true), r.out)
+      end)
+
    ranks_it(4)("dp 2 x tp 2 and fsdp 2 x tp 2 train as DDP on 2 ranks: each tp group draws its data rank's rollouts",
       function()
          local ddp = { run("ddp", "--nproc 2 rank_seeds=true") }
@@ -125,10 +172,10 @@ end)
 
 describe("grpo mesh_shape errors", function()
    local policy = require("dt.rl").policy
-   local function wrap(mesh_shape, extra, placement)
+   local function wrap(mesh_shape, extra, roles)
       local cfg = { strategy = "ddp", deepspeed = "", mixed_precision = "no", model = { mesh_shape = mesh_shape } }
       for k, v in pairs(extra or {}) do cfg[k] = v end
-      return function() policy.wrap({}, cfg, { placement = placement or "colocated" }) end
+      return function() policy.wrap({}, cfg, roles or { placement = "colocated" }) end
    end
 
    it("names an axis GRPO's trainers cannot take (pp, or an unknown one) and the ones they can", function()
@@ -139,14 +186,15 @@ describe("grpo mesh_shape errors", function()
       end
    end)
 
-   it("rejects strategy=fsdp, separated placement and mixed precision without an fsdp axis beside a mesh", function()
-      local tp = { { 2 }, { "tp" } }
-      assert.has_error(wrap(tp, { strategy = "fsdp" }), "grpo: strategy=fsdp and model.mesh_shape are both set; the "
-         .. 'mesh\'s axis names choose the strategies (an "fsdp" axis shards, a dp axis replicates): drop strategy')
-      assert.has_error(wrap(tp, nil, "separated"), 'grpo: model.mesh_shape needs placement = "colocated" (every rank '
-         .. "generates with the tensor-parallel policy and trains it); separated placement takes strategy=ddp|fsdp "
-         .. "trainers: drop model.mesh_shape or set grpo.placement=colocated")
-      assert.has_error(wrap(tp, { mixed_precision = "bf16" }), "grpo: mixed_precision = bf16 needs f32 master "
-         .. "weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)")
-   end)
+   it("rejects strategy=fsdp, a separated mesh not over the trainers and mixed precision without an fsdp axis",
+      function()
+         local tp = { { 2 }, { "tp" } }
+         assert.has_error(wrap(tp, { strategy = "fsdp" }), "grpo: strategy=fsdp and model.mesh_shape are both set; the "
+            .. 'mesh\'s axis names choose the strategies (an "fsdp" axis shards, a dp axis replicates): drop strategy')
+         local roles = { placement = "separated", trains = true, trainers = 3, rollout_ranks = 1 }
+         assert.has_error(wrap(tp, nil, roles), "grpo: model.mesh_shape holds 2 ranks but separated placement has 3 "
+            .. "trainer ranks (the ranks but the last grpo.rollout_ranks = 1): make the axis sizes multiply to 3")
+         assert.has_error(wrap(tp, { mixed_precision = "bf16" }), "grpo: mixed_precision = bf16 needs f32 master "
+            .. "weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)")
+      end)
 end)

@@ -236,14 +236,6 @@ describe("grpo placement", function()
          end
       end)
 
-   it("rejects a tensor-parallel policy under separated placement, naming mesh_shape and colocated", function()
-      local placement = require("dt.rl").placement
-      assert.has_error(function() placement.weights({ tp = {} }, {}, "f32") end, "grpo: separated placement "
-         .. "publishes plain, DDP or FSDP models, not tensor-parallel ones: a tensor-parallel policy (model.mesh_shape "
-         .. 'with a tp axis) trains with placement = "colocated" (every rank generates with its heads); separated '
-         .. "trainers take ddp.wrap or fsdp.wrap (strategy=ddp|fsdp)")
-   end)
-
    it("rejects a separated placement without a rank to spare, naming the fix", function()
       local r = run("alone", "--nproc 1 " .. SEPARATED)
       assert.are_not.equal(0, r.code)

@@ -170,7 +170,10 @@ local function frozen_copy(model)
    ref:load_state_dict(model.fsdp and model.fsdp:full_state_dict() or model:state_dict())
    ref:requires_grad_(false)
    ref:eval()
-   if model.fsdp then fsdp.wrap(ref, model.tp and { mesh = model.fsdp.mesh } or { comm = model.fsdp.comm }) end
+   if model.fsdp then -- over the policy's ranks (separated placement: the trainers')
+      local f = model.fsdp
+      fsdp.wrap(ref, model.tp and { mesh = f.mesh, comm = f.world.comm } or { comm = f.comm })
+   end
    return ref
 end
 

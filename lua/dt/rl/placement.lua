@@ -5,15 +5,20 @@
 --
 -- Colocated: every rank generates, then trains; roles.comm is the world's communicator. Separated: the last K ranks
 -- generate (roles.generates), the others train (roles.trains, roles.comm: the trainers' communicator, split from the
--- world's). Trainer t takes its batches from rollout rank (T + t % K) of the world (T trainers), so rollout rank k
--- serves the trainers t with t % K = k, in increasing t.
+-- world's). The trainers' data ranks (D of them: each trainer its own, or under a model.mesh_shape with a tp axis one
+-- per tp group, roles.data) are served by the rollout ranks in turn: data rank d takes its batches from rollout rank
+-- (T + d % K) of the world (T trainers), so rollout rank k serves the data ranks d with d % K = k, in increasing d,
+-- and sends every trainer of one the same batch (roles.serves: per data rank, its trainers); K must not exceed D.
 -- Publish: before each fresh batch and after the last step, trainer 0 broadcasts the weights over a communicator of
 -- trainer 0 and the rollout ranks, after a header { version, async ratio, stop }, in publish_dtype (f32 is bit for
 -- bit, bf16 halves the bytes on the wire): a plain or DDP model as one flat buffer (model:parameters() order); an
 -- FSDP model unit by unit, each unit all_gathered from the trainers' shards first (stages 1-3), so no trainer holds
--- a full copy. The layout (parameter names per piece) goes to the rollout ranks once, at setup. Rollout ranks copy
--- the weights into their model between tokens, never during one: between generate calls, or at the next token of
--- an early-started batch (interruptible generation, see M.serve).
+-- a full copy; a tensor-parallel model parameter by parameter (under FSDP: unit by unit), each tp-sharded one
+-- all_gathered over trainer 0's tp group first (TP:full_state_dict's gather, in the publish dtype), so trainer 0 holds
+-- one parameter (one unit) whole at a time. The rollout ranks hold the plain, unsharded model. The layout (parameter
+-- names per piece) goes to the rollout ranks once, at setup. Rollout ranks copy the weights into their model between
+-- tokens, never during one: between generate calls, or at the next token of an early-started batch (interruptible
+-- generation, see M.serve).
 -- Rollout wire: a rollout rank sends each of its trainers one f64 tensor per batch (its length first, as a one-element
 -- i64 tensor): the rollout's timings, then per sample its row index, finish, token count and its tokens, behaviour
 -- log-probs and per-token versions. Every value is an integer or an f32 value, so f64 carries them exactly.
@@ -50,8 +55,8 @@ function M.roles(world, cfg)
       trainers = trainers, rollout_ranks = k, comm = not generates and comm or nil,
       publish = (generates or world.rank == 0) and publish or nil }
    if generates then
-      r.serves = {}
-      for t = world.rank - trainers, trainers - 1, k do r.serves[#r.serves + 1] = t end
+      r.serves = {} -- per served data rank, its trainers (without a tp axis: one each; see M.weights)
+      for t = world.rank - trainers, trainers - 1, k do r.serves[#r.serves + 1] = { t } end
    else
       r.source = trainers + world.rank % k
    end
@@ -63,15 +68,44 @@ end
 local Weights = {}
 Weights.__index = Weights
 
--- A trainer's pieces of a publish, in order: { { {name, numel}, ... }, ... }; one per FSDP unit (its parameters as
--- the unit lays them out), else one for the whole model in model:parameters() order.
+-- Parameter name -> its whole numel, of a tensor-parallel model's tp-sharded parameters (their global shapes; a
+-- replicated one is whole already).
+local function whole_numels(tp)
+   local out = {}
+   for _, np in ipairs(tp.named) do
+      local lay, n = tp.layout[np[2]], 1
+      if lay then
+         for _, d in ipairs(lay.shape) do n = n * d end
+         out[np[1]] = n
+      end
+   end
+   return out
+end
+
+-- A tp-sharded parameter `name` whole from this rank's part `here` (collective over the tp group; a replicated one
+-- is `here`): TP:full_state_dict's gather, for this one parameter.
+local function gather_tp(tp, name, here)
+   for _, np in ipairs(tp.named) do
+      if np[1] == name then
+         return tp.full_state_dict(setmetatable({ named = { np } }, { __index = tp }), { [name] = here })[name]
+      end
+   end
+   error(("grpo: no tensor-parallel parameter '%s'"):format(name), 2)
+end
+
+-- A trainer's pieces of a publish, in order: { { {name, numel}, ... }, ... } (numel: the whole parameter's); one
+-- per FSDP unit (its parameters as the unit lays them out), else one per parameter of a tensor-parallel model, else
+-- one for the whole model in model:parameters() order.
 local function layout_of(model)
    local pieces = {}
+   local whole = model.tp and whole_numels(model.tp)
    if model.fsdp then
       for i, u in ipairs(model.fsdp.units) do
          pieces[i] = {}
-         for j, e in ipairs(u.params) do pieces[i][j] = { e.name, e.numel } end
+         for j, e in ipairs(u.params) do pieces[i][j] = { e.name, whole and whole[e.name] or e.numel } end
       end
+   elseif model.tp then
+      for i, np in ipairs(model.tp.named) do pieces[i] = { { np[1], whole[np[1]] or np[2]:numel() } } end
    else
       pieces[1] = {}
       for j, np in ipairs(model:named_parameters()) do pieces[1][j] = { np[1], np[2]:numel() } end
@@ -79,7 +113,7 @@ local function layout_of(model)
    return pieces
 end
 
--- Trainer 0 -> the rollout ranks: the layout as JSON text (its length first).
+-- Trainer 0 -> the rollout ranks: the layout (any JSON value) as JSON text (its length first).
 local function share_layout(comm, pieces)
    local text = pieces and cjson.encode(pieces) or ""
    local n = comm:broadcast(dt.tensor({ #text }, { dtype = "i64" }), 0):item()
@@ -91,23 +125,52 @@ local function share_layout(comm, pieces)
    return cjson.decode(table.concat(chars))
 end
 
+-- The trainers' data ranks, grouped: groups[d + 1] lists the trainer ranks of data rank d (roles.data's rank under a
+-- model.mesh_shape, else each trainer its own); collective over the trainers.
+local function data_groups(roles)
+   local n = roles.comm.size
+   local mine = dt.tensor({ roles.data and roles.data.rank or roles.comm.rank }, { dtype = "i64" })
+   local all = n == 1 and mine or roles.comm:all_gather(mine)
+   local groups = {}
+   for t, d in ipairs(all:totable()) do
+      groups[d + 1] = groups[d + 1] or {}
+      table.insert(groups[d + 1], t - 1)
+   end
+   return groups
+end
+
+-- Every rank of a separated placement: its publisher or receiver (trainers: after rl.policy.wrap, whose roles.data
+-- groups a tp group's trainers onto one data rank). Sets roles.source (trainers) and roles.serves (rollout ranks).
 function M.weights(model, roles, dtype)
    dtype = dtype or "f32"
    if dtype ~= "f32" and dtype ~= "bf16" then
       error(('grpo: publish_dtype must be "f32" or "bf16", got %s'):format(tostring(dtype)), 2)
    end
-   if model.tp then
-      error("grpo: separated placement publishes plain, DDP or FSDP models, not tensor-parallel ones: a tensor-"
-         .. 'parallel policy (model.mesh_shape with a tp axis) trains with placement = "colocated" (every rank '
-         .. "generates with its heads); separated trainers take ddp.wrap or fsdp.wrap (strategy=ddp|fsdp)", 2)
-   end
-   local self = setmetatable({ model = model, dtype = dtype, comm = roles.publish, fsdp = model.fsdp,
+   local self = setmetatable({ model = model, dtype = dtype, comm = roles.publish, fsdp = model.fsdp, tp = model.tp,
       device = roles.trains and not model.fsdp and model:parameters()[1].device or nil,
       header = dt.zeros({ 3 }, { dtype = "f64" }) }, Weights)
-   local pieces = roles.trains and layout_of(model)
-   if self.comm then pieces = share_layout(self.comm, self.comm.rank == 0 and pieces) end
+   -- only trainer 0's tp group gathers the tp-sharded parameters: the publish needs trainer 0's copy
+   self.gathers = model.tp and (roles.data and roles.data.rank or 0) == 0
+   local groups = roles.trains and data_groups(roles)
+   local shared = roles.trains and { pieces = layout_of(model), groups = groups }
+   if self.comm then shared = share_layout(self.comm, self.comm.rank == 0 and shared) end
+   local pieces = shared.pieces
+   groups = groups or shared.groups
+   if #groups < roles.rollout_ranks then
+      error(("grpo: grpo.rollout_ranks = %d but the trainers form %d data-parallel group(s) (the ranks of one tp "
+         .. "group train on one batch): lower grpo.rollout_ranks to at most %d or give the trainers' model.mesh_shape "
+         .. "more data-parallel ranks"):format(roles.rollout_ranks, #groups, #groups), 2)
+   end
    if roles.trains then
-      if self.comm and not self.fsdp then -- trainer 0 of a plain or DDP model: one flat buffer, views per parameter
+      roles.source = roles.trainers + (roles.data and roles.data.rank or roles.comm.rank) % roles.rollout_ranks
+   else
+      roles.serves = {}
+      for d = roles.world.rank - roles.trainers, #groups - 1, roles.rollout_ranks do
+         roles.serves[#roles.serves + 1] = groups[d + 1]
+      end
+   end
+   if roles.trains then
+      if self.comm and not self.fsdp and not self.tp then -- trainer 0 of a plain or DDP model: one flat buffer
          local params, n = model:parameters(), 0
          for _, p in ipairs(params) do n = n + p:numel() end
          self.params, self.flat, self.views = params, dt.zeros({ n }, { dtype = dtype, device = self.device }), {}
@@ -140,18 +203,62 @@ function M.weights(model, roles, dtype)
    return self
 end
 
--- Trainers (every one under FSDP: the gathers are collective): send the model's weights with version, async ratio
--- and stop (true: the last publish; the rollout ranks end after taking it). FSDP: unit by unit, each gathered from
--- the shards in the publish dtype and broadcast by trainer 0, so no rank holds more than one unit's full copy.
+-- Trainer 0's tp group: `parts` ({ {name, this rank's part in the publish dtype}, ... }, one piece) gathered whole
+-- over tp one parameter at a time; trainer 0 broadcasts them as one buffer (a lone parameter: itself).
+function Weights:publish_tp(parts)
+   local buf, off, n = nil, 0, 0
+   if self.comm and #parts > 1 then
+      for _, e in ipairs(parts) do n = n + e[3] end
+      buf = dt.empty({ n }, { dtype = self.dtype, device = parts[1][2].device })
+   end
+   for _, e in ipairs(parts) do
+      local full = gather_tp(self.tp, e[1], e[2])
+      if buf then
+         buf:narrow(1, off + 1, e[3]):copy_(full:contiguous():view(e[3]))
+         off = off + e[3]
+      elseif self.comm then
+         self.comm:broadcast(full:contiguous():view(e[3]), 0)
+      end
+      if not rawequal(full, e[2]) then full:free() end
+   end
+   if buf then
+      self.comm:broadcast(buf, 0)
+      buf:free()
+   end
+end
+
+-- Trainers (every one under FSDP: the gathers are collective; trainer 0's tp group under tp): send the model's
+-- weights with version, async ratio and stop (true: the last publish; the rollout ranks end after taking it). FSDP:
+-- unit by unit, each gathered from the shards in the publish dtype and broadcast by trainer 0, so no rank holds more
+-- than one unit's full copy. Tensor parallel: each tp-sharded parameter gathered whole over tp in turn (see the top).
 function Weights:publish(version, ratio, stop)
    if self.comm then
       self.header:copy_(dt.tensor({ version, ratio, stop and 1 or 0 }, { dtype = "f64" }))
       self.comm:broadcast(self.header, 0)
    end
+   local whole = self.gathers and whole_numels(self.tp)
    if self.fsdp then
       self.fsdp:each_gathered(function(u, full)
-         if self.comm then self.comm:broadcast(full:narrow(1, 1, u.numel), 0) end
+         if whole then -- the unit's tp parts (copies), each gathered over tp
+            local split, parts = u:split(full), {}
+            for i, e in ipairs(u.params) do parts[i] = { e.name, split[e.name], whole[e.name] or e.numel } end
+            self:publish_tp(parts)
+            for _, e in ipairs(parts) do e[2]:free() end
+         elseif self.comm then
+            self.comm:broadcast(full:narrow(1, 1, u.numel), 0)
+         end
       end, self.dtype)
+   elseif whole then
+      dt.no_grad(function()
+         for _, np in ipairs(self.tp.named) do
+            local p = np[2]
+            local here = self.dtype == p.dtype and p or p:to(self.dtype)
+            self:publish_tp({ { np[1], here, whole[np[1]] or p:numel() } })
+            if not rawequal(here, p) then here:free() end
+         end
+      end)
+   elseif self.tp then -- tp groups other than trainer 0's: nothing to send
+      return
    elseif self.comm then
       for i, p in ipairs(self.params) do self.views[i]:copy_(p) end
       self.comm:broadcast(self.flat, 0)
@@ -247,8 +354,10 @@ function M.serve(roles, weights, source, cfg)
          local info = { rollout_idle_seconds = idle }
          local samples
          samples, info.rollout_seconds = source:take(n, w.version)
-         for j, t in ipairs(roles.serves) do
-            M.send(roles.world.comm, t, { unpack(samples, (j - 1) * per + 1, j * per) }, info)
+         for j, group in ipairs(roles.serves) do -- every trainer of a data rank (a tp group) the same batch
+            for _, t in ipairs(group) do
+               M.send(roles.world.comm, t, { unpack(samples, (j - 1) * per + 1, j * per) }, info)
+            end
          end
          local newer
          weights:listen()

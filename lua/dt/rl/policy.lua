@@ -6,10 +6,12 @@
 --    dt.manual_seed(cfg.seed * 1000 + data.rank)     -- the ranks of one tp group draw the same rollouts
 --
 -- Rollout ranks (separated placement) keep the plain model: they only generate, with the weights the trainers publish.
--- model.mesh_shape (colocated placement): dt.parallel.layout.wrap's mesh over every rank, with the axes GRPO's trainers
--- take (M.axes): {{2}, {"tp"}}, {{1, 2}, {"fsdp", "tp"}}, {{2, 2}, {"dp", "tp"}}, ... Every rank of a tp group then
--- generates the same rollouts (the same generator seed: the returned data rank) with its heads and its slice of the
--- vocabulary, and trains on them; the log-probs come from the vocab-parallel logits (dt.rl.grpo.token_logprobs).
+-- model.mesh_shape: dt.parallel.layout.wrap's mesh over every rank (colocated) or over the trainer ranks (separated:
+-- their communicator, roles.comm), with the axes GRPO's trainers take (M.axes): {{2}, {"tp"}}, {{1, 2}, {"fsdp",
+-- "tp"}}, {{2, 2}, {"dp", "tp"}}, ... Colocated, every rank of a tp group generates the same rollouts (the same
+-- generator seed: the returned data rank) with its heads and its slice of the vocabulary, and trains on them;
+-- separated, a rollout rank sends every rank of a tp group the same batch (dt.rl.placement). The log-probs come from
+-- the vocab-parallel logits (dt.rl.grpo.token_logprobs).
 local train = require "dt.train"
 local zero = require "dt.parallel.zero"
 local layout = require "dt.parallel.layout"
@@ -32,11 +34,6 @@ local function wrap_mesh(model, cfg, roles, ds)
       fail('strategy=%s and model.mesh_shape are both set; the mesh\'s axis names choose the strategies (an "fsdp" '
          .. "axis shards, a dp axis replicates): drop strategy", cfg.strategy)
    end
-   if roles.placement ~= "colocated" then
-      fail('model.mesh_shape needs placement = "colocated" (every rank generates with the tensor-parallel policy and '
-         .. 'trains it); separated placement takes strategy=ddp|fsdp trainers: drop model.mesh_shape or set '
-         .. "grpo.placement=colocated")
-   end
    local ok_axis, has = {}, {}
    for _, name in ipairs(M.axes) do ok_axis[name] = true end
    for _, name in ipairs(type(mesh_shape[2]) == "table" and mesh_shape[2] or {}) do
@@ -51,7 +48,20 @@ local function wrap_mesh(model, cfg, roles, ds)
       fail("mixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)",
          cfg.mixed_precision)
    end
-   local data = layout.wrap(model, mesh_shape, { fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil })
+   local sub -- separated placement: the mesh spans the trainer ranks only; the rollout ranks keep the plain model
+   if roles.placement == "separated" then
+      if not roles.trains then return { rank = roles.world.rank, size = roles.world.size } end
+      local n = 1
+      for _, size in ipairs(type(mesh_shape[1]) == "table" and mesh_shape[1] or {}) do n = n * size end
+      if n ~= roles.trainers then
+         fail("model.mesh_shape holds %d ranks but separated placement has %d trainer ranks (the ranks but the last "
+            .. "grpo.rollout_ranks = %d): make the axis sizes multiply to %d", n, roles.trainers, roles.rollout_ranks,
+            roles.trainers)
+      end
+      sub = { rank = roles.comm.rank, size = roles.comm.size, comm = roles.comm }
+   end
+   local data = layout.wrap(model, mesh_shape, { fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil,
+      world = sub })
    local comm = roles.comm
    if model.tp then -- the data-parallel ranks: the mesh's other axes
       local names = {}
