@@ -224,13 +224,14 @@ describe("config files", function()
          end
       end)
 
-      it("shards a separated placement's trainers with FSDP for tensor_parallel, with a note (5 ranks: 4 trainers)",
+      it("maps tensor_parallel to the trainers' tp axis under separated placement too (5 ranks: 4 trainers)",
          function()
-            local out, cfg = parse(file("s.yaml", "distributed:\n  placement: separated\n  tensor_parallel: 2\n"), 5)
-            assert.same({ "fsdp", {} }, { cfg.strategy, cfg.model.mesh_shape })
-            assert.truthy(out:find(": distributed.tensor_parallel: 2: separated placement's trainers are DDP or FSDP, "
-               .. "not tensor-parallel (a tp policy trains colocated): the policy is sharded with FSDP over the 4 "
-               .. "trainer ranks instead (strategy=fsdp)", 1, true), out)
+            local out, cfg = parse(file("s.yaml", "batch_size: 32\ndistributed:\n  placement: separated\n"
+               .. "  tensor_parallel: 2\n"), 5)
+            -- 32 completions over 2 data-parallel ranks x group_size 8: 2 prompts per tp group and step
+            assert.same({ "ddp", { { 2, 2 }, { "dp", "tp" } }, 2, "separated" }, { cfg.strategy,
+               cfg.model.mesh_shape, cfg.grpo.prompts_per_step, cfg.grpo.placement })
+            assert.falsy(out:find("distributed.tensor_parallel", 1, true), out) -- no substitution note
          end)
 
       it("names the file and the Flux key it cannot honour", function()
@@ -254,6 +255,9 @@ describe("config files", function()
             "distributed: tensor_parallel 2 x data_parallel 2 is not world_size 2")
          err("distributed:\n  tensor_parallel: 3\n", "distributed.tensor_parallel = 3 does not divide the 4 trainer "
             .. "ranks: use a divisor of 4", 4)
+         err("distributed:\n  placement: separated\n  rollout_ranks: 2\n  tensor_parallel: 2\n", "distributed."
+            .. "tensor_parallel = 2 leaves 1 data-parallel rank(s) of the 2 trainers for 2 rollout_ranks: lower "
+            .. "rollout_ranks to at most 1 or tensor_parallel", 4)
          err("batch_size: 8\ndistributed:\n  tensor_parallel: 2\nalgorithm:\n  group_size: 8\n", "batch_size = 8 "
             .. "completions per step: over 2 data-parallel rank(s) x group_size 8 that is not a whole number of "
             .. "prompts per rank (make batch_size a multiple of 16)", 4)

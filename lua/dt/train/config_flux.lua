@@ -10,11 +10,11 @@
 --   max_grad_norm (clip), normalize_advantages (grpo.scale_rewards group | none), and any grpo key by its name;
 --   adaptive_async: grpo.adaptive_async (dt.rl.async's keys; kp is its gain, ema_alpha = 1 - its ema);
 --   rollout: max_tokens (grpo.max_new_tokens), top_k (-1: off), temperature, top_p, min_p, any grpo key;
---   distributed: world_size (the trainer ranks: checked), tensor_parallel x data_parallel = world_size (colocated:
---   tensor_parallel > 1 is the trainers' tp axis, model.mesh_shape = {{data_parallel, tensor_parallel}, {"dp", "tp"}},
---   and batch_size counts completions over the data_parallel ranks; separated placement's trainers are DDP or FSDP:
---   there tensor_parallel > 1 shards the policy with FSDP, strategy = fsdp, and says so), placement (colocated |
---   separated: grpo.placement) and rollout_ranks, also at the top level.
+--   distributed: world_size (the trainer ranks: checked), tensor_parallel x data_parallel = world_size
+--   (tensor_parallel > 1 is the trainers' tp axis, model.mesh_shape = {{data_parallel, tensor_parallel}, {"dp", "tp"}},
+--   colocated or separated, and batch_size counts completions over the data_parallel ranks; separated: at least
+--   rollout_ranks of them), placement (colocated | separated: grpo.placement) and rollout_ranks, also at the top
+--   level.
 -- Flux settings with no meaning here (M.notes) get a one-line note; any other key is an error naming it.
 local config_file = require "dt.train.config_file"
 
@@ -190,12 +190,7 @@ function M.map(t, schema, path)
          tostring(dist.dp), tostring(dist.world_size or trainers))
    end
    local data_ranks = trainers -- the ranks that draw their own rollouts (a tp group draws one set)
-   if dist.tp and dist.tp > 1 and separated then
-      out[recipe_key(schema, "strategy", "distributed.tensor_parallel", path)] = "fsdp"
-      note(path, "distributed.tensor_parallel", ("%s: separated placement's trainers are DDP or FSDP, not tensor-"
-         .. "parallel (a tp policy trains colocated): the policy is sharded with FSDP over the %d trainer ranks "
-         .. "instead (strategy=fsdp)"):format(tostring(dist.tp), trainers))
-   elseif dist.tp and dist.tp > 1 then
+   if dist.tp and dist.tp > 1 then
       if type(schema.model) ~= "table" or schema.model.mesh_shape == nil then
          fail(path, "distributed.tensor_parallel: this recipe has no model.mesh_shape key for it")
       end
@@ -204,6 +199,11 @@ function M.map(t, schema, path)
             tostring(dist.tp), trainers, trainers)
       end
       data_ranks = trainers / dist.tp
+      if data_ranks < rollout_ranks then -- a rollout rank serves data ranks (a tp group trains on one batch)
+         fail(path, "distributed.tensor_parallel = %s leaves %d data-parallel rank(s) of the %d trainers for %d "
+            .. "rollout_ranks: lower rollout_ranks to at most %d or tensor_parallel", tostring(dist.tp), data_ranks,
+            trainers, rollout_ranks, data_ranks)
+      end
       out.model = out.model or {}
       out.model.mesh_shape = data_ranks > 1 and { { data_ranks, dist.tp }, { "dp", "tp" } } or { { dist.tp }, { "tp" } }
    end
