@@ -22,6 +22,13 @@ local function lines_of(out)
    return lines
 end
 
+-- The key=value words of a fixture's output line: numbers as numbers, other values as strings.
+function M.fields(line)
+   local f = {}
+   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
+   return f
+end
+
 -- A random word to tag one job's processes and files.
 function M.tag()
    local f = assert(io.open("/dev/urandom", "rb"))

@@ -14,9 +14,7 @@ local function equivalence(args)
    assert.equal(0, r.code, r.out)
    local line = r.out:match("fsdp ranks=[^\n]*")
    assert.is_not_nil(line, r.out)
-   local f = {}
-   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
-   return f, line
+   return helpers.fields(line), line
 end
 
 describe("fsdp vs ddp (20 steps, GPT, same data)", function()

@@ -14,11 +14,7 @@ local NH = require "spec.nccl_helpers"
 local on_cuda = require("dt").default_device() ~= "cpu"
 local ranks_it = function(n) return NH.it_on(on_cuda and "cuda" or "cpu", n) end
 
-local function fields(line)
-   local f = {}
-   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
-   return f
-end
+local fields = helpers.fields
 
 describe("tp_ops.vocab_logprobs", function()
    ranks_it(2)("matches log_softmax of the full logits at the targets (values, gradients) and holds no (tokens x "

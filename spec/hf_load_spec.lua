@@ -102,8 +102,7 @@ describe("dt.hf.load", function()
          for rank = 0, 1 do
             local line = r.out:match("hf_sharded rank=" .. rank .. " [^\n]*")
             assert.is_not_nil(line, r.out)
-            local f = {}
-            for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
+            local f = dist.fields(line)
             assert.is_true(f.max_diff <= 1e-4, line)
             -- the f32 shard holds half the model; the rank read at most its slices (bf16 on disk: half the bytes)
             assert.is_true(f.shard_bytes <= f.full_bytes / 2 + 4, line)

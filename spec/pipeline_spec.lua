@@ -17,9 +17,7 @@ local function run(args)
    assert.equal(0, r.code, r.out)
    local line = r.out:match("%[0%] pp [^\n]*")
    assert.is_not_nil(line, r.out)
-   local f = {}
-   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
-   return f, line
+   return helpers.fields(line), line
 end
 
 describe("pipeline vs one process (10 steps, same batch, clip 1.0)", function()

@@ -30,11 +30,7 @@ local function fixture(args, tag)
    return lines
 end
 
-local function fields(line)
-   local f = {}
-   for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
-   return f
-end
+local fields = helpers.fields
 
 describe("placement", function()
    it("says which axes shard which dim, in tostring and the REPL's summary", function()

@@ -176,9 +176,7 @@ describe("zero-3 on 2 and 4 ranks (cuda, through the launcher)", function()
       helpers.remove_run(r.run_dir)
       assert.equal(0, r.code, r.out)
       local line = r.out:match("fsdp ranks=[^\n]*")
-      local f = {}
-      for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) or v end
-      return f, line
+      return helpers.fields(line), line
    end
 
    for _, offload in ipairs { "none", "optimizer", "param" } do
@@ -239,8 +237,7 @@ describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with D
          assert.equal(0, r.code, r.out)
          local seen = 0
          for line in r.out:gmatch("zero_stage [^\n]*") do
-            local f = {}
-            for k, v in line:gmatch("([%w_]+)=(%S+)") do f[k] = tonumber(v) end
+            local f = helpers.fields(line)
             assert.equal(n, f.ranks, line)
             assert.is_true(f.max_abs_param_diff <= 5e-5, line) -- fsdp_spec's f32 tolerance against DDP
             local want, pinned = table_bytes(f.stage, f.numel, n, f.offload == 1)
