@@ -19,7 +19,7 @@ local fields = helpers.fields
 describe("tp_ops.vocab_logprobs", function()
    ranks_it(2)("matches log_softmax of the full logits at the targets (values, gradients) and holds no (tokens x "
       .. "vocab) tensor", function()
-         local r = NH.launch("spec/fixtures/tp_vocab_logprobs.lua --nproc 2")
+         local r = NH.launch("spec/fixtures/tp_vocab.lua --nproc 2 what=logprobs")
          helpers.remove_run(r.run_dir)
          assert.equal(0, r.code, r.out)
          local n = 0

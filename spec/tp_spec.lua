@@ -204,7 +204,7 @@ end)
 
 describe("vocab-parallel cross-entropy", function()
    it("matches F.cross_entropy's value and gradient and holds no (tokens x vocab) tensor (2 ranks)", function()
-      for _, line in ipairs(fixture("spec/fixtures/tp_vocab_ce.lua --nproc 2", "vocab_ce")) do
+      for _, line in ipairs(fixture("spec/fixtures/tp_vocab.lua --nproc 2", "vocab_ce")) do
          local f = fields(line)
          assert.is_true(f.max_abs_loss_diff <= 1e-5, line)
          assert.is_true(f.max_abs_grad_diff <= 1e-7, line)
