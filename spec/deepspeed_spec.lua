@@ -207,8 +207,9 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       assert.equal(4, ds.grad_accum)
       assert.equal(0, ds.clip)
       assert.equal(32, deepspeed.new(seed(), 1).micro)
-      assert.same({ stage = 3, offload_optimizer = true, offload_param = true, pin_memory = true, param_dtype = "f16" },
-         zero.options(ds.zero))
+      -- fp16: 16-bit parameters and gradients (DeepSpeed's grad_accum_dtype default: the model's dtype)
+      assert.same({ stage = 3, offload_optimizer = true, offload_param = true, pin_memory = true, param_dtype = "f16",
+         grad_dtype = "f16" }, zero.options(ds.zero))
       local noted = {}
       for _, n in ipairs(ds.notes) do noted[n:match("^([^:]+):")] = true end
       assert.same({ ["zero_optimization.overlap_comm"] = true, ["zero_optimization.contiguous_gradients"] = true,
@@ -269,8 +270,15 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       assert.equal(1, ds.ddp.bucket_mb)
       ds = notes { zero_optimization = { stage = 0, reduce_bucket_size = 2 ^ 18 }, bf16 = { enabled = true } }
       assert.same({ "zero_optimization.reduce_bucket_size: DeepSpeed ignores it at stage 0 (fixed 5e8-element "
-         .. "buckets); dtrun reduces one unit (a transformer block) at a time, overlapped with backward" }, ds.notes)
+         .. "buckets); dtrun reduces one unit (a transformer block) at a time, overlapped with backward",
+         "bf16: gradients accumulate in fp32 (DeepSpeed's default since 0.17.6 is bf16: set "
+         .. "data_types.grad_accum_dtype = \"bf16\" for its bytes)" }, ds.notes)
       assert.is_nil(ds.ddp)
+      -- data_types.grad_accum_dtype: fsdp's grad_dtype (dt.parallel.zero), no note
+      ds = notes { zero_optimization = { stage = 2 }, bf16 = { enabled = true },
+         data_types = { grad_accum_dtype = "bf16" } }
+      assert.same({}, ds.notes)
+      assert.equal("bf16", zero.options(ds.zero).grad_dtype)
       ds = notes { fp16 = { enabled = false, loss_scale = 0, initial_scale_power = 16 } }
       assert.same({ "fp16.initial_scale_power: fp16.enabled is not true, so DeepSpeed ignores it",
          "fp16.loss_scale: fp16.enabled is not true, so DeepSpeed ignores it" }, ds.notes)
@@ -293,9 +301,14 @@ describe("ds_config.json (dt.train.deepspeed)", function()
       err({ train_batch_size = 8, zero_optimization = { stage = 3, offload_param = { device = "gpu" } } }, 1,
          "zero_optimization.offload_param.device = 'gpu' is not supported")
       err({ train_batch_size = 8, activation_checkpointing = {} }, 1,
-         "deepspeed: unsupported key activation_checkpointing (supported: bf16, fp16, gradient_accumulation_steps")
+         "deepspeed: unsupported key activation_checkpointing (supported: bf16, data_types, fp16, "
+         .. "gradient_accumulation_steps")
       err({ train_batch_size = 8, zero_optimization = { sub_group_size = 1e9 } }, 1,
          "unsupported key zero_optimization.sub_group_size")
+      err({ train_batch_size = 8, data_types = { grad_accum_dtype = "fp8" } }, 1,
+         "data_types.grad_accum_dtype = fp8 is not supported (use \"fp32\", \"bf16\" or \"fp16\")")
+      err({ train_batch_size = 8, data_types = { buffer_dtype = "bf16" } }, 1,
+         "deepspeed: unsupported key data_types.buffer_dtype (supported: grad_accum_dtype)")
       err({ train_batch_size = 8, scheduler = { type = "LRRangeTest" } }, 1,
          "scheduler.type = 'LRRangeTest' is not supported")
       err({ train_batch_size = "auto" }, 1,

@@ -99,10 +99,11 @@ end
 -- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
 -- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
 -- parameters (and the empty placeholders) are; device: where they live; alloc(n): a zeroed 1-D f32 tensor of n
--- elements for the shard and its gradient (on the device, or in host memory when offloaded). grad_full (ZeRO-1): the
--- allocator of a full padded gradient buffer, u.grad_full; when it is alloc itself, u.grad is the view of this rank's
--- shard of it, else (offloading: the full gradient on the device, the shard's in host memory) a buffer of its own.
-function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
+-- elements for the shard (on the device, or in host memory when offloaded). grads: { shard = allocator of the shard's
+-- gradient u.grad (any float dtype; default alloc), full = (ZeRO-1) allocator of a full padded gradient buffer,
+-- u.grad_full }; with full and no shard, u.grad is the view of this rank's shard of u.grad_full (else, offloading: the
+-- full gradient on the device, the shard's in host memory, a buffer of its own).
+function M.new(spec, rank, size, param_dtype, device, alloc, grads)
    local u = setmetatable(spec, Unit)
    local offset = 0
    for _, e in ipairs(u.params) do
@@ -120,11 +121,12 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
    local lo = rank * u.shard_numel
    local hi = lo + u.shard_numel
    u.shard = alloc(u.shard_numel)
-   if grad_full then u.grad_full = grad_full(u.padded) end
-   if grad_full == alloc then
+   grads = grads or {}
+   if grads.full then u.grad_full = grads.full(u.padded) end
+   if grads.full and not grads.shard then
       u.grad = u.grad_full:as_strided({ u.shard_numel }, { 1 }, lo)
    else
-      u.grad = alloc(u.shard_numel) -- reduced gradients of the shard, reused every step
+      u.grad = (grads.shard or alloc)(u.shard_numel) -- reduced gradients of the shard, reused every step
    end
    u.views = {}
    for _, e in ipairs(u.params) do
@@ -138,7 +140,8 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grad_full)
          end
          v.requires_grad = true
          u.views[#u.views + 1] = { t = v, name = e.name, shape = e.shape, start = a - e.offset, numel = n,
-            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, u.grad.h.offset + a - lo), param = e.p }
+            ndim = #e.shape, grad = u.grad:as_strided({ n }, { 1 }, u.grad.h.offset + a - lo), at = a - lo,
+            param = e.p } -- at: the view's offset in the shard (and in u.grad)
       end
    end
    for _, e in ipairs(u.params) do
@@ -165,7 +168,7 @@ function Unit:unbind()
    self.bound = false
 end
 
--- Add each parameter's .grad into its slice of acc (padded f32) and drop it.
+-- Add each parameter's .grad into its slice of acc (padded; any float dtype) and drop it.
 function Unit:take_grads(acc)
    for _, e in ipairs(self.params) do
       local g = e.p.grad

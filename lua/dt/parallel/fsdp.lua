@@ -18,7 +18,7 @@
 -- post_forward frees the gathered buffer (reshard_after_forward; never for the root, whose backward comes
 -- next); pre_backward gathers again (and prefetches the unit whose backward comes next); post_backward (as
 -- soon as the unit's parameter gradients are final: dt.autograd finishes leaves right after their layer)
--- frees the gathered buffer, adds the parameters' gradients into an f32 flat accumulator (freeing each) and,
+-- frees the gathered buffer, adds the parameters' gradients into a flat accumulator (freeing each) and,
 -- on the last micro-batch, lands the reductions launched before and starts an async reduce_scatter(avg) of the
 -- accumulator in reduce_dtype: one unit's full-size gradient in flight at a time. Over one rank the "gathered"
 -- buffer is a view of the shard and the reduce_scatter the accumulator itself (no copies). Gradient accumulation
@@ -41,12 +41,18 @@
 -- ZeRO stages (opts.stage; dt.parallel.zero maps DeepSpeed's zero_optimization.stage): 3 (the default) is the
 -- above. Stages 1 and 2 keep every unit gathered (parameters replicated: no gathers in forward or backward) and
 -- re-gather it from the stepped shards before its next use after an optimizer step. Stage 2 reduce_scatters each
--- unit's gradient during backward as stage 3 does. Stage 1 accumulates into a full-size f32 gradient per unit
--- (kept across steps) and all_reduce(avg)s it in finish(); the optimizer's views are this rank's slice of it.
--- Per-rank model-state bytes (Ψ parameter elements, N ranks, AdamW, master and gradients f32, P bytes per
--- param_dtype element): stage 1: PΨ + 4Ψ + 12Ψ/N, stage 2: PΨ + 16Ψ/N, stage 3: 16Ψ/N (master shard 4, its
--- gradient 4, m and v 8: the shard itself is what stage 3 gathers). ZeRO's paper counts 16-bit gradients
--- (stage 1: 4Ψ + 12Ψ/N, stage 2: 2Ψ + 14Ψ/N); dtrun keeps gradients in f32, 2Ψ (stage 1) or 2Ψ/N (stage 2) more.
+-- unit's gradient during backward as stage 3 does. Stage 1 accumulates into a full-size gradient per unit (kept
+-- across steps) and all_reduce(avg)s it in finish(); the optimizer's views are this rank's slice of it.
+-- Gradient dtype (opts.grad_dtype, default f32; dt.parallel.zero maps DeepSpeed's data_types.grad_accum_dtype): the
+-- accumulator, stage 1's full gradient and the shard gradient (on the device; offloaded ones are f32 on the host)
+-- are in it; reductions run in reduce_dtype (f32 to the replicate axes). A 16-bit shard gradient is copied to f32
+-- when finish() hands it to the optimizer (unscaling, clipping and AdamW work in f32, as DeepSpeed's fp32 gradient
+-- partition) and the copy is freed after the step (end_step, or the next prepare()).
+-- Per-rank model-state bytes (Ψ parameter elements, N ranks, AdamW, f32 master, P bytes per param_dtype element, G
+-- per grad_dtype element): stage 1: (P + G)Ψ + 12Ψ/N, stage 2: PΨ + (G + 12)Ψ/N, stage 3: (G + 12)Ψ/N (master shard
+-- 4, its gradient G, m and v 8: the master shard itself is what stage 3 gathers). With 16-bit parameters and
+-- gradients that is ZeRO's table (stage 1: 4Ψ + 12Ψ/N, stage 2: 2Ψ + 14Ψ/N), and 14Ψ/N at stage 3, 2Ψ/N under its
+-- 16Ψ/N (no 16-bit copy of the shard); f32 gradients cost 2Ψ (stage 1) or 2Ψ/N (stages 2, 3) more.
 local dt = require "dt"
 local dist = require "dt.dist"
 local autograd = require "dt.autograd"
@@ -65,8 +71,9 @@ local FSDP = {}
 FSDP.__index = FSDP
 
 local defaults = { mesh = false, axis = "fsdp", replicate = false, shard_size = false, units = false,
-   reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", checkpoint = false, async_save = true,
-   device = false, offload_optimizer = false, offload_param = false, pin_memory = true, stage = 3, comm = false }
+   reshard_after_forward = true, param_dtype = "f32", reduce_dtype = "f32", grad_dtype = "f32", checkpoint = false,
+   async_save = true, device = false, offload_optimizer = false, offload_param = false, pin_memory = true, stage = 3,
+   comm = false }
 local float_dtypes = { f32 = true, bf16 = true, f16 = true }
 
 local function check_opts(opts)
@@ -80,7 +87,7 @@ local function check_opts(opts)
    end
    local o = {}
    for k, v in pairs(defaults) do if opts[k] == nil then o[k] = v else o[k] = opts[k] end end
-   for _, k in ipairs { "param_dtype", "reduce_dtype" } do
+   for _, k in ipairs { "param_dtype", "reduce_dtype", "grad_dtype" } do
       if not float_dtypes[o[k]] then
          error(("fsdp.wrap: %s must be f32, bf16 or f16, got %s"):format(k, tostring(o[k])), 3)
       end
@@ -146,7 +153,8 @@ end
 -- Wrap `model` (see the top of this file). opts: mesh (a dt.mesh or a mesh spec) and axis ("fsdp"), the axes
 -- named replicate or dp (or those opts.replicate lists) replicating, any other axis an error; or shard_size S (a
 -- { world / S, S } mesh named replicate, fsdp); default: shard over the whole world. units (list of submodules),
--- reshard_after_forward (true), param_dtype / reduce_dtype ("f32" | "bf16" | "f16"), checkpoint (recompute each
+-- reshard_after_forward (true), param_dtype / reduce_dtype / grad_dtype ("f32" | "bf16" | "f16"; grad_dtype: what
+-- gradients accumulate and are kept in, see the top of this file), checkpoint (recompute each
 -- non-root unit's forward in backward), async_save (true: the Trainer's checkpoints are written on a background
 -- thread), device (default: the device of the model's parameters), offload_optimizer / offload_param / pin_memory
 -- (see the top of this file), stage (3; 1 or 2: ZeRO's stages, see the top of this file), comm (the ranks this model
@@ -179,7 +187,7 @@ function M.wrap(model, opts)
    local dev = o.device or (named[1] and named[1][2].device) or "cpu"
    local self = setmetatable({ model = model, world = world, comm = comm, rep = rep, mesh = mesh, rep_axes = rep_axes,
       stage = o.stage, reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype,
-      reduce_dtype = o.reduce_dtype,
+      reduce_dtype = o.reduce_dtype, grad_dtype = o.grad_dtype,
       async_save = o.async_save, sync = true, units = {}, launched = {}, device = device.name(device.parse(dev, 2)),
       stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0, bytes = 0,
          collectives = 0 } }, FSDP) -- bytes: what this rank sends over comm (tp_ops.count's ring figure)
@@ -188,12 +196,16 @@ function M.wrap(model, opts)
    end
    local function on_device(n) return Tensor.zeros({ n }, { dtype = "f32", device = self.device }) end
    local alloc = self.offload and function(n) return self.offload:alloc(n) end or on_device
+   local function grad_on_device(n) return Tensor.zeros({ n }, { dtype = o.grad_dtype, device = self.device }) end
+   -- the shard's gradient: grad_dtype on the device (stage 1: the slice of the full gradient), f32 offloaded; ZeRO-1's
+   -- full gradient: grad_dtype on the device, offloading or not
+   local grads = { shard = self.offload and alloc or (o.stage ~= 1 and grad_on_device or nil),
+      full = o.stage == 1 and grad_on_device or nil }
    self.order = {} -- parameter name -> position in model:named_parameters()
    for i, np in ipairs(named) do self.order[np[1]] = i end
    for _, spec in ipairs(flat.partition(model, modules)) do
       if #spec.params > 0 then
-         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc,
-            o.stage == 1 and on_device or nil) -- ZeRO-1's full gradient: on the device, offloading or not
+         local u = flat.new(spec, comm.rank, comm.size, o.param_dtype, self.device, alloc, grads)
          self.units[#self.units + 1] = u
          for _, v in ipairs(u.views) do -- each view: a flat range of its parameter (over tp: of tp's part)
             placement.shard(v.t, o.axis, 0, { flat = { v.start, v.numel }, base = v.param })
@@ -246,7 +258,7 @@ function FSDP:install_hooks(u)
       if self.stage == 1 then return u:take_grads(u.grad_full) end -- all_reduced in finish()
       if self.stage == 3 then self:reshard(u) end
       if self.sync then self:land_reductions() end
-      u.acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
+      u.acc = u.acc or self:empty(u.padded, self.grad_dtype):fill_(0)
       u:take_grads(u.acc)
       if self.sync then self:reduce(u) end
    end)
@@ -351,10 +363,10 @@ end
 
 -- Start the async reduce_scatter(avg) of u's accumulated gradient.
 function FSDP:reduce(u)
-   local acc = u.acc or self:empty(u.padded, "f32"):fill_(0)
+   local acc = u.acc or self:empty(u.padded, self.grad_dtype):fill_(0)
    u.acc = nil
    local send = acc
-   if self.reduce_dtype ~= "f32" then
+   if self.reduce_dtype ~= acc.dtype then
       send = acc:to(self.reduce_dtype)
       acc:free()
    end
@@ -388,10 +400,15 @@ function FSDP:collect(u)
 end
 
 -- Copy (on the step's first reduction) or add u's reduced gradient into its shard gradient (host memory when
--- offloading); the optimizer's views see it.
+-- offloading; else in grad_dtype); finish() hands it to the optimizer's views.
 function FSDP:deliver(u)
    local rs = u.rs
    if rs.ar then rs.ar:wait() end
+   if rs.grad.dtype ~= u.grad.dtype then
+      local g = rs.grad:to(u.grad.dtype)
+      rs.grad:free()
+      rs.grad = g
+   end
    if self.offload then
       self.offload:gradient(u, rs.grad, u.fresh)
    elseif u.fresh then
@@ -401,12 +418,40 @@ function FSDP:deliver(u)
    end
    rs.grad:free()
    u.rs, u.fresh = nil, false
-   for _, v in ipairs(u.views) do v.t.grad = v.grad end
+end
+
+-- Point the optimizer's views of u at its shard gradient: u.grad itself when f32, else an f32 copy of it (u.grad32,
+-- DeepSpeed's fp32 gradient partition: the optimizer, the unscaling and the clipping work in f32 while the kept
+-- gradient stays in grad_dtype), freed after the optimizer step (end_step) or when the next step starts.
+function FSDP:hand_grads(u)
+   if u.grad.dtype == "f32" then
+      for _, v in ipairs(u.views) do v.t.grad = v.grad end
+      return
+   end
+   self:drop_grad_copy(u)
+   u.grad32 = u.grad:to("f32")
+   for _, v in ipairs(u.views) do
+      local g = u.grad32:as_strided({ v.numel }, { 1 }, v.at)
+      v.t.grad, v.grad32 = g, g
+   end
+end
+
+-- Free u's f32 gradient copy (hand_grads); the optimizer's views see the grad_dtype gradient again.
+function FSDP:drop_grad_copy(u)
+   if not u.grad32 then return end
+   for _, v in ipairs(u.views) do
+      if rawequal(v.t.grad, v.grad32) then v.t.grad = v.grad end
+      v.grad32:free()
+      v.grad32 = nil
+   end
+   u.grad32:free()
+   u.grad32 = nil
 end
 
 -- Start a step: no reduced gradient yet in any shard.
 function FSDP:prepare()
    for _, u in ipairs(self.units) do
+      self:drop_grad_copy(u)
       u.fresh = true
       if u.grad_full then u.grad_full:zero_() end
    end
@@ -417,23 +462,25 @@ end
 function FSDP:all_reduce_grads()
    local works = {}
    for i, u in ipairs(self.units) do
-      local send = self.reduce_dtype == "f32" and u.grad_full or u.grad_full:to(self.reduce_dtype)
+      local send = self.reduce_dtype == u.grad_full.dtype and u.grad_full or u.grad_full:to(self.reduce_dtype)
       local work = self.comm:all_reduce(send, "avg", { async = true, label = label("all_reduce", u) })
       works[i] = { send = send, work = work }
    end
    for i, u in ipairs(self.units) do
       local w = works[i]
       w.work:wait()
+      if self.rep then self.rep:all_reduce(w.send, "avg") end
       if w.send ~= u.grad_full then
          u.grad_full:copy_(w.send)
          w.send:free()
       end
-      if self.rep then self.rep:all_reduce(u.grad_full, "avg") end
-      if self.offload then
-         self.offload:gradient(u, u.grad_full:as_strided({ u.shard_numel }, { 1 }, self.comm.rank * u.shard_numel),
-            true)
+      if self.offload then -- the host gradient is f32
+         local slice = u.grad_full:as_strided({ u.shard_numel }, { 1 }, self.comm.rank * u.shard_numel)
+         local g = slice.dtype == "f32" and slice or slice:to("f32")
+         self.offload:gradient(u, g, true)
+         if g ~= slice then g:free() end -- stream-ordered: after the copy queued from it (as deliver's)
       end
-      for _, v in ipairs(u.views) do v.t.grad = v.grad end
+      self:hand_grads(u)
    end
    if self.offload then self.offload:landed() end
 end
@@ -456,6 +503,7 @@ function FSDP:finish()
       if u.rs then self:deliver(u) end
    end
    if self.offload then self.offload:landed() end
+   for _, u in ipairs(self.units) do self:hand_grads(u) end
    for _, u in ipairs(self.units) do u.reduced = false end
    self.launched = {}
 end
@@ -507,7 +555,8 @@ function FSDP:state_bytes(optimizer)
    local n = 0
    for _, u in ipairs(self.units) do
       local own_grad = not u.grad_full or self.offload -- else u.grad is a view of u.grad_full
-      n = n + 4 * u.shard_numel + 4 * ((u.grad_full and u.padded or 0) + (own_grad and u.shard_numel or 0))
+      n = n + 4 * u.shard_numel + (u.grad_full and u.padded * u.grad_full:dtype_info().size or 0)
+         + (own_grad and u.shard_numel * u.grad:dtype_info().size or 0)
       local copied = self.comm.size > 1 or self.param_dtype ~= "f32" -- else the gathered buffer is the shard
       if self.stage < 3 and u.full and copied then n = n + u.full:numel() * u.full:dtype_info().size end
       for _, v in ipairs(u.views) do
@@ -539,6 +588,7 @@ end
 -- Report every rank's memory by pool (result.metrics.memory_ranks) and throughput over every rank; land finished
 -- async checkpoint writes.
 function FSDP:end_step(_, result)
+   for _, u in ipairs(self.units) do self:drop_grad_copy(u) end
    result.metrics.memory_ranks = memory.ranks(self.world.comm, result.memory)
    local n = self.comm.size * (self.rep and self.rep.size or 1)
    result.samples_per_second = result.samples_per_second * n

@@ -9,11 +9,13 @@
 -- One mechanism: ZeRO stages 1-3 are FSDP's sharding (dt.parallel.fsdp, its stage option), stage 0 is DDP
 -- (dt.parallel.ddp; with bf16/fp16 FSDP over one-rank shards: DDP with f32 master weights); this module only translates
 -- the keys DeepSpeed users know into fsdp.wrap options (stage, offload_optimizer, offload_param, pin_memory,
--- param_dtype) and rejects what it cannot honour with an error that names the key. Accepted: zero_optimization.stage
--- (0-3, default 3), offload_optimizer.device / offload_param.device ("cpu" or "none"), their pin_memory (true unless
--- false; offload_param's must agree with offload_optimizer's: one host buffer kind), bf16.enabled / fp16.enabled
--- (parameter dtype; gradients are reduced in f32). Everything else (batch sizes, optimizer, scheduler, clipping)
--- belongs to the trainer config and is an error here.
+-- param_dtype, grad_dtype) and rejects what it cannot honour with an error that names the key. Accepted:
+-- zero_optimization.stage (0-3, default 3), offload_optimizer.device / offload_param.device ("cpu" or "none"), their
+-- pin_memory (true unless false; offload_param's must agree with offload_optimizer's: one host buffer kind),
+-- bf16.enabled / fp16.enabled (parameter dtype; gradients are reduced in f32), data_types.grad_accum_dtype ("fp32" |
+-- "bf16" | "fp16": what gradients accumulate and are kept in, fsdp's grad_dtype; default the parameter dtype under
+-- fp16, f32 under bf16 and f32: see README "DeepSpeed configs"). Everything else (batch sizes, optimizer, scheduler,
+-- clipping) belongs to the trainer config and is an error here.
 local fsdp = require "dt.parallel.fsdp"
 local ddp = require "dt.parallel.ddp"
 
@@ -47,9 +49,11 @@ local function offload_device(t, path)
    return d == "cpu", t.pin_memory
 end
 
+local accum_dtypes = { fp32 = "f32", bf16 = "bf16", fp16 = "f16" } -- data_types.grad_accum_dtype's words
+
 -- fsdp.wrap options for a DeepSpeed-style config table (see the top of this file).
 function M.options(cfg)
-   only(cfg, { zero_optimization = true, bf16 = true, fp16 = true }, "config")
+   only(cfg, { zero_optimization = true, bf16 = true, fp16 = true, data_types = true }, "config")
    local z = cfg.zero_optimization or {}
    only(z, { stage = true, offload_optimizer = true, offload_param = true }, "zero_optimization")
    local stage = z.stage or 3
@@ -83,6 +87,20 @@ function M.options(cfg)
          end
       end
    end
+   local accum = nil
+   if cfg.data_types ~= nil then
+      only(cfg.data_types, { grad_accum_dtype = true }, "data_types")
+      accum = cfg.data_types.grad_accum_dtype
+   end
+   if accum ~= nil then
+      o.grad_dtype = accum_dtypes[accum]
+      if not o.grad_dtype then
+         error(("zero: data_types.grad_accum_dtype = %s is not supported (use \"fp32\", \"bf16\" or \"fp16\")")
+            :format(tostring(accum)), 0)
+      end
+   elseif o.param_dtype == "f16" then
+      o.grad_dtype = "f16" -- DeepSpeed's fp16: 16-bit gradients, f32 for the optimizer step only
+   end
    return o
 end
 
@@ -111,7 +129,8 @@ local function mixed_ddp(model, o, extra)
          error(("zero.wrap: stage 0 takes ddp.wrap's options (comm, bucket_mb), not '%s'"):format(tostring(k)), 3)
       end
    end
-   return fsdp.wrap(model, { stage = 2, shard_size = 1, param_dtype = o.param_dtype, comm = extra and extra.comm })
+   return fsdp.wrap(model, { stage = 2, shard_size = 1, param_dtype = o.param_dtype, grad_dtype = o.grad_dtype,
+      comm = extra and extra.comm })
 end
 
 -- fsdp.wrap(model, options(cfg) + extra) where extra holds fsdp options DeepSpeed has no key for (mesh, units,
@@ -124,7 +143,7 @@ function M.wrap(model, cfg, extra)
          error("zero.wrap: zero_optimization.offload_optimizer needs stage 1-3 (stage 0 is DDP: nothing to offload "
             .. "from); set zero_optimization.stage", 2)
       end
-      if o.param_dtype then return mixed_ddp(model, o, extra) end
+      if o.param_dtype or (o.grad_dtype or "f32") ~= "f32" then return mixed_ddp(model, o, extra) end
       return ddp.wrap(model, extra)
    end
    for k, v in pairs(extra or {}) do

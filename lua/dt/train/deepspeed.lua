@@ -56,7 +56,7 @@ end
 
 local top = { train_batch_size = true, train_micro_batch_size_per_gpu = true, gradient_accumulation_steps = true,
    gradient_clipping = true, fp16 = true, bf16 = true, zero_optimization = true, optimizer = true, scheduler = true,
-   steps_per_print = true, wall_clock_breakdown = true }
+   steps_per_print = true, wall_clock_breakdown = true, data_types = true }
 
 -- DeepSpeed's batch rule (runtime/config.py): any two of the three give the third; all three must agree. Returns
 -- the rows per rank and the accumulation steps.
@@ -138,9 +138,22 @@ function DS:translate_zero(c)
          self:note("zero_optimization." .. k, used and note[2] or ("DeepSpeed ignores it at stage %d"):format(stage))
       end
    end
-   self.zero = { zero_optimization = own, bf16 = prec.bf16, fp16 = prec.fp16 }
+   self.zero = { zero_optimization = own, bf16 = prec.bf16, fp16 = prec.fp16,
+      data_types = self:translate_data_types(c) }
    self.stage = stage
    zero.options(self.zero) -- its errors (stage, offload devices, fp16 with bf16) now, before any model is built
+end
+
+-- data_types.grad_accum_dtype (dt.parallel.zero: fsdp's grad_dtype, what gradients accumulate and are kept in). Unset
+-- under bf16, dtrun keeps f32 gradients where DeepSpeed (since 0.17.6) keeps bf16 ones: said in a note.
+function DS:translate_data_types(c)
+   local d = c.data_types
+   if d ~= nil then only(d, { grad_accum_dtype = true }, "data_types") end
+   if (d == nil or d.grad_accum_dtype == nil) and c.bf16 ~= nil and c.bf16.enabled == true then
+      self:note("bf16", "gradients accumulate in fp32 (DeepSpeed's default since 0.17.6 is bf16: set "
+         .. "data_types.grad_accum_dtype = \"bf16\" for its bytes)")
+   end
+   return d and { grad_accum_dtype = d.grad_accum_dtype }
 end
 
 function DS:translate_precision(c)
