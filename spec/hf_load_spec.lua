@@ -145,6 +145,27 @@ describe("dt.hf.load", function()
       assert.is_false(fs.is_dir(fs.join(tmp, "never")))
    end)
 
+   it("loads onto a cuda device (opts.device; the emulated one, through dtrun_emu) with the CPU's logits", function()
+      local emu = dist.exe:gsub("_emu$", "") .. "_emu"
+      local f = io.open(emu)
+      if not f then return pending("no dtrun_emu in this build (DT_CUDA=ON builds have one)") end
+      f:close()
+      local tmp = helpers.tmpdir()
+      finally(function() fs.remove_tree(tmp) end)
+      local script = fs.join(tmp, "device.lua")
+      fs.write(script, ([[
+local dt, hf = require "dt", require "dt.hf"
+local x = dt.tensor(%s, { dtype = "i64" })
+local on_cpu, on_cuda = hf.load(%q), hf.load(%q, { device = "cuda" })
+print(("device=%%s max_abs_logit_diff=%%.3g"):format(on_cuda.wte.weight.device,
+   (on_cpu(x) - on_cuda(x:to("cuda")):to("cpu")):abs():max():item()))
+]]):format(cjson.encode(ref.llama.input):gsub("%[", "{"):gsub("%]", "}"), fs.join(dir, "llama"), fs.join(dir, "llama")))
+      local out = dist.sh(("cd %s && DT_EMU_DEVICES=1 %s %s 2>&1"):format(dist.root, emu, script))
+      local line = assert(out:match("device=[^\n]*"), out)
+      assert.matches("^device=cuda:0 ", line)
+      assert.is_true(tonumber(line:match("max_abs_logit_diff=(%S+)")) <= 1e-4, line)
+   end)
+
    it("refuses a device beside opts.wrap (the wrapper places the shards)", function()
       assert.matches("with opts.wrap the wrapper places the shards", helpers.errmsg(function()
          hf.load(fs.join(dir, "llama"), { device = "cpu", wrap = function(m) return m end })
