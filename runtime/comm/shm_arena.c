@@ -66,11 +66,13 @@ static dt_status arena_open(dt_comm *c) {
   int err = errno;
   if (fd >= 0) close(fd);
   if (!a->base) {
+    dt_status st = DT_FAIL(DT_ERR_IO, "comm '%s' rank %d: cannot make %zu MiB of registered memory (shared memory "
+                           "%s): %s; set DT_COMM_REGISTERED_MIB lower", c->job, c->rank, a->cap >> 20, a->name,
+                           strerror(err));
     if (fd >= 0) shm_unlink(a->name);
     free(a->free);
     free(a);
-    return DT_FAIL(DT_ERR_IO, "comm '%s' rank %d: cannot make %zu MiB of registered memory (%s): %s; set "
-                   "DT_COMM_REGISTERED_MIB lower", c->job, c->rank, capacity() >> 20, "shared memory", strerror(err));
+    return st;
   }
   pthread_mutex_init(&a->mu, NULL);
   a->free[0] = (range){0, a->cap};

@@ -496,6 +496,18 @@ static void registered(dt_comm *c, int rank, int world) {
   unsetenv("DT_COMM_REGISTERED_MIB");
 }
 
+/* Registered memory larger than the machine can map: the error names the size and the setting to lower. */
+static void registered_too_large(dt_comm *c, int rank, int world) {
+  (void)rank, (void)world;
+  setenv("DT_COMM_REGISTERED_MIB", "100000000", 1); /* 95 TiB */
+  int64_t n = 1;
+  dt_tensor *t = NULL;
+  expect_status(dt_comm_alloc(c, 1, &n, DT_DTYPE_F32, &t), DT_ERR_IO,
+                NEEDLES("cannot make 100000000 MiB of registered memory", "set DT_COMM_REGISTERED_MIB lower"),
+                "registered memory the machine cannot map");
+  unsetenv("DT_COMM_REGISTERED_MIB");
+}
+
 /* Segments of `job` in /dev/shm (their names carry the job id). */
 static int count_segments(const char *name) {
   char prefix[128];
@@ -595,7 +607,9 @@ int main(void) {
   expect(run_ranks(3, "spec-pipe-3", pipelined), "3 ranks, default slots: pipelined all_reduce");
   expect(run_ranks(2, "spec-registered-2", registered), "2 ranks: registered tensors");
   expect(run_ranks(3, "spec-registered-3", registered), "3 ranks: registered tensors");
-  expect(count_segments("spec-registered-2") + count_segments("spec-registered-3") == 0,
+  expect(run_ranks(1, "spec-registered-huge", registered_too_large), "1 rank: registered memory too large");
+  expect(count_segments("spec-registered-2") + count_segments("spec-registered-3") +
+                 count_segments("spec-registered-huge") == 0,
          "registered memory is unlinked with its communicator");
   expect(run_ranks(2, "spec-async", async_calls), "2 ranks: async");
   expect(run_ranks(2, "spec-mismatch-2", mismatches), "2 ranks: mismatches");
