@@ -65,16 +65,11 @@ if ds then                                      -- DDP, or the mesh's strategies
 elseif #mesh_shape == 0 then                    -- DDP (ZeRO stage 0; with bf16/fp16 over f32 master weights)
    if world.size > 1 or dtype ~= "f32" then zero.wrap(model, mp) end
 else
-   local fsdp_axis = false
-   for _, name in ipairs(mesh_shape[2] or {}) do fsdp_axis = fsdp_axis or name == "fsdp" end
-   if dtype ~= "f32" and not fsdp_axis then
-      error(("recipes/train.lua: mixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis "
-         .. "(FSDP's param_dtype), or none (DDP)"):format(cfg.mixed_precision), 0)
-   end
+   local fsdp_opts = zero.mesh_fsdp(cfg.mixed_precision, mesh_shape) -- bf16/fp16: FSDP's param_dtype
    local pp = cfg.model.pipeline
    data_world = layout.wrap(model, mesh_shape, { sequence_parallel = cfg.model.sequence_parallel,
       pipeline = { micro_batches = pp.micro_batches > 0 and pp.micro_batches or nil, schedule = pp.schedule,
-         split = #pp.split > 0 and pp.split or nil }, fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil })
+         split = #pp.split > 0 and pp.split or nil }, fsdp = fsdp_opts })
 end
 
 -- Data: random (batch, seq) windows of bytes (or token ids); targets are the inputs shifted by one. Each

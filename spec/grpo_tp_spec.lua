@@ -191,6 +191,6 @@ describe("grpo mesh_shape errors", function()
          assert.has_error(wrap(tp, nil, roles), "grpo: model.mesh_shape holds 2 ranks but separated placement has 3 "
             .. "trainer ranks (the ranks but the last grpo.rollout_ranks = 1): make the axis sizes multiply to 3")
          assert.has_error(wrap(tp, { mixed_precision = "bf16" }), "grpo: mixed_precision = bf16 needs f32 master "
-            .. "weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)")
+            .. "weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype), or none (DDP)")
       end)
 end)

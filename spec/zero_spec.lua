@@ -265,6 +265,14 @@ describe("zero stages 0-3 on 2 and 4 ranks (through the launcher; on cuda with D
       end)
    end
 
+   it("gives a mesh's FSDP its param_dtype for mixed_precision, and refuses 16-bit without an fsdp axis", function()
+      assert.is_nil(zero.mesh_fsdp("no", { { 2 }, { "tp" } }, "x"))
+      assert.same({ param_dtype = "bf16" }, zero.mesh_fsdp("bf16", { { 1, 2 }, { "fsdp", "tp" } }, "x"))
+      assert.same({ param_dtype = "f16" }, zero.mesh_fsdp("fp16", { { 2 }, { "fsdp" } }, "x"))
+      assert.has_error(function() zero.mesh_fsdp("bf16", { { 2, 2 }, { "dp", "tp" } }, "x") end, "x: mixed_precision "
+         .. "= bf16 needs f32 master weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype), or none (DDP)")
+   end)
+
    it("stage 2 in one process: loading a checkpoint replaces the replicated parameters it had gathered", function()
       local root = tmpdir()
       -- bf16: the gathered parameters are a copy (one rank's f32 "gather" is the shard itself)

@@ -119,6 +119,21 @@ function M.mixed_precision(name, z)
    return cfg
 end
 
+-- layout.wrap's fsdp options for mixed_precision `name` over a non-empty mesh_shape: nil in f32, else FSDP's
+-- param_dtype, which needs the f32 master weights of an fsdp axis (an error naming the fix, prefixed "<who>: " when
+-- given; without, the caller's file:line leads it).
+function M.mesh_fsdp(name, mesh_shape, who)
+   who = who and who .. ": " or ""
+   local dtype = M.precisions[name]
+   if not dtype then error(("%smixed_precision must be bf16, fp16 or no, got %s"):format(who, tostring(name)), 0) end
+   if dtype == "f32" then return nil end
+   for _, axis in ipairs(type(mesh_shape[2]) == "table" and mesh_shape[2] or {}) do
+      if axis == "fsdp" then return { param_dtype = dtype } end
+   end
+   error(("%smixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis (FSDP's "
+      .. "param_dtype), or none (DDP)"):format(who, name), 0)
+end
+
 -- Stage 0 with bf16/fp16 (DeepSpeed: 16-bit parameters, an f32 master copy the optimizer steps, gradients reduced
 -- over every rank): HSDP whose shard axis has one rank and whose replicate axis every rank, at stage 2 (parameters
 -- kept gathered in param_dtype, each unit's gradient all_reduce(avg)'d during backward), i.e. DDP with f32 master

@@ -34,20 +34,15 @@ local function wrap_mesh(model, cfg, roles, ds)
       fail('strategy=%s and model.mesh_shape are both set; the mesh\'s axis names choose the strategies (an "fsdp" '
          .. "axis shards, a dp axis replicates): drop strategy", cfg.strategy)
    end
-   local ok_axis, has = {}, {}
+   local ok_axis = {}
    for _, name in ipairs(M.axes) do ok_axis[name] = true end
    for _, name in ipairs(type(mesh_shape[2]) == "table" and mesh_shape[2] or {}) do
       if not ok_axis[name] then
          fail("model.mesh_shape axis '%s' is not one GRPO's trainers take (they generate and score whole sequences on "
             .. "every rank): use %s", tostring(name), table.concat(M.axes, ", "))
       end
-      has[name] = true
    end
-   local dtype = zero.precisions[cfg.mixed_precision]
-   if dtype ~= "f32" and not has.fsdp then
-      fail("mixed_precision = %s needs f32 master weights: a model.mesh_shape with an fsdp axis (FSDP's param_dtype)",
-         cfg.mixed_precision)
-   end
+   local fsdp_opts = zero.mesh_fsdp(cfg.mixed_precision, mesh_shape, "grpo") -- bf16/fp16: FSDP's param_dtype
    local sub -- separated placement: the mesh spans the trainer ranks only; the rollout ranks keep the plain model
    if roles.placement == "separated" then
       if not roles.trains then return { rank = roles.world.rank, size = roles.world.size } end
@@ -60,8 +55,7 @@ local function wrap_mesh(model, cfg, roles, ds)
       end
       sub = { rank = roles.comm.rank, size = roles.comm.size, comm = roles.comm }
    end
-   local data = layout.wrap(model, mesh_shape, { fsdp = dtype ~= "f32" and { param_dtype = dtype } or nil,
-      world = sub })
+   local data = layout.wrap(model, mesh_shape, { fsdp = fsdp_opts, world = sub })
    local comm = roles.comm
    if model.tp then -- the data-parallel ranks: the mesh's other axes
       local names = {}
