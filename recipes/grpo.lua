@@ -38,7 +38,8 @@ local cfg = train.config {
       epsilon = 0.2, epsilon_high = 0.28, loss_type = "dapo", scale_rewards = "group", num_iterations = 1,
       -- rollouts of the next batch may start before this update lands (max_async_ratio 0: synchronous GRPO)
       adaptive_async = rl.async.options { target_staleness = 0.15, max_async_ratio = 0 },
-      placement = "colocated", rollout_ranks = 1 }, -- separated: the last rollout_ranks ranks generate, the rest train
+      placement = "colocated", rollout_ranks = 1, -- separated: the last rollout_ranks ranks generate, the rest train
+      reference_on = "rollout" }, -- separated, beta > 0: the reference model on the rollout ranks (or "trainers")
 }
 local dir = train.run_dir(cfg)                 -- prints "run dir: ..." first
 local world = dist.init()

@@ -63,8 +63,9 @@ describe("grpo on model.mesh_shape", function()
    end
 
    -- got's ranks (rank -> the want rank it must match): the same tokens every step, losses and weights within 1e-5;
-   -- every tp rank's log-probs went the vocab-parallel way (3 forwards + 2 reference passes), no gather while scoring.
-   local function same(want, got, ranks, tp)
+   -- every tp rank's log-probs went the vocab-parallel way (3 forwards + 2 reference passes; `passes` when the
+   -- reference is elsewhere), no gather while scoring.
+   local function same(want, got, ranks, tp, passes)
       local _, ws, _, wrec, ww = unpack(want)
       local r, gs, gp, grec, gw = unpack(got)
       for rank, of in pairs(ranks) do
@@ -76,7 +77,7 @@ describe("grpo on model.mesh_shape", function()
             assert.is_true(math.abs(a.loss - b.loss) <= 1e-5, ("step %d: %g vs %g"):format(s, a.loss, b.loss))
          end
          local p = gp[rank]
-         assert.same({ 5, 128, 256, 0, tp }, { p.vocab_parallel, p.width, p.vocab, p.gathers, p.tp }, r.out)
+         assert.same({ passes or 5, 128, 256, 0, tp }, { p.vocab_parallel, p.width, p.vocab, p.gathers, p.tp }, r.out)
       end
       for s = 1, 3 do -- metrics over the data ranks: each token counted once, not once per tp rank
          assert.same(wrec[s].staleness_histogram, grec[s].staleness_histogram)
@@ -123,13 +124,16 @@ describe("grpo on model.mesh_shape", function()
    ranks_it(3)("separated placement: 2 trainers on tp 2 (or fsdp 1 x tp 2, bf16 publish) and a rollout rank train as "
       .. "one process, the rollout rank holding the trainers' gathered weights after each publish", function()
          local one = { run("one", "--nproc 1") }
-         for _, c in ipairs { { "tp", '{{2},{"tp"}}', "f32" }, { "fsdp_tp", '{{1,2},{"fsdp","tp"}}', "bf16" } } do
+         -- tp: the reference on the rollout rank (the default: the trainers make 3 passes); fsdp x tp: on the trainers
+         for _, c in ipairs { { "tp", '{{2},{"tp"}}', "f32", "rollout" },
+            { "fsdp_tp", '{{1,2},{"fsdp","tp"}}', "bf16", "trainers" } } do
             local pubs = fs.join(dir, c[1] .. "_pubs")
             fs.mkdir(pubs)
             local sep = { run("sep_" .. c[1], ("--nproc 3 grpo.placement=separated grpo.rollout_ranks=1 "
-               .. "grpo.publish_dtype=%s pubs=%s 'model.mesh_shape=%s'"):format(c[3], pubs, c[2])) }
+               .. "grpo.publish_dtype=%s grpo.reference_on=%s pubs=%s 'model.mesh_shape=%s'"):format(c[3], c[4], pubs,
+               c[2])) }
             -- bf16 rollouts sample other tokens: only the weights' path is compared then
-            if c[3] == "f32" then same(one, sep, { [0] = 0, [1] = 0 }, 2) end
+            if c[3] == "f32" then same(one, sep, { [0] = 0, [1] = 0 }, 2, 3) end
             assert.is_nil(sep[2][2], sep[1].out) -- the rollout rank trains on nothing
             published(pubs, c[3] == "bf16")
          end

@@ -129,6 +129,31 @@ describe("grpo placement", function()
          end
       end)
 
+   ranks_it(2)("with r = 1 starts every prompt of the next batch early: all its tokens are one version stale",
+      function()
+         local r, lines, records = run("all-early", "--nproc 2 steps=3 " .. SEPARATED
+            .. " grpo.adaptive_async.min_async_ratio=1 grpo.adaptive_async.max_async_ratio=1")
+         assert.equal(0, r.code, r.out)
+         for s = 2, 3 do
+            assert.matches(("^%d:%%d+$"):format(s - 2), (select(4, step_of(lines[0], s))), nil, r.out)
+            assert.equal(1, records[s].staleness_mean)
+         end
+      end)
+
+   ranks_it(2)("holds the reference on the rollout rank by default: the losses of reference_on = trainers", function()
+      local rollout, rl_lines, rl_records = run("ref-rollout", "--nproc 2 steps=3 " .. SEPARATED)
+      assert.equal(0, rollout.code, rollout.out)
+      local trainers, tr_lines, tr_records = run("ref-trainers", "--nproc 2 steps=3 grpo.reference_on=trainers "
+         .. SEPARATED)
+      assert.equal(0, trainers.code, trainers.out)
+      for s = 1, 3 do
+         assert.equal((step_of(tr_lines[0], s)), (step_of(rl_lines[0], s)))
+         assert.near(tr_records[s].kl, rl_records[s].kl, 1e-12)
+         assert.is_true(rl_records[s].reference_seconds > 0 and tr_records[s].reference_seconds > 0)
+      end
+      assert.is_true(rl_records[3].kl > 0) -- two updates away from the reference
+   end)
+
    ranks_it(2)("resumes the async state and the step after a SIGKILL, from the latest checkpoint", function()
       local async = " grpo.adaptive_async.min_async_ratio=0.25 grpo.adaptive_async.max_async_ratio=0.8 "
       local args = "--nproc 2 --grace 1 steps=5 checkpoint_every=2 " .. SEPARATED .. async

@@ -31,7 +31,8 @@ M.defaults = { group_size = 8, prompts_per_step = 4, max_new_tokens = 16, temper
    min_p = 0, repetition_penalty = 1, stop = -1, scale_rewards = "group", epsilon = 0.2, epsilon_high = 0, beta = 0,
    loss_type = "dapo", num_iterations = 1, mask_truncated_completions = false, skip_equal_groups = false, slots = 0,
    adaptive_async = false, -- or a table of dt.rl.async.defaults' keys
-   placement = "colocated", rollout_ranks = 1, publish_dtype = "f32" } -- see dt.rl.placement
+   placement = "colocated", rollout_ranks = 1, publish_dtype = "f32", -- see dt.rl.placement
+   reference_on = "rollout" } -- separated placement with beta > 0: the ranks that hold the reference (or "trainers")
 M.aliases = { num_generations = "group_size" } -- TRL's names
 
 -- Prompt rows from a JSONL(.gz) path, a list of rows, or a function returning rows until nil. Each row is a table
@@ -98,7 +99,7 @@ function M.loss(logp, old, ref, adv, mask, opts)
    local per_token = -dt.minimum(ratio * adv, clipped * adv)
    local kl
    if opts.beta > 0 then
-      local d = ref - logp
+      local d = (ref - logp) * mask -- 0 off the mask (ref sent by the rollout ranks is 0 there)
       kl = d:exp() - d - 1 -- k3, an unbiased estimate of KL(policy || reference)
       per_token = per_token + kl * opts.beta
    end
@@ -136,8 +137,9 @@ function M.token_logprobs(model, x, temperature)
    local logits = model(x:narrow(2, 1, L - 1))
    if logits.dtype ~= "f32" then logits = logits:to("f32") end -- bf16/f16 compute: log-probs in f32, as the old ones
    if temperature > 0 and temperature ~= 1 then logits = logits / temperature end
-   local logp = dt.F.log_softmax(logits)
-   return logp:gather(3, x:narrow(2, 2, L - 1):contiguous():view(B, L - 1, 1)):view(B, L - 1)
+   local n = B * (L - 1) -- log_softmax(logits)[next] = -cross_entropy: no (B, L - 1, V) log-probs, nor their gather
+   return -dt.F.cross_entropy(logits:reshape(n, logits:size(3)), x:narrow(2, 2, L - 1):reshape(n),
+      { reduction = "none", ignore_index = -1 }):view(B, L - 1)
 end
 
 local function check_config(cfg)
@@ -158,6 +160,9 @@ local function check_config(cfg)
       fail("num_iterations must be a positive integer, got %s", tostring(cfg.num_iterations))
    end
    if cfg.beta < 0 then fail("beta must be >= 0, got %s", tostring(cfg.beta)) end
+   if cfg.reference_on ~= "rollout" and cfg.reference_on ~= "trainers" then
+      fail('reference_on must be "rollout" or "trainers", got %s', tostring(cfg.reference_on))
+   end
 end
 
 -- A frozen copy of a language model (same class and config, the same weights), for the KL term; of an FSDP model,
@@ -177,27 +182,52 @@ local function frozen_copy(model)
    return ref
 end
 
--- The batch tensors: x (B, L) prompt .. completion right-padded with 0; mask, behaviour and reference log-probs
--- (B, L - 1) aligned with M.token_logprobs; adv (B, 1).
-local function batch_of(samples, adv, keep, dev)
-   local L = 0
+-- The samples' tokens as x (B, L): prompt .. completion, right-padded with 0.
+local function tokens_of(samples, dev)
+   local L, x = 0, {}
    for _, s in ipairs(samples) do L = math.max(L, #s.prompt + #s.tokens) end
-   local x, mask, old = {}, {}, {}
    for i, s in ipairs(samples) do
-      local row, m, o = {}, {}, {}
+      local row = {}
       for j = 1, L do row[j] = s.prompt[j] or s.tokens[j - #s.prompt] or 0 end
+      x[i] = row
+   end
+   return dt.tensor(x, { dtype = "i64", device = dev }), L
+end
+
+-- The batch tensors: x (B, L) (tokens_of); mask, behaviour log-probs and (when the samples carry them: reference on
+-- the rollout ranks) reference log-probs (B, L - 1) aligned with M.token_logprobs, 0 where mask is; adv (B, 1).
+local function batch_of(samples, adv, keep, dev)
+   local x, L = tokens_of(samples, dev)
+   local has_ref = samples[1] and samples[1].ref_logprobs
+   local mask, old, ref = {}, {}, {}
+   for i, s in ipairs(samples) do
+      local m, o, r = {}, {}, {}
       for j = 1, L - 1 do -- position j predicts token j + 1
          local c = j + 1 - #s.prompt -- index into the completion
          local counts = keep[i] and c >= 1 and c <= #s.tokens
          m[j], o[j] = counts and 1 or 0, counts and s.logprobs[c] or 0
+         if has_ref then r[j] = counts and s.ref_logprobs[c] or 0 end
       end
-      x[i], mask[i], old[i] = row, m, o
+      mask[i], old[i], ref[i] = m, o, r
    end
    local advs = {}
    for i = 1, #samples do advs[i] = { adv[i] } end
    local f32 = { dtype = "f32", device = dev }
-   return dt.tensor(x, { dtype = "i64", device = dev }), { mask = dt.tensor(mask, f32), old = dt.tensor(old, f32),
-      adv = dt.tensor(advs, f32) }
+   return x, { mask = dt.tensor(mask, f32), old = dt.tensor(old, f32), adv = dt.tensor(advs, f32),
+      ref = has_ref and dt.tensor(ref, f32) or nil }
+end
+
+-- Rollout ranks holding the reference: each sample's reference log-probs of its completion tokens (s.ref_logprobs),
+-- for the samples that lack them, in one forward. Returns the seconds it took.
+local function reference_logprobs(ref, samples, temperature)
+   local todo = {}
+   for _, s in ipairs(samples) do if not s.ref_logprobs then todo[#todo + 1] = s end end
+   if #todo == 0 then return 0 end
+   local t0 = dt.time()
+   local x = tokens_of(todo, ref.wte.weight.device)
+   local logp = dt.no_grad(M.token_logprobs, ref, x, temperature):totable()
+   for i, s in ipairs(todo) do s.ref_logprobs = { unpack(logp[i], #s.prompt, #s.prompt + #s.tokens - 1) } end
+   return dt.time() - t0
 end
 
 -- opts: model (nn.GPT/nn.Llama, maybe wrapped by ddp), prompts (see M.load_prompts), rewards (a list for
@@ -242,7 +272,13 @@ function M.setup(opts)
       config = cfg, generator = opts.generator or dt.default_generator(), tokenizer = tokenizer }
    local weights = roles.placement == "separated" and placement.weights(model, roles, cfg.publish_dtype)
    local feed = roles.placement == "separated" and placement.feed(roles, weights, source) or source
-   local ref = roles.trains and cfg.beta > 0 and frozen_copy(model) or nil
+   -- The reference: the policy's weights now (before any resume), frozen; under separated placement on the rollout
+   -- ranks by default (trainer 0 publishes them once, here), which send its log-probs with each batch.
+   local ref_remote = roles.placement == "separated" and cfg.beta > 0 and cfg.reference_on == "rollout"
+   if ref_remote and roles.trains then weights:publish(0, 0, false) end
+   if ref_remote and roles.generates then weights:receive() end
+   local ref = cfg.beta > 0 and (ref_remote and roles.generates or not ref_remote and roles.trains)
+      and frozen_copy(model) or nil
    local ctl = cfg.adaptive_async and async.new(cfg.adaptive_async)
    local names = {}
    for i, e in ipairs(scorer.entries) do names[i] = e.name end
@@ -269,7 +305,11 @@ function M.setup(opts)
          s.kept = keep[i]
       end
       local x, y = batch_of(samples, adv, keep, dev)
-      if ref then y.ref = dt.no_grad(M.token_logprobs, ref, x, cfg.temperature) end
+      if ref then
+         local t0 = dt.time()
+         y.ref = dt.no_grad(M.token_logprobs, ref, x, cfg.temperature)
+         info.reference_seconds = dt.time() - t0
+      end
       g.batch, uses, drawn = { x = x, y = y, samples = samples, equal = equal, info = info }, 1, drawn + 1
       return x, y
    end,
@@ -314,7 +354,10 @@ function M.setup(opts)
    -- Train (trainer ranks: trainer:run(), then the rollout ranks are told to end) or generate (rollout ranks, until
    -- then). Returns the trainer's last step result (nil on a rollout rank).
    g.run = function(trainer)
-      if not roles.trains then return placement.serve(roles, weights, source, cfg) end
+      if not roles.trains then
+         return placement.serve(roles, weights, source, cfg,
+            ref and function(samples) return reference_logprobs(ref, samples, cfg.temperature) end)
+      end
       local result = trainer:run()
       if feed.stop then feed:stop(g.version) end
       return result

@@ -8,9 +8,11 @@
 -- reward function, completion_length_mean/max, truncated_fraction, equal_reward_groups, reward_failures (so far),
 -- staleness_mean/max/histogram (dt.rl.async's definition, over every trainer's kept tokens), the loss statistics
 -- (clip_fraction, kl, offpolicy_kl, importance_weight_mean: means over the trainers; importance_weight_max),
--- rollout_seconds (the longest generation of the step's batches), rollout_tokens_per_second (completion tokens of
--- every trainer's batch / rollout_seconds), train_tokens_per_second (the sum over trainers of tokens trained on / the
--- seconds they trained, waiting and generating left out) and, when info has them (separated placement), the idle
+-- rollout_seconds (the longest generation of the step's batches), reference_seconds (the longest computation of a
+-- batch's reference log-probs: on the rollout ranks under separated placement by default, else on the trainers; 0
+-- with beta = 0), rollout_tokens_per_second (completion tokens of every trainer's batch / rollout_seconds),
+-- train_tokens_per_second (the sum over trainers of tokens trained on / the seconds they trained, waiting and
+-- generating left out) and, when info has them (separated placement), the idle
 -- seconds of each role: train_idle_seconds (waiting for a batch) and rollout_idle_seconds (waiting for weights),
 -- means over the trainers and the rollout ranks that served them.
 local dt = require "dt"
@@ -46,7 +48,7 @@ function M.step(comm, b)
       equal = put(sum, n_equal), failures = put(sum, b.failures), ranks = put(sum, 1),
       train_tps = put(sum, b.tokens / math.max(b.train_seconds, 1e-9)),
       longest = put(max, longest), iw_max = put(max, b.loss.importance_weight_max),
-      rollout_seconds = put(max, b.info.rollout_seconds) }
+      rollout_seconds = put(max, b.info.rollout_seconds), reference_seconds = put(max, b.info.reference_seconds or 0) }
    for _, k in ipairs(LOSS) do at[k] = put(sum, b.loss[k]) end
    for _, k in ipairs(IDLE) do at[k] = put(sum, b.fresh and b.info[k] or 0) end
    local per = {}
@@ -73,7 +75,7 @@ function M.step(comm, b)
       completion_length_mean = sum[at.length] / sum[at.samples], completion_length_max = max[at.longest],
       truncated_fraction = sum[at.truncated] / sum[at.samples], equal_reward_groups = sum[at.equal],
       reward_failures = sum[at.failures], importance_weight_max = max[at.iw_max],
-      rollout_seconds = max[at.rollout_seconds],
+      rollout_seconds = max[at.rollout_seconds], reference_seconds = max[at.reference_seconds],
       rollout_tokens_per_second = sum[at.length] / math.max(max[at.rollout_seconds], 1e-9),
       train_tokens_per_second = sum[at.train_tps] }
    for _, k in ipairs(LOSS) do m[k] = sum[at[k]] / ranks end

@@ -20,8 +20,9 @@
 -- tokens, never during one: between generate calls, or at the next token of an early-started batch (interruptible
 -- generation, see M.serve).
 -- Rollout wire: a rollout rank sends each of its trainers one f64 tensor per batch (its length first, as a one-element
--- i64 tensor): the rollout's timings, then per sample its row index, finish, token count and its tokens, behaviour
--- log-probs and per-token versions. Every value is an integer or an f32 value, so f64 carries them exactly.
+-- i64 tensor): the rollout's timings, whether reference log-probs follow, then per sample its row index, finish, token
+-- count and its tokens, behaviour log-probs, per-token versions and (when the rollout ranks hold the reference) the
+-- reference log-probs of its tokens. Every value is an integer or an f32 value, so f64 carries them exactly.
 local cjson = require "cjson"
 local dt = require "dt"
 local dtffi = require "dt.ffi"
@@ -298,17 +299,20 @@ end
 
 -- The rollout wire -------------------------------------------------------------------------------
 
--- samples: unscored rollouts ({ index (row), tokens, logprobs, versions, finish }); info: numbers (timings).
-local INFO = { "rollout_seconds", "rollout_idle_seconds" }
+-- samples: unscored rollouts ({ index (row), tokens, logprobs, versions, finish, maybe ref_logprobs }); info: numbers
+-- (timings).
+local INFO = { "rollout_seconds", "rollout_idle_seconds", "reference_seconds" }
+local LISTS = { "tokens", "logprobs", "versions", "ref_logprobs" }
 
 function M.send(comm, peer, samples, info)
    local v = {}
-   for i, k in ipairs(INFO) do v[i] = info[k] end
-   v[#v + 1] = #samples
+   for i, k in ipairs(INFO) do v[i] = info[k] or 0 end
+   local lists = samples[1] and samples[1].ref_logprobs and #LISTS or #LISTS - 1
+   v[#v + 1], v[#v + 2] = lists, #samples
    for _, s in ipairs(samples) do
       v[#v + 1], v[#v + 2], v[#v + 3] = s.index, s.finish == "stop" and 1 or 0, #s.tokens
-      for _, list in ipairs { s.tokens, s.logprobs, s.versions } do
-         for _, x in ipairs(list) do v[#v + 1] = x end
+      for l = 1, lists do
+         for _, x in ipairs(s[LISTS[l]]) do v[#v + 1] = x end
       end
    end
    comm:send(dt.tensor({ #v }, { dtype = "i64" }), peer)
@@ -319,15 +323,15 @@ end
 function M.recv(comm, peer)
    local n = comm:recv(dt.zeros({ 1 }, { dtype = "i64" }), peer):item()
    local v = comm:recv(dt.zeros({ n }, { dtype = "f64" }), peer):totable()
-   local info, pos = {}, #INFO + 1
+   local info, lists, pos = {}, v[#INFO + 1], #INFO + 2
    for i, k in ipairs(INFO) do info[k] = v[i] end
    local samples = {}
    for i = 1, v[pos] do
       local s = { index = v[pos + 1], finish = v[pos + 2] == 1 and "stop" or "length" }
       local len = v[pos + 3]
       pos = pos + 3
-      for _, k in ipairs { "tokens", "logprobs", "versions" } do
-         s[k] = { unpack(v, pos + 1, pos + len) }
+      for l = 1, lists do
+         s[LISTS[l]] = { unpack(v, pos + 1, pos + len) }
          pos = pos + len
       end
       samples[i] = s
@@ -342,22 +346,24 @@ end
 -- first round(ratio * prompts) prompts of the next batch with these weights before the next publish arrives; when it
 -- arrives while they generate, it is swapped in at the next token (dt.rl.generate's poll), so their completions
 -- carry two versions. SIGTERM (the launcher stopping the job) waits for the last publish too: the trainers finish
--- their step first.
-function M.serve(roles, weights, source, cfg)
+-- their step first. reference (optional; a rollout rank holding the reference): reference(samples) fills each sample's
+-- ref_logprobs where missing and returns the seconds it took; the early-started samples get theirs before the next
+-- publish is awaited, the rest per trainer's share before it is sent.
+function M.serve(roles, weights, source, cfg, reference)
    local n, per = cfg.prompts_per_step * #roles.serves, cfg.prompts_per_step * cfg.group_size
    dtffi.check(dtffi.C.dt_signal_watch(SIGTERM))
    local ok, err = pcall(function()
       local t0 = dt.time()
       local w = weights:receive()
-      local idle = dt.time() - t0
+      local idle, early_ref = dt.time() - t0, 0
       while not w.stop do
-         local info = { rollout_idle_seconds = idle }
+         local info = { rollout_idle_seconds = idle, reference_seconds = early_ref }
          local samples
          samples, info.rollout_seconds = source:take(n, w.version)
          for j, group in ipairs(roles.serves) do -- every trainer of a data rank (a tp group) the same batch
-            for _, t in ipairs(group) do
-               M.send(roles.world.comm, t, { unpack(samples, (j - 1) * per + 1, j * per) }, info)
-            end
+            local share = { unpack(samples, (j - 1) * per + 1, j * per) }
+            if reference then info.reference_seconds = info.reference_seconds + reference(share) end
+            for _, t in ipairs(group) do M.send(roles.world.comm, t, share, info) end
          end
          local newer
          weights:listen()
@@ -367,6 +373,7 @@ function M.serve(roles, weights, source, cfg)
                return newer.version
             end
          end)
+         early_ref = reference and reference(source.pending) or 0
          t0 = dt.time()
          w = newer or weights:receive()
          idle = dt.time() - t0
