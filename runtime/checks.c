@@ -297,15 +297,29 @@ dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, doubl
   return DT_OK;
 }
 
-dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name) {
+bool dt_rows_contiguous(const dt_tensor *t) {
+  return t->ndim == 0 || t->strides[t->ndim - 1] == 1 || t->shape[t->ndim - 1] <= 1;
+}
+
+/* check_float (rows false) and check_float_rows (rows true). */
+static dt_status check_float(const dt_tensor *t, const char *op, const char *name, bool rows) {
   char b[DT_SHAPE_BUF];
   DT_CHECK(t != NULL, DT_ERR_ARG, "%s: %s is NULL", op, name);
   DT_CHECK(dt_dtype_is_float(t->dtype), DT_ERR_ARG, "%s: %s must be a float tensor (f32, f64, bf16, f16), got %s",
            op, name, dt_shape_str(t, b, sizeof b));
   DT_CHECK(t->data != NULL, DT_ERR_STATE, "%s: %s %s has released storage", op, name, dt_shape_str(t, b, sizeof b));
-  DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "%s: %s %s must be contiguous (call :contiguous() first)", op,
-           name, dt_shape_str(t, b, sizeof b));
+  DT_CHECK(rows ? dt_rows_contiguous(t) : dt_tensor_is_contiguous(t), DT_ERR_ARG,
+           "%s: %s %s must be %s (call :contiguous() first)", op, name, dt_shape_str(t, b, sizeof b),
+           rows ? "contiguous along its last dim" : "contiguous");
   return DT_OK;
+}
+
+dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name) {
+  return check_float(t, op, name, false);
+}
+
+dt_status dt_nn_check_float_rows(const dt_tensor *t, const char *op, const char *name) {
+  return check_float(t, op, name, true);
 }
 
 dt_status dt_nn_rope_check(const char *op, const dt_tensor *x, const dt_tensor *y, const double *inv_freq,

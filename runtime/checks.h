@@ -68,11 +68,16 @@ bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip
  * when its strides need a contiguous copy first. */
 bool dt_mm_arg_of(const dt_tensor *x, bool trans, int nb, const int64_t *bshape, dt_mm_arg *m);
 
+/* Whether t's rows (its last dim) are contiguous: stride 1, or a last dim of at most one element. */
+bool dt_rows_contiguous(const dt_tensor *t);
+
 /* The fused NN ops' tensor checks; `op` and the tensors' names go into the messages. check_float: a contiguous float
- * tensor with storage. same_shape: a and b have one shape. check_vector: a contiguous float tensor of n elements (a
- * weight or a per-row statistic; `what` says why n). rows_cols: rows (product of the leading dims) and columns (last
- * dim) of a contiguous float tensor of rank >= 1. */
+ * tensor with storage; check_float_rows: the same with only its rows contiguous (dt_rows_contiguous). same_shape: a
+ * and b have one shape. check_vector: a contiguous float tensor of n elements (a weight or a per-row statistic;
+ * `what` says why n). rows_cols: rows (product of the leading dims) and columns (last dim) of a contiguous float
+ * tensor of rank >= 1. */
 dt_status dt_nn_check_float(const dt_tensor *t, const char *op, const char *name);
+dt_status dt_nn_check_float_rows(const dt_tensor *t, const char *op, const char *name);
 dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
                                  const char *nb);
 dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what);

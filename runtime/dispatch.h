@@ -53,8 +53,9 @@ dt_status dt_dispatch_unsupported(const char *op, const dt_where *w);
   DT_DISPATCH_OR(name, tensors, op, dt_dispatch_unsupported(name, &dt_w_), __VA_ARGS__)
 
 /* What dispatch does where a backend's `supports` refuses (fallback.c), through the public entry points on stand-in
- * tensors. attention: on host copies (the CPU backend), results copied back. norms with weights of another dtype than
- * the activations: in the weights' dtype, the activations and gradients cast there and back on their device. */
+ * tensors. attention: on contiguous copies (on the host for f64 off the CPU), results copied back. norms with weights
+ * of another dtype than the activations: in the weights' dtype, the activations and gradients cast there and back on
+ * their device. */
 dt_status dt_fallback_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale,
                                     bool causal, dt_tensor *out, dt_tensor *lse);
 dt_status dt_fallback_attention_bwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, const dt_tensor *out,

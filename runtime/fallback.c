@@ -25,12 +25,17 @@ static dt_status standins_done(int n, int n_in, const dt_tensor *const *ts, dt_t
   return st;
 }
 
-/* The CUDA attention kernels are f32/bf16/f16: f64 attention there (gradchecks) runs on host copies. */
+/* Attention on contiguous stand-ins: on host copies for f64 off the CPU (the CUDA kernels are f32/bf16/f16:
+ * gradchecks), else on q's device (strided views a backend reads only contiguous). */
+static dt_device attention_device(const dt_tensor *q) {
+  return q->dtype == DT_DTYPE_F64 ? (dt_device){DT_DEVICE_CPU, 0} : q->device;
+}
+
 dt_status dt_fallback_attention_fwd(const dt_tensor *q, const dt_tensor *k, const dt_tensor *v, double scale,
                                     bool causal, dt_tensor *out, dt_tensor *lse) {
   const dt_tensor *ts[] = {q, k, v, out, lse};
   dt_tensor *s[MAX_STANDINS];
-  dt_status st = standins(5, 3, ts, (dt_device){DT_DEVICE_CPU, 0}, -1, s);
+  dt_status st = standins(5, 3, ts, attention_device(q), -1, s);
   if (st == DT_OK) st = dt_nn_attention_fwd(s[0], s[1], s[2], scale, causal, s[3], s[4]);
   return standins_done(5, 3, ts, s, st);
 }
@@ -40,7 +45,7 @@ dt_status dt_fallback_attention_bwd(const dt_tensor *q, const dt_tensor *k, cons
                                     dt_tensor *dq, dt_tensor *dk, dt_tensor *dv) {
   const dt_tensor *ts[] = {q, k, v, out, dout, lse, dq, dk, dv};
   dt_tensor *s[MAX_STANDINS];
-  dt_status st = standins(9, 6, ts, (dt_device){DT_DEVICE_CPU, 0}, -1, s);
+  dt_status st = standins(9, 6, ts, attention_device(q), -1, s);
   if (st == DT_OK) st = dt_nn_attention_bwd(s[0], s[1], s[2], s[3], s[4], s[5], scale, causal, s[6], s[7], s[8]);
   return standins_done(9, 6, ts, s, st);
 }

@@ -1,4 +1,5 @@
--- spec/nn_attention_spec.lua: dt.F.attention vs a naive f64 reference, gradchecks, thread independence, errors.
+-- spec/nn_attention_spec.lua: dt.F.attention (and F.self_attention on a fused qkv) vs a naive f64 reference,
+-- gradchecks, thread independence, errors.
 local dt = require "dt"
 local testing = require "dt.testing"
 
@@ -126,5 +127,47 @@ describe("F.attention", function()
       expect_error(function() dt.F.attention(sample({ 4, 2 }, 1), sample({ 4, 2 }, 2), sample({ 4, 2 }, 3)) end,
          "attention: q, k, v must be (B, H, T, D), got q (4, 2) f64")
       expect_error(function() dt.F.attention(q:to("i32"), q, q) end, "attention: q must be a float tensor")
+   end)
+end)
+
+describe("F.self_attention", function()
+   -- F.attention of qkv's heads (B, T, (Hq + 2 Hkv) D) -> (B, T, Hq D), through recorded views and copies.
+   local function by_heads(qkv, hq, hkv, opts)
+      local B, T = qkv:size(1), qkv:size(2)
+      local D = qkv:size(3) / (hq + 2 * hkv)
+      local function heads(first, n) return qkv:narrow(3, first * D + 1, n * D):view(B, T, n, D):transpose(2, 3) end
+      local y = dt.F.attention(heads(0, hq), heads(hq, hkv), heads(hq + hkv, hkv), opts)
+      return y:transpose(2, 3):reshape(B, T, hq * D)
+   end
+
+   it("is F.attention of qkv's heads, forward and gradient (GQA, non-causal, a strided qkv)", function()
+      for _, c in ipairs { { 2, 2, nil }, { 4, 2, nil }, { 2, 1, { causal = false } } } do
+         local hq, hkv, opts = c[1], c[2], c[3]
+         local a, b = leaf({ 2, 5, (hq + 2 * hkv) * 3 }, 50), leaf({ 2, 5, (hq + 2 * hkv) * 3 }, 50)
+         local g = sample({ 2, 5, hq * 3 }, 51)
+         local ya, yb = dt.F.self_attention(a, hq, hkv, opts), by_heads(b, hq, hkv, opts)
+         assert_close(ya, yb, 1e-14)
+         ya:backward(g)
+         yb:backward(g)
+         assert_close(a.grad, b.grad, 1e-14)
+      end
+      local x = sample({ 5, 2, 12 }, 52) -- (T, B, W) transposed: qkv's rows strided
+      assert_close(dt.F.self_attention(x:transpose(1, 2), 2, 1), by_heads(x:transpose(1, 2), 2, 1), 1e-14)
+   end)
+
+   it("has a correct gradient for qkv (f64 finite differences)", function()
+      gradcheck(function(qkv) return dt.F.self_attention(qkv, 2, 1) end, { leaf({ 2, 4, 8 }, 53) })
+   end)
+
+   it("gives f32 results within rounding of F.attention's", function()
+      local a = sample({ 3, 70, 4 * 8 * 3 }, 54, "f32")
+      assert_close(dt.F.self_attention(a, 4, 4), by_heads(a, 4, 4), 1e-5)
+   end)
+
+   it("rejects a width that is not (heads + 2 kv_heads) D, naming the shapes", function()
+      expect_error(function() dt.F.self_attention(sample({ 1, 4, 10 }, 1), 2, 2) end,
+         "F.self_attention: qkv must be (B, T, (heads + 2 kv_heads) D), got")
+      expect_error(function() dt.F.self_attention(sample({ 1, 4, 12 }, 1), 3, 2) end,
+         "F.self_attention: qkv must be (B, T, (heads + 2 kv_heads) D), got")
    end)
 end)

@@ -67,7 +67,13 @@ static dt_status begin(dt_device device, const char *op, int n, const dt_tensor 
 
 static void end(void) {}
 
-static bool supports(dt_backend_op op, int n, const dt_tensor *const *ts) { return true; }
+/* Attention reads and writes f32/f64 operands at any strides of their outer dims; other strided ones go through
+ * dispatch's contiguous stand-ins. Every other op takes what dispatch validated. */
+static bool supports(dt_backend_op op, int n, const dt_tensor *const *ts) {
+  if (op == DT_BACKEND_OP_nn_attention_fwd || op == DT_BACKEND_OP_nn_attention_bwd)
+    return dt_cpu_attention_supports(n, ts);
+  return true;
+}
 
 /* The table's entries: each dt_cpu_<name> behind the stream argument the CPU does not use. */
 #define DT_CPU_ENTRY(name, params, args) \

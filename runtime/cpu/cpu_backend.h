@@ -10,6 +10,10 @@ DT_BACKEND_OPS(DT_CPU_DECLARE)
 /* dt_optim_stream: the memory-roofline probe of `dtrun bench adamw` (host tensors only). */
 dt_status dt_cpu_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x);
 
+/* Whether the attention kernels read these operands (fwd: q, k, v, out, lse; bwd: q, k, v, out, dout, lse, dq, dk, dv;
+ * NULL entries skipped) in place: contiguous, or f32/f64 (B, H, T, D) with contiguous rows (cpu/nn_attention.c). */
+bool dt_cpu_attention_supports(int n, const dt_tensor *const *ts);
+
 /* The table (cpu/backend.c). */
 extern const dt_backend dt_cpu_backend;
 

@@ -1,14 +1,33 @@
 /* nn_attention.c: tiled scaled-dot-product attention (causal, GQA) on (B, H, T, D), forward and backward; the KV cache. */
 #include <cblas.h>
 
+#include "cpu_backend.h"
 #include "nn_common.h"
 #include "dt_nn.h"
+
+/* Where a (B, H, T, D) operand's rows lie: row (b, h, t) starts sb b + sh h + st t elements into it and holds D
+ * contiguous values. f32/f64 operands are read and written in place at any such strides (q, k and v where a fused
+ * projection left them, the output in (B, T, H, D) order); other dtypes go through contiguous f32 copies. */
+typedef struct {
+  int64_t sb, sh, st;
+} attn_layout;
 
 typedef struct {
   int64_t b, hq, hkv, t, tk, d;
   double scale;
   bool causal;
+  attn_layout q, k, v, o, dout, dq, dk, dv; /* set by the kernels (attn_layout_of) */
 } attn_dims;
+
+static inline int64_t attn_row(attn_layout l, int64_t b, int64_t h, int64_t t) {
+  return b * l.sb + h * l.sh + t * l.st;
+}
+
+/* t's layout as the kernel reads it: its own strides, or a contiguous converted copy's (`copy` non-NULL). */
+static attn_layout attn_layout_of(const dt_tensor *t, const void *copy) {
+  if (copy) return (attn_layout){t->shape[1] * t->shape[2] * t->shape[3], t->shape[2] * t->shape[3], t->shape[3]};
+  return (attn_layout){t->strides[0], t->strides[1], t->strides[2]};
+}
 
 /* Decode attention: q (b, hq, t, d) at positions pos .. pos + t - 1 of slots[b] in a cache (S, hkv, l, d). */
 typedef struct {
@@ -32,11 +51,26 @@ static inline int64_t attn_key_end(const attn_dims *a, int64_t t) {
 #define DT_NN_GENERIC "nn_decode_gen.h"
 #include "nn_generic.h"
 
+/* An operand the kernels can read: f32/f64 with contiguous rows (any outer strides), other float dtypes contiguous. */
+static dt_status check_operand(const dt_tensor *t, const char *op, const char *name) {
+  if (t && (t->dtype == DT_DTYPE_F32 || t->dtype == DT_DTYPE_F64)) return dt_nn_check_float_rows(t, op, name);
+  return dt_nn_check_float(t, op, name);
+}
+
+bool dt_cpu_attention_supports(int n, const dt_tensor *const *ts) {
+  for (int i = 0; i < n; i++) {
+    const dt_tensor *t = ts[i];
+    bool real = t && (t->dtype == DT_DTYPE_F32 || t->dtype == DT_DTYPE_F64);
+    if (t && !dt_tensor_is_contiguous(t) && !(real && t->ndim == 4 && dt_rows_contiguous(t))) return false;
+  }
+  return true;
+}
+
 static dt_status check_attention(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                                  double scale, bool causal, attn_dims *a) {
-  DT_TRY(dt_nn_check_float(q, op, "q"));
-  DT_TRY(dt_nn_check_float(k, op, "k"));
-  DT_TRY(dt_nn_check_float(v, op, "v"));
+  DT_TRY(check_operand(q, op, "q"));
+  DT_TRY(check_operand(k, op, "k"));
+  DT_TRY(check_operand(v, op, "v"));
   DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
   int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
@@ -44,10 +78,10 @@ static dt_status check_attention(const char *op, const dt_tensor *q, const dt_te
   return DT_OK;
 }
 
-/* t (out, dout, dq, dk, dv) must be a contiguous float tensor shaped like ref. */
+/* t (out, dout, dq, dk, dv) must be a float operand (check_operand) shaped like ref. */
 static dt_status check_like(const char *op, const dt_tensor *ref, const char *nref, const dt_tensor *t,
                             const char *name) {
-  DT_TRY(dt_nn_check_float(t, op, name));
+  DT_TRY(check_operand(t, op, name));
   return dt_nn_check_same_shape(ref, t, op, nref, name);
 }
 

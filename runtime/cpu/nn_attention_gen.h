@@ -20,20 +20,21 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
                               real *lse, real *work) {
   int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, d = a->d;
   int64_t bh = task / ntiles, i0 = task % ntiles * ATT_BR, br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR;
-  int64_t kvh = bh / a->hq * a->hkv + bh % a->hq / (a->hq / a->hkv);
-  const real *qi = q + (bh * a->t + i0) * d, *kh = k + kvh * a->tk * d, *vh = v + kvh * a->tk * d;
-  real *oi = o + (bh * a->t + i0) * d, *li = lse + bh * a->t + i0;
+  int64_t b = bh / a->hq, h = bh % a->hq, hk = h / (a->hq / a->hkv);
+  int64_t sq = a->q.st, sk = a->k.st, sv = a->v.st, so = a->o.st; /* row strides */
+  const real *qi = q + attn_row(a->q, b, h, i0), *kh = k + attn_row(a->k, b, hk, 0), *vh = v + attn_row(a->v, b, hk, 0);
+  real *oi = o + attn_row(a->o, b, h, i0), *li = lse + bh * a->t + i0;
   real *s = work, *m = s + ATT_BR * ATT_BC, *l = m + ATT_BR;
-  memset(oi, 0, (size_t)(br * d) * sizeof(real));
   for (int64_t r = 0; r < br; r++) {
+    memset(oi + r * so, 0, (size_t)d * sizeof(real));
     m[r] = -INFINITY;
     l[r] = 0;
   }
   int64_t kend = attn_key_end(a, i0 + br - 1); /* key tiles past the last row's keys are skipped */
   for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
     int64_t bc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
-    RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)d, kh + j0 * d,
-          (int)d, 0, s, ATT_BC);
+    RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
+          kh + j0 * sk, (int)sk, 0, s, ATT_BC);
     if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, i0, br, j0, bc, -INFINITY);
     for (int64_t r = 0; r < br; r++) {
       real *sr = s + r * ATT_BC, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
@@ -46,15 +47,15 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
       l[r] = l[r] * alpha + RF(sum)(sr, bc);
       m[r] = mnew;
       if (alpha != 1)
-        for (int64_t j = 0; j < d; j++) oi[r * d + j] *= alpha;
+        for (int64_t j = 0; j < d; j++) oi[r * so + j] *= alpha;
     }
-    RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, 1, s, ATT_BC, vh + j0 * d, (int)d, 1,
-          oi, (int)d);
+    RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, 1, s, ATT_BC, vh + j0 * sv, (int)sv, 1,
+          oi, (int)so);
   }
   for (int64_t r = 0; r < br; r++) {
     if (l[r] > 0) {
       real inv = 1 / l[r];
-      for (int64_t j = 0; j < d; j++) oi[r * d + j] *= inv;
+      for (int64_t j = 0; j < d; j++) oi[r * so + j] *= inv;
       li[r] = m[r] + RMATH(log)(l[r]);
     } else {
       li[r] = -INFINITY;
@@ -68,8 +69,10 @@ static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, 
                                const real *dout, const real *lse, const real *delta, real *dq, real *dk, real *dv,
                                real *work) {
   int64_t d = a->d, group = a->hq / a->hkv, b = task / a->hkv, hk = task % a->hkv;
-  const real *kh = k + task * a->tk * d, *vh = v + task * a->tk * d;
-  real *dkh = dk + task * a->tk * d, *dvh = dv + task * a->tk * d, *p = work, *ds = work + ATT_BR * ATT_BC;
+  int64_t sq = a->q.st, sk = a->k.st, sv = a->v.st, sdo = a->dout.st, sdq = a->dq.st, sdk = a->dk.st, sdv = a->dv.st;
+  const real *kh = k + attn_row(a->k, b, hk, 0), *vh = v + attn_row(a->v, b, hk, 0);
+  real *dkh = dk + attn_row(a->dk, b, hk, 0), *dvh = dv + attn_row(a->dv, b, hk, 0), *p = work;
+  real *ds = work + ATT_BR * ATT_BC;
   for (int64_t j0 = 0; j0 < a->tk; j0 += ATT_BC) {
     int64_t bc = a->tk - j0 < ATT_BC ? a->tk - j0 : ATT_BC;
     int64_t first = a->causal ? j0 - (a->tk - a->t) : 0; /* first query that sees key j0 */
@@ -78,9 +81,11 @@ static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, 
       int64_t bh = b * a->hq + h;
       for (int64_t i0 = first; i0 < a->t; i0 += ATT_BR) {
         int64_t br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR, row = bh * a->t + i0;
-        const real *qi = q + row * d, *doi = dout + row * d, *li = lse + row, *di = delta + row;
-        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)d,
-              kh + j0 * d, (int)d, 0, p, ATT_BC);
+        const real *qi = q + attn_row(a->q, b, h, i0), *doi = dout + attn_row(a->dout, b, h, i0), *li = lse + row;
+        const real *di = delta + row;
+        real *dqi = dq + attn_row(a->dq, b, h, i0);
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
+              kh + j0 * sk, (int)sk, 0, p, ATT_BC);
         if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, p, i0, br, j0, bc, -INFINITY);
         for (int64_t r = 0; r < br; r++) {
           real *pr = p + r * ATT_BC;
@@ -89,23 +94,31 @@ static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, 
             for (int64_t c = 0; c < bc; c++) pr[c] = RF(exp)(pr[c] - li[r]);
         }
         /* dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - delta);  dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i */
-        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, 1, p, ATT_BC, doi, (int)d, 1,
-              dvh + j0 * d, (int)d);
-        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, 1, doi, (int)d, vh + j0 * d, (int)d,
-              0, ds, ATT_BC);
+        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, 1, p, ATT_BC, doi, (int)sdo, 1,
+              dvh + j0 * sdv, (int)sdv);
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, 1, doi, (int)sdo, vh + j0 * sv,
+              (int)sv, 0, ds, ATT_BC);
         for (int64_t r = 0; r < br; r++)
           for (int64_t c = 0; c < bc; c++) ds[r * ATT_BC + c] = p[r * ATT_BC + c] * (ds[r * ATT_BC + c] - di[r]);
         RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, (real)a->scale, ds, ATT_BC,
-              kh + j0 * d, (int)d, 1, dq + row * d, (int)d);
+              kh + j0 * sk, (int)sk, 1, dqi, (int)sdq);
         RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, (real)a->scale, ds, ATT_BC, qi,
-              (int)d, 1, dkh + j0 * d, (int)d);
+              (int)sq, 1, dkh + j0 * sdk, (int)sdk);
       }
     }
   }
 }
 
-static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
+/* Zeroes the rows of a (nb, nh, nt, d) operand laid out as l. */
+static void RF(attn_zero)(real *p, attn_layout l, int64_t nb, int64_t nh, int64_t nt, int64_t d) {
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t h = 0; h < nh; h++)
+      for (int64_t t = 0; t < nt; t++) memset(p + attn_row(l, b, h, t), 0, (size_t)d * sizeof(real));
+}
+
+static dt_status RF(attn_fwd)(const attn_dims *dims, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
                               dt_tensor *out, dt_tensor *lse) {
+  attn_dims l = *dims, *a = &l;
   const real *qp = NULL, *kp = NULL, *vp = NULL;
   real *op = NULL, *lp = NULL, *own[5] = {NULL, NULL, NULL, NULL, NULL};
   char *scr = NULL;
@@ -118,6 +131,8 @@ static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_t
   if (st == DT_OK) st = RF(tensor_out)(lse, &lp, &own[4]);
   if (st == DT_OK) st = dt_nn_scratch(0, ATT_BR * (ATT_BC + 2) * sizeof(real), &scr, &stride, &shared);
   if (st == DT_OK) {
+    l.q = attn_layout_of(q, own[0]), l.k = attn_layout_of(k, own[1]), l.v = attn_layout_of(v, own[2]);
+    l.o = attn_layout_of(out, own[3]);
     int64_t ntasks = a->b * a->hq * ((a->t + ATT_BR - 1) / ATT_BR);
 #pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && ntasks * ATT_BR * a->tk * a->d > DT_NN_PAR_MIN)
     for (int64_t task = 0; task < ntasks; task++)
@@ -131,7 +146,8 @@ static dt_status RF(attn_fwd)(const attn_dims *a, const dt_tensor *q, const dt_t
   return st;
 }
 
-static dt_status RF(attn_bwd)(const attn_dims *a, const dt_tensor *const in[6], dt_tensor *const grads[3]) {
+static dt_status RF(attn_bwd)(const attn_dims *dims, const dt_tensor *const in[6], dt_tensor *const grads[3]) {
+  attn_dims l = *dims, *a = &l;
   const real *x[6] = {NULL}; /* q, k, v, out, dout, lse */
   real *g[3] = {NULL}, *own[9] = {NULL}, *delta;
   char *scr = NULL;
@@ -144,11 +160,18 @@ static dt_status RF(attn_bwd)(const attn_dims *a, const dt_tensor *const in[6], 
     st = dt_nn_scratch((size_t)rows * sizeof(real), 2 * ATT_BR * ATT_BC * sizeof(real), &scr, &stride,
                        (void **)&delta);
   if (st == DT_OK) {
-    memset(g[0], 0, (size_t)(rows * a->d) * sizeof(real));
-    memset(g[1], 0, (size_t)(a->b * a->hkv * a->tk * a->d) * sizeof(real));
-    memset(g[2], 0, (size_t)(a->b * a->hkv * a->tk * a->d) * sizeof(real));
+    l.q = attn_layout_of(in[0], own[0]), l.k = attn_layout_of(in[1], own[1]), l.v = attn_layout_of(in[2], own[2]);
+    l.o = attn_layout_of(in[3], own[3]), l.dout = attn_layout_of(in[4], own[4]);
+    l.dq = attn_layout_of(grads[0], own[6]), l.dk = attn_layout_of(grads[1], own[7]);
+    l.dv = attn_layout_of(grads[2], own[8]);
+    RF(attn_zero)(g[0], l.dq, a->b, a->hq, a->t, a->d);
+    RF(attn_zero)(g[1], l.dk, a->b, a->hkv, a->tk, a->d);
+    RF(attn_zero)(g[2], l.dv, a->b, a->hkv, a->tk, a->d);
 #pragma omp parallel for schedule(static) if (rows * a->d > DT_NN_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) delta[r] = RF(dot)(x[4] + r * a->d, x[3] + r * a->d, a->d);
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t b = r / (a->hq * a->t), h = r / a->t % a->hq, t = r % a->t;
+      delta[r] = RF(dot)(x[4] + attn_row(l.dout, b, h, t), x[3] + attn_row(l.o, b, h, t), a->d);
+    }
     int64_t ntasks = a->b * a->hkv;
 #pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && rows * a->tk * a->d > DT_NN_PAR_MIN)
     for (int64_t task = 0; task < ntasks; task++)

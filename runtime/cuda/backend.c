@@ -56,8 +56,11 @@ static void end(void) {
  * take one float dtype per call (activations of another dtype than the weights are normalised in the weights'). */
 static bool supports(dt_backend_op op, int n, const dt_tensor *const *ts) {
   switch (op) {
-    case DT_BACKEND_OP_nn_attention_fwd:
-    case DT_BACKEND_OP_nn_attention_bwd: return ts[0]->dtype != DT_DTYPE_F64;
+    case DT_BACKEND_OP_nn_attention_fwd: /* f32/bf16/f16, contiguous (strided views: dispatch's stand-ins) */
+    case DT_BACKEND_OP_nn_attention_bwd:
+      for (int i = 0; i < n; i++)
+        if (ts[i] && !dt_tensor_is_contiguous(ts[i])) return false;
+      return ts[0]->dtype != DT_DTYPE_F64;
     case DT_BACKEND_OP_nn_layernorm_fwd:
     case DT_BACKEND_OP_nn_rmsnorm_fwd: return !ts[1] || ts[1]->dtype == ts[0]->dtype;       /* (x, w, ...) */
     case DT_BACKEND_OP_nn_layernorm_bwd:

@@ -56,6 +56,9 @@ end
 function Attention:forward(x, kv)
    local B, T = x:size(1), x:size(2)
    local qkv = self.qkv(x)
+   if not kv and not self.rope_theta and not self.q_norm then -- heads read in place (dt.F.self_attention)
+      return self.drop(self.proj(dt.F.self_attention(qkv, self.heads, self.kv_heads)))
+   end
    local rope, pos = self.rope_theta ~= nil, kv and kv.pos or 0
    local q = self:heads_of(qkv, 0, self.heads, rope, pos, self.q_norm)
    local k = self:heads_of(qkv, self.heads, self.kv_heads, rope, pos, self.k_norm)

@@ -1,6 +1,7 @@
 -- dt/ops/nn.lua: dt.F, the fused NN ops, each one tape node whose hand-written backward calls its _bwd kernel.
 --
--- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, linear_act, swiglu, rope, attention, dropout;
+-- softmax, log_softmax, cross_entropy, layer_norm, rms_norm, gelu, linear_act, swiglu, rope, attention,
+-- self_attention, dropout;
 -- generation's kv_append and decode_attention (forward only).
 -- cross_entropy with reduction mean/sum instead reuses the gradient its forward pass computed.
 -- Kernels need contiguous inputs: strided ones are copied first (not recorded; the gradient still goes to the
@@ -241,14 +242,49 @@ return function(dt, Tensor)
       opts = opts or {}
       local causal = opts.causal ~= false
       local scale = opts.scale or 1 / math.sqrt(q.ndim > 0 and q:size(-1) or 1)
-      local qc, kc, vc = contiguous(q), contiguous(k), contiguous(v)
       local out, lse = like(q), empty(row_shape(q), stat_dtype(q), q)
-      check(C.dt_nn_attention_fwd(qc.h, kc.h, vc.h, scale, causal, out.h, lse.h))
+      check(C.dt_nn_attention_fwd(q.h, k.h, v.h, scale, causal, out.h, lse.h))
       return record(out, { q, k, v }, function(g)
          local dq, dk, dv = like(q), like(k), like(v)
-         check(C.dt_nn_attention_bwd(qc.h, kc.h, vc.h, out.h, contiguous(g).h, lse.h, scale, causal, dq.h, dk.h, dv.h))
+         check(C.dt_nn_attention_bwd(q.h, k.h, v.h, out.h, g.h, lse.h, scale, causal, dq.h, dk.h, dv.h))
          return dq, dk, dv
       end, "attention")
+   end
+
+   -- Causal self-attention straight from a fused projection: qkv (B, T, (Hq + 2 Hkv) D), columns [q | k | v] as
+   -- CausalSelfAttention lays them out -> (B, T, Hq D): F.attention of its heads, the result back in (B, T, Hq D). The
+   -- kernels read q, k and v where they lie and write the output in (B, T, H, D) order, and the backward writes dq,
+   -- dk and dv into one gradient of qkv (no head copies, no zero-filled gradients summed; a backend that reads only
+   -- contiguous operands gets dispatch's copies). opts.scale (default 1/sqrt(D)), opts.causal (default true).
+   function F.self_attention(qkv, heads, kv_heads, opts)
+      need_tensor(qkv, "self_attention", "qkv")
+      local n = type(heads) == "number" and type(kv_heads) == "number" and heads + 2 * kv_heads or 0
+      if qkv.ndim ~= 3 or heads < 1 or kv_heads < 1 or qkv:size(3) % n ~= 0 then
+         error(("F.self_attention: qkv must be (B, T, (heads + 2 kv_heads) D), got %s with heads %s, kv_heads %s")
+            :format(tostring(qkv), tostring(heads), tostring(kv_heads)), 2)
+      end
+      opts = opts or {}
+      local x = contiguous(qkv)
+      local B, T, W = x:size(1), x:size(2), x:size(3)
+      local D = W / n
+      local scale, causal = opts.scale or 1 / math.sqrt(D), opts.causal ~= false
+      -- (B, h, T, D) views: the heads at columns [first D, (first + h) D) of x's layout, or of y's (B, T, heads D)
+      local function heads_of(t, first, h)
+         return t:as_strided({ B, h, T, D }, { T * W, D, W, 1 }, t.h.offset + first * D)
+      end
+      local function out_heads(t)
+         return t:as_strided({ B, heads, T, D }, { T * heads * D, D, heads * D, 1 }, t.h.offset)
+      end
+      local q, k, v = heads_of(x, 0, heads), heads_of(x, heads, kv_heads), heads_of(x, heads + kv_heads, kv_heads)
+      local y = empty({ B, T, heads * D }, x.dtype, x)
+      local yh, lse = out_heads(y), empty({ B, heads, T }, stat_dtype(x), x)
+      check(C.dt_nn_attention_fwd(q.h, k.h, v.h, scale, causal, yh.h, lse.h))
+      return record(y, { qkv }, function(g)
+         local dx = empty(x.shape, x.dtype, x)
+         check(C.dt_nn_attention_bwd(q.h, k.h, v.h, yh.h, out_heads(contiguous(g)).h, lse.h, scale, causal,
+            heads_of(dx, 0, heads).h, heads_of(dx, heads, kv_heads).h, heads_of(dx, heads + kv_heads, kv_heads).h))
+         return dx
+      end, "self_attention")
    end
 
    -- Generation's KV cache (no autograd; see dt.rl.kvcache): a layer's cache is (S, Hkv, L, D), slots (B) i64 the slot
