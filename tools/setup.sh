@@ -9,6 +9,7 @@ packages=(cmake make gcc pkg-config luajit libluajit-5.1-dev libopenblas-dev zli
   chromium # obs_report_spec renders `dtrun report`'s page headless (installs in about 2 minutes)
   lua-yaml # YAML --config files (dt.train.config_file)
   libgloo-dev # Gloo's TCP transport between nodes (runtime/comm/gloo_shim.cc)
+  libsleef-dev # vectorised exp for the CPU softmax and cross-entropy rows (runtime/cpu/vec_math.h)
   openssh-server # hostfile_spec's loopback sshd (dtrun --hostfile)
   python3-torch python3-venv python3-pip) # tools/py_refs.sh (the specs' references)
 missing=()

@@ -144,12 +144,6 @@ static inline real RF(sqdev)(const real *x, real mu, int64_t n) {
   return RF(lanes_total)(acc);
 }
 
-/* sum(exp(x - m)) */
-static inline real RF(sumexp)(const real *x, real m, int64_t n) {
-  DT_NN_LANE_REDUCE(0, acc[k] + RF(exp)(x[i + k] - m));
-  return RF(lanes_total)(acc);
-}
-
 /* max(x), -inf for n == 0 (NaNs are skipped; they still poison the sums that use the max). */
 static inline real RF(max)(const real *x, int64_t n) {
   DT_NN_LANE_REDUCE(-INFINITY, x[i + k] > acc[k] ? x[i + k] : acc[k]);

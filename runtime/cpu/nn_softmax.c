@@ -1,5 +1,6 @@
 /* nn_softmax.c: softmax, log-softmax and fused softmax + cross-entropy (forward and backward) over rows. */
 #include "nn_common.h"
+#include "vec_math.h"
 #include "dt_nn.h"
 
 static inline int64_t target_at(const void *p, int dtype, int64_t r) {

@@ -4,7 +4,7 @@ static dt_status RF(softmax_fwd)(const dt_tensor *x, dt_tensor *y, bool logsm, i
   char *scr;
   size_t stride;
   void *shared;
-  DT_TRY(dt_nn_scratch(0, 2 * (size_t)v * sizeof(real), &scr, &stride, &shared));
+  DT_TRY(dt_nn_scratch(0, 3 * (size_t)v * sizeof(real), &scr, &stride, &shared));
   const void *xp = dt_tensor_ptr(x);
   void *yp = dt_tensor_ptr(y);
   int xd = x->dtype, yd = y->dtype;
@@ -13,13 +13,12 @@ static dt_status RF(softmax_fwd)(const dt_tensor *x, dt_tensor *y, bool logsm, i
     real *buf = dt_nn_slice(scr, stride);
     const real *xr = RF(row_in)(xp, xd, r * v, v, buf);
     real *yr = RF(row_out)(yp, yd, r * v, buf + v);
-    real m = RF(max)(xr, v);
-    if (logsm) {
-      real lse = m + RMATH(log)(RF(sumexp)(xr, m, v));
+    real m = RF(dt_vec_max)(xr, v);
+    if (logsm) { /* exp(x - m) goes to a temporary: y may alias x */
+      real lse = m + RMATH(log)(RF(dt_vec_expsum)(buf + 2 * v, xr, 1, -m, v));
       for (int64_t c = 0; c < v; c++) yr[c] = xr[c] - lse;
     } else {
-      for (int64_t c = 0; c < v; c++) yr[c] = RF(exp)(xr[c] - m);
-      real inv = 1 / RF(sum)(yr, v);
+      real inv = 1 / RF(dt_vec_expsum)(yr, xr, 1, -m, v);
       for (int64_t c = 0; c < v; c++) yr[c] *= inv;
     }
     RF(row_flush)(yr, yp, yd, r * v, v);
@@ -34,7 +33,7 @@ static dt_status RF(softmax_bwd)(const dt_tensor *y, const dt_tensor *dy, dt_ten
   char *scr;
   size_t stride;
   void *shared;
-  DT_TRY(dt_nn_scratch(0, 3 * (size_t)v * sizeof(real), &scr, &stride, &shared));
+  DT_TRY(dt_nn_scratch(0, 4 * (size_t)v * sizeof(real), &scr, &stride, &shared));
   const void *yp = dt_tensor_ptr(y), *gp = dt_tensor_ptr(dy);
   void *dxp = dt_tensor_ptr(dx);
   int yd = y->dtype, gd = dy->dtype, dxd = dx->dtype;
@@ -45,7 +44,13 @@ static dt_status RF(softmax_bwd)(const dt_tensor *y, const dt_tensor *dy, dt_ten
     real *dxr = RF(row_out)(dxp, dxd, r * v, buf + 2 * v);
     if (logsm) {
       real s = RF(sum)(gr, v);
+#if RIS64
+      real *e = buf + 3 * v;
+      RF(dt_vec_exp)(e, yr, 1, 0, v);
+      for (int64_t c = 0; c < v; c++) dxr[c] = gr[c] - e[c] * s;
+#else /* the inlined f32 polynomial fused into the loop beats a separate pass of SLEEF's exp here (measured) */
       for (int64_t c = 0; c < v; c++) dxr[c] = gr[c] - RF(exp)(yr[c]) * s;
+#endif
     } else {
       real d = RF(dot)(gr, yr, v);
       for (int64_t c = 0; c < v; c++) dxr[c] = yr[c] * (gr[c] - d);
@@ -56,17 +61,14 @@ static dt_status RF(softmax_bwd)(const dt_tensor *y, const dt_tensor *dy, dt_ten
   return DT_OK;
 }
 
-/* Loss -log softmax(x)[t] of one row; with dl, also dl = scale * (softmax(x) - onehot(t)). */
-static real RF(ce_row)(const real *x, int64_t v, int64_t t, real scale, real *dl) {
-  real m = RF(max)(x, v), s;
+/* Loss -log softmax(x)[t] of one row; with dl, also dl = scale * (softmax(x) - onehot(t)). tmp: v values of
+ * scratch for exp(x - max) when dl is NULL. */
+static real RF(ce_row)(const real *x, int64_t v, int64_t t, real scale, real *dl, real *tmp) {
+  real m = RF(dt_vec_max)(x, v), s = RF(dt_vec_expsum)(dl ? dl : tmp, x, 1, -m, v);
   if (dl) {
-    for (int64_t c = 0; c < v; c++) dl[c] = RF(exp)(x[c] - m);
-    s = RF(sum)(dl, v);
     real k = scale / s;
     for (int64_t c = 0; c < v; c++) dl[c] *= k;
     dl[t] -= scale;
-  } else {
-    s = RF(sumexp)(x, m, v);
   }
   return m + RMATH(log)(s) - x[t];
 }
@@ -79,7 +81,7 @@ static dt_status RF(ce_rows)(const dt_tensor *logits, const dt_tensor *targets, 
   char *scr;
   size_t stride;
   real *row_loss;
-  DT_TRY(dt_nn_scratch((size_t)n * sizeof(real), 2 * (size_t)v * sizeof(real), &scr, &stride, (void **)&row_loss));
+  DT_TRY(dt_nn_scratch((size_t)n * sizeof(real), 3 * (size_t)v * sizeof(real), &scr, &stride, (void **)&row_loss));
   const void *xp = dt_tensor_ptr(logits), *tp = dt_tensor_ptr(targets);
   const void *gp = dlosses ? dt_tensor_ptr(dlosses) : NULL;
   void *lp = losses ? dt_tensor_ptr(losses) : NULL, *dlp = dlogits ? dt_tensor_ptr(dlogits) : NULL;
@@ -95,7 +97,7 @@ static dt_status RF(ce_rows)(const dt_tensor *logits, const dt_tensor *targets, 
       if (dlr) memset(dlr, 0, (size_t)v * sizeof(real));
     } else {
       real k = (real)(gp ? dt_load(gp, gd, r) : scale);
-      loss = RF(ce_row)(RF(row_in)(xp, xd, r * v, v, buf), v, t, k, dlr);
+      loss = RF(ce_row)(RF(row_in)(xp, xd, r * v, v, buf), v, t, k, dlr, buf + 2 * v);
     }
     if (dlr) RF(row_flush)(dlr, dlp, dld, r * v, v);
     if (lp) dt_store(lp, ld, r, loss);
