@@ -157,6 +157,7 @@ static void reduce_cols(int op, const rgeom *g, const dt_tensor *x, dt_tensor *o
   const char *xp = dt_tensor_ptr(x);
   int64_t es = (int64_t)dt_dtype_size(x->dtype);
   bool direct = x->dtype == DT_DTYPE_F64 && g->inner_st == 1, oc = dt_tensor_is_contiguous(out);
+  bool f32_sum = x->dtype == DT_DTYPE_F32 && g->inner_st == 1 && is_sum_like(op); /* bias gradients: widen inline */
   racc init = racc_init(op);
 #pragma omp parallel for schedule(static) if (g->outer * g->len * g->inner > DT_OPS_PAR_MIN)
   for (int64_t it = 0; it < items; it++) {
@@ -169,7 +170,11 @@ static void reduce_cols(int op, const rgeom *g, const dt_tensor *x, dt_tensor *o
       acc[j] = init.v;
       idx[j] = 0;
     }
-    for (int64_t r = 0; r < g->len; r++) {
+    for (int64_t r = 0; r < g->len && f32_sum; r++) {
+      const float *f = (const float *)(const void *)(base + r * g->len_st * es);
+      for (int64_t j = 0; j < n; j++) acc[j] += (double)f[j];
+    }
+    for (int64_t r = 0; r < g->len && !f32_sum; r++) {
       const char *row = base + r * g->len_st * es;
       const double *v = direct ? (const double *)(const void *)row : buf;
       if (!direct) dt_cpu_load(DT_CT_F64, buf, row, x->dtype, g->inner_st, n);
