@@ -65,6 +65,7 @@ end
 -- host is unreachable, or refused us) closes every other session's stdin, stopping their agents.
 local fanout = [[
 set -u
+trap '' PIPE # a session that ended before its token was written (unreachable host) must not kill the launcher
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 mkfifo "$dir/done"
@@ -82,7 +83,7 @@ for cmd in "$@"; do
   eval "{ $run; echo \"$i \$?\" > \"\$dir/done\"; } $closes &"
   exec {fd}>"$dir/in$i"
   fds+=("$fd")
-  printf '%s\n' "$DT_JOB_TOKEN" >&"$fd"
+  printf '%s\n' "$DT_JOB_TOKEN" >&"$fd" 2>/dev/null # fails (EPIPE) when that session has ended already
 done
 code=0
 for ((k = 0; k < n; k++)); do
