@@ -1,21 +1,23 @@
 /* nn_attention_gen.h: generic (real = float/double) tiled attention forward and backward, tile products in BLAS. */
-/* The forward keeps a running max and sum per query (online softmax); the backward recomputes probabilities from
- * the saved lse (FlashAttention-2 style). */
+/* Key blocks are attn_width(a) wide: all keys (one block) or ATT_BC. The forward keeps a running max and sum per
+ * query (online softmax, exact with one block); the backward recomputes probabilities from the saved lse
+ * (FlashAttention-2 style). */
 #if RIS64
 #define RGEMM cblas_dgemm
 #else
 #define RGEMM cblas_sgemm
 #endif
 
-/* Fills columns of the (br, bc) tile s (row stride ATT_BC) beyond each query's last visible key. */
-static void RF(attn_mask)(const attn_dims *a, real *s, int64_t i0, int64_t br, int64_t j0, int64_t bc, real fill) {
+/* Fills columns of the (br, bc) tile s (row stride w) beyond each query's last visible key. */
+static void RF(attn_mask)(const attn_dims *a, real *s, int64_t w, int64_t i0, int64_t br, int64_t j0, int64_t bc,
+                          real fill) {
   for (int64_t r = 0; r < br; r++) {
     int64_t end = attn_key_end(a, i0 + r) - j0;
-    for (int64_t c = end < 0 ? 0 : end; c < bc; c++) s[r * ATT_BC + c] = fill;
+    for (int64_t c = end < 0 ? 0 : end; c < bc; c++) s[r * w + c] = fill;
   }
 }
 
-/* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br. work: ATT_BR * (ATT_BC + 2) reals. */
+/* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br. work: ATT_BR * (attn_width + 2) reals. */
 static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *v, real *o,
                               real *lse, real *work) {
   int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, d = a->d;
@@ -24,20 +26,20 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
   int64_t sq = a->q.st, sk = a->k.st, sv = a->v.st, so = a->o.st; /* row strides */
   const real *qi = q + attn_row(a->q, b, h, i0), *kh = k + attn_row(a->k, b, hk, 0), *vh = v + attn_row(a->v, b, hk, 0);
   real *oi = o + attn_row(a->o, b, h, i0), *li = lse + bh * a->t + i0;
-  real *s = work, *m = s + ATT_BR * ATT_BC, *l = m + ATT_BR;
+  int64_t w = attn_width(a), kend = attn_key_end(a, i0 + br - 1); /* key blocks past the last row's keys are skipped */
+  real *s = work, *m = s + ATT_BR * w, *l = m + ATT_BR;
   for (int64_t r = 0; r < br; r++) {
-    memset(oi + r * so, 0, (size_t)d * sizeof(real));
+    if (kend == 0) memset(oi + r * so, 0, (size_t)d * sizeof(real)); /* else the first block's GEMM writes it */
     m[r] = -INFINITY;
     l[r] = 0;
   }
-  int64_t kend = attn_key_end(a, i0 + br - 1); /* key tiles past the last row's keys are skipped */
-  for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
-    int64_t bc = kend - j0 < ATT_BC ? kend - j0 : ATT_BC;
+  for (int64_t j0 = 0; j0 < kend; j0 += w) {
+    int64_t bc = kend - j0 < w ? kend - j0 : w;
     RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
-          kh + j0 * sk, (int)sk, 0, s, ATT_BC);
-    if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, i0, br, j0, bc, -INFINITY);
+          kh + j0 * sk, (int)sk, 0, s, (int)w);
+    if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, w, i0, br, j0, bc, -INFINITY);
     for (int64_t r = 0; r < br; r++) {
-      real *sr = s + r * ATT_BC, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
+      real *sr = s + r * w, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
       if (mnew == -INFINITY) { /* this query sees no key yet */
         memset(sr, 0, (size_t)bc * sizeof(real));
         continue;
@@ -46,11 +48,11 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
       for (int64_t c = 0; c < bc; c++) sr[c] = RF(exp)(sr[c] - mnew);
       l[r] = l[r] * alpha + RF(sum)(sr, bc);
       m[r] = mnew;
-      if (alpha != 1)
+      if (alpha != 1 && j0 > 0)
         for (int64_t j = 0; j < d; j++) oi[r * so + j] *= alpha;
     }
-    RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, 1, s, ATT_BC, vh + j0 * sv, (int)sv, 1,
-          oi, (int)so);
+    RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, 1, s, (int)w, vh + j0 * sv, (int)sv,
+          j0 > 0, oi, (int)so);
   }
   for (int64_t r = 0; r < br; r++) {
     if (l[r] > 0) {
@@ -64,45 +66,49 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
 }
 
 /* One (batch, kv head) with all its query heads: dk, dv of the head, and dq of those query heads, each summed in
- * a fixed order (key tiles outer; query heads, then query tiles inner). work: 2 * ATT_BR * ATT_BC reals. */
+ * a fixed order (key blocks outer; query heads, then query tiles inner). dq rows are written (beta 0) by the first
+ * key block, dk and dv accumulated into zeroed rows. work: 2 * ATT_BR * attn_width reals. */
 static void RF(attn_bwd_group)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *v,
                                const real *dout, const real *lse, const real *delta, real *dq, real *dk, real *dv,
                                real *work) {
   int64_t d = a->d, group = a->hq / a->hkv, b = task / a->hkv, hk = task % a->hkv;
   int64_t sq = a->q.st, sk = a->k.st, sv = a->v.st, sdo = a->dout.st, sdq = a->dq.st, sdk = a->dk.st, sdv = a->dv.st;
   const real *kh = k + attn_row(a->k, b, hk, 0), *vh = v + attn_row(a->v, b, hk, 0);
-  real *dkh = dk + attn_row(a->dk, b, hk, 0), *dvh = dv + attn_row(a->dv, b, hk, 0), *p = work;
-  real *ds = work + ATT_BR * ATT_BC;
-  for (int64_t j0 = 0; j0 < a->tk; j0 += ATT_BC) {
-    int64_t bc = a->tk - j0 < ATT_BC ? a->tk - j0 : ATT_BC;
+  int64_t w = attn_width(a);
+  real *dkh = dk + attn_row(a->dk, b, hk, 0), *dvh = dv + attn_row(a->dv, b, hk, 0), *p = work, *ds = work + ATT_BR * w;
+  for (int64_t j0 = 0; j0 < a->tk; j0 += w) {
     int64_t first = a->causal ? j0 - (a->tk - a->t) : 0; /* first query that sees key j0 */
     first = first < 0 ? 0 : first / ATT_BR * ATT_BR;
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
       int64_t bh = b * a->hq + h;
       for (int64_t i0 = first; i0 < a->t; i0 += ATT_BR) {
         int64_t br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR, row = bh * a->t + i0;
+        int64_t bc = attn_key_end(a, i0 + br - 1) - j0; /* keys of this block the tile's last row sees */
+        bc = bc < w ? bc : w;
         const real *qi = q + attn_row(a->q, b, h, i0), *doi = dout + attn_row(a->dout, b, h, i0), *li = lse + row;
         const real *di = delta + row;
         real *dqi = dq + attn_row(a->dq, b, h, i0);
         RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
-              kh + j0 * sk, (int)sk, 0, p, ATT_BC);
-        if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, p, i0, br, j0, bc, -INFINITY);
+              kh + j0 * sk, (int)sk, 0, p, (int)w);
+        if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, p, w, i0, br, j0, bc, -INFINITY);
         for (int64_t r = 0; r < br; r++) {
-          real *pr = p + r * ATT_BC;
-          if (li[r] == -INFINITY) memset(pr, 0, (size_t)bc * sizeof(real)); /* a query that sees no key */
+          real *pr = p + r * w, lr = li[r]; /* row values in locals: pr may alias li for all GCC knows */
+          if (lr == -INFINITY) memset(pr, 0, (size_t)bc * sizeof(real)); /* a query that sees no key */
           else
-            for (int64_t c = 0; c < bc; c++) pr[c] = RF(exp)(pr[c] - li[r]);
+            for (int64_t c = 0; c < bc; c++) pr[c] = RF(exp)(pr[c] - lr);
         }
         /* dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - delta);  dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i */
-        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, 1, p, ATT_BC, doi, (int)sdo, 1,
+        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, 1, p, (int)w, doi, (int)sdo, 1,
               dvh + j0 * sdv, (int)sdv);
         RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, 1, doi, (int)sdo, vh + j0 * sv,
-              (int)sv, 0, ds, ATT_BC);
-        for (int64_t r = 0; r < br; r++)
-          for (int64_t c = 0; c < bc; c++) ds[r * ATT_BC + c] = p[r * ATT_BC + c] * (ds[r * ATT_BC + c] - di[r]);
-        RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, (real)a->scale, ds, ATT_BC,
-              kh + j0 * sk, (int)sk, 1, dqi, (int)sdq);
-        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, (real)a->scale, ds, ATT_BC, qi,
+              (int)sv, 0, ds, (int)w);
+        for (int64_t r = 0; r < br; r++) {
+          real *dsr = ds + r * w, *pr = p + r * w, dr = di[r];
+          for (int64_t c = 0; c < bc; c++) dsr[c] = pr[c] * (dsr[c] - dr);
+        }
+        RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)d, (int)bc, (real)a->scale, ds, (int)w,
+              kh + j0 * sk, (int)sk, j0 > 0, dqi, (int)sdq);
+        RGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bc, (int)d, (int)br, (real)a->scale, ds, (int)w, qi,
               (int)sq, 1, dkh + j0 * sdk, (int)sdk);
       }
     }
@@ -129,7 +135,7 @@ static dt_status RF(attn_fwd)(const attn_dims *dims, const dt_tensor *q, const d
   if (st == DT_OK) st = RF(tensor_in)(v, &vp, &own[2]);
   if (st == DT_OK) st = RF(tensor_out)(out, &op, &own[3]);
   if (st == DT_OK) st = RF(tensor_out)(lse, &lp, &own[4]);
-  if (st == DT_OK) st = dt_nn_scratch(0, ATT_BR * (ATT_BC + 2) * sizeof(real), &scr, &stride, &shared);
+  if (st == DT_OK) st = dt_nn_scratch(0, (size_t)(ATT_BR * (attn_width(a) + 2)) * sizeof(real), &scr, &stride, &shared);
   if (st == DT_OK) {
     l.q = attn_layout_of(q, own[0]), l.k = attn_layout_of(k, own[1]), l.v = attn_layout_of(v, own[2]);
     l.o = attn_layout_of(out, own[3]);
@@ -157,14 +163,14 @@ static dt_status RF(attn_bwd)(const attn_dims *dims, const dt_tensor *const in[6
   for (int i = 0; i < 6 && st == DT_OK; i++) st = RF(tensor_in)(in[i], &x[i], &own[i]);
   for (int i = 0; i < 3 && st == DT_OK; i++) st = RF(tensor_out)(grads[i], &g[i], &own[6 + i]);
   if (st == DT_OK)
-    st = dt_nn_scratch((size_t)rows * sizeof(real), 2 * ATT_BR * ATT_BC * sizeof(real), &scr, &stride,
+    st = dt_nn_scratch((size_t)rows * sizeof(real), (size_t)(2 * ATT_BR * attn_width(a)) * sizeof(real), &scr, &stride,
                        (void **)&delta);
   if (st == DT_OK) {
     l.q = attn_layout_of(in[0], own[0]), l.k = attn_layout_of(in[1], own[1]), l.v = attn_layout_of(in[2], own[2]);
     l.o = attn_layout_of(in[3], own[3]), l.dout = attn_layout_of(in[4], own[4]);
     l.dq = attn_layout_of(grads[0], own[6]), l.dk = attn_layout_of(grads[1], own[7]);
     l.dv = attn_layout_of(grads[2], own[8]);
-    RF(attn_zero)(g[0], l.dq, a->b, a->hq, a->t, a->d);
+    if (a->causal && a->tk < a->t) RF(attn_zero)(g[0], l.dq, a->b, a->hq, a->t, a->d); /* rows that see no key */
     RF(attn_zero)(g[1], l.dk, a->b, a->hkv, a->tk, a->d);
     RF(attn_zero)(g[2], l.dv, a->b, a->hkv, a->tk, a->d);
 #pragma omp parallel for schedule(static) if (rows * a->d > DT_NN_PAR_MIN)
