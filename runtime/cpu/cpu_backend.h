@@ -10,6 +10,11 @@ DT_BACKEND_OPS(DT_CPU_DECLARE)
 /* dt_optim_stream: the memory-roofline probe of `dtrun bench adamw` (host tensors only). */
 dt_status dt_cpu_optim_stream(dt_tensor *a, dt_tensor *b, dt_tensor *c, const dt_tensor *x);
 
+/* Every BLAS call of ours runs inside our own OpenMP regions, each on its calling thread: the OpenMP build of
+ * OpenBLAS does so by itself; a pthreads build would start its own threads, so this pins it to one (cpu/matmul.c;
+ * matmul and attention call it before their GEMMs). */
+void dt_cpu_blas_on_calling_thread(void);
+
 /* Whether the attention kernels read these operands (fwd: q, k, v, out, lse; bwd: q, k, v, out, dout, lse, dq, dk, dv;
  * NULL entries skipped) in place: contiguous, or f32/f64 (B, H, T, D) with contiguous rows (cpu/nn_attention.c). */
 bool dt_cpu_attention_supports(int n, const dt_tensor *const *ts);

@@ -44,9 +44,8 @@ static void gemm_tile(int cdt, const dt_mm_arg *a, const dt_mm_arg *b, const dt_
                 (int)c->ld);
 }
 
-/* Every gemm call must run on its calling thread (see MM_TILES): the OpenMP build of OpenBLAS does so
- * inside our parallel region by itself; a pthreads build would use its own threads, so pin it to one. */
-static void blas_on_calling_thread(void) {
+/* cpu_backend.h; matmul's tiles (MM_TILES) are our OpenMP threads' work, so each gemm runs on its caller. */
+void dt_cpu_blas_on_calling_thread(void) {
   if (openblas_get_parallel() == OPENBLAS_THREAD && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
@@ -106,7 +105,7 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
       m_eff = M * nbatch;
       nbatch = 1;
     }
-    blas_on_calling_thread();
+    dt_cpu_blas_on_calling_thread();
     int64_t tm = clamp64(m_eff / MM_TILE_MIN, 1, MM_TILES);
     int64_t tn = clamp64(N / MM_TILE_MIN, 1, MM_TILES / tm), items = nbatch * tm * tn;
     /* with one thread OpenBLAS is single-threaded too (dt_threads_set sets both) */

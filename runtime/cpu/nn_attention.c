@@ -50,12 +50,6 @@ static inline int64_t attn_key_end(const attn_dims *a, int64_t t) {
   return end < 0 ? 0 : end > a->tk ? a->tk : end;
 }
 
-/* The kernels' GEMMs run inside their OpenMP regions, each on its calling thread: a pthreads OpenBLAS would start
- * its own threads for the larger one-block products (as matmul.c's blas_on_calling_thread), so pin it to one. */
-static void attn_blas_serial(void) {
-  if (openblas_get_parallel() == OPENBLAS_THREAD && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
-}
-
 /* Key block width: all Tk keys up to ATT_TK_MAX, else ATT_BC. */
 static inline int64_t attn_width(const attn_dims *a) {
   return a->tk <= ATT_TK_MAX ? a->tk : ATT_BC;
@@ -108,7 +102,7 @@ dt_status dt_cpu_nn_attention_fwd(const dt_tensor *q, const dt_tensor *k, const 
   DT_TRY(check_like(op, q, "q", out, "out"));
   DT_TRY(dt_nn_check_vector(lse, a.b * a.hq * a.t, op, "lse", "B * Hq * T"));
   if (a.b * a.hq * a.t == 0) return DT_OK;
-  attn_blas_serial();
+  dt_cpu_blas_on_calling_thread();
   return q->dtype == DT_DTYPE_F64 ? attn_fwd_f64(&a, q, k, v, out, lse) : attn_fwd_f32(&a, q, k, v, out, lse);
 }
 
@@ -131,7 +125,7 @@ dt_status dt_cpu_nn_attention_bwd(const dt_tensor *q, const dt_tensor *k, const 
   }
   const dt_tensor *in[6] = {q, k, v, out, dout, lse};
   dt_tensor *grads[3] = {dq, dk, dv};
-  attn_blas_serial();
+  dt_cpu_blas_on_calling_thread();
   return q->dtype == DT_DTYPE_F64 ? attn_bwd_f64(&a, in, grads) : attn_bwd_f32(&a, in, grads);
 }
 
