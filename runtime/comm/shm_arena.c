@@ -50,6 +50,13 @@ static void arena_unref(shm_arena *a) {
 /* Rank r's arena name: the segment's, so that the launcher's cleanup of a job's segments takes it too. */
 static void arena_name(const dt_comm *c, int r, char *buf, size_t n) { snprintf(buf, n, "%s-a%d", c->shm_name, r); }
 
+/* Where rank r's first block starts. Every rank makes the same allocations, so a tensor lies at the same offset in
+ * every rank's arena, and arenas mapped side by side lie a multiple of their size apart: without a per-rank skew
+ * the copies an all_reduce reads together share all their address bits below 1 GiB, which (measured on AMD EPYC,
+ * whose L1 way predictor hashes the linear address) costs half again the time of the 64 MiB reduction: 6.5 against
+ * 4.1 ms. A page per rank (up to 64 ranks) is enough. */
+static size_t skew_of(int rank) { return (size_t)(rank % 64) * 4096; }
+
 static dt_status arena_open(dt_comm *c) {
   shm_arena *a = calloc(1, sizeof *a);
   DT_CHECK(a, DT_ERR_OOM, "comm '%s': out of memory", c->job);
@@ -75,7 +82,7 @@ static dt_status arena_open(dt_comm *c) {
     return st;
   }
   pthread_mutex_init(&a->mu, NULL);
-  a->free[0] = (range){0, a->cap};
+  a->free[0] = (range){skew_of(c->rank), a->cap - skew_of(c->rank)};
   a->nfree = a->free_cap = 1;
   a->refs = 1;
   c->arena = a;

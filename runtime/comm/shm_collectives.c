@@ -1,4 +1,5 @@
 /* shm_collectives.c: the collective algorithms, staged through per-rank rotating slots of the segment. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "shm_internal.h"
@@ -58,14 +59,16 @@ static void gather_slices(dt_comm *c, const chunk *ch, uint8_t *data, size_t es)
   }
 }
 
-/* Every rank's data registered (the call's first barrier passed): rank r reduces its part of the data over every
- * rank's, in rank order, into its own data and every other rank's, in cache-sized pieces; the second barrier ends
- * the call. Each rank reads its part of every rank's data once and writes it into every rank's once: the data's
- * size read and written, against (3n - 2)/n read and 2 written staged through the slots. */
+/* Every rank's data registered (the call's first barrier passed): the ranks claim cache-sized pieces of the data
+ * from the header's counter until none is left, and reduce each over every rank's data, in rank order, into every
+ * rank's: each byte read once and written once (against (3n - 2)/n read and 2 written staged through the slots),
+ * the same bits whichever rank takes a piece, and a rank slowed by the machine takes fewer (a fixed split made the
+ * call as slow as its slower half: 3.6 vs 5.8 ms on the 64 MiB benchmark). Every rank claims one number past the
+ * last piece, so each call moves the counter by pieces + n, which every rank knows: the second barrier ends the call. */
 static dt_status reduce_registered(call_ctx *x, int64_t count, int dtype, int op) {
   enum { PIECE_BYTES = 256 << 10 };
   dt_comm *c = x->c;
-  int par = (int)(x->fp.seq & 1), n = c->world, next = (c->rank + 1) % n;
+  int par = (int)(x->fp.seq & 1), n = c->world;
   size_t es = dt_dtype_size(dtype);
   uint8_t **data = calloc(n > 0 ? (size_t)n : 1, sizeof *data);
   DT_CHECK(data, DT_ERR_OOM, "comm '%s': out of memory", c->job);
@@ -74,16 +77,24 @@ static dt_status reduce_registered(call_ctx *x, int64_t count, int dtype, int op
     st = shm_arena_peer(c, j, &data[j]);
     if (st == DT_OK) data[j] += c->ranks[j].reg[par];
   }
-  int64_t lo = part(count, n, c->rank), hi = part(count, n, c->rank + 1), piece = PIECE_BYTES / (int64_t)es;
-  for (int64_t a = lo; a < hi && st == DT_OK; a += piece) {
-    int64_t m = min64(piece, hi - a);
-    for (int j = 0; j < n; j++) c->srcs[j] = data[j] + (size_t)a * es;
-    shm_reduce(dtype, op, n, c->srcs, data[c->rank] + (size_t)a * es, n > 1 ? data[next] + (size_t)a * es : NULL, m);
-    for (int j = 0; j < n; j++)
-      if (j != c->rank && j != next) memcpy(data[j] + (size_t)a * es, data[c->rank] + (size_t)a * es, (size_t)m * es);
+  if (st != DT_OK) { /* the others may wait for pieces this rank will never reduce: wake them with the reason */
+    free(data);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    return shm_abort(c, st, why);
+  }
+  int64_t piece = PIECE_BYTES / (int64_t)es, pieces = (count + piece - 1) / piece;
+  uint64_t first = c->pieces;
+  c->pieces += (uint64_t)pieces + (uint64_t)n;
+  for (;;) {
+    int64_t i = (int64_t)(atomic_fetch_add(&c->hdr->pieces, 1) - first);
+    if (i >= pieces) break;
+    size_t at = (size_t)(i * piece) * es, bytes = (size_t)min64(piece, count - i * piece) * es;
+    for (int j = 0; j < n; j++) c->srcs[j] = data[j] + at;
+    shm_reduce(dtype, op, n, c->srcs, data[0] + at, n > 1 ? data[1] + at : NULL, (int64_t)(bytes / es));
+    for (int j = 2; j < n; j++) memcpy(data[j] + at, data[0] + at, bytes);
   }
   free(data);
-  DT_TRY(st);
   atomic_fetch_add(&c->registered_calls, 1);
   next_slot(c);
   return shm_sync(x);

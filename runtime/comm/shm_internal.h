@@ -49,6 +49,7 @@ typedef struct shm_header {
   _Alignas(64) _Atomic uint64_t arrivals; /* barrier arrivals since creation */
   _Alignas(64) _Atomic uint32_t gen;      /* futex word: low 32 bits of the last completed barrier epoch */
   _Atomic uint32_t abort_rank;            /* 0: healthy; r + 1: rank r gave up or is gone (reason in its block) */
+  _Alignas(64) _Atomic uint64_t pieces;   /* registered all_reduce pieces claimed since creation (shm_collectives.c) */
 } shm_header;
 
 typedef struct shm_rank {
@@ -105,6 +106,7 @@ struct dt_comm {
   uint8_t **peer_arena;               /* per rank: its registered memory mapped here (on first use), or NULL */
   size_t *peer_arena_bytes;
   _Atomic int64_t registered_calls;   /* all_reduces that reduced registered tensors in place */
+  uint64_t pieces;                    /* the header's piece counter when this rank's next registered all_reduce starts */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -43,7 +43,35 @@ static void store_f32(void *dst, int dtype, const float *restrict acc, int64_t n
     for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = dt_f32_to_f16_slow(acc[i]);
 }
 
+/* f32 sum/avg through vector registers, VEC elements at a time: every byte loaded and stored once, with no block in
+ * L1 between (two processes reducing 64 MiB in place, as the registered all_reduce does: 4.2-4.3 ms against the
+ * block path's 4.8, medians of 30). Same adds in the same order, so the same bits as the block path. */
+enum { VEC = 16 };
+typedef float vec_f32 __attribute__((vector_size(VEC * sizeof(float)), aligned(sizeof(float))));
+
+static void sum_f32(int op, int n, const void *const *srcs, float *out, float *out2, int64_t count) {
+  int64_t i = 0;
+  for (; i + VEC <= count; i += VEC) {
+    vec_f32 acc = *(const vec_f32 *)((const float *)srcs[0] + i);
+    for (int j = 1; j < n; j++) acc += *(const vec_f32 *)((const float *)srcs[j] + i);
+    if (op == DT_COMM_AVG) acc /= (float)n;
+    *(vec_f32 *)(out + i) = acc;
+    if (out2) *(vec_f32 *)(out2 + i) = acc;
+  }
+  for (; i < count; i++) {
+    float acc = ((const float *)srcs[0])[i];
+    for (int j = 1; j < n; j++) acc += ((const float *)srcs[j])[i];
+    if (op == DT_COMM_AVG) acc /= (float)n;
+    out[i] = acc;
+    if (out2) out2[i] = acc;
+  }
+}
+
 static void reduce_f32(int dtype, int op, int n, const void *const *srcs, void *out, void *out2, int64_t count) {
+  if (dtype == DT_DTYPE_F32 && (op == DT_COMM_SUM || op == DT_COMM_AVG)) {
+    sum_f32(op, n, srcs, out, out2, count);
+    return;
+  }
   float acc[BLOCK], x[BLOCK];
   size_t es = dt_dtype_size(dtype);
   for (int64_t b = 0; b < count; b += BLOCK) {

@@ -19,7 +19,7 @@
 
 enum {
   SEG_MAGIC = 0x4d484454, /* "TDHM" */
-  SEG_VERSION = 3, /* 2: SHM_SLOTS slots per rank; 3: registered memory offsets per rank */
+  SEG_VERSION = 4, /* 2: SHM_SLOTS slots per rank; 3: registered memory offsets per rank; 4: piece counter */
   DEFAULT_SLOT = 1 << 20,
   MIN_SLOT = 4096,
   MAX_SLOT = 64 << 20,

@@ -478,6 +478,19 @@ static void registered(dt_comm *c, int rank, int world) {
     }
     dt_tensor_free(t);
   }
+  /* f32 of five 256 KiB pieces and a tail, claimed by whichever rank comes first; calls in a row, each moving the
+   * shared piece counter as every rank expects */
+  int64_t pieces = 5 * 65536 + 7;
+  dt_tensor *p = NULL;
+  expect_ok(dt_comm_alloc(c, 1, &pieces, DT_DTYPE_F32, &p), "registered tensor of several pieces");
+  for (int k = 0; p && k < 4; k++) {
+    int op = k % 2 ? DT_COMM_AVG : DT_COMM_SUM;
+    fill(p, rank, ++salt, 0);
+    describe(what, sizeof what, "registered all_reduce of several pieces", DT_DTYPE_F32, pieces, world);
+    expect(dt_comm_all_reduce(c, p, op, NULL) == DT_OK && check_reduced(p, op, world, salt, 0), what);
+    calls++;
+  }
+  dt_tensor_free(p);
   expect(dt_comm_registered_calls(c) == calls, "every call on registered tensors went in place");
   int64_t big = 150000; /* 600 kB: the 2 MiB arena holds three at once; 40 rounds of three must reuse blocks */
   for (int k = 0; k < 40; k++) {

@@ -10,9 +10,9 @@
 -- all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for broadcast.
 --
 -- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
--- at the copy bandwidth measured in the same run: read S and write S on every rank at once, the faster of a memcpy
--- and a plain load/store stream (copy_seconds; the fastest iteration of the slowest rank), so the ranks share the
--- memory bus as in the op.
+-- at the copy bandwidth measured in the same rounds as the op (each round times the op, then the copies): read S and
+-- write S on every rank at once, the faster of a memcpy and a plain load/store stream (copy_calls; the fastest round
+-- of the slowest rank), so the ranks share the memory bus as in the op.
 -- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time; registered_* are the
 -- same for tensors in the communicator's registered memory (comm:alloc), which the ranks reduce in
 -- place, reading and writing each byte of the data once (the peer, gloo, has no such memory: its ratio stays ratio=).
@@ -76,37 +76,47 @@ local function setup(comm, op, bytes)
    return function() comm:reduce_scatter(big, small) end, block * n * 4, { small, big }
 end
 
+-- Per call, the slowest rank's seconds in each of iters rounds; with several calls they take turns round by round,
+-- so that each sees the machine as the others do (this VM's memory bandwidth moves by tens of percent within minutes).
+local function time_calls(comm, calls, warmup, iters)
+   for _ = 1, warmup do
+      for _, call in ipairs(calls) do call() end
+   end
+   comm:barrier()
+   local times = {}
+   for k = 1, #calls do times[k] = dt.zeros({ iters }, { dtype = "f64" }) end
+   for i = 1, iters do
+      for k, call in ipairs(calls) do
+         local t0 = dt.time()
+         call()
+         times[k]:set(i, dt.time() - t0)
+      end
+   end
+   local per_call = {}
+   for k, t in ipairs(times) do
+      comm:all_reduce(t, "max")
+      per_call[k] = t:totable()
+      t:free()
+   end
+   return per_call
+end
+
 -- Median and fastest over iterations of the slowest rank's time for one call.
 local function time_call(comm, call, warmup, iters)
-   for _ = 1, warmup do call() end
-   comm:barrier()
-   local times = dt.zeros({ iters }, { dtype = "f64" })
-   for i = 1, iters do
-      local t0 = dt.time()
-      call()
-      times:set(i, dt.time() - t0)
-   end
-   comm:all_reduce(times, "max")
-   local ts = times:totable()
-   times:free()
+   local ts = time_calls(comm, { call }, warmup, iters)[1]
    return common.median(ts), math.min(unpack(ts))
 end
 
--- Seconds to read `bytes` and write `bytes` on every rank at once: the faster of a memcpy of `bytes` and
--- dt_optim_stream moving the same 2 x bytes with plain loads and stores (four f32 streams read, three written: large
--- memcpys use non-temporal stores, slower than plain ones on some machines); the fastest iteration (of the slowest
--- rank), since a roofline is the best the memory system does.
-local function copy_seconds(comm, bytes, warmup, iters)
+-- Calls that read `bytes` and write `bytes` on every rank: a memcpy of `bytes`, and dt_optim_stream moving the same
+-- 2 x bytes with plain loads and stores (four f32 streams read, three written in place: large memcpys use
+-- non-temporal stores, slower than plain ones on some machines); and their buffers.
+local function copy_calls(bytes)
    local src, dst = dt.ones({ bytes / 4 }), dt.zeros({ bytes / 4 })
    local s, d = dt.C.dt_tensor_ptr(src.h), dt.C.dt_tensor_ptr(dst.h)
-   local _, copy = time_call(comm, function() ffi.copy(d, s, bytes) end, warmup, iters)
-   src:free()
-   dst:free()
    local n = math.max(1, math.floor(bytes / 14)) -- 28 bytes an element: 2 x bytes
    local x, a, b, c = dt.ones({ n }), dt.zeros({ n }), dt.zeros({ n }), dt.zeros({ n })
-   local _, stream = time_call(comm, function() dt.check(dt.C.dt_optim_stream(a.h, b.h, c.h, x.h)) end, warmup, iters)
-   for _, t in ipairs { x, a, b, c } do t:free() end
-   return math.min(copy, stream)
+   return { function() ffi.copy(d, s, bytes) end, function() dt.check(dt.C.dt_optim_stream(a.h, b.h, c.h, x.h)) end },
+      { src, dst, x, a, b, c }
 end
 
 -- Seconds of a send of `bytes` from rank 0 to rank `to` (node 1's leader) over the network, timed on the receiver: the
@@ -192,19 +202,22 @@ function M.main(args)
          .. " slowest rank per iteration"):format(n, o.iters, 5 * o.iters, o.warmup))
       print(("%-15s %8s %12s %12s %12s %9s"):format("op", "size", "time", "algbw", "busbw", "roofline"))
    end
-   local headline, copy = {}, {}
+   local headline = {}
    for _, op in ipairs(OPS) do
       local bytes = 1024
       while bytes <= o.max_mib * 1048576 do
          local call, moved, bufs = setup(comm, op, bytes)
+         local copies, copy_bufs = copy_calls(moved)
          local iters = bytes < 1048576 and 5 * o.iters or o.iters
-         local t = time_call(comm, call, o.warmup, iters)
+         local ts = time_calls(comm, { call, copies[1], copies[2] }, o.warmup, iters)
          for _, b in ipairs(bufs) do b:free() end
-         -- 3x the op's iterations: on a shared machine a few may all be slowed, overstating the fraction
-         copy[moved] = copy[moved] or copy_seconds(comm, moved, o.warmup, 3 * iters)
+         for _, b in ipairs(copy_bufs) do b:free() end
+         local t = common.median(ts[1])
+         -- the fastest copy round: a roofline is the best the memory system does
+         local copy = math.min(math.min(unpack(ts[2])), math.min(unpack(ts[3])))
          local algbw = moved / t / 1e9
          local busbw = algbw * busbw_factor(op, n)
-         local roofline = min_traffic(op, n) * copy[moved] / 2 / t
+         local roofline = min_traffic(op, n) * copy / 2 / t
          if main then
             print(("%-15s %8s %9.1f us %7.3f GB/s %7.3f GB/s %8.1f%%"):format(op, size_name(bytes), t * 1e6, algbw,
                busbw, 100 * roofline))
