@@ -11,8 +11,8 @@
 --
 -- Each row's roofline is the time the op would take if the ranks moved only the bytes they must (min_traffic below)
 -- at the copy bandwidth measured in the same rounds as the op (each round times the op, then the copies): read S and
--- write S on every rank at once, the faster of a memcpy and a plain load/store stream (copy_calls; the fastest round
--- of the slowest rank), so the ranks share the memory bus as in the op.
+-- write S on every rank at once, the fastest of a memcpy, a plain load/store stream and an in-place pass (copy_calls;
+-- the fastest round of the slowest rank), so the ranks share the memory bus as in the op.
 -- The final line's roofline_fraction is the 64 MiB all_reduce's: roofline time / measured time; registered_* are the
 -- same for tensors in the communicator's registered memory (comm:alloc), which the ranks reduce in
 -- place, reading and writing each byte of the data once (the peer, gloo, has no such memory: its ratio stays ratio=).
@@ -107,16 +107,17 @@ local function time_call(comm, call, warmup, iters)
    return common.median(ts), math.min(unpack(ts))
 end
 
--- Calls that read `bytes` and write `bytes` on every rank: a memcpy of `bytes`, and dt_optim_stream moving the same
--- 2 x bytes with plain loads and stores (four f32 streams read, three written in place: large memcpys use
--- non-temporal stores, slower than plain ones on some machines); and their buffers.
+-- Calls that read `bytes` and write `bytes` on every rank, and their buffers: a memcpy of `bytes` (large memcpys use
+-- non-temporal stores, slower than plain ones on some machines), dt_optim_stream moving the same 2 x bytes with plain
+-- loads and stores (four f32 streams read, three written in place), and an in-place scale (`bytes` read and written
+-- back, the pattern of the registered all_reduce: with fewer streams it can outrun the other two).
 local function copy_calls(bytes)
    local src, dst = dt.ones({ bytes / 4 }), dt.zeros({ bytes / 4 })
    local s, d = dt.C.dt_tensor_ptr(src.h), dt.C.dt_tensor_ptr(dst.h)
    local n = math.max(1, math.floor(bytes / 14)) -- 28 bytes an element: 2 x bytes
    local x, a, b, c = dt.ones({ n }), dt.zeros({ n }), dt.zeros({ n }), dt.zeros({ n })
-   return { function() ffi.copy(d, s, bytes) end, function() dt.check(dt.C.dt_optim_stream(a.h, b.h, c.h, x.h)) end },
-      { src, dst, x, a, b, c }
+   return { function() ffi.copy(d, s, bytes) end, function() dt.check(dt.C.dt_optim_stream(a.h, b.h, c.h, x.h)) end,
+      function() src:mul_(1) end }, { src, dst, x, a, b, c }
 end
 
 -- Seconds of a send of `bytes` from rank 0 to rank `to` (node 1's leader) over the network, timed on the receiver: the
@@ -209,12 +210,13 @@ function M.main(args)
          local call, moved, bufs = setup(comm, op, bytes)
          local copies, copy_bufs = copy_calls(moved)
          local iters = bytes < 1048576 and 5 * o.iters or o.iters
-         local ts = time_calls(comm, { call, copies[1], copies[2] }, o.warmup, iters)
+         local ts = time_calls(comm, { call, unpack(copies) }, o.warmup, iters)
          for _, b in ipairs(bufs) do b:free() end
          for _, b in ipairs(copy_bufs) do b:free() end
          local t = common.median(ts[1])
          -- the fastest copy round: a roofline is the best the memory system does
-         local copy = math.min(math.min(unpack(ts[2])), math.min(unpack(ts[3])))
+         local copy = math.huge
+         for k = 2, #ts do copy = math.min(copy, unpack(ts[k])) end
          local algbw = moved / t / 1e9
          local busbw = algbw * busbw_factor(op, n)
          local roofline = min_traffic(op, n) * copy / 2 / t
