@@ -107,6 +107,7 @@ struct dt_comm {
   size_t *peer_arena_bytes;
   _Atomic int64_t registered_calls;   /* all_reduces that reduced registered tensors in place */
   uint64_t pieces;                    /* the header's piece counter when this rank's next registered all_reduce starts */
+  bool spin;                          /* every rank can have a core: waits poll briefly before sleeping (shm_segment.c) */
   /* asynchronous calls (comm_api.c) */
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -77,16 +77,18 @@ local function setup(comm, op, bytes)
 end
 
 -- Per call, the slowest rank's seconds in each of iters rounds; with several calls they take turns round by round,
--- so that each sees the machine as the others do (this VM's memory bandwidth moves by tens of percent within minutes).
+-- so that each sees the machine as the others do (this VM's memory bandwidth moves by tens of percent within minutes),
+-- each started together on all ranks (an untimed barrier: else a collective would also time its ranks' skew from the
+-- call before, a copy that each rank runs at its own speed).
 local function time_calls(comm, calls, warmup, iters)
    for _ = 1, warmup do
       for _, call in ipairs(calls) do call() end
    end
-   comm:barrier()
    local times = {}
    for k = 1, #calls do times[k] = dt.zeros({ iters }, { dtype = "f64" }) end
    for i = 1, iters do
       for k, call in ipairs(calls) do
+         comm:barrier()
          local t0 = dt.time()
          call()
          times[k]:set(i, dt.time() - t0)
@@ -214,6 +216,7 @@ function M.main(args)
          for _, b in ipairs(bufs) do b:free() end
          for _, b in ipairs(copy_bufs) do b:free() end
          local t = common.median(ts[1])
+         if main and os.getenv("DBG") and bytes == 64 * 1048576 then for k = 1, #ts do local c = { unpack(ts[k]) }; table.sort(c); for i = 1, #c do c[i] = ("%.2f"):format(c[i] * 1e3) end; print(op, k, table.concat(c, " ")) end end
          -- the fastest copy round: a roofline is the best the memory system does
          local copy = math.huge
          for k = 2, #ts do copy = math.min(copy, unpack(ts[k])) end
