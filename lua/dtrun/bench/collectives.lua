@@ -216,7 +216,6 @@ function M.main(args)
          for _, b in ipairs(bufs) do b:free() end
          for _, b in ipairs(copy_bufs) do b:free() end
          local t = common.median(ts[1])
-         if main and os.getenv("DBG") and bytes == 64 * 1048576 then for k = 1, #ts do local c = { unpack(ts[k]) }; table.sort(c); for i = 1, #c do c[i] = ("%.2f"):format(c[i] * 1e3) end; print(op, k, table.concat(c, " ")) end end
          -- the fastest copy round: a roofline is the best the memory system does
          local copy = math.huge
          for k = 2, #ts do copy = math.min(copy, unpack(ts[k])) end
