@@ -53,13 +53,14 @@ static inline float dt_nn_expf(float x) {
 }
 
 /* erf(x) in f32 through dt_nn_expf (vectorisable): Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (the
- * approximation PyTorch's vectorised CPU erf uses). */
-static inline float dt_nn_erff(float x) {
+ * approximation PyTorch's vectorised CPU erf uses); _given takes exp(-x^2) from a caller that has it. */
+static inline float dt_nn_erff_given(float x, float exp_neg_x2) {
   float ax = x < 0 ? -x : x, t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  float r = 1.0f - poly * dt_nn_expf(-ax * ax);
+  float r = 1.0f - poly * exp_neg_x2;
   return x < 0 ? -r : r;
 }
+static inline float dt_nn_erff(float x) { return dt_nn_erff_given(x, dt_nn_expf(-x * x)); }
 
 /* Declares real acc[DT_NN_LANES] = init and runs acc[k] = update for element i + k of x[0..n) so that
  * element j lands in accumulator j % DT_NN_LANES; `update` reads x[i + k]. */
