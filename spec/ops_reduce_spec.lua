@@ -89,17 +89,20 @@ describe("reductions", function()
       -- the CPU sums f32 pairwise; cuda's block tree in f32 as well, but in another order: rounding up to ~3e-7
       testing.assert_close(x:sum(), { 100003 * 0.10000000149011612 }, 0, x.device == "cpu" and 1e-7 or 1e-6)
       local big = testing.sample({ 7, 30011 }, 2, "f32")
+      local tall = testing.sample({ 1000, 37 }, 3, "f32") -- column sums of several row chunks (bias gradients)
       local threads = dt.threads()
       dt.threads(1)
-      local one = { big:sum(), big:sum(2), big:sum(1), big:max(2), big:argmax(), big:norm(1) }
+      local one = { big:sum(), big:sum(2), big:sum(1), big:max(2), big:argmax(), big:norm(1), tall:sum(1) }
       dt.threads(2)
-      local two = { big:sum(), big:sum(2), big:sum(1), big:max(2), big:argmax(), big:norm(1) }
+      local two = { big:sum(), big:sum(2), big:sum(1), big:max(2), big:argmax(), big:norm(1), tall:sum(1) }
       dt.threads(threads)
       for i = 1, #one do testing.assert_close(one[i], testing.flat(two[i]), 0, 0, "result " .. i) end
       -- f32 accumulation on cuda: a column of 7 values in [-1, 1) may cancel to far below its rounding error
       local atol = x.device == "cpu" and 0 or 1e-6
       testing.assert_close(big:sum(2), ref(big, 2, sum), atol, 1e-6)
       testing.assert_close(big:sum(1), ref(big, 1, sum), atol, 1e-6)
+      -- 1000 rows summed in f32 on cuda: rounding up to ~1e-5 at these magnitudes
+      testing.assert_close(tall:sum(1), ref(tall, 1, sum), x.device == "cpu" and 0 or 1e-5, 1e-6)
       testing.assert_close(big:argmax(2), ref(big, 2, FNS.argmax), 0, 0)
    end)
 

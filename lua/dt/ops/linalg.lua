@@ -95,9 +95,10 @@ return function(dt, Tensor)
             g2 = dz
          end
          local gx, gw, gb
+         -- the bias first, while g2 (just written) is in cache: column sums are memory-bound
+         if b and b.requires_grad then gb = g2:sum(1) end
          if x.requires_grad then gx = view(mm(g2, w, false, false), xs) end
          if w.requires_grad then gw = mm(g2, x2, true, false) end
-         if b and b.requires_grad then gb = g2:sum(1) end
          return gx, gw, gb
       end, code == 0 and "linear" or "linear_" .. act)
    end
