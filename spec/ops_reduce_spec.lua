@@ -101,8 +101,9 @@ describe("reductions", function()
       local atol = x.device == "cpu" and 0 or 1e-6
       testing.assert_close(big:sum(2), ref(big, 2, sum), atol, 1e-6)
       testing.assert_close(big:sum(1), ref(big, 1, sum), atol, 1e-6)
-      -- 1000 rows summed in f32 on cuda: rounding up to ~1e-5 at these magnitudes
-      testing.assert_close(tall:sum(1), ref(tall, 1, sum), x.device == "cpu" and 0 or 1e-5, 1e-6)
+      -- 1000 rows summed in f32 on cuda: rounding of a few 1e-5 at these magnitudes (up to ~10)
+      local cpu = x.device == "cpu"
+      testing.assert_close(tall:sum(1), ref(tall, 1, sum), cpu and 0 or 1e-4, cpu and 1e-6 or 1e-5)
       testing.assert_close(big:argmax(2), ref(big, 2, FNS.argmax), 0, 0)
    end)
 
