@@ -62,6 +62,9 @@ describe("F.attention", function()
       check_case(1, 4, 2, 4, 4, 3, true, "f64", 1e-14, 3)
       check_case(1, 4, 1, 3, 7, 4, true, "f64", 1e-14, 4)
       check_case(1, 2, 1, 3, 7, 4, false, "f64", 1e-14, 5)
+      -- 16 (b, h) heads and more: the forward's tasks are whole heads over transposed keys
+      check_case(4, 4, 2, 37, 37, 8, true, "f64", 1e-14, 9)
+      check_case(2, 8, 8, 70, 70, 8, false, "f32", 2e-6, 10)
    end)
 
    it("is right across tile edges in f32 and bf16", function()

@@ -42,6 +42,8 @@ typedef struct {
  * diagonal blocks' masked half costs less than with 64 and the GEMMs stay efficient (ref-gpt, T = 256: attention
  * 77 ms a training step at 64 rows, 74 at 32, 90 at 128, measured 3x each on 2026-11-28). */
 enum { ATT_BR = 32, ATT_BC = 64, ATT_TK_MAX = 2048 };
+/* The forward's tasks are whole heads from this many (b, h) heads up: enough to keep 8 threads busy. */
+enum { ATT_HEAD_TASKS = 16 };
 
 /* Keys [0, end) are visible to query t: all of them, or s <= t + (Tk - T) when causal. */
 static inline int64_t attn_key_end(const attn_dims *a, int64_t t) {

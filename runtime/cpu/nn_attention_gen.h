@@ -17,9 +17,16 @@ static void RF(attn_mask)(const attn_dims *a, real *s, int64_t w, int64_t i0, in
   }
 }
 
-/* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br. work: ATT_BR * (attn_width + 2) reals. */
-static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *v, real *o,
-                              real *lse, real *work) {
+/* dst (cols x rows, packed) = the transpose of src (rows x cols, row stride ss). */
+static void RF(attn_transpose)(real *dst, const real *src, int64_t rows, int64_t cols, int64_t ss) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * ss + c];
+}
+
+/* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br; kt: the head's keys transposed, (d, Tk), or
+ * NULL (then Q K^T reads k). work: ATT_BR * (attn_width + 2) reals. */
+static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, const real *k, const real *kt,
+                              const real *v, real *o, real *lse, real *work) {
   int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, d = a->d;
   int64_t bh = task / ntiles, i0 = task % ntiles * ATT_BR, br = a->t - i0 < ATT_BR ? a->t - i0 : ATT_BR;
   int64_t b = bh / a->hq, h = bh % a->hq, hk = h / (a->hq / a->hkv);
@@ -35,8 +42,12 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
   }
   for (int64_t j0 = 0; j0 < kend; j0 += w) {
     int64_t bc = kend - j0 < w ? kend - j0 : w;
-    RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
-          kh + j0 * sk, (int)sk, 0, s, (int)w);
+    if (kt)
+      RGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq, kt + j0,
+            (int)a->tk, 0, s, (int)w);
+    else
+      RGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)br, (int)bc, (int)d, (real)a->scale, qi, (int)sq,
+            kh + j0 * sk, (int)sk, 0, s, (int)w);
     if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, w, i0, br, j0, bc, -INFINITY);
     for (int64_t r = 0; r < br; r++) {
       real *sr = s + r * w, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
@@ -63,12 +74,6 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
       li[r] = -INFINITY;
     }
   }
-}
-
-/* dst (cols x rows, packed) = the transpose of src (rows x cols, row stride ss). */
-static void RF(attn_transpose)(real *dst, const real *src, int64_t rows, int64_t cols, int64_t ss) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * ss + c];
 }
 
 /* One (batch, kv head) with all its query heads: dk, dv of the head, and dq of those query heads, each summed in
@@ -147,14 +152,25 @@ static dt_status RF(attn_fwd)(const attn_dims *dims, const dt_tensor *q, const d
   if (st == DT_OK) st = RF(tensor_in)(v, &vp, &own[2]);
   if (st == DT_OK) st = RF(tensor_out)(out, &op, &own[3]);
   if (st == DT_OK) st = RF(tensor_out)(lse, &lp, &own[4]);
-  if (st == DT_OK) st = dt_nn_scratch(0, (size_t)(ATT_BR * (attn_width(a) + 2)) * sizeof(real), &scr, &stride, &shared);
+  /* (b, h) tasks that transpose the head's keys once, so that Q K^T is an NN product, which OpenBLAS runs through
+   * its small-matrix kernels (the NT form takes its packing path: ref-gpt's layer forward 4.1 -> 3.65 ms), when the
+   * keys are one block and there are ATT_HEAD_TASKS heads or more; else a task per query tile. A fixed count, not
+   * the thread count, decides: the bits must not depend on the threads. */
+  int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, heads = a->b * a->hq;
+  bool per_head = attn_width(a) == a->tk && heads >= ATT_HEAD_TASKS;
+  int64_t ntasks = per_head ? heads : heads * ntiles, tiles = per_head ? ntiles : 1, work = ATT_BR * (attn_width(a) + 2);
+  if (st == DT_OK)
+    st = dt_nn_scratch(0, (size_t)(work + (per_head ? a->d * a->tk : 0)) * sizeof(real), &scr, &stride, &shared);
   if (st == DT_OK) {
     l.q = attn_layout_of(q, own[0]), l.k = attn_layout_of(k, own[1]), l.v = attn_layout_of(v, own[2]);
     l.o = attn_layout_of(out, own[3]);
-    int64_t ntasks = a->b * a->hq * ((a->t + ATT_BR - 1) / ATT_BR);
-#pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && ntasks * ATT_BR * a->tk * a->d > DT_NN_PAR_MIN)
-    for (int64_t task = 0; task < ntasks; task++)
-      RF(attn_fwd_tile)(a, task, qp, kp, vp, op, lp, dt_nn_slice(scr, stride));
+#pragma omp parallel for schedule(dynamic, 1) if (ntasks > 1 && heads * a->t * a->tk * a->d > DT_NN_PAR_MIN)
+    for (int64_t task = 0; task < ntasks; task++) {
+      real *w = dt_nn_slice(scr, stride), *kt = per_head ? w + work : NULL;
+      if (kt) RF(attn_transpose)(kt, kp + attn_row(l.k, task / a->hq, task % a->hq / (a->hq / a->hkv), 0), a->tk, a->d,
+                                 l.k.st);
+      for (int64_t i = 0; i < tiles; i++) RF(attn_fwd_tile)(a, task * tiles + i, qp, kp, kt, vp, op, lp, w);
+    }
     RF(tensor_flush)(out, own[3]);
     RF(tensor_flush)(lse, own[4]);
     own[3] = own[4] = NULL;
