@@ -4,8 +4,10 @@
  * (FlashAttention-2 style). */
 #if RIS64
 #define RGEMM cblas_dgemm
+#define ROMATCOPY cblas_domatcopy
 #else
 #define RGEMM cblas_sgemm
+#define ROMATCOPY cblas_somatcopy
 #endif
 
 /* Fills columns of the (br, bc) tile s (row stride w) beyond each query's last visible key. */
@@ -19,8 +21,7 @@ static void RF(attn_mask)(const attn_dims *a, real *s, int64_t w, int64_t i0, in
 
 /* dst (cols x rows, packed) = the transpose of src (rows x cols, row stride ss). */
 static void RF(attn_transpose)(real *dst, const real *src, int64_t rows, int64_t cols, int64_t ss) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * ss + c];
+  ROMATCOPY(CblasRowMajor, CblasTrans, (int)rows, (int)cols, 1, src, (int)ss, dst, (int)rows);
 }
 
 /* One (batch, query head, query tile): out and lse for rows i0 .. i0 + br; kt: the head's keys transposed, (d, Tk), or
@@ -221,3 +222,4 @@ static dt_status RF(attn_bwd)(const attn_dims *dims, const dt_tensor *const in[6
 }
 
 #undef RGEMM
+#undef ROMATCOPY
