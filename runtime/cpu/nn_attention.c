@@ -3,6 +3,7 @@
 
 #include "cpu_backend.h"
 #include "nn_common.h"
+#include "vec_math.h"
 #include "dt_nn.h"
 
 /* Where a (B, H, T, D) operand's rows lie: row (b, h, t) starts sb b + sh h + st t elements into it and holds D

@@ -51,14 +51,13 @@ static void RF(attn_fwd_tile)(const attn_dims *a, int64_t task, const real *q, c
             kh + j0 * sk, (int)sk, 0, s, (int)w);
     if (attn_key_end(a, i0) < j0 + bc) RF(attn_mask)(a, s, w, i0, br, j0, bc, -INFINITY);
     for (int64_t r = 0; r < br; r++) {
-      real *sr = s + r * w, mx = RF(max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
+      real *sr = s + r * w, mx = RF(dt_vec_max)(sr, bc), mnew = mx > m[r] ? mx : m[r];
       if (mnew == -INFINITY) { /* this query sees no key yet */
         memset(sr, 0, (size_t)bc * sizeof(real));
         continue;
       }
       real alpha = RF(exp)(m[r] - mnew);
-      for (int64_t c = 0; c < bc; c++) sr[c] = RF(exp)(sr[c] - mnew);
-      l[r] = l[r] * alpha + RF(sum)(sr, bc);
+      l[r] = l[r] * alpha + RF(dt_vec_expsum)(sr, sr, 1, -mnew, bc);
       m[r] = mnew;
       if (alpha != 1 && j0 > 0)
         for (int64_t j = 0; j < d; j++) oi[r * so + j] *= alpha;
@@ -159,7 +158,8 @@ static dt_status RF(attn_fwd)(const attn_dims *dims, const dt_tensor *q, const d
    * the thread count, decides: the bits must not depend on the threads. */
   int64_t ntiles = (a->t + ATT_BR - 1) / ATT_BR, heads = a->b * a->hq;
   bool per_head = attn_width(a) == a->tk && heads >= ATT_HEAD_TASKS;
-  int64_t ntasks = per_head ? heads : heads * ntiles, tiles = per_head ? ntiles : 1, work = ATT_BR * (attn_width(a) + 2);
+  int64_t ntasks = per_head ? heads : heads * ntiles, tiles = per_head ? ntiles : 1;
+  int64_t work = ATT_BR * (attn_width(a) + 2);
   if (st == DT_OK)
     st = dt_nn_scratch(0, (size_t)(work + (per_head ? a->d * a->tk : 0)) * sizeof(real), &scr, &stride, &shared);
   if (st == DT_OK) {

@@ -1,4 +1,4 @@
-/* vec_math.h: the softmax rows' exp map, exp-and-sum and max, vectorised through SLEEF's 1-ULP exp (f32, f64). */
+/* vec_math.h: softmax and attention rows' exp map, exp-and-sum and max, vectorised through SLEEF's exp (f32, f64). */
 /* exp-and-sum and max equal nn_rows_gen.h's RF(sum)/RF(max) bit for bit (the same DT_NN_LANES accumulators) but
  * keep them in vector registers: GCC leaves RF(max) scalar and RF(sum)'s lanes in memory. The ISA is the build's
  * (-march=native): AVX-512F, else AVX2 with FMA, else the scalar fallback (libm for f64). The f32 exp map stays on
