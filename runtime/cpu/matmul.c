@@ -1,6 +1,7 @@
 /* matmul.c: batched, broadcasting matmul through OpenBLAS sgemm/dgemm (bf16/f16 via f32 copies) and linear + GELU. */
 #include <cblas.h>
 #include <limits.h>
+#include <string.h>
 
 #include "dt_ops.h"
 #include "ops_cpu.h"
@@ -73,8 +74,30 @@ static bool fold_batch(int nb, const int64_t *bshape, int64_t M, int64_t K, int6
   return true;
 }
 
-dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
-                       double alpha, double beta) {
+/* dt_cpu_op_linear's work on each output tile of its GEMM, while the tile is in cache: the bias rows written first
+ * (the GEMM adds onto them, beta 1), GELU after (into y, row stride ldy, which may be the GEMM's output). The output
+ * must be contiguous in the compute dtype and unbatched (linear_fuses). */
+typedef struct {
+  const void *bias; /* (N) in the compute dtype, or NULL */
+  int act;          /* DT_LINEAR_* */
+  void *y;
+  int64_t ldy;
+} mm_epilogue;
+
+static void tile_bias(int cdt, const mm_epilogue *e, const dt_mm_arg *c, int64_t m0, int64_t m, int64_t n0, int64_t n) {
+  size_t es = dt_dtype_size(cdt);
+  for (int64_t r = m0; r < m0 + m; r++)
+    memcpy((char *)c->p + (size_t)(r * c->ld + n0) * es, (const char *)e->bias + (size_t)n0 * es, (size_t)n * es);
+}
+
+static void tile_act(int cdt, const mm_epilogue *e, const dt_mm_arg *c, int64_t m0, int64_t m, int64_t n0, int64_t n) {
+  size_t es = dt_dtype_size(cdt);
+  dt_cpu_gelu_tile(cdt, (const char *)c->p + (size_t)(m0 * c->ld + n0) * es, c->ld,
+                   (char *)e->y + (size_t)(m0 * e->ldy + n0) * es, e->ldy, m, n, e->act == DT_LINEAR_GELU_TANH);
+}
+
+static dt_status matmul_run(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
+                            double alpha, double beta, const mm_epilogue *e) {
   int64_t M = 0, N = 0, K = 0;
   DT_TRY(dt_op_matmul_check(a, b, out, trans_a, trans_b, &M, &N, &K));
   int nb = out->ndim - 2;
@@ -112,10 +135,12 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
 #pragma omp parallel for schedule(static) if (dt_threads_get() > 1)
     for (int64_t it = 0; it < items; it++) {
       int64_t i = it / (tm * tn), r = it / tn % tm, q = it % tn;
-      int64_t m0 = m_eff * r / tm, n0 = N * q / tn;
+      int64_t m0 = m_eff * r / tm, n0 = N * q / tn, m = m_eff * (r + 1) / tm - m0, n = N * (q + 1) / tn - n0;
+      if (e && e->bias) tile_bias(cdt, e, &mc, m0, m, n0, n);
       gemm_tile(cdt, &ma, &mb, &mc, dt_strided_offset(nb, out->shape, ma.bst, i),
-                dt_strided_offset(nb, out->shape, mb.bst, i), dt_strided_offset(nb, out->shape, mc.bst, i), m0,
-                m_eff * (r + 1) / tm - m0, n0, N * (q + 1) / tn - n0, K, alpha, beta);
+                dt_strided_offset(nb, out->shape, mb.bst, i), dt_strided_offset(nb, out->shape, mc.bst, i), m0, m, n0,
+                n, K, alpha, beta);
+      if (e && e->act != DT_LINEAR_NONE) tile_act(cdt, e, &mc, m0, m, n0, n);
     }
     if (tc) s = dt_cpu_copy(out, tc);
   }
@@ -125,15 +150,35 @@ dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *ou
   return s;
 }
 
+dt_status dt_cpu_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b,
+                           double alpha, double beta) {
+  return matmul_run(a, b, out, trans_a, trans_b, alpha, beta, NULL);
+}
+
+/* Whether the linear's bias and GELU can run on matmul's tiles: the GEMM's output z, GELU's y and the bias contiguous
+ * in x's dtype, f32 or f64 (the compute dtype: matmul then writes z itself, not a converted copy). */
+static bool linear_fuses(const dt_tensor *x, const dt_tensor *b, const dt_tensor *z, const dt_tensor *y) {
+  int cdt = x->dtype;
+  if (cdt != DT_DTYPE_F32 && cdt != DT_DTYPE_F64) return false;
+  const dt_tensor *ts[3] = {z, y, b};
+  for (int i = 0; i < 3; i++)
+    if (ts[i] && (ts[i]->dtype != cdt || !dt_tensor_is_contiguous(ts[i]))) return false;
+  return true;
+}
+
 /* The bias is written first and the GEMM adds onto it (beta = 1): OpenBLAS adds C to each K block's partial sum, so
  * adding the bias after the GEMM instead would change the rounding for K beyond one block. That keeps these bits
- * those of the separate ops (bias rows, matmul, gelu); GELU then runs as one threaded pass over the output (in place
- * when the pre-activation is not kept). */
+ * those of the separate ops (bias rows, matmul, gelu). Both run on each of matmul's tiles beside its GEMM (in place
+ * when the pre-activation is not kept), while the tile is in cache; other dtypes and layouts take three passes. */
 dt_status dt_cpu_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
                            dt_tensor *pre) {
   int64_t N = 0, K = 0, Nout = 0;
   DT_TRY(dt_op_linear_check(x, w, b, act, y, pre, &N, &K, &Nout));
   dt_tensor *z = pre ? pre : y; /* x @ w^T + b */
+  if (linear_fuses(x, b, z, y)) {
+    mm_epilogue e = {.bias = b ? dt_tensor_ptr(b) : NULL, .act = act, .y = dt_tensor_ptr(y), .ldy = Nout};
+    return matmul_run(x, w, z, false, true, 1, b ? 1 : 0, &e);
+  }
   if (b) DT_TRY(dt_cpu_op_axpby(1, b, 0, z));
   DT_TRY(dt_cpu_op_matmul(x, w, z, false, true, 1, b ? 1 : 0));
   return act == DT_LINEAR_NONE ? DT_OK : dt_cpu_nn_gelu_fwd(z, y, act == DT_LINEAR_GELU_TANH);

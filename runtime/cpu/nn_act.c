@@ -47,6 +47,16 @@ dt_status dt_cpu_nn_gelu_fwd(const dt_tensor *x, dt_tensor *y, bool approx_tanh)
                  (dt_tensor *[2]){y, NULL}, (const char *[2]){"y", NULL});
 }
 
+void dt_cpu_gelu_tile(int dtype, const void *x, int64_t ldx, void *y, int64_t ldy, int64_t rows, int64_t cols,
+                      bool approx_tanh) {
+  act_args a = {.op = approx_tanh ? ACT_GELU_TANH : ACT_GELU};
+  for (int64_t r = 0; r < rows; r++)
+    if (dtype == DT_DTYPE_F64)
+      act_block_f64(&a, (const double *)x + r * ldx, NULL, NULL, (double *)y + r * ldy, NULL, cols, 0);
+    else
+      act_block_f32(&a, (const float *)x + r * ldx, NULL, NULL, (float *)y + r * ldy, NULL, cols, 0);
+}
+
 dt_status dt_cpu_nn_gelu_bwd(const dt_tensor *x, const dt_tensor *dy, dt_tensor *dx, bool approx_tanh) {
   act_args a = {.op = approx_tanh ? ACT_GELU_TANH_BWD : ACT_GELU_BWD};
   return act_run("gelu backward", &a, (const dt_tensor *[3]){x, dy, NULL}, (const char *[3]){"x", "dy", NULL},
