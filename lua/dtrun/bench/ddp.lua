@@ -33,7 +33,7 @@ function M.main(args)
    local many = run(o.nproc, o)
    print(("  %d ranks: %.0f tokens/s"):format(o.nproc, many))
    dt.threads(cores)
-   local peak = mfu.sgemm_gflops(1024, 10)
+   local peak = mfu.bench_sgemm_gflops()
    local model = require("dt.nn").GPT { vocab = 256, seq = o.seq, dim = o.dim, layers = o.layers, heads = o.heads }
    local bound = peak * 1e9 / mfu.step_flops(model, 1, o.seq) -- FLOPs per token, counted by the model
    print(("  sgemm %.1f GFLOP/s on %d cores: at most %.0f tokens/s for this model"):format(peak, cores, bound))

@@ -106,7 +106,7 @@ function M.main(args)
    local ratio = #ratios > 0 and math.min(unpack(ratios)) or "n/a" -- the weaker model's
    fields[#fields + 1] = { "roofline", "sgemm" }
    fields[#fields + 1] = { "ratio", ratio }
-   local peak = mfu.sgemm_gflops(1024, 10)
+   local peak = mfu.bench_sgemm_gflops()
    if flops_rate then
       print(("ref-gpt: %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s"):format(flops_rate, 100 * flops_rate / peak, peak))
    end

@@ -148,7 +148,7 @@ function M.after_launch(run_dir)
    f:close()
    local cores = common.cores()
    dt.threads(cores)
-   local peak = mfu.sgemm_gflops(1024, 10)
+   local peak = mfu.bench_sgemm_gflops()
    print(("sgemm %.1f GFLOP/s on %d cores"):format(peak, cores))
    local mp
    for name in pairs(MODEL_PARALLEL) do

@@ -42,7 +42,7 @@ function M.main(args)
    local step_s = common.median(times)
    local tps = REF.batch * REF.seq / step_s
    local gflops = mfu.step_flops(model, REF.batch * REF.seq, REF.seq) / step_s / 1e9
-   local peak = mfu.sgemm_gflops(1024, 10)
+   local peak = mfu.bench_sgemm_gflops()
    print(("ours: %.0f tokens/s, step %.0f ms, %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s"):format(tps, step_s * 1e3,
       gflops, 100 * gflops / peak, peak))
 
