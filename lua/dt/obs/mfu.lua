@@ -34,6 +34,12 @@ function M.sgemm_gflops(n, reps)
    return 2 * n ^ 3 / best / 1e9
 end
 
+-- The sgemm roofline of the benchmarks: n = 3072, the best of 5 (about 1.5 s on 2 cores). OpenBLAS runs a few
+-- percent faster there than at n = 1024 (2-core VM, 2026-11-28: 203 against 178-193 GFLOP/s), about as fast as the
+-- training step's own GEMM shapes alone (200-210), so this is the limit those are held to; the trainer's meter keeps
+-- n = 1024 (0.2 s at start-up), which reads a little low and its mfu a little high.
+function M.bench_sgemm_gflops() return M.sgemm_gflops(3072, 5) end
+
 local sgemm_flops -- FLOP/s, measured at the first CPU meter
 
 -- Where the one-line notes go (a spec may replace it), and the notes said so far (each once per process).
@@ -63,12 +69,6 @@ end
 
 -- A function(step result) -> mfu for `model` on `dev` ("cpu", "cuda", "cuda:N"), or nil when mfu is not known for
 -- them (and then, for a device without a peak figure, a note said once).
--- The sgemm roofline of the benchmarks: n = 3072, the best of 5 (about 1.5 s on 2 cores). OpenBLAS runs a few
--- percent faster there than at n = 1024 (2-core VM, 2026-11-28: 203 against 178-193 GFLOP/s), about as fast as the
--- training step's own GEMM shapes alone (200-210), so this is the limit those are held to; the trainer's meter keeps
--- n = 1024 (0.2 s at start-up), which reads a little low and its mfu a little high.
-function M.bench_sgemm_gflops() return M.sgemm_gflops(3072, 5) end
-
 function M.meter(model, dev)
    if type(model.flops) ~= "function" or model:flops(1, 1) == 0 then return nil end
    -- "cuda:N" is taken as it is (cuda_device_info checks N); "cuda" is the default device
