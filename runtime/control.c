@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -475,6 +476,24 @@ dt_status dt_control_connect(const char *path, int *fd) {
   }
   *fd = s;
   return DT_OK;
+}
+
+dt_status dt_control_lock(const char *path, int *fd) {
+  *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  DT_CHECK(*fd >= 0, DT_ERR_IO, "attach: cannot open the lock %s: %s", path, strerror(errno));
+  int r;
+  while ((r = flock(*fd, LOCK_EX)) != 0 && errno == EINTR) {}
+  if (r == 0) return DT_OK;
+  int e = errno;
+  close(*fd);
+  *fd = -1;
+  return DT_FAIL(DT_ERR_IO, "attach: cannot lock %s: %s", path, strerror(e));
+}
+
+void dt_control_unlock(int fd) {
+  if (fd < 0) return;
+  flock(fd, LOCK_UN);
+  close(fd);
 }
 
 dt_status dt_control_connect_tcp(const char *host, int port, int *fd) {

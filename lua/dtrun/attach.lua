@@ -136,9 +136,9 @@ function Session:receive(rank)
    end
 end
 
--- Send `request` to every chosen rank, print the replies (identical ones once). Returns false when a rank failed.
-function Session:ask(request)
-   local replies, ok, failed = {}, true, {}
+-- Each chosen rank's reply to `request` (by rank), and the ranks it could not be sent to.
+function Session:exchange(request)
+   local replies, failed = {}, {}
    for _, r in ipairs(self.ranks) do
       local sent, err = pcall(function() check(C.dt_control_send(self:connection(r), request, #request), 1) end)
       if not sent then failed[r] = err end
@@ -148,8 +148,22 @@ function Session:ask(request)
       local text, err = nil, failed[r]
       if self.fds[r] then text, err = self:receive(r) end
       replies[r] = text or ("e" .. err)
-      if failed[r] then self.ended = true end
    end
+   return replies, failed
+end
+
+local lock_fd = ffi.new("int[1]")
+
+-- Send `request` to every chosen rank, print the replies (identical ones once). Returns false when a rank failed.
+-- Clients on this host take turns (dt_control_lock on the run dir's control/attach.lock): a rank serves requests in
+-- the order they arrive, so two clients sending at once could otherwise reach the ranks in different orders.
+function Session:ask(request)
+   if not self.tcp then check(C.dt_control_lock(fs.join(self.run_dir, "control", "attach.lock"), lock_fd)) end
+   local done, replies, failed = pcall(self.exchange, self, request)
+   if not self.tcp then C.dt_control_unlock(lock_fd[0]) end
+   if not done then error(replies, 0) end
+   local ok = true
+   if next(failed) then self.ended = true end
    local groups, order = {}, {}
    for _, r in ipairs(self.ranks) do
       local text = replies[r]

@@ -51,5 +51,10 @@ dt_status dt_control_connect_tcp(const char *host, int port, int *fd);
 dt_status dt_control_send(int fd, const char *data, size_t len);
 dt_status dt_control_recv(int fd, int timeout_ms, char **data, size_t *len, bool *closed);
 void dt_control_disconnect(int fd);
+/* Clients of one job's sockets take turns: an exclusive lock on `path` (created if missing; *fd holds it until
+ * dt_control_unlock), held for one request to every rank, so that every rank gets concurrent clients' requests in
+ * the same order. */
+dt_status dt_control_lock(const char *path, int *fd);
+void dt_control_unlock(int fd);
 
 #endif
