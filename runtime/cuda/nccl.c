@@ -179,6 +179,15 @@ static void *at(const dt_tensor *t, int64_t i) {
 static ncclResult_t issue(dt_comm *c, const comm_call *call, ncclComm_t comm, cudaStream_t s) {
   const dt_tensor *in = call->in;
   dt_tensor *out = call->out;
+  /* One rank: a collective's result is its input, a device copy at most, without NCCL (NCCL 2.28.3's one-rank
+   * reduce_scatter with ncclAvg left the last f64 of a 3001-element output unwritten, seen on an H200) */
+  if (c->world == 1 && call->kind != CALL_SEND && call->kind != CALL_RECV && call->kind != CALL_GROUP) {
+    if (!in || dt_tensor_ptr(in) == dt_tensor_ptr(out)) return ncclSuccess;
+    size_t bytes = (size_t)dt_tensor_numel(out) * dt_dtype_size(out->dtype);
+    return cudaMemcpyAsync(dt_tensor_ptr(out), dt_tensor_ptr(in), bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess
+               ? ncclSuccess
+               : ncclUnhandledCudaError;
+  }
   switch (call->kind) {
     case CALL_ALL_REDUCE:
       return ncclAllReduce(dt_tensor_ptr(out), dt_tensor_ptr(out), (size_t)dt_tensor_numel(out), nccl_dtype(out->dtype),

@@ -543,13 +543,15 @@ void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t 
     fail(e, "launch of kernel %s after a sticky error", name);
   } else if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > MAX_THREADS || block.y > MAX_THREADS ||
              block.z > MAX_BLOCK_Z || threads > MAX_THREADS) {
-    e = fail(cudaErrorInvalidConfiguration,
+    /* cudaErrorInvalidValue, as CUDA 13.0 answers such launches (seen on an H200; older runtimes said
+     * cudaErrorInvalidConfiguration) */
+    e = fail(cudaErrorInvalidValue,
              "kernel %s: block (%u, %u, %u) has %llu threads; the limits are 1024 threads per block and (1024, "
              "1024, 64) per dim",
              name, block.x, block.y, block.z, (unsigned long long)threads);
   } else if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > max_grid_y() ||
              grid.z > MAX_GRID_YZ) {
-    e = fail(cudaErrorInvalidConfiguration,
+    e = fail(cudaErrorInvalidValue,
              "kernel %s: grid (%u, %u, %u) is out of range: (2^31 - 1, %u, 65535) at most, each >= 1", name, grid.x,
              grid.y, grid.z, max_grid_y());
   } else if (smem > (size_t)max_dyn) {

@@ -63,6 +63,7 @@ static bool same(const dt_tensor *dev, const dt_tensor *host) {
     dt_tensor_get(back, i, &a);
     dt_tensor_get(host, i, &b);
     ok = fabs(a - b) <= 2e-2 * (1 + fabs(b));
+    if (!ok) printf("[rank %d] element %lld: device %.17g, host %.17g\n", spec_rank, (long long)i, a, b);
   }
   dt_tensor_free(back);
   return ok;
