@@ -1,7 +1,46 @@
 /* elementwise.cuh: launcher of the elementwise kernels (host code; included at the end of elementwise.cu). */
 
+static bool ew_float(int dtype) {
+  return dtype == DT_DTYPE_F32 || dtype == DT_DTYPE_BF16 || dtype == DT_DTYPE_F16 || dtype == DT_DTYPE_F64;
+}
+
+static int ew_size(int dtype) { return dtype == DT_DTYPE_F64 ? 8 : dtype == DT_DTYPE_F32 ? 4 : 2; }
+
+/* Whether p runs in chunks (ew_contig_kernel for ndim <= 1, else ew_rows_kernel): the inputs of one float dtype and the
+ * output of one, computed in the output's accumulator type (f64 for f64, else f32; f64 on one side only stays
+ * generic); every operand contiguous, or (ndim >= 2) with a contiguous innermost dim, that dim's length and every
+ * outer stride multiples of the chunk and every pointer 16-byte aligned. */
+static bool ew_chunked(const dt_k_ew_plan *p) {
+  int out = p->dtype[p->nin], in = p->nin ? p->dtype[0] : out;
+  bool f64 = out == DT_DTYPE_F64;
+  if (!ew_float(out) || !ew_float(in) || (in == DT_DTYPE_F64) != f64 || p->ctype != (f64 ? 1 : 0)) return false;
+  int wider = ew_size(in) > ew_size(out) ? ew_size(in) : ew_size(out), n = 16 / wider, last = p->ndim - 1;
+  for (int a = 0; a <= p->nin; a++) {
+    if ((a < p->nin && p->dtype[a] != in) || (p->ndim >= 1 && p->st[a][last] != 1)) return false;
+    if (p->ndim < 2) continue;
+    if ((uintptr_t)p->ptr[a] % 16 != 0 || p->shape[last] % n != 0) return false;
+    for (int d = 0; d < last; d++)
+      if (p->st[a][d] % n != 0) return false;
+  }
+  return true;
+}
+
 cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p /* ptr[0..nin]: (shape[0..ndim)) by st[k] */) {
   if (p->numel == 0) return cudaSuccess;
+  if (ew_chunked(p)) {
+    bool vec = true;
+    for (int a = 0; a <= p->nin; a++) vec = vec && (uintptr_t)p->ptr[a] % 16 == 0;
+    return dtk::with_float_type(p->nin ? p->dtype[0] : p->dtype[p->nin], [&](auto in_tag) {
+      return dtk::with_float_type(p->dtype[p->nin], [&](auto out_tag) {
+        typedef decltype(in_tag) I;
+        typedef decltype(out_tag) O;
+        unsigned blocks = dtk::grid_for(p->numel / dtk::ew_pack<I, O>::N + 1, 256);
+        if (p->ndim >= 2) DT_LAUNCH((dtk::ew_rows_kernel<I, O>), blocks, 256, 0, s, *p);
+        else DT_LAUNCH((dtk::ew_contig_kernel<I, O>), blocks, 256, 0, s, *p, vec);
+        return cudaGetLastError();
+      });
+    });
+  }
   unsigned threads = 256, blocks = dtk::grid_for(p->numel, threads);
   if (p->ctype == 0) DT_LAUNCH(dtk::ew_kernel<float>, blocks, threads, 0, s, *p);
   else if (p->ctype == 1) DT_LAUNCH(dtk::ew_kernel<double>, blocks, threads, 0, s, *p);

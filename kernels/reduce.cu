@@ -1,9 +1,10 @@
 /* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking, in-order combine. */
-#include "common.cuh"
+#include "vec.cuh"
 
 namespace dtk {
 
-enum { RED_THREADS = 256, RED_CHUNK = 8192 };
+/* RED_CHUNK: elements of a row per block; RED_COL_CHUNK: elements of a column per thread (a strided walk). */
+enum { RED_THREADS = 256, RED_CHUNK = 8192, RED_COL_CHUNK = 128 };
 
 /* A running reduction: value and (argmax) the index of the element it came from. */
 template <typename A>
@@ -90,18 +91,41 @@ __global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dt
   red_store(op, r, len, out, out_dtype, o);
 }
 
-/* One thread per (outer, inner) column walks the reduced dim in order (reads coalesce across the inner dim). */
-template <typename T>
-__global__ void red_cols(int op, const T *x, void *out, int out_dtype, int64_t outer, int64_t len, int64_t inner) {
+/* One thread per (outer, K columns, chunk): chunk c of columns [g * K, g * K + K) of outer o walks elements
+ * [c * RED_COL_CHUNK, ...) of the reduced dim in order, K columns per load (reads coalesce across the inner dim), into
+ * partial[(o * chunks + c) * inner + j], or straight into out when a column is one chunk. */
+template <typename T, int K>
+__global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<typename num<T>::acc> *partial,
+                         int64_t outer, int64_t len, int64_t inner, int64_t chunks) {
   typedef typename num<T>::acc A;
-  int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < outer * inner; col += stride) {
-    int64_t o = col / inner, j = col % inner;
-    racc<A> r = red_identity<A>(op);
-    for (int64_t l = 0; l < len; l++)
-      r = red_combine(op, r, red_element(op, num<T>::load(x[(o * len + l) * inner + j]), l));
-    red_store(op, r, len, out, out_dtype, col);
+  int64_t groups = inner / K, stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < outer * chunks * groups; t += stride) {
+    int64_t g = t % groups, oc = t / groups, o = oc / chunks, c = oc % chunks;
+    int64_t start = c * RED_COL_CHUNK, end = start + RED_COL_CHUNK < len ? start + RED_COL_CHUNK : len;
+    racc<A> r[K];
+    DT_UNROLL for (int e = 0; e < K; e++) r[e] = red_identity<A>(op);
+    for (int64_t l = start; l < end; l++) {
+      chunk<T, K> v = load_chunk<K>(x + (o * len + l) * inner + g * K);
+      DT_UNROLL for (int e = 0; e < K; e++) r[e] = red_combine(op, r[e], red_element(op, num<T>::load(v.x[e]), l));
+    }
+    DT_UNROLL for (int e = 0; e < K; e++) {
+      if (chunks == 1) red_store(op, r[e], len, out, out_dtype, o * inner + g * K + e);
+      else partial[oc * inner + g * K + e] = r[e];
+    }
   }
+}
+
+/* Each (outer, column)'s chunk partials, combined in chunk order. */
+template <typename A>
+__global__ void red_col_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
+                               int64_t inner, int64_t chunks) {
+  int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= outer * inner) return;
+  int64_t o = col / inner, j = col % inner;
+  const racc<A> *p = partial + o * chunks * inner + j;
+  racc<A> r = p[0];
+  for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, p[c * inner]);
+  red_store(op, r, len, out, out_dtype, col);
 }
 
 } // namespace dtk

@@ -207,6 +207,28 @@ describe("elementwise ops", function()
       close(a:to("bf16") + 1, ref(function(v) return v + 1 end, { 301, 257 }, a:to("bf16")), "bf16", "bf16 add")
    end)
 
+   it("copies, casts and adds views with contiguous rows as the CPU does (transposed heads, offset rows)", function()
+      local dev = dt.default_device()
+      for _, d in ipairs(FLOATS) do
+         for _, width in ipairs { 16, 12 } do -- 16: whole 16-byte chunks per row in every dtype; 12: not in bf16/f16
+            local x = testing.sample({ 2, 6, 3, width }, 21, "f32"):to(d)
+            local y = testing.sample({ 2, 6, 3, width }, 22, "f32"):to(d)
+            local views = { -- (B, T, H, D) -> (B, H, T, D), and rows starting one element in (misaligned)
+               function(t) return t:transpose(2, 3) end,
+               function(t) return t:transpose(2, 3):narrow(4, 2, width - 4) end,
+            }
+            for k, view in ipairs(views) do
+               local what = ("%s width %d view %d"):format(d, width, k)
+               local xd, yd = x:to(dev), y:to(dev)
+               testing.assert_close(view(xd):contiguous(), view(x):contiguous(), 0, 0, what .. ": copy")
+               local to = d == "f64" and "f32" or d == "f32" and "bf16" or "f32"
+               testing.assert_close(view(xd):to(to), view(x):to(to), 0, 0, what .. ": cast to " .. to)
+               testing.assert_close(view(xd) + view(yd), view(x) + view(y), 0, 0, what .. ": add")
+            end
+         end
+      end
+   end)
+
    it("rejects mismatched shapes and dtypes with clear messages", function()
       local ok, err = pcall(function() return dt.zeros({ 2, 3 }) + dt.zeros({ 4 }) end)
       assert.is_false(ok)

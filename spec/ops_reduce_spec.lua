@@ -105,6 +105,15 @@ describe("reductions", function()
       local cpu = x.device == "cpu"
       testing.assert_close(tall:sum(1), ref(tall, 1, sum), cpu and 0 or 1e-4, cpu and 1e-6 or 1e-5)
       testing.assert_close(big:argmax(2), ref(big, 2, FNS.argmax), 0, 0)
+      -- column reductions whose rows line up in 16-byte loads (cuda: several columns per thread), in f32 and bf16
+      for _, d in ipairs { "f32", "bf16" } do
+         local wide = testing.sample({ 1000, 48 }, 4, "f32"):to(d)
+         local exact = wide:to("f32")
+         local rtol = d == "bf16" and 4e-3 or cpu and 1e-6 or 1e-5 -- bf16: the sum is rounded to bf16
+         testing.assert_close(wide:sum(1), ref(exact, 1, sum), cpu and 0 or 1e-4, rtol, d .. " sum")
+         testing.assert_close(wide:max(1), ref(exact, 1, FNS.max), 0, 0, d .. " max")
+         testing.assert_close(wide:argmax(1), ref(exact, 1, FNS.argmax), 0, 0, d .. " argmax")
+      end
    end)
 
    it("reduces integers and bools exactly (sums to i64)", function()
