@@ -104,6 +104,11 @@ describe("mfu", function()
       assert.equal(expected(gpt, r, "tf32"), tf32)
       assert.equal(expected(gpt, r, "f32"), meter(r))
       assert.equal(expected(gpt, r, "bf16"), mfu.meter(gpt:to("bf16"), "cuda:0")(r))
+      -- mixed precision (f32 masters, computed in bf16: recipes' mixed_precision = "bf16" on one rank) is bf16's
+      local mixed = nn.GPT { vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2, seed = 1 }:to("cuda:0")
+      require("dt.parallel.zero").wrap(mixed, require("dt.parallel.zero").mixed_precision("bf16"))
+      assert.equal("f32", mixed:parameters()[1].dtype)
+      assert.equal(expected(mixed, r, "bf16"), mfu.meter(mixed, "cuda:0")(r))
       -- the figure `dtrun info` shows
       local info = dt.cuda_device_info(0)
       local out = dist.dtrun("info").out

@@ -311,6 +311,24 @@ describe("grad clipping and groups", function()
       testing.assert_close(a.grad, { s, 2 * s, 2 * s }, 1e-6, 0, "unchanged below max_norm")
    end)
 
+   it("grad_sumsq adds each gradient's f32 (f64 for f64) sum of squares, across dtypes and devices",
+      function()
+         local dev = dt.device_count("cuda") > 0 and "cuda:0" or "cpu"
+         local ps = {}
+         local specs = { { "f32", "cpu" }, { "f64", dev }, { "bf16", dev }, { "f32", dev }, { "f64", "cpu" } }
+         for i, spec in ipairs(specs) do
+            local p = dt.randn({ 7 + i }, { dtype = spec[1], device = spec[2] })
+            p.grad = dt.randn({ 7 + i }, { dtype = spec[1], device = spec[2] }) * (0.1 * i)
+            ps[i] = p
+         end
+         local expected = 0
+         for _, p in ipairs(ps) do
+            local g = p.grad:to("cpu")
+            expected = expected + dt.sum(g:to(g.dtype == "f64" and "f64" or "f32") ^ 2):item()
+         end
+         assert.near(expected, optim.grad_sumsq(ps), 1e-5 * expected) -- a device sums in its own order
+      end)
+
    it("clip_grad_norm adds shard norms through opts.reduce", function()
       local a = param_from({ 0, 0 }, { 2 })
       grad_for(a, { 3, 4 })

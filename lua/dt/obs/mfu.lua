@@ -3,9 +3,10 @@
 -- mfu = (FLOPs of a step: forward + backward = 3 x the forward FLOPs that the model's modules report, model:flops in
 -- dt/nn/module.lua: Linear layers and attention's q.k and p.v) / step time / the device's peak FLOP/s. On a cuda device
 -- the peak is the one `dtrun info` shows (dt/obs/peaks.lua: SMs x clock x FLOPs per SM per clock) for the training
--- dtype: bf16/f16 tensor cores for a model whose parameters are mostly bf16/f16, else f32 (the TF32 tensor cores
--- while dt.backends.cuda.matmul.allow_tf32 is on, read at each step); each rank measures against its own device. An
--- architecture without figures there gives no mfu and one note on stderr. On the CPU the peak is the process's sgemm
+-- dtype: bf16/f16 tensor cores for a model computed in bf16/f16 (FSDP's param_dtype, as mixed precision over f32
+-- masters; else its parameters' dtype), else f32 (the TF32 tensor cores while dt.backends.cuda.matmul.allow_tf32 is
+-- on, read at each step); each rank measures against its own device. An architecture without figures there gives no
+-- mfu and one note on stderr. On the CPU the peak is the process's sgemm
 -- rate (OpenBLAS n = 1024 on its threads, best of 10, measured once per process: about 0.2 s); on a machine shared
 -- with other jobs that reading can come out low, and mfu high (even above 1): it is relative to that reading. nil
 -- for a model that counts no FLOPs.
@@ -46,8 +47,11 @@ local sgemm_flops -- FLOP/s, measured at the first CPU meter
 M.say = function(line) io.stderr:write(line, "\n") end
 local said = {}
 
--- The dtype holding most of `model`'s parameter elements (by tensor count where they hold none: FSDP's between uses).
+-- The dtype the model computes in: FSDP's param_dtype when it wraps the model (mixed precision keeps f32 masters and
+-- gathers the parameters in it), else the dtype holding most of its parameter elements (by tensor count where they
+-- hold none).
 local function training_dtype(model)
+   if model.fsdp and model.fsdp.param_dtype then return model.fsdp.param_dtype end
    local elements, count, best = {}, {}, nil
    for _, p in ipairs(model:parameters()) do
       local d = p.dtype

@@ -239,17 +239,32 @@ function optim.decay_groups(named, weight_decay)
    return groups
 end
 
--- Sum of squares of every gradient (f32 accumulation per tensor, f64 across tensors, in list order).
+-- Sum of squares of every gradient (f32 accumulation per tensor, f64 across tensors, in list order). The per-tensor
+-- sums of one device and accumulator dtype go into one vector read back at once: one wait for the device, not one per
+-- gradient.
 function optim.grad_sumsq(params)
-   local total = 0
+   local groups, order = {}, {}
    for _, p in ipairs(params) do
       local g = p.grad
       if g ~= nil then
-         local acc = Tensor.empty({}, { dtype = g.dtype == "f64" and "f64" or "f32", device = g.device })
-         check(C.dt_op_reduce(REDUCE_SUMSQ, g.h, -1, false, acc.h))
-         total = total + acc:item()
+         local dtype = g.dtype == "f64" and "f64" or "f32"
+         local key = tostring(g.device) .. " " .. dtype
+         local group = groups[key]
+         if not group then
+            group = { dtype = dtype, device = g.device, grads = {} }
+            groups[key], groups[#groups + 1] = group, group
+         end
+         group.grads[#group.grads + 1] = g
+         order[#order + 1] = { group, #group.grads }
       end
    end
+   for _, group in ipairs(groups) do
+      local sums = Tensor.empty({ #group.grads }, { dtype = group.dtype, device = group.device })
+      for i, g in ipairs(group.grads) do check(C.dt_op_reduce(REDUCE_SUMSQ, g.h, -1, false, sums:select(1, i).h)) end
+      group.sums = sums:totable()
+   end
+   local total = 0
+   for _, o in ipairs(order) do total = total + o[1].sums[o[2]] end
    return total
 end
 
