@@ -6,9 +6,10 @@ local helpers = require "spec.dist_helpers"
 local have_cuda = dt.device_count("cuda") > 0
 
 describe("dtrun bench kernels", function()
-   local kernels = { "copy_f32_gbps", "add_bf16_gbps", "softmax_bf16_gbps", "layer_norm_bf16_gbps",
-      "rms_norm_bf16_gbps", "gelu_bf16_gbps", "adamw_f32_gbps", "matmul_bf16_tflops", "matmul_f32_tflops",
-      "attention_fwd_bf16_tflops", "attention_fwd_bwd_bf16_tflops" }
+   local kernels = { "copy_f32_gbps", "add_bf16_gbps", "softmax_bf16_gbps", "sum_rows_bf16_gbps",
+      "layer_norm_bf16_gbps", "rms_norm_bf16_gbps", "gelu_bf16_gbps", "adamw_f32_gbps", "matmul_bf16_tflops",
+      "matmul_f32_tflops", "attention_fwd_bf16_tflops", "attention_fwd_noncausal_bf16_tflops",
+      "attention_fwd_bwd_bf16_tflops" }
 
    local run = have_cuda and it or function(name) pending(name .. " (skipped: no cuda device)") end
    run("measures every kernel family against the device's peak", function()
@@ -21,8 +22,12 @@ describe("dtrun bench kernels", function()
          assert.is_not_nil(v, k .. " missing from: " .. last)
          assert.is_true(v > 0, k .. " must be a positive rate: " .. last)
       end
-      local frac = tonumber(last:match(" roofline_fraction=([%d.e%-+]+) ratio=n/a$"))
+      local frac, ratio = last:match(" roofline_fraction=([%d.e%-+]+) ratio=(%S+)$")
+      frac = tonumber(frac)
       assert.is_true(frac ~= nil and frac > 0 and frac <= 1.5, "roofline_fraction is a fraction of the peak: " .. last)
+      -- ratio: torch's time over ours (tools/bench/torch_kernels.py), n/a on the emulation or without a CUDA torch
+      if dt.cuda_device_info(0).emulated then assert.equal("n/a", ratio, last) end
+      assert.is_true(ratio == "n/a" or tonumber(ratio) > 0, last)
       assert.truthy(last:match(" emulated=" .. (dt.cuda_device_info(0).emulated and "yes" or "no") .. " "), last)
    end)
 

@@ -4,8 +4,11 @@
 -- second, against the peak DRAM bandwidth; matmul and attention by their FLOPs (2 per multiply-add; causal attention
 -- does half of the T x T work; its backward five matmuls to the forward's two) against the dense peak of the SMs for
 -- the dtype: both peaks as dt/obs/peaks.lua derives them from the device's properties (an architecture it has no
--- figures for scores the FLOP kernels n/a). Times are host wall clock over `iters` launches between two device
--- synchronisations, best of `rounds`.
+-- figures for scores the FLOP kernels n/a); the model's time is that amount at the peak. Times are host wall clock over
+-- `iters` launches between two device synchronisations, best of `rounds`. The peer, tools/bench/torch_kernels.py,
+-- times PyTorch's kernels on the same shapes the same way (for each its fastest way: every SDPA backend, fused and
+-- foreach AdamW) with $DT_BENCH_PYTHON (default: python3 on the PATH) when that torch sees a GPU; ratio = its time /
+-- ours per kernel, the headline their geometric mean.
 -- On the emulation (kernels on CPU fibers) the figures mean nothing: sizes shrink and it only checks that it runs.
 local dt = require "dt"
 local common = require "dtrun.bench.common"
@@ -35,8 +38,24 @@ local function cases(dev, small)
    local n = small and 4096 or 64 * 2 ^ 20 -- elements of the elementwise cases and of AdamW
    local rows, cols = small and 4 or 16384, small and 256 or 4096
    local mm = small and 64 or 8192
-   local b, h, t, d = small and 1 or 4, small and 2 or 16, small and 64 or 4096, small and 32 or 128
-   local attn_flops = 4 * b * h * t * t * d / 2
+   local b, h, t, d = small and 1 or 4, small and 2 or 16, small and 64 or 2048, small and 32 or 128
+   local attn_flops = 4 * b * h * t * t * d -- non-causal; causal does half
+   local function attention(causal, backward)
+      return function()
+         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
+         for _, x in ipairs { q, k, v } do x.requires_grad = backward end
+         local dout = randn({ b, h, t, d })
+         return function()
+            local o = dt.F.attention(q, k, v, { causal = causal })
+            if backward then
+               o:backward(dout)
+               q.grad, k.grad, v.grad = nil, nil, nil
+            end
+         end
+      end
+   end
+   local shapes = ("--n %d --rows %d --cols %d --mm %d --b %d --h %d --t %d --d %d")
+      :format(n, rows, cols, mm, b, h, t, d)
    return {
       { "copy_f32", "bytes", 8 * n, function()
          local x, y = randn({ n }, "f32"), dt.empty({ n }, { device = dev })
@@ -49,6 +68,10 @@ local function cases(dev, small)
       { "softmax_bf16", "bytes", 4 * rows * cols, function()
          local x = randn({ rows, cols })
          return function() return dt.F.softmax(x) end
+      end },
+      { "sum_rows_bf16", "bytes", 2 * rows * cols, function() -- column sums, as a linear layer's bias gradient
+         local x = randn({ rows, cols })
+         return function() return x:sum(1) end
       end },
       { "layer_norm_bf16", "bytes", 4 * rows * cols, function()
          local x, w, bias = randn({ rows, cols }), randn({ cols }), randn({ cols })
@@ -79,20 +102,10 @@ local function cases(dev, small)
          local x, y = randn({ mm, mm }, "f32"), randn({ mm, mm }, "f32")
          return function() return dt.matmul(x, y) end
       end },
-      { "attention_fwd_bf16", "bf16", attn_flops, function()
-         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
-         return function() return dt.F.attention(q, k, v, { causal = true }) end
-      end },
-      { "attention_fwd_bwd_bf16", "bf16", attn_flops * 3.5, function()
-         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
-         for _, x in ipairs { q, k, v } do x.requires_grad = true end
-         local dout = randn({ b, h, t, d })
-         return function()
-            dt.F.attention(q, k, v, { causal = true }):backward(dout)
-            q.grad, k.grad, v.grad = nil, nil, nil
-         end
-      end },
-   }
+      { "attention_fwd_bf16", "bf16", attn_flops / 2, attention(true, false) },
+      { "attention_fwd_noncausal_bf16", "bf16", attn_flops, attention(false, false) },
+      { "attention_fwd_bwd_bf16", "bf16", attn_flops / 2 * 3.5, attention(true, true) },
+   }, shapes
 end
 
 function M.main(args)
@@ -111,26 +124,41 @@ function M.main(args)
    print(("CUDA kernels on %s (%s, %s): peak %.0f GB/s, %s%s"):format(o.device, info.name, peak.arch,
       peak.bandwidth / 1e9, flops, emulated and " (emulated: checks that every kernel runs; the figures mean nothing)"
       or ""))
-   print(("%-24s %10s %12s %9s"):format("kernel", "ms", "rate", "of peak"))
-   local fields, log_sum, counted = {}, 0, 0
-   for _, c in ipairs(cases(o.device, emulated)) do
+   local list, shapes = cases(o.device, emulated)
+   local peer, no_peer = nil, "emulated device"
+   if not emulated then
+      local names = {}
+      for i, c in ipairs(list) do names[i] = c[1] end
+      peer, no_peer = common.run_peer("torch_kernels.py", ("--cases %s %s --iters %d --rounds %d")
+         :format(table.concat(names, ","), shapes, iters, rounds), nil, os.getenv("DT_BENCH_PYTHON") or "python3")
+   end
+   print(peer and ("peer: torch %s on the same shapes (its fastest way per kernel)"):format(peer.torch)
+      or ("peer: none (%s)"):format(no_peer))
+   print(("%-29s %9s %9s %14s %8s %9s %7s"):format("kernel", "ms", "model ms", "rate", "of peak", "torch ms", "ratio"))
+   local fields, log_sum, counted, log_ratio, ratios = {}, 0, 0, 0, 0
+   for _, c in ipairs(list) do
       local name, kind, amount, setup = c[1], c[2], c[3], c[4]
       local seconds = time_per_call(setup(), o.device, iters, rounds)
       local rate = amount / seconds
       local of = kind == "bytes" and peak.bandwidth or peak[kind]
       local unit, scaled = kind == "bytes" and "GB/s" or "TFLOP/s", kind == "bytes" and rate / 1e9 or rate / 1e12
-      print(("%-24s %10.3f %7.1f %-7s %9s"):format(name, seconds * 1e3, scaled, unit,
-         of and ("%.1f%%"):format(100 * rate / of) or "n/a"))
+      local peer_ms = peer and tonumber(peer[name])
+      local ratio = peer_ms and peer_ms / 1e3 / seconds
+      print(("%-29s %9.3f %9s %6.1f %-7s %8s %9s %7s"):format(name, seconds * 1e3,
+         of and ("%.3f"):format(amount / of * 1e3) or "n/a", scaled, unit, of and ("%.1f%%"):format(100 * rate / of)
+         or "n/a", peer_ms and ("%.3f"):format(peer_ms) or "-", ratio and ("%.2f"):format(ratio) or "-"))
+      if peer_ms then print(("  torch: %s"):format(peer[name .. "_via"])) end
       fields[#fields + 1] = { name .. (kind == "bytes" and "_gbps" or "_tflops"), scaled }
       if of then log_sum, counted = log_sum + math.log(rate / of), counted + 1 end
+      if ratio then log_ratio, ratios = log_ratio + math.log(ratio), ratios + 1 end
       collectgarbage()
    end
    fields[#fields + 1] = { "peak_gbps", peak.bandwidth / 1e9 }
    if peak.bf16 then fields[#fields + 1] = { "peak_bf16_tflops", peak.bf16 / 1e12 } end
    fields[#fields + 1] = { "emulated", emulated and "yes" or "no" }
-   -- headline: the geometric mean fraction of the device's peak over every kernel (no peer: ratio=n/a)
+   -- headlines: the geometric mean fraction of the device's peak, and of torch's time over ours, over every kernel
    fields[#fields + 1] = { "roofline_fraction", math.exp(log_sum / counted) }
-   fields[#fields + 1] = { "ratio", "n/a" }
+   fields[#fields + 1] = { "ratio", ratios > 0 and math.exp(log_ratio / ratios) or "n/a" }
    common.report("kernels", fields)
    return 0
 end
