@@ -83,6 +83,16 @@ describe("trace", function()
          for _, e in ipairs(merged.traceEvents) do pids[e.pid] = true end
          assert.same({ [0] = true, [1] = true }, pids)
          assert_nested(merged.traceEvents)
+         -- top: per rank and track, each name's time per traced step (rank 1's forward spans summed here)
+         out = H.sh(("cd %s && %s trace top %s 100 2>&1"):format(H.root, H.exe, r.run_dir))
+         assert.matches("rank 0: 2 traced steps %(times per step%)\n  main: %d+ spans %(nested", out)
+         local forward = 0
+         for _, e in ipairs(decode(("%s/%s/trace/rank1.json"):format(H.root, r.run_dir)).traceEvents) do
+            if e.ph == "X" and e.tid == 1 and e.name == "forward" then forward = forward + e.dur end
+         end
+         local rank1 = out:match("rank 1: .*$")
+         assert.truthy(rank1:find(("\n +%.3f ms +2x  forward\n"):format(forward / 1e3 / 2)), out)
+         assert.truthy(rank1:find("\n +[%d.]+ ms +2x  step\n"), out)
          H.remove_run(r.run_dir)
       end)
 
@@ -117,6 +127,10 @@ describe("trace", function()
             table.insert(by[e.name], e)
          end
          assert.same({ name = ("cuda:%d compute stream"):format(rank), dropped_spans = 0 }, names[200])
+         local top = H.sh(("cd %s && %s trace top %s 3 2>&1"):format(H.root, H.exe, r.run_dir))
+         local line = "rank %d: 1 traced step .-\n  cuda:%d compute stream: [%%d.]+ ms in %d spans\n"
+            .. " +[%%d.]+ ms +[%%d.]+%%%%"
+         assert.matches(line:format(rank, rank, #streams[200]), top)
          assert.same({ name = ("cuda:%d comm stream"):format(rank), dropped_spans = 0 }, names[201])
          local step = by["step 2"][1]
          -- the host's spans of one kind and the device's, each sorted by start: the n-th device span cannot start
@@ -175,5 +189,9 @@ describe("trace", function()
       H.remove_run(r.run_dir)
       out = H.sh(("cd %s && %s trace merge /nonexistent/run 2>&1"):format(H.root, H.exe))
       assert.matches("'/nonexistent/run' is not a directory", out)
+      out = H.sh(("cd %s && %s trace top /nonexistent/run 2>&1"):format(H.root, H.exe))
+      assert.matches("'/nonexistent/run' is not a directory", out)
+      out = H.sh(("cd %s && %s trace top runs 0 2>&1; echo rc=$?"):format(H.root, H.exe))
+      assert.matches("usage: dtrun trace merge RUN_DIR | dtrun trace top RUN_DIR %[N%].*rc=2", out)
    end)
 end)

@@ -27,6 +27,7 @@ usage: dtrun RECIPE.lua [key=value ...] [--config FILE.lua] [--deepspeed ds_conf
                                                                draw runs' metrics.jsonl curves (SVG or PNG)
        dtrun report RUN_DIR [-o OUT.html]                      one self-contained HTML page of a run
        dtrun trace merge RUN_DIR                               every rank's timeline (trace=true) on one
+       dtrun trace top RUN_DIR [N]                             where the traced steps went: each track's N largest
        dtrun info [RUN_DIR]                                    build, CUDA/NCCL versions, threads and devices;
                                                                a run's node layout (node -> ranks)
        dtrun attach RUN_DIR [--rank R|--ranks 0,2-3|--all] [-e CHUNK]   Lua on a live job's ranks (live REPL)
