@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# gpu_check.sh: on a machine with a CUDA GPU, every check that needs one, each log kept: the device, the real-GPU
+# specs (c/cuda_* and cuda_lua/*), compute-sanitizer over the kernel specs, `dtrun bench kernels` (against PyTorch when
+# $DT_BENCH_PYTHON or python3 has torch with CUDA) and a traced GPT training run with `dtrun trace top` of it.
+# Usage: tools/gpu_check.sh [OUT_DIR, default runs/gpu-check] (after tools/setup.sh or a cmake build in build/).
+# Each step has a time limit and the script goes on after a failure; its last line counts the steps that passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/gpu-check}
+mkdir -p "$out"
+passed=0 failed=0
+step() { # step NAME SECONDS COMMAND...: runs COMMAND into $out/NAME.log, says how it went
+  local name=$1 limit=$2 t0=$SECONDS
+  shift 2
+  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then
+    passed=$((passed + 1)) && echo "gpu_check: $name passed ($((SECONDS - t0)) s)"
+  else
+    failed=$((failed + 1)) && echo "gpu_check: $name FAILED ($((SECONDS - t0)) s; $out/$name.log):" && tail -5 "$out/$name.log"
+  fi
+}
+test -x build/dtrun || { echo "gpu_check: no build/dtrun: run tools/setup.sh first" >&2; exit 2; }
+build/dtrun info >"$out/info.log" 2>&1
+if ! grep -q "^  cuda:0 " "$out/info.log"; then
+  echo "gpu_check: build/dtrun sees no CUDA device (see $out/info.log): nothing to check here" >&2
+  exit 2
+fi
+grep -A3 "^  cuda:0 " "$out/info.log"
+step c_specs 900 ctest --test-dir build -R '^c/cuda_' --output-on-failure
+step lua_specs 1200 ctest --test-dir build -R '^cuda_lua/' -j 4 --output-on-failure
+if command -v compute-sanitizer >/dev/null; then
+  step sanitizer 900 bash -c 'for t in attention tensor_core ops nn; do
+    compute-sanitizer --tool memcheck --error-exitcode 1 build/c_cuda_${t}_spec || exit 1; done'
+fi
+step bench_kernels 600 build/dtrun bench kernels
+step train 600 env DT_DEVICE=cuda build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 model.dim=768 \
+  model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 "trace={steps={20,21}}"
+run_dir=$(sed -n 's/^run dir: //p' "$out/train.log" | head -1)
+[ -n "$run_dir" ] && step trace_top 60 build/dtrun trace top "$run_dir" 25
+tail -1 "$out/bench_kernels.log"
+grep -E "^step 30/" "$out/train.log"
+echo "gpu_check: $passed passed, $failed failed (logs in $out)"
+[ "$failed" -eq 0 ]
