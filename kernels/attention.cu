@@ -17,7 +17,15 @@ struct attn_params {
   int64_t bh0; /* the first (batch, head) of this launch: grid.y covers at most 65535 of them */
   float scale;
   bool causal;
+  struct {
+    dt_k_attn_layout q, k, v, out, dout, dq, dk, dv; /* out: o of the forward, out of the backward */
+  } lay;
 };
+
+/* Where row `row` of head h of batch b starts in an operand laid out as l (elements past its base). */
+__device__ __forceinline__ int64_t attn_at(const dt_k_attn_layout &l, int64_t b, int64_t h, int64_t row) {
+  return b * l.sb + h * l.sh + row * l.st;
+}
 
 /* Keys [0, end) are visible to query row `row`: all, or s <= row + (Tk - T) when causal. */
 __device__ __forceinline__ int64_t key_end(const attn_params &p, int64_t row) {
@@ -26,12 +34,14 @@ __device__ __forceinline__ int64_t key_end(const attn_params &p, int64_t row) {
   return e < 0 ? 0 : e > p.tk ? p.tk : e;
 }
 
-/* rows x HD floats (row stride HD + 1) := rows [r0, r0 + rows) of an (n, d) slab, zero past n rows or d columns. */
+/* rows x HD floats (row stride HD + 1) := rows [r0, r0 + rows) of an (n, d) slab whose rows lie ld elements apart,
+ * zero past n rows or d columns. */
 template <typename T, int HD>
-__device__ __forceinline__ void load_tile(float *dst, const T *src, int64_t r0, int64_t n, int64_t d, int rows) {
+__device__ __forceinline__ void load_tile(float *dst, const T *src, int64_t r0, int64_t n, int64_t d, int64_t ld,
+                                          int rows) {
   for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
     int r = idx / HD, j = idx % HD;
-    dst[r * (HD + 1) + j] = r0 + r < n && j < d ? num<T>::load(src[(r0 + r) * d + j]) : 0.0f;
+    dst[r * (HD + 1) + j] = r0 + r < n && j < d ? num<T>::load(src[(r0 + r) * ld + j]) : 0.0f;
   }
 }
 
@@ -59,17 +69,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *Ks = Qs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ps = Vs + ATT_BC * ld;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
-  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
-  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
+  int64_t b = bh / p.hq, h = bh % p.hq, kvh = h / (p.hq / p.hkv);
+  const T *kh = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
+  const T *vh = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
+  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
   float o[HD / ATT_QUAD], m = -INFINITY, l = 0;
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) o[jj] = 0;
   int64_t rend = row < p.t ? key_end(p, row) : 0;
   int64_t kend = key_end(p, (i0 + ATT_BR < p.t ? i0 + ATT_BR : p.t) - 1); /* keys past the tile's last row: skipped */
   for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
     __syncthreads(); /* the previous K, V tiles are no longer read */
-    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, ATT_BC);
-    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, ATT_BC);
+    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
     __syncthreads(); /* Q, K, V tiles are complete */
     float s[ATT_PER], mx = -INFINITY;
     DT_UNROLL for (int cc = 0; cc < ATT_PER; cc++) {
@@ -94,7 +105,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
     }
   }
   if (row >= p.t) return;
-  T *orow = static_cast<T *>(p.o) + (bh * p.t + row) * p.d;
+  T *orow = static_cast<T *>(p.o) + attn_at(p.lay.out, b, h, row);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
     if (j < p.d) orow[j] = num<T>::store(l > 0 ? o[jj] / l : 0.0f);
@@ -113,14 +124,16 @@ enum { TC_BR = 64, TC_BC = 64, TC_THREADS = 128 };
 template <int HD>
 __host__ __device__ constexpr int tc_ld() { return HD + 8; }
 
-/* rows x HD of dst := rows [r0, r0 + rows) of an (n, d) slab (d a multiple of 8), zero past n rows or d columns: one
- * 16-byte cp.async per 8 elements, in the calling thread's current group. */
+/* rows x HD of dst := the first rows of an (n, d) slab at src (d a multiple of 8) whose rows lie ld elements apart (src
+ * 16-byte aligned, ld a multiple of 8), zero past n rows or d columns: one 16-byte cp.async per 8 elements, in the
+ * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times ld:
+ * the forward at D = 128 stays within 128 on sm_90, 4 blocks an SM). */
 template <typename T, int HD>
-__device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t r0, int64_t n, int64_t d, int rows) {
+__device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
     int r = idx / (HD / 8), c = idx % (HD / 8) * 8;
-    bool in = r0 + r < n && c < d;
-    cp_async16(dst + r * tc_ld<HD>() + c, in ? src + (r0 + r) * d + c : src, in ? 16 : 0);
+    bool in = r < n && c < d;
+    cp_async16(dst + r * tc_ld<HD>() + c, in ? src + r * ld + c : src, in ? 16 : 0);
   }
 }
 
@@ -183,15 +196,17 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   T *Qs = sm, *Ks = Qs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
-  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
+  int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  /* the key tile's K and V rows */
+  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
+  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
   int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
   for (int h = 0; h < 2; h++) rend[h] = row[h] < p.t ? key_end(p, row[h]) : 0;
   int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1); /* keys past the tile's last row: skipped */
-  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
-  tc_load_tile<T, HD>(Ks, kh, 0, p.tk, p.d, TC_BC);
+  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st, TC_BR);
+  tc_load_tile<T, HD>(Ks, kt, p.tk, p.d, p.lay.k.st, TC_BC);
   cp_async_commit();
-  tc_load_tile<T, HD>(Vs, vh, 0, p.tk, p.d, TC_BC);
+  tc_load_tile<T, HD>(Vs, vt, p.tk, p.d, p.lay.v.st, TC_BC);
   cp_async_commit();
   float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
   DT_UNROLL for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0;
@@ -203,7 +218,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     DT_UNROLL for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
     tc_mma_abt<T, HD, NT>(s, Qs + 16 * warp * LD, Ks);
     __syncthreads(); /* every warp is done with K: the next tile's K may come in */
-    if (more) tc_load_tile<T, HD>(Ks, kh, j0 + TC_BC, p.tk, p.d, TC_BC);
+    kt += TC_BC * p.lay.k.st;
+    if (more) tc_load_tile<T, HD>(Ks, kt, p.tk - j0 - TC_BC, p.d, p.lay.k.st, TC_BC);
     cp_async_commit(); /* (an empty group after the last tile keeps the wait counts below uniform) */
     float mx[2] = {-INFINITY, -INFINITY};
     DT_UNROLL for (int n = 0; n < NT; n++) {
@@ -234,13 +250,15 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     __syncthreads();    /* ... for every thread's copies */
     tc_mma_pb<T, HD, NT>(o, s, Vs);
     __syncthreads(); /* every warp is done with V: the next tile's V may come in */
-    if (more) tc_load_tile<T, HD>(Vs, vh, j0 + TC_BC, p.tk, p.d, TC_BC);
+    vt += TC_BC * p.lay.v.st;
+    if (more) tc_load_tile<T, HD>(Vs, vt, p.tk - j0 - TC_BC, p.d, p.lay.v.st, TC_BC);
     cp_async_commit();
   }
   cp_async_wait<0>(); /* no copy outlives the block (with no visible key the loop never waited for Q, K, V) */
   DT_UNROLL for (int h = 0; h < 2; h++) {
     if (row[h] >= p.t) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.o) + (bh * p.t + row[h]) * p.d, o, h, l[h] > 0 ? 1.0f / l[h] : 0.0f, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row[h]), o, h, l[h] > 0 ? 1.0f / l[h] : 0.0f,
+                        p.d);
     if (t == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row[h], l[h] > 0 ? m[h] + logf(l[h]) : -INFINITY);
   }
 }
@@ -254,10 +272,12 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   T *Qs = sm, *dOs = Qs + TC_BR * LD, *Ks = dOs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
-  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
-  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
-  tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+  int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
+  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
+  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st, TC_BR);
+  tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
+                      p.lay.dout.st, TC_BR);
   int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
   float lr[2], dr[2], dq[DN][4];
   DT_UNROLL for (int h = 0; h < 2; h++) {
@@ -269,8 +289,10 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1);
   for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
     __syncthreads(); /* every warp is done with the previous K and V */
-    tc_load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, TC_BC);
-    tc_load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, TC_BC);
+    tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
+    tc_load_tile<T, HD>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, TC_BC);
+    kt += TC_BC * p.lay.k.st;
+    vt += TC_BC * p.lay.v.st;
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads(); /* every thread's copies have landed */
@@ -290,7 +312,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   }
   DT_UNROLL for (int h = 0; h < 2; h++) {
     if (row[h] >= p.t) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.dq) + (bh * p.t + row[h]) * p.d, dq, h, p.scale, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, qh, row[h]), dq, h, p.scale, p.d);
   }
 }
 
@@ -303,22 +325,29 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   T *Ks = sm, *Vs = Ks + TC_BC * LD, *Qs = Vs + TC_BC * LD, *dOs = Qs + TC_BR * LD;
   float *Ls = reinterpret_cast<float *>(dOs + TC_BR * LD), *Dl = Ls + TC_BR;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, group = p.hq / p.hkv, j0 = (int64_t)blockIdx.x * TC_BC;
-  int64_t key[2] = {j0 + 16 * warp + g, j0 + 16 * warp + g + 8};
-  tc_load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + bk * p.tk * p.d, j0, p.tk, p.d, TC_BC);
-  tc_load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + bk * p.tk * p.d, j0, p.tk, p.d, TC_BC);
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, group = p.hq / p.hkv;
+  int64_t j0 = (int64_t)blockIdx.x * TC_BC, key[2] = {j0 + 16 * warp + g, j0 + 16 * warp + g + 8};
+  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0);
+  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0);
+  tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
+  tc_load_tile<T, HD>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, TC_BC);
   float dk[DN][4], dv[DN][4];
   DT_UNROLL for (int dn = 0; dn < DN; dn++) {
     DT_UNROLL for (int i = 0; i < 4; i++) dk[dn][i] = dv[dn][i] = 0;
   }
   int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
   first = first < 0 ? 0 : first / TC_BR * TC_BR;
-  for (int64_t h = bk % p.hkv * group; h < (bk % p.hkv + 1) * group; h++) {
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
     int64_t bh = b * p.hq + h;
+    /* the query tile's Q and dO rows */
+    const T *qt = static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, first);
+    const T *dot = static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, first);
     for (int64_t i0 = first; i0 < p.t; i0 += TC_BR) {
       __syncthreads(); /* every warp is done with the previous Q, dO, lse and delta */
-      tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
-      tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, TC_BR);
+      tc_load_tile<T, HD>(Qs, qt, p.t - i0, p.d, p.lay.q.st, TC_BR);
+      tc_load_tile<T, HD>(dOs, dot, p.t - i0, p.d, p.lay.dout.st, TC_BR);
+      qt += TC_BR * p.lay.q.st;
+      dot += TC_BR * p.lay.dout.st;
       cp_async_commit();
       for (int r = threadIdx.x; r < TC_BR; r += blockDim.x) {
         bool in = i0 + r < p.t;
@@ -351,19 +380,22 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   }
   DT_UNROLL for (int h = 0; h < 2; h++) {
     if (key[h] >= p.tk) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.dk) + (bk * p.tk + key[h]) * p.d, dk, h, p.scale, p.d);
-    tc_store_row<T, HD>(static_cast<T *>(p.dv) + (bk * p.tk + key[h]) * p.d, dv, h, 1.0f, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key[h]), dk, h, p.scale, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key[h]), dv, h, 1.0f, p.d);
   }
 }
 
-/* delta[row] = <dout[row], out[row]>: a warp per row. */
+/* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands, in order; a warp per row. */
 template <typename T>
-__global__ void attn_delta(const T *out, const T *dout, float *delta, int64_t rows, int64_t d) {
+__global__ void attn_delta(const T *out, dt_k_attn_layout lo, const T *dout, dt_k_attn_layout ldo, float *delta,
+                           int64_t rows, int64_t h, int64_t t, int64_t d) {
   int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
   float s = 0;
-  if (row < rows)
-    for (int64_t j = threadIdx.x % WARP; j < d; j += WARP)
-      s += num<T>::load(dout[row * d + j]) * num<T>::load(out[row * d + j]);
+  if (row < rows) {
+    int64_t bh = row / t, i = row % t;
+    const T *o = out + attn_at(lo, bh / h, bh % h, i), *g = dout + attn_at(ldo, bh / h, bh % h, i);
+    for (int64_t j = threadIdx.x % WARP; j < d; j += WARP) s += num<T>::load(g[j]) * num<T>::load(o[j]);
+  }
   s = warp_reduce(s, sum_op());
   if (row < rows && threadIdx.x % WARP == 0) delta[row] = s;
 }
@@ -376,10 +408,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *dOs = Qs + ATT_BR * ld, *Ks = dOs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ds = Vs + ATT_BC * ld;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
-  int64_t kvh = bh / p.hq * p.hkv + bh % p.hq / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + kvh * p.tk * p.d, *vh = static_cast<const T *>(p.v) + kvh * p.tk * p.d;
-  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
-  load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
+  int64_t b = bh / p.hq, h = bh % p.hq, kvh = h / (p.hq / p.hkv);
+  const T *kh = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
+  const T *vh = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
+  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
+  load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, 0), i0, p.t, p.d, p.lay.dout.st,
+                   ATT_BR);
   float lr = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) : -INFINITY;
   float dr = row < p.t ? p.delta[bh * p.t + row] : 0.0f, dq[HD / ATT_QUAD];
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) dq[jj] = 0;
@@ -387,8 +421,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
   int64_t kend = key_end(p, (i0 + ATT_BR < p.t ? i0 + ATT_BR : p.t) - 1);
   for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
     __syncthreads(); /* the previous K, V tiles are no longer read */
-    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, ATT_BC);
-    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, ATT_BC);
+    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
     __syncthreads(); /* every tile is complete */
     DT_UNROLL for (int cc = 0; cc < ATT_PER; cc++) {
       int c = q * ATT_PER + cc;
@@ -403,7 +437,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
     }
   }
   if (row >= p.t) return;
-  T *drow = static_cast<T *>(p.dq) + (bh * p.t + row) * p.d;
+  T *drow = static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, h, row);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
     if (j < p.d) drow[j] = num<T>::store(p.scale * dq[jj]);
@@ -418,19 +452,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
   const int ld = HD + 1, c = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Ks = sm, *Vs = Ks + ATT_BC * ld, *Qs = Vs + ATT_BC * ld, *dOs = Qs + ATT_BR * ld, *Pt = dOs + ATT_BR * ld;
   float *Dt = Pt + ATT_BC * (ATT_BR + 1), *Ls = Dt + ATT_BC * (ATT_BR + 1), *Dl = Ls + ATT_BR;
-  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, group = p.hq / p.hkv, j0 = (int64_t)blockIdx.x * ATT_BC, key = j0 + c;
-  load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + bk * p.tk * p.d, j0, p.tk, p.d, ATT_BC);
-  load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + bk * p.tk * p.d, j0, p.tk, p.d, ATT_BC);
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, group = p.hq / p.hkv;
+  int64_t j0 = (int64_t)blockIdx.x * ATT_BC, key = j0 + c;
+  load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0), j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+  load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0), j0, p.tk, p.d, p.lay.v.st, ATT_BC);
   float dk[HD / ATT_QUAD], dv[HD / ATT_QUAD];
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) dk[jj] = dv[jj] = 0;
   int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
   first = first < 0 ? 0 : first / ATT_BR * ATT_BR;
-  for (int64_t h = bk % p.hkv * group; h < (bk % p.hkv + 1) * group; h++) {
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
     int64_t bh = b * p.hq + h;
+    const T *qh = static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0);
+    const T *dh = static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, 0);
     for (int64_t i0 = first; i0 < p.t; i0 += ATT_BR) {
       __syncthreads(); /* the previous Q, dO tiles are no longer read */
-      load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
-      load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + bh * p.t * p.d, i0, p.t, p.d, ATT_BR);
+      load_tile<T, HD>(Qs, qh, i0, p.t, p.d, p.lay.q.st, ATT_BR);
+      load_tile<T, HD>(dOs, dh, i0, p.t, p.d, p.lay.dout.st, ATT_BR);
       for (int rr = threadIdx.x; rr < ATT_BR; rr += blockDim.x) {
         bool in = i0 + rr < p.t;
         Ls[rr] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + rr) : -INFINITY;
@@ -458,7 +495,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
     }
   }
   if (key >= p.tk) return;
-  T *dkr = static_cast<T *>(p.dk) + (bk * p.tk + key) * p.d, *dvr = static_cast<T *>(p.dv) + (bk * p.tk + key) * p.d;
+  T *dkr = static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key);
+  T *dvr = static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
     if (j < p.d) {

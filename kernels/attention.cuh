@@ -31,6 +31,7 @@ static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, cons
   p.hkv = a->hkv;
   p.scale = (float)a->scale;
   p.causal = a->causal;
+  p.lay = {a->q, a->k, a->v, a->out, a->dout, a->dq, a->dk, a->dv};
   return p;
 }
 
@@ -56,10 +57,16 @@ static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_
 }
 
 /* Whether bf16/f16 attention runs on the tensor cores: rows of D elements (a multiple of 8) in 16-byte chunks, so the
- * tiles come in by 16-byte cp.async (other head dims, and f32, take the scalar kernels). */
-static bool attn_tensor_cores(int dtype, int64_t d, const void *q, const void *k, const void *v, const void *o) {
-  uintptr_t bits = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)o;
-  return (dtype == DT_DTYPE_BF16 || dtype == DT_DTYPE_F16) && d % 8 == 0 && bits % 16 == 0;
+ * tiles come in by 16-byte cp.async: each of the n operands' base 16-byte aligned, its batch, head and row strides
+ * multiples of 8 elements (other head dims and layouts, and f32, take the scalar kernels, which read any strides). */
+static bool attn_tensor_cores(int dtype, int64_t d, int n, const void *const *base,
+                              const dt_k_attn_layout *const *lay) {
+  if ((dtype != DT_DTYPE_BF16 && dtype != DT_DTYPE_F16) || d % 8 != 0) return false;
+  for (int i = 0; i < n; i++) {
+    const dt_k_attn_layout *l = lay[i];
+    if ((uintptr_t)base[i] % 16 != 0 || l->sb % 8 != 0 || l->sh % 8 != 0 || l->st % 8 != 0) return false;
+  }
+  return true;
 }
 
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
@@ -74,7 +81,9 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
   dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
   p.o = out;
   p.lse_out = lse;
-  bool tc = attn_tensor_cores(dtype, a->d, q, k, v, out);
+  const void *base[] = {q, k, v, out};
+  const dt_k_attn_layout *lay[] = {&a->q, &a->k, &a->v, &a->out};
+  bool tc = attn_tensor_cores(dtype, a->d, 4, base, lay);
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
@@ -113,14 +122,16 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
   p.dv = dv;
   p.delta = delta;
   int64_t rows = a->b * a->hq * a->t;
-  bool tc = attn_tensor_cores(dtype, a->d, q, k, v, dout) && attn_tensor_cores(dtype, a->d, dq, dk, dv, out);
+  const void *base[] = {q, k, v, out, dout, dq, dk, dv};
+  const dt_k_attn_layout *lay[] = {&a->q, &a->k, &a->v, &a->out, &a->dout, &a->dq, &a->dk, &a->dv};
+  bool tc = attn_tensor_cores(dtype, a->d, 8, base, lay);
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
     cudaError_t e = cudaSuccess;
     if (rows > 0)
       DT_LAUNCH(dtk::attn_delta<T>, (unsigned)((rows + 3) / 4), 4 * dtk::WARP, 0, s, static_cast<const T *>(out),
-                static_cast<const T *>(dout), delta, rows, a->d);
+                a->out, static_cast<const T *>(dout), a->dout, delta, rows, a->hq, a->t, a->d);
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
         size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);

@@ -175,12 +175,21 @@ cudaError_t dt_k_fill(cudaStream_t s, const dt_k_fill_args *a);
 /* Fused tiled attention (FlashAttention-2 style: shared-memory tiles, online softmax, no T x T matrix).
  * q (B, Hq, T, D), k, v (B, Hkv, Tk, D), out like q, lse (B, Hq, T) of ldtype; D <= DT_K_ATTN_MAX_D; dtype f32, bf16 or
  * f16. The backward recomputes probabilities from lse: one kernel owns each key tile (dk, dv), another each query tile
- * (dq), so every gradient is summed in a fixed order. delta: scratch of B * Hq * T floats. */
+ * (dq), so every gradient is summed in a fixed order. delta: scratch of B * Hq * T floats. q, k, v, out, dout, dq, dk
+ * and dv lie at any strides of their outer dims (a dt_k_attn_layout each: the heads of a fused qkv projection where it
+ * left them); lse and delta are contiguous. */
 enum { DT_K_ATTN_MAX_D = 128 };
+/* Row (b, h, t) of a (B, H, T, D) operand starts sb b + sh h + st t elements past its base and holds D contiguous
+ * elements. bf16/f16 run on the tensor cores only when every operand's base is 16-byte aligned and each of its strides
+ * a multiple of 8 elements. */
+typedef struct dt_k_attn_layout {
+  int64_t sb, sh, st;
+} dt_k_attn_layout;
 typedef struct dt_k_attn_dims {
   int64_t b, hq, hkv, t, tk, d;
   double scale;
   bool causal;
+  dt_k_attn_layout q, k, v, out, dout, dq, dk, dv; /* out: the forward's output, the backward's input */
 } dt_k_attn_dims;
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,
                                int ldtype, void *lse, const dt_k_attn_dims *a);

@@ -26,7 +26,8 @@ static dt_status standins_done(int n, int n_in, const dt_tensor *const *ts, dt_t
 }
 
 /* Attention on contiguous stand-ins: on host copies for f64 off the CPU (the CUDA kernels are f32/bf16/f16:
- * gradchecks), else on q's device (strided views a backend reads only contiguous). */
+ * gradchecks), else on q's device (views a backend does not read in place: rows that are not contiguous, a
+ * non-contiguous lse, bf16/f16 views on the CPU). */
 static dt_device attention_device(const dt_tensor *q) {
   return q->dtype == DT_DTYPE_F64 ? (dt_device){DT_DEVICE_CPU, 0} : q->device;
 }

@@ -52,14 +52,16 @@ static void end(void) {
   dt_cuda_op_end();
 }
 
-/* The attention kernels are f32/bf16/f16 (f64 attention, for gradchecks, runs on host copies), and the norm kernels
- * take one float dtype per call (activations of another dtype than the weights are normalised in the weights'). */
+/* The attention kernels are f32/bf16/f16 (f64 attention, for gradchecks, runs on host copies) and read and write q, k,
+ * v, out, dout, dq, dk, dv at any strides of their outer dims when their rows are contiguous (the heads of a fused qkv
+ * projection where it left them), lse contiguous; the norm kernels take one float dtype per call (activations of
+ * another dtype than the weights are normalised in the weights'). */
 static bool supports(dt_backend_op op, int n, const dt_tensor *const *ts) {
   switch (op) {
-    case DT_BACKEND_OP_nn_attention_fwd: /* f32/bf16/f16, contiguous (strided views: dispatch's stand-ins) */
-    case DT_BACKEND_OP_nn_attention_bwd:
-      for (int i = 0; i < n; i++)
-        if (ts[i] && !dt_tensor_is_contiguous(ts[i])) return false;
+    case DT_BACKEND_OP_nn_attention_fwd: /* (q, k, v, out, lse) */
+    case DT_BACKEND_OP_nn_attention_bwd: /* (q, k, v, out, dout, lse, dq, dk, dv); others: dispatch's stand-ins */
+      for (int i = 0, lse = op == DT_BACKEND_OP_nn_attention_fwd ? 4 : 5; i < n; i++)
+        if (ts[i] && !(i == lse ? dt_tensor_is_contiguous(ts[i]) : dt_rows_contiguous(ts[i]))) return false;
       return ts[0]->dtype != DT_DTYPE_F64;
     case DT_BACKEND_OP_nn_layernorm_fwd:
     case DT_BACKEND_OP_nn_rmsnorm_fwd: return !ts[1] || ts[1]->dtype == ts[0]->dtype;       /* (x, w, ...) */

@@ -91,6 +91,9 @@ void dt_cuda_tensor_scratch_free(dt_stream *s, dt_tensor *t);
 dt_status dt_cuda_check_on(const dt_stream *s, const dt_tensor *t, const char *op, const char *name);
 /* dt_cuda_check_on plus: contiguous, of float `dtype` (-1: any float dtype). */
 dt_status dt_cuda_check_float(const dt_stream *s, const dt_tensor *t, int dtype, const char *op, const char *name);
+/* The same with only its rows contiguous (dt_rows_contiguous: any strides of the outer dims). */
+dt_status dt_cuda_check_float_rows(const dt_stream *s, const dt_tensor *t, int dtype, const char *op,
+                                   const char *name);
 /* A floats-only check for a statistic: f32 or f64, contiguous, n elements. */
 dt_status dt_cuda_check_stat(const dt_stream *s, const dt_tensor *t, int64_t n, const char *op, const char *name);
 

@@ -211,14 +211,25 @@ dt_status dt_cuda_check_on(const dt_stream *s, const dt_tensor *t, const char *o
   return DT_OK;
 }
 
-dt_status dt_cuda_check_float(const dt_stream *s, const dt_tensor *t, int dtype, const char *op, const char *name) {
+/* dt_cuda_check_float (rows false) and dt_cuda_check_float_rows (rows true). */
+static dt_status check_float(const dt_stream *s, const dt_tensor *t, int dtype, const char *op, const char *name,
+                             bool rows) {
   DT_TRY(dt_cuda_check_on(s, t, op, name));
-  DT_TRY(dt_nn_check_float(t, op, name));
+  DT_TRY(rows ? dt_nn_check_float_rows(t, op, name) : dt_nn_check_float(t, op, name));
   char b[DT_SHAPE_BUF];
   DT_CHECK(dtype < 0 || t->dtype == dtype, DT_ERR_ARG,
            "%s: %s %s must be %s like the first input (the CUDA kernels take one float dtype per call)", op, name,
            dt_shape_str(t, b, sizeof b), dt_dtype_name(dtype));
   return DT_OK;
+}
+
+dt_status dt_cuda_check_float(const dt_stream *s, const dt_tensor *t, int dtype, const char *op, const char *name) {
+  return check_float(s, t, dtype, op, name, false);
+}
+
+dt_status dt_cuda_check_float_rows(const dt_stream *s, const dt_tensor *t, int dtype, const char *op,
+                                   const char *name) {
+  return check_float(s, t, dtype, op, name, true);
 }
 
 dt_status dt_cuda_check_stat(const dt_stream *s, const dt_tensor *t, int64_t n, const char *op, const char *name) {

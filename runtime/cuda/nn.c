@@ -261,12 +261,21 @@ dt_status dt_cuda_nn_rope_bwd(dt_stream *s, const dt_tensor *dy, const double *i
   return rope(s, "rope backward", dy, inv_freq, pos_offset, -1.0, dx, "dy", "dx");
 }
 
+/* An attention operand (q, k, v, out, dout, dq, dk, dv) has contiguous rows at any outer strides; its layout for the
+ * kernels: the batch, head and row strides of the (B, H, T, D) tensor t (0 along a dim of size 1, which no index moves
+ * along, so a view's arbitrary stride there does not keep it off the tensor cores). */
+static dt_k_attn_layout layout_of(const dt_tensor *t) {
+  int64_t st[3];
+  for (int i = 0; i < 3; i++) st[i] = t->shape[i] > 1 ? t->strides[i] : 0;
+  return (dt_k_attn_layout){st[0], st[1], st[2]};
+}
+
 static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *q, const dt_tensor *k,
                                  const dt_tensor *v, double scale, bool causal, dt_k_attn_dims *a) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", op);
-  DT_TRY(dt_cuda_check_float(s, q, -1, op, "q"));
-  DT_TRY(dt_cuda_check_float(s, k, q->dtype, op, "k"));
-  DT_TRY(dt_cuda_check_float(s, v, q->dtype, op, "v"));
+  DT_TRY(dt_cuda_check_float_rows(s, q, -1, op, "q"));
+  DT_TRY(dt_cuda_check_float_rows(s, k, q->dtype, op, "k"));
+  DT_TRY(dt_cuda_check_float_rows(s, v, q->dtype, op, "v"));
   DT_TRY(dt_nn_attention_check(op, q, k, v, scale));
   char bq[DT_SHAPE_BUF];
   DT_CHECK(q->shape[3] <= DT_K_ATTN_MAX_D, DT_ERR_ARG, "%s: head dim D must be in 1..%d on cuda, got q %s", op,
@@ -275,15 +284,17 @@ static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *
            dt_shape_str(q, bq, sizeof bq));
   int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (dt_k_attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
-                        .scale = scale, .causal = causal};
+                        .scale = scale, .causal = causal, .q = layout_of(q), .k = layout_of(k), .v = layout_of(v)};
   return DT_OK;
 }
 
-/* t (out, dout, dq, dk, dv) must be shaped like ref, in q's dtype. */
+/* t (out, dout, dq, dk, dv) must be shaped like ref, in q's dtype, its rows contiguous; *l := its layout. */
 static dt_status check_like(dt_stream *s, const char *op, const dt_tensor *ref, const char *nref, const dt_tensor *t,
-                            const char *name) {
-  DT_TRY(dt_cuda_check_float(s, t, ref->dtype, op, name));
-  return dt_nn_check_same_shape(ref, t, op, nref, name);
+                            const char *name, dt_k_attn_layout *l) {
+  DT_TRY(dt_cuda_check_float_rows(s, t, ref->dtype, op, name));
+  DT_TRY(dt_nn_check_same_shape(ref, t, op, nref, name));
+  *l = layout_of(t);
+  return DT_OK;
 }
 
 dt_status dt_cuda_nn_attention_fwd(dt_stream *s, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,
@@ -291,7 +302,7 @@ dt_status dt_cuda_nn_attention_fwd(dt_stream *s, const dt_tensor *q, const dt_te
   const char *op = "attention";
   dt_k_attn_dims a;
   DT_TRY(check_attention(s, op, q, k, v, scale, causal, &a));
-  DT_TRY(check_like(s, op, q, "q", out, "out"));
+  DT_TRY(check_like(s, op, q, "q", out, "out", &a.out));
   DT_TRY(dt_cuda_check_stat(s, lse, a.b * a.hq * a.t, op, "lse"));
   DT_TRY(dt_cuda_use(s->device));
   return launched(dt_k_attention_fwd(s->s, q->dtype, dt_tensor_ptr(q), dt_tensor_ptr(k), dt_tensor_ptr(v),
@@ -305,11 +316,11 @@ dt_status dt_cuda_nn_attention_bwd(dt_stream *s, const dt_tensor *q, const dt_te
   const char *op = "attention backward";
   dt_k_attn_dims a;
   DT_TRY(check_attention(s, op, q, k, v, scale, causal, &a));
-  DT_TRY(check_like(s, op, q, "q", out, "out"));
-  DT_TRY(check_like(s, op, q, "q", dout, "dout"));
-  DT_TRY(check_like(s, op, q, "q", dq, "dq"));
-  DT_TRY(check_like(s, op, k, "k", dk, "dk"));
-  DT_TRY(check_like(s, op, k, "k", dv, "dv"));
+  DT_TRY(check_like(s, op, q, "q", out, "out", &a.out));
+  DT_TRY(check_like(s, op, q, "q", dout, "dout", &a.dout));
+  DT_TRY(check_like(s, op, q, "q", dq, "dq", &a.dq));
+  DT_TRY(check_like(s, op, k, "k", dk, "dk", &a.dk));
+  DT_TRY(check_like(s, op, k, "k", dv, "dv", &a.dv));
   DT_TRY(dt_cuda_check_stat(s, lse, a.b * a.hq * a.t, op, "lse"));
   int64_t rows = a.b * a.hq * a.t;
   DT_TRY(dt_cuda_use(s->device));

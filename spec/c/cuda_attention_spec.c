@@ -91,6 +91,218 @@ static void test_tensor_core_kernel_chosen(void) {
   dev_free(S, l);
 }
 
+/* Strided operands --------------------------------------------------------------------------------------------------
+ * q, k, v, out, dout, dq, dk and dv as (B, H, T, D) views of token-major buffers, as dt.F.self_attention passes the
+ * heads of a fused qkv projection, through the public entry points; the kernels read and write them in place. */
+
+static const dt_device GPU = {DT_DEVICE_CUDA, 0};
+
+typedef struct {
+  acase c;
+  int dtype;
+  bool fused;     /* q, k, v from one (.., T, (Hq + 2 Hkv) D + pad) buffer (T = Tk), else q and (k, v) from two */
+  bool seq_first; /* buffers (T, B, W) instead of (B, T, W) */
+  int64_t pad;    /* extra elements per token: a multiple of 8 keeps 16-byte strides, an odd one makes odd strides */
+  int64_t off;    /* elements before every view in its buffer (not a multiple of 8: bases off 16 bytes) */
+  int64_t coff;   /* elements before each contiguous copy (1: off 16 bytes, so bf16/f16 copies take the scalar path) */
+  bool tc;        /* the strided operands run on the tensor cores */
+} scase;
+
+/* A (B, n, w) device buffer ((n, B, w) when seq_first): fixed pseudo-random values (seed > 0), else `fill`. */
+static dt_tensor *token_buffer(const scase *s, int64_t n, int64_t w, unsigned seed, double fill) {
+  int64_t shape[3] = {s->seq_first ? n : s->c.b, s->seq_first ? s->c.b : n, w};
+  dt_tensor *t = NULL;
+  die_on(dt_tensor_empty(3, shape, s->dtype, GPU, &t), "device buffer");
+  if (seed == 0) {
+    die_on(dt_tensor_fill(t, fill), "fill");
+    return t;
+  }
+  dt_tensor *h = host_sample(3, shape, s->dtype, seed, 1.5);
+  die_on(dt_tensor_copy(t, h), "upload");
+  dt_tensor_free(h);
+  return t;
+}
+
+/* The (B, h, n, D) heads at elements off + [first D, (first + h) D) of every token of buffer x, in place. */
+static dt_tensor *heads_of(const scase *s, const dt_tensor *x, int64_t first, int64_t h) {
+  int64_t n = x->shape[s->seq_first ? 0 : 1], w = x->shape[2], b = s->c.b, d = s->c.d;
+  dt_tensor *v = NULL;
+  die_on(dt_tensor_view(x, 4, SHAPE(b, h, n, d), SHAPE(s->seq_first ? w : n * w, d, s->seq_first ? b * w : w, 1),
+                        s->off + first * d, &v),
+         "heads view");
+  return v;
+}
+
+/* A contiguous device tensor shaped like t, coff elements into its storage; t's values copied in when `copy`. */
+static dt_tensor *contiguous_like(const scase *s, const dt_tensor *t, bool copy) {
+  dt_tensor *buf = NULL, *c = NULL;
+  int64_t strides[4], n = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    strides[i] = n;
+    n *= t->shape[i];
+  }
+  die_on(dt_tensor_empty(1, SHAPE(n + s->coff), t->dtype, GPU, &buf), "device buffer");
+  die_on(dt_tensor_view(buf, t->ndim, t->shape, strides, s->coff, &c), "contiguous view");
+  dt_tensor_free(buf);
+  if (copy) die_on(dt_tensor_copy(c, t), "contiguous copy");
+  return c;
+}
+
+/* A host copy (contiguous) of a device tensor at any strides. */
+static dt_tensor *download(const dt_tensor *t) {
+  dt_tensor *h = host_zeros(t->ndim, t->shape, t->dtype);
+  die_on(dt_tensor_copy(h, t), "download");
+  return h;
+}
+
+static void expect_same_bits(const dt_tensor *a, const dt_tensor *b, const char *what, const char *how) {
+  dt_tensor *ha = download(a), *hb = download(b);
+  char msg[300];
+  snprintf(msg, sizeof msg, "%s: %s", what, how);
+  expect(bitwise_equal(ha, hb), msg);
+  dt_tensor_free(ha);
+  dt_tensor_free(hb);
+}
+
+/* Every element of buffer x outside [off, off + used) of each token still holds `fill`: no kernel wrote past a view. */
+static void expect_padding(const scase *s, const dt_tensor *x, int64_t used, double fill, const char *what) {
+  dt_tensor *h = download(x);
+  int64_t w = x->shape[2], bad = 0;
+  for (int64_t i = 0; i < dt_tensor_numel(h); i++)
+    if ((i % w < s->off || i % w >= s->off + used) && at(h, i) != fill) bad++;
+  expect(bad == 0, what);
+  dt_tensor_free(h);
+}
+
+static int64_t device_allocs(void) {
+  dt_pool_stats st;
+  die_on(dt_cuda_memory_stats(0, DT_POOL_DEVICE, &st), "memory stats");
+  return st.alloc_count;
+}
+
+/* Forward and backward on the strided views against the same calls on contiguous copies: the same kernels over the
+ * same values in the same order, so the same bits; and with no more device allocations than the contiguous calls
+ * (dispatch's stand-ins would allocate a copy of every operand). */
+static void strided_case(scase s) {
+  acase c = s.c;
+  double scale = 1.0 / sqrt((double)c.d);
+  char what[200], msg[300];
+  snprintf(what, sizeof what,
+           "strided attention B=%lld Hq=%lld Hkv=%lld T=%lld Tk=%lld D=%lld %s %s%s pad %lld off %lld",
+           (long long)c.b, (long long)c.hq, (long long)c.hkv, (long long)c.t, (long long)c.tk, (long long)c.d,
+           c.causal ? "causal" : "full", dt_dtype_name(s.dtype), s.seq_first ? " seq-first" : "", (long long)s.pad,
+           (long long)s.off);
+  /* q, k, v (and dq, dk, dv) at columns [0, Hq D), [Hq D, (Hq + Hkv) D), ... of x, or k, v in a buffer of their own */
+  int64_t wq = (s.fused ? c.hq + 2 * c.hkv : c.hq) * c.d, wkv = 2 * c.hkv * c.d, k0 = s.fused ? c.hq : 0;
+  dt_tensor *x = token_buffer(&s, c.t, wq + s.pad, 11, 0);
+  dt_tensor *xkv = s.fused ? x : token_buffer(&s, c.tk, wkv + s.pad, 12, 0);
+  dt_tensor *gx = token_buffer(&s, c.t, wq + s.pad, 0, 7);
+  dt_tensor *gkv = s.fused ? gx : token_buffer(&s, c.tk, wkv + s.pad, 0, 7);
+  dt_tensor *y = token_buffer(&s, c.t, c.hq * c.d + s.pad, 0, 7), *g = token_buffer(&s, c.t, c.hq * c.d + s.pad, 13, 0);
+  dt_tensor *q = heads_of(&s, x, 0, c.hq), *k = heads_of(&s, xkv, k0, c.hkv), *v = heads_of(&s, xkv, k0 + c.hkv, c.hkv);
+  dt_tensor *dq = heads_of(&s, gx, 0, c.hq), *dk = heads_of(&s, gkv, k0, c.hkv);
+  dt_tensor *dv = heads_of(&s, gkv, k0 + c.hkv, c.hkv);
+  dt_tensor *out = heads_of(&s, y, 0, c.hq), *dout = heads_of(&s, g, 0, c.hq);
+  dt_tensor *lse = NULL, *clse = NULL;
+  die_on(dt_tensor_empty(3, SHAPE(c.b, c.hq, c.t), DT_DTYPE_F32, GPU, &lse), "lse");
+  die_on(dt_tensor_empty(3, SHAPE(c.b, c.hq, c.t), DT_DTYPE_F32, GPU, &clse), "lse");
+  dt_tensor *cq = contiguous_like(&s, q, true), *ck = contiguous_like(&s, k, true), *cv = contiguous_like(&s, v, true);
+  dt_tensor *cdo = contiguous_like(&s, dout, true), *cout = contiguous_like(&s, out, false);
+  dt_tensor *cdq = contiguous_like(&s, q, false), *cdk = contiguous_like(&s, k, false);
+  dt_tensor *cdv = contiguous_like(&s, v, false);
+
+  int64_t n0 = device_allocs();
+  expect_ok(dt_nn_attention_fwd(cq, ck, cv, scale, c.causal, cout, clse), "attention on the contiguous copies");
+  int64_t n1 = device_allocs();
+  expect_ok(dt_nn_attention_fwd(q, k, v, scale, c.causal, out, lse), what);
+  int64_t n2 = device_allocs();
+  snprintf(msg, sizeof msg, "%s: the forward allocates what the contiguous one does (%lld, not %lld: no stand-ins)",
+           what, (long long)(n2 - n1), (long long)(n1 - n0));
+  expect(n2 - n1 == n1 - n0, msg);
+  expect_ok(dt_nn_attention_bwd(cq, ck, cv, cout, cdo, clse, scale, c.causal, cdq, cdk, cdv),
+            "attention backward on the contiguous copies");
+  int64_t n3 = device_allocs();
+  expect_ok(dt_nn_attention_bwd(q, k, v, out, dout, lse, scale, c.causal, dq, dk, dv), "strided backward runs");
+  int64_t n4 = device_allocs();
+  snprintf(msg, sizeof msg, "%s: the backward allocates what the contiguous one does (%lld, not %lld: no stand-ins)",
+           what, (long long)(n4 - n3), (long long)(n3 - n2));
+  expect(n4 - n3 == n3 - n2, msg);
+
+  expect_same_bits(out, cout, what, "out, written in place, has the contiguous call's bits");
+  expect_same_bits(lse, clse, what, "lse has the contiguous call's bits");
+  expect_same_bits(dq, cdq, what, "dq, written into the gradient buffer, has the contiguous call's bits");
+  expect_same_bits(dk, cdk, what, "dk has the contiguous call's bits (summed over the group's query heads)");
+  expect_same_bits(dv, cdv, what, "dv has the contiguous call's bits");
+  expect_padding(&s, y, c.hq * c.d, 7, "nothing is written outside out's heads");
+  expect_padding(&s, gx, wq, 7, "nothing is written outside the gradient's heads");
+  if (!s.fused) expect_padding(&s, gkv, wkv, 7, "nothing is written outside dk's and dv's heads");
+
+  dt_cuda_device_info info;
+  die_on(dt_cuda_device_info_get(0, &info), "device info");
+  if (info.emulated) { /* the grid.y limit fails the launch, naming the kernel (test_tensor_core_kernel_chosen) */
+    setenv("DT_EMU_MAX_GRID_Y", "1", 1);
+    snprintf(msg, sizeof msg, "%s: the forward runs %s", what, s.tc ? "on the tensor cores" : "the scalar kernel");
+    expect_error(dt_nn_attention_fwd(q, k, v, scale, c.causal, out, lse),
+                 s.tc ? "kernel attn_fwd_tc " : "kernel attn_fwd ", msg);
+    snprintf(msg, sizeof msg, "%s: the backward runs %s", what, s.tc ? "on the tensor cores" : "the scalar kernels");
+    expect_error(dt_nn_attention_bwd(q, k, v, out, dout, lse, scale, c.causal, dq, dk, dv),
+                 s.tc ? "kernel attn_bwd_dq_tc " : "kernel attn_bwd_dq ", msg);
+    unsetenv("DT_EMU_MAX_GRID_Y");
+  }
+  dt_tensor *ts[] = {q, k, v, dq, dk, dv, out, dout, lse, clse, cq, ck, cv, cdo, cout, cdq, cdk, cdv, x, gx, y, g};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
+  if (!s.fused) {
+    dt_tensor_free(xkv);
+    dt_tensor_free(gkv);
+  }
+}
+
+/* GQA, causal and not, T past a multiple of the tile (tensor cores: 64 rows, scalar: 32), cross-length; bf16/f16 with
+ * 16-byte bases and strides on the tensor cores, odd strides or bases off 16 bytes on the scalar kernels, f32 (always
+ * scalar) at odd strides. */
+static void test_strided(void) {
+  static const scase cases[] = {
+      {{2, 4, 2, 70, 70, 64, true}, DT_DTYPE_BF16, true, false, 0, 0, 0, true},    /* GPT's fused qkv */
+      {{2, 2, 1, 45, 83, 64, false}, DT_DTYPE_BF16, false, true, 8, 8, 0, true},   /* (T, B, W) buffers, cross-length */
+      {{1, 4, 1, 70, 70, 64, false}, DT_DTYPE_F16, true, false, 3, 0, 1, false},   /* odd strides */
+      {{2, 2, 2, 40, 40, 64, true}, DT_DTYPE_BF16, true, false, 8, 4, 4, false},   /* bases 8 bytes off */
+      {{2, 4, 2, 45, 45, 24, true}, DT_DTYPE_F32, true, false, 3, 1, 0, false},    /* odd strides and bases */
+      {{2, 2, 1, 20, 37, 40, false}, DT_DTYPE_F32, false, true, 1, 0, 0, false},   /* (T, B, W), cross-length */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) strided_case(cases[i]);
+}
+
+/* Operands whose rows are not contiguous, and an lse that is not, are refused by the kernels with an error; through
+ * dispatch they run on contiguous stand-ins, with the bits of the same call on contiguous copies. */
+static void test_rows_not_contiguous(void) {
+  const char *what = "attention with q's rows not contiguous";
+  scase sc = {{1, 2, 2, 8, 8, 16, true}, DT_DTYPE_F32, false, false, 0, 0, 0, false};
+  dt_tensor *buf = NULL, *q = NULL, *lbuf = NULL, *lse = NULL, *clse = NULL, *lse2 = NULL;
+  die_on(dt_tensor_empty(4, SHAPE(1, 2, 16, 8), DT_DTYPE_F32, GPU, &buf), "device buffer");
+  dt_tensor *h = host_sample(4, SHAPE(1, 2, 16, 8), DT_DTYPE_F32, 21, 1.5);
+  die_on(dt_tensor_copy(buf, h), "upload");
+  dt_tensor_free(h);
+  die_on(dt_tensor_view(buf, 4, SHAPE(1, 2, 8, 16), SHAPE(256, 128, 1, 8), 0, &q), "transposed view");
+  dt_tensor *cq = contiguous_like(&sc, q, true), *out = contiguous_like(&sc, q, false);
+  dt_tensor *cout = contiguous_like(&sc, q, false), *out2 = contiguous_like(&sc, q, false);
+  die_on(dt_tensor_empty(3, SHAPE(1, 2, 8), DT_DTYPE_F32, GPU, &lse), "lse");
+  die_on(dt_tensor_empty(3, SHAPE(1, 2, 8), DT_DTYPE_F32, GPU, &clse), "lse");
+  die_on(dt_tensor_empty(3, SHAPE(1, 8, 2), DT_DTYPE_F32, GPU, &lbuf), "lse buffer");
+  die_on(dt_tensor_view(lbuf, 3, SHAPE(1, 2, 8), SHAPE(16, 1, 2), 0, &lse2), "transposed lse");
+  expect_error(dt_cuda_nn_attention_fwd(S, q, cq, cq, 0.25, true, out, lse),
+               "q (1, 2, 8, 16) f32 must be contiguous along its last dim", "the kernels refuse q, its rows strided");
+  expect_error(dt_cuda_nn_attention_fwd(S, cq, cq, cq, 0.25, true, out, lse2), "lse (1, 2, 8) f32 must be contiguous",
+               "the kernels refuse an lse that is not contiguous");
+  expect_ok(dt_nn_attention_fwd(cq, cq, cq, 0.25, true, cout, clse), "attention on the contiguous copies");
+  expect_ok(dt_nn_attention_fwd(q, cq, cq, 0.25, true, out, lse), "dispatch runs it on contiguous stand-ins");
+  expect_same_bits(out, cout, what, "out has the contiguous call's bits");
+  expect_same_bits(lse, clse, what, "lse has the contiguous call's bits");
+  expect_ok(dt_nn_attention_fwd(cq, cq, cq, 0.25, true, out2, lse2), "a strided lse goes through a stand-in");
+  expect_same_bits(lse2, clse, "attention into a strided lse", "lse has the contiguous call's bits");
+  dt_tensor *ts[] = {buf, q, lbuf, lse, clse, lse2, cq, out, cout, out2};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
+}
+
 static void test_errors(void) {
   dt_tensor *q = dev_empty(S, 4, SHAPE(1, 3, 4, 8), DT_DTYPE_F32), *k = dev_empty(S, 4, SHAPE(1, 2, 4, 8), DT_DTYPE_F32);
   dt_tensor *l = dev_empty(S, 3, SHAPE(1, 3, 4), DT_DTYPE_F32);
@@ -125,6 +337,8 @@ int main(void) {
   dt_cuda_device_info info;
   die_on(dt_cuda_device_info_get(0, &info), "device info");
   if (info.emulated) test_tensor_core_kernel_chosen();
+  test_strided();
+  test_rows_not_contiguous();
   test_errors();
   die_on(dt_cuda_device_synchronize(0), "final synchronize");
   return spec_finish();
