@@ -52,8 +52,8 @@ typedef struct dt_k_ew_plan {
 cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p);
 
 /* x contiguous, seen as (outer, len, inner); reduces len (dt_reduce_op) into out (outer, inner) of out_dtype.
- * Long rows are split into fixed chunks whose partial results (scratch of dt_k_reduce_scratch bytes) are combined in
- * order, so results depend on the shape only. */
+ * Long rows and columns are split into fixed chunks whose partial results (scratch of dt_k_reduce_scratch bytes) are
+ * combined in order, so results depend on the shape only. */
 size_t dt_k_reduce_scratch(int64_t outer, int64_t len, int64_t inner);
 cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype, const void *x, int out_dtype, void *out, void *scratch,
                         int64_t outer, int64_t len, int64_t inner);

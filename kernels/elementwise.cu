@@ -1,5 +1,5 @@
 /* elementwise.cu: unary/binary/ternary/axpby/fill (dt_ops.h ops): one generic strided kernel per compute type, and
- * 16-byte chunks when every operand is one contiguous run of a float type (the inputs' one, the output's one). */
+ * 16-byte chunks when the inputs share a float type and every operand is contiguous or has contiguous rows. */
 #include "vec.cuh"
 
 namespace dtk {

@@ -119,13 +119,13 @@ __global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<type
 template <typename A>
 __global__ void red_col_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
                                int64_t inner, int64_t chunks) {
-  int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= outer * inner) return;
-  int64_t o = col / inner, j = col % inner;
-  const racc<A> *p = partial + o * chunks * inner + j;
-  racc<A> r = p[0];
-  for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, p[c * inner]);
-  red_store(op, r, len, out, out_dtype, col);
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < outer * inner; col += stride) {
+    const racc<A> *p = partial + col / inner * chunks * inner + col % inner;
+    racc<A> r = p[0];
+    for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, p[c * inner]);
+    red_store(op, r, len, out, out_dtype, col);
+  }
 }
 
 } // namespace dtk
