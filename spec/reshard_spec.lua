@@ -53,6 +53,16 @@ describe("resharding checkpoints (GPT, fsdp 2 x tp 2 saved at step 10 of 20)", f
       resume("back", "--nproc 4 mesh=fsdp2xtp2", one)
    end)
 
+   it("a rank that writes nothing may reach a save after rank 0 published it (DDP: rank 0 alone writes)", function()
+      -- rank 1 comes a second late: it must not wait for what rank 0 removes when it publishes (the temp dir's key;
+      -- it waited 30 minutes). timeout: the spec fails in a minute rather than hanging
+      local r = helpers.dtrun(("spec/fixtures/reshard.lua --nproc 2 mesh=dp2 steps=11 from=%s resave=%s late_rank=1")
+         :format(step10, fs.join(root, "late")), "timeout 120")
+      assert.equal(0, r.code, r.out)
+      assert.is_true(fs.is_dir(fs.join(root, "late", "step-10")), r.out)
+      helpers.remove_run(r.run_dir)
+   end)
+
    it("Llama on tp 4 (each of the 2 kv heads on 2 ranks, written once) resumes in one process", function()
       local a = run(("--nproc 4 model=llama mesh=tp4 steps=8 save_every=4 run_dir=%s/llama"):format(root))
       assert.equal(0, a.code, a.out)

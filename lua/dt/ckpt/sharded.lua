@@ -120,8 +120,10 @@ function M.save(dir, state)
       s.tmp, s.name = checkpoint.begin(dir, state.step, ("%d-%d"):format(fs.pid(), seq))
       s.meta = checkpoint.encode(state.meta or {}, { "meta" })
       store:set(s.key .. "/tmp", s.tmp)
-   else
-      s.tmp, s.name = store:get(s.key .. "/tmp", WAIT_MS), ("step-%d"):format(state.step)
+   elseif state.writer then
+      -- Only a writer asks for the temp dir: rank 0 publishes (and deletes the key) once every writer has posted, so
+      -- a rank that writes nothing and came late would wait for it in vain (it did: a slow DDP rank, 30 minutes).
+      s.tmp = store:get(s.key .. "/tmp", WAIT_MS)
    end
    pending = s
    if state.writer then
