@@ -1,11 +1,5 @@
 /* elementwise.cuh: launcher of the elementwise kernels (host code; included at the end of elementwise.cu). */
 
-static bool ew_float(int dtype) {
-  return dtype == DT_DTYPE_F32 || dtype == DT_DTYPE_BF16 || dtype == DT_DTYPE_F16 || dtype == DT_DTYPE_F64;
-}
-
-static int ew_size(int dtype) { return dtype == DT_DTYPE_F64 ? 8 : dtype == DT_DTYPE_F32 ? 4 : 2; }
-
 /* Whether p runs in chunks (ew_contig_kernel for ndim <= 1, else ew_rows_kernel): the inputs of one float dtype and the
  * output of one, computed in the output's accumulator type (f64 for f64, else f32; f64 on one side only stays
  * generic); every operand contiguous, or (ndim >= 2) with a contiguous innermost dim, that dim's length and every
@@ -13,8 +7,10 @@ static int ew_size(int dtype) { return dtype == DT_DTYPE_F64 ? 8 : dtype == DT_D
 static bool ew_chunked(const dt_k_ew_plan *p) {
   int out = p->dtype[p->nin], in = p->nin ? p->dtype[0] : out;
   bool f64 = out == DT_DTYPE_F64;
-  if (!ew_float(out) || !ew_float(in) || (in == DT_DTYPE_F64) != f64 || p->ctype != (f64 ? 1 : 0)) return false;
-  int wider = ew_size(in) > ew_size(out) ? ew_size(in) : ew_size(out), n = 16 / wider, last = p->ndim - 1;
+  if (!dt_dtype_is_float(out) || !dt_dtype_is_float(in) || (in == DT_DTYPE_F64) != f64 || p->ctype != (f64 ? 1 : 0))
+    return false;
+  size_t wider = dt_dtype_size(in) > dt_dtype_size(out) ? dt_dtype_size(in) : dt_dtype_size(out);
+  int n = (int)(16 / wider), last = p->ndim - 1;
   for (int a = 0; a <= p->nin; a++) {
     if ((a < p->nin && p->dtype[a] != in) || (p->ndim >= 1 && p->st[a][last] != 1)) return false;
     if (p->ndim < 2) continue;
