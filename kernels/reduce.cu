@@ -80,17 +80,6 @@ __global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void
   else partial[o * chunks + c] = r;
 }
 
-/* Row o's chunk partials, combined in chunk order. */
-template <typename A>
-__global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
-                           int64_t chunks) {
-  int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (o >= outer) return;
-  racc<A> r = partial[o * chunks];
-  for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, partial[o * chunks + c]);
-  red_store(op, r, len, out, out_dtype, o);
-}
-
 /* One thread per (outer, K columns, chunk): chunk c of columns [g * K, g * K + K) of outer o walks elements
  * [c * RED_COL_CHUNK, ...) of the reduced dim in order, K columns per load (reads coalesce across the inner dim), into
  * partial[(o * chunks + c) * inner + j], or straight into out when a column is one chunk. */
@@ -115,10 +104,11 @@ __global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<type
   }
 }
 
-/* Each (outer, column)'s chunk partials, combined in chunk order. */
+/* Each (outer, column)'s chunk partials (partial[(o * chunks + c) * inner + j]; rows: inner 1), combined in chunk
+ * order. */
 template <typename A>
-__global__ void red_col_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
-                               int64_t inner, int64_t chunks) {
+__global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
+                           int64_t inner, int64_t chunks) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < outer * inner; col += stride) {
     const racc<A> *p = partial + col / inner * chunks * inner + col % inner;

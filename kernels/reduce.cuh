@@ -30,7 +30,7 @@ cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype,
       else
         DT_LAUNCH((dtk::red_cols<T, 1>), dtk::grid_for(outer * chunks * inner, 256), 256, 0, s, op, xt, out, out_dtype,
                   partial, outer, len, inner, chunks);
-      if (chunks > 1) DT_LAUNCH(dtk::red_col_chunks<A>, dtk::grid_for(outer * inner, 256), 256, 0, s, op, partial, out,
+      if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer * inner, 256), 256, 0, s, op, partial, out,
                                 out_dtype, outer, len, inner, chunks);
       return cudaGetLastError();
     }
@@ -39,7 +39,7 @@ cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype,
     DT_LAUNCH(dtk::red_rows<T>, (unsigned)(outer * chunks), threads, 0, s, op, xt, out, out_dtype, partial, len,
               chunks);
     if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer, 256), 256, 0, s, op, partial, out, out_dtype,
-                              outer, len, chunks);
+                              outer, len, (int64_t)1, chunks);
     return cudaGetLastError();
   });
 }
