@@ -113,11 +113,17 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
   if (q == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l > 0 ? m + logf(l) : -INFINITY);
 }
 
-/* The tensor-core forward (bf16/f16, D a multiple of 8): 64 query rows per block, 16 per warp (FlashAttention-2's
- * split: query tiles over blocks, rows over warps, no inter-warp reduction), 64-key tiles; Q K^T and P V on
- * mma.sync m16n8k16 with f32 accumulators, the online softmax in registers. Tiles come in by cp.async (K of the next
- * tile while this one's softmax and P V run, V while the next Q K^T runs) and feed the mma through ldmatrix. */
-enum { TC_BR = 64, TC_BC = 64, TC_THREADS = 128 };
+/* The tensor-core kernels (bf16/f16, D a multiple of 8): 64-key tiles, 128 threads; Q K^T and P V on mma.sync m16n8k16
+ * with f32 accumulators, the softmax in registers, tiles brought in by cp.async and fed to the mma through ldmatrix.
+ * The forward takes 128 query rows a block, 32 a warp (FlashAttention-2's split: query tiles over blocks, rows over
+ * warps, no inter-warp reduction): each K or V fragment a warp loads from shared memory feeds two m-tiles, so an mma
+ * costs 160 bytes of ldmatrix instead of 288 with 16 rows a warp (shared memory moves 128 bytes a clock, an mma is a
+ * clock of an SM's tensor cores). The backward kernels take 64 rows (or keys) a block, 16 a warp: their extra
+ * accumulators leave no registers for a second m-tile. */
+enum { TC_BR = 64, TC_FWD_BR = 128, TC_BC = 64, TC_THREADS = 128 };
+
+/* log2(e): the kernels exponentiate with exp2 (one MUFU op), their scores scaled by scale * log2(e). */
+#define TC_LOG2E 1.4426950408889634f
 
 /* Shared-memory row stride of a tile (elements): 16-byte aligned rows, consecutive rows 16 bytes apart modulo 128 so
  * the 8 rows an ldmatrix reads fall in distinct banks. */
@@ -126,8 +132,7 @@ __host__ __device__ constexpr int tc_ld() { return HD + 8; }
 
 /* rows x HD of dst := the first rows of an (n, d) slab at src (d a multiple of 8) whose rows lie ld elements apart (src
  * 16-byte aligned, ld a multiple of 8), zero past n rows or d columns: one 16-byte cp.async per 8 elements, in the
- * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times ld:
- * the forward at D = 128 stays within 128 on sm_90, 4 blocks an SM). */
+ * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times ld). */
 template <typename T, int HD>
 __device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
@@ -137,44 +142,56 @@ __device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, in
   }
 }
 
-/* The warp's 16 x 8N tile acc (C fragments over N n-tiles) += A B^T, A: the 16 rows of a (rows x HD) tile at `a`, B:
- * the 8N rows of the tile at `b` (both row major with stride tc_ld<HD>()); A and B through ldmatrix. */
-template <typename T, int HD, int N>
-__device__ __forceinline__ void tc_mma_abt(float (&acc)[N][4], const T *a, const T *b) {
+/* The warp's 16M x 8N tile acc (C fragments of M m-tiles by N n-tiles) += A B^T, A: the 16M rows of a (rows x HD)
+ * tile at `a`, B: the 8N rows of the tile at `b` (both row major with stride tc_ld<HD>()); A and B through ldmatrix,
+ * each B fragment used by all M m-tiles. */
+template <typename T, int HD, int M, int N>
+__device__ __forceinline__ void tc_mma_abt(float (&acc)[M][N][4], const T *a, const T *b) {
   constexpr int LD = tc_ld<HD>();
   const int lane = threadIdx.x % WARP;
   DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) {
-    uint32_t af[4];
-    ldmatrix<4, false>(af, a + (lane % 16) * LD + 16 * ks + lane / 16 * 8);
+    uint32_t af[M][4];
+    DT_UNROLL for (int mt = 0; mt < M; mt++)
+      ldmatrix<4, false>(af[mt], a + (16 * mt + lane % 16) * LD + 16 * ks + lane / 16 * 8);
     DT_UNROLL for (int n = 0; n < N; n += 2) { /* rows of b are columns of B: two n-tiles per load */
       uint32_t bf[4];
       ldmatrix<4, false>(bf, b + (8 * n + lane % 8 + lane / 16 * 8) * LD + 16 * ks + lane / 8 % 2 * 8);
-      mma_16816<T>(acc[n], af, bf, acc[n]);
-      mma_16816<T>(acc[n + 1], af, bf + 2, acc[n + 1]);
+      DT_UNROLL for (int mt = 0; mt < M; mt++) {
+        mma_16816<T>(acc[mt][n], af[mt], bf, acc[mt][n]);
+        mma_16816<T>(acc[mt][n + 1], af[mt], bf + 2, acc[mt][n + 1]);
+      }
     }
   }
 }
 
-/* acc (the warp's 16 x HD, C fragments over HD / 8 n-tiles) += P B, P: 16 x 8N in C fragments (rounded to T as the A
- * operand), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix. */
-template <typename T, int HD, int N>
-__device__ __forceinline__ void tc_mma_pb(float (&acc)[HD / 8][4], const float (&pf)[N][4], const T *b) {
+/* acc (the warp's 16M x HD, C fragments of M m-tiles by HD / 8 n-tiles) += P B, P: 16M x 8N in C fragments (rounded
+ * to T as the A operand), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix, each
+ * B fragment used by all M m-tiles. */
+template <typename T, int HD, int M, int N>
+__device__ __forceinline__ void tc_mma_pb(float (&acc)[M][HD / 8][4], const float (&pf)[M][N][4], const T *b) {
   constexpr int LD = tc_ld<HD>();
   const int lane = threadIdx.x % WARP;
   DT_UNROLL for (int kk = 0; kk < N / 2; kk++) {
     /* the accumulator fragments of columns 16 kk .. 16 kk + 15 are the A fragment of the product */
-    uint32_t pa[4] = {pack2<T>(pf[2 * kk][0], pf[2 * kk][1]), pack2<T>(pf[2 * kk][2], pf[2 * kk][3]),
-                      pack2<T>(pf[2 * kk + 1][0], pf[2 * kk + 1][1]), pack2<T>(pf[2 * kk + 1][2], pf[2 * kk + 1][3])};
+    uint32_t pa[M][4];
+    DT_UNROLL for (int mt = 0; mt < M; mt++) {
+      pa[mt][0] = pack2<T>(pf[mt][2 * kk][0], pf[mt][2 * kk][1]);
+      pa[mt][1] = pack2<T>(pf[mt][2 * kk][2], pf[mt][2 * kk][3]);
+      pa[mt][2] = pack2<T>(pf[mt][2 * kk + 1][0], pf[mt][2 * kk + 1][1]);
+      pa[mt][3] = pack2<T>(pf[mt][2 * kk + 1][2], pf[mt][2 * kk + 1][3]);
+    }
     DT_UNROLL for (int dn = 0; dn < HD / 8; dn += 2) {
       uint32_t bf[4];
       ldmatrix<4, true>(bf, b + (16 * kk + lane % 16) * LD + 8 * dn + lane / 16 * 8);
-      mma_16816<T>(acc[dn], pa, bf, acc[dn]);
-      mma_16816<T>(acc[dn + 1], pa, bf + 2, acc[dn + 1]);
+      DT_UNROLL for (int mt = 0; mt < M; mt++) {
+        mma_16816<T>(acc[mt][dn], pa[mt], bf, acc[mt][dn]);
+        mma_16816<T>(acc[mt][dn + 1], pa[mt], bf + 2, acc[mt][dn + 1]);
+      }
     }
   }
 }
 
-/* Row h (0: g, 1: g + 8) of the warp's 16 x HD accumulator acc, times scale, into out (d elements of T). */
+/* Row h (0: g, 1: g + 8) of a warp's 16 x HD accumulator acc, times scale, into out (d elements of T). */
 template <typename T, int HD>
 __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][4], int h, float scale, int64_t d) {
   const int t = threadIdx.x % 4;
@@ -187,79 +204,111 @@ __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][
   }
 }
 
-/* Block (query tile, batch * Hq): out and lse of 64 query rows. Lane (g, t) = (lane / 4, lane % 4) of warp w holds
- * rows i0 + 16 w + g and + 8 of the score and output fragments. */
+/* Block (query tile, batch * Hq): out and lse of 128 query rows. Lane (g, t) = (lane / 4, lane % 4) of warp w holds
+ * rows i0 + 32 w + 16 mt + g and + 8 (mt = 0, 1) of the score and output fragments: row slot r = 2 mt + h is row
+ * i0 + 32 w + 16 mt + 8 h + g. Causal query tiles run heaviest first (the last rows see the most keys). */
 template <typename T, int HD>
 __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
-  constexpr int LD = tc_ld<HD>(), NT = TC_BC / 8, DN = HD / 8;
+  constexpr int LD = tc_ld<HD>(), NT = TC_BC / 8, DN = HD / 8, MT = TC_FWD_BR / 4 / 16;
   DT_DYN_SMEM(T, sm);
-  T *Qs = sm, *Ks = Qs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
+  T *Qs = sm, *Ks = Qs + TC_FWD_BR * LD, *Vs = Ks + TC_BC * LD;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
+  int64_t tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = tile * TC_FWD_BR, w0 = i0 + 16 * MT * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  const float sl = p.scale * TC_LOG2E;
   /* the key tile's K and V rows */
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
-  int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
-  for (int h = 0; h < 2; h++) rend[h] = row[h] < p.t ? key_end(p, row[h]) : 0;
-  int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1); /* keys past the tile's last row: skipped */
-  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st, TC_BR);
+  /* keys before unmasked_end are visible to every row of the warp that exists: their tiles skip the mask */
+  int unmasked_end = (int)(w0 < p.t ? key_end(p, w0) : p.tk); /* (keys counted in int: fewer registers) */
+  int kend = (int)key_end(p, (i0 + TC_FWD_BR < p.t ? i0 + TC_FWD_BR : p.t) - 1); /* keys past the last row: skipped */
+  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st,
+                      TC_FWD_BR);
   tc_load_tile<T, HD>(Ks, kt, p.tk, p.d, p.lay.k.st, TC_BC);
   cp_async_commit();
   tc_load_tile<T, HD>(Vs, vt, p.tk, p.d, p.lay.v.st, TC_BC);
   cp_async_commit();
-  float o[DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
-  DT_UNROLL for (int dn = 0; dn < DN; dn++) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0;
-  for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
+  float o[MT][DN][4], m[2 * MT], l[2 * MT];
+  DT_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0;
+  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+    DT_UNROLL for (int dn = 0; dn < DN; dn++) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0;
+  }
+  for (int j0 = 0; j0 < kend; j0 += TC_BC) {
     bool more = j0 + TC_BC < kend;
     cp_async_wait<1>(); /* Q and this tile's K have landed (its V may still be in flight) */
     __syncthreads();    /* ... for every thread's copies */
-    float s[NT][4];
-    DT_UNROLL for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
-    tc_mma_abt<T, HD, NT>(s, Qs + 16 * warp * LD, Ks);
+    float s[MT][NT][4];
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
+    }
+    tc_mma_abt<T, HD, MT, NT>(s, Qs + 16 * MT * warp * LD, Ks);
     __syncthreads(); /* every warp is done with K: the next tile's K may come in */
     kt += TC_BC * p.lay.k.st;
     if (more) tc_load_tile<T, HD>(Ks, kt, p.tk - j0 - TC_BC, p.d, p.lay.k.st, TC_BC);
     cp_async_commit(); /* (an empty group after the last tile keeps the wait counts below uniform) */
-    float mx[2] = {-INFINITY, -INFINITY};
-    DT_UNROLL for (int n = 0; n < NT; n++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) {
-        int64_t key = j0 + 8 * n + 2 * t + i % 2;
-        s[n][i] = key < rend[i / 2] ? p.scale * s[n][i] : -INFINITY;
-        mx[i / 2] = fmaxf(mx[i / 2], s[n][i]);
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int n = 0; n < NT; n++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) s[mt][n][i] *= sl;
       }
     }
-    float alpha[2], psum[2] = {0, 0};
-    DT_UNROLL for (int h = 0; h < 2; h++) {
-      float mnew = fmaxf(m[h], quad_max(mx[h]));
-      alpha[h] = mnew == -INFINITY ? 1.0f : expf(m[h] - mnew);
-      m[h] = mnew;
-    }
-    DT_UNROLL for (int n = 0; n < NT; n++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) {
-        float mh = m[i / 2];
-        s[n][i] = mh == -INFINITY ? 0.0f : expf(s[n][i] - mh); /* a row that sees no key yet keeps l = 0 */
-        psum[i / 2] += s[n][i];
+    if (j0 + TC_BC > unmasked_end) { /* the tile crosses the causal diagonal or the end of the keys */
+      DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+        int64_t row = w0 + 16 * mt + g; /* (row ends computed here, not kept: registers) */
+        int rend[2] = {(int)(row < p.t ? key_end(p, row) : 0), (int)(row + 8 < p.t ? key_end(p, row + 8) : 0)};
+        DT_UNROLL for (int n = 0; n < NT; n++) {
+          DT_UNROLL for (int i = 0; i < 4; i++) {
+            if (j0 + 8 * n + 2 * t + i % 2 >= rend[i / 2]) s[mt][n][i] = -INFINITY;
+          }
+        }
       }
     }
-    DT_UNROLL for (int h = 0; h < 2; h++) l[h] = l[h] * alpha[h] + quad_sum(psum[h]);
-    DT_UNROLL for (int dn = 0; dn < DN; dn++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) o[dn][i] *= alpha[i / 2];
+    float mx[2 * MT];
+    DT_UNROLL for (int r = 0; r < 2 * MT; r++) mx[r] = -INFINITY;
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int n = 0; n < NT; n++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) mx[2 * mt + i / 2] = fmaxf(mx[2 * mt + i / 2], s[mt][n][i]);
+      }
+    }
+    float alpha[2 * MT], psum[2 * MT];
+    DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
+      float mnew = fmaxf(m[r], quad_max(mx[r]));
+      alpha[r] = exp2f(m[r] - mnew); /* 1 while both are -inf: a row that sees no key yet keeps l = 0 */
+      alpha[r] = mnew == -INFINITY ? 1.0f : alpha[r];
+      m[r] = mnew;
+      mx[r] = mnew == -INFINITY ? 0.0f : mnew; /* the offset: exp2(-inf - 0) = 0 for a masked score */
+      psum[r] = 0;
+    }
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int n = 0; n < NT; n++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) {
+          s[mt][n][i] = exp2f(s[mt][n][i] - mx[2 * mt + i / 2]);
+          psum[2 * mt + i / 2] += s[mt][n][i];
+        }
+      }
+    }
+    DT_UNROLL for (int r = 0; r < 2 * MT; r++) l[r] = l[r] * alpha[r] + quad_sum(psum[r]);
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) o[mt][dn][i] *= alpha[2 * mt + i / 2];
+      }
     }
     cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
     __syncthreads();    /* ... for every thread's copies */
-    tc_mma_pb<T, HD, NT>(o, s, Vs);
+    tc_mma_pb<T, HD, MT, NT>(o, s, Vs);
     __syncthreads(); /* every warp is done with V: the next tile's V may come in */
     vt += TC_BC * p.lay.v.st;
     if (more) tc_load_tile<T, HD>(Vs, vt, p.tk - j0 - TC_BC, p.d, p.lay.v.st, TC_BC);
     cp_async_commit();
   }
   cp_async_wait<0>(); /* no copy outlives the block (with no visible key the loop never waited for Q, K, V) */
-  DT_UNROLL for (int h = 0; h < 2; h++) {
-    if (row[h] >= p.t) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row[h]), o, h, l[h] > 0 ? 1.0f / l[h] : 0.0f,
-                        p.d);
-    if (t == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row[h], l[h] > 0 ? m[h] + logf(l[h]) : -INFINITY);
+  DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
+    int64_t row = w0 + 8 * r + g;
+    if (row >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row), o[r / 2], r % 2,
+                        l[r] > 0 ? 1.0f / l[r] : 0.0f, p.d);
+    if (t == 0)
+      store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
   }
 }
 
@@ -271,21 +320,26 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   DT_DYN_SMEM(T, sm);
   T *Qs = sm, *dOs = Qs + TC_BR * LD, *Ks = dOs + TC_BR * LD, *Vs = Ks + TC_BC * LD;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR, w0 = i0 + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  const float sl = p.scale * TC_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
   tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st, TC_BR);
   tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
                       p.lay.dout.st, TC_BR);
-  int64_t row[2] = {i0 + 16 * warp + g, i0 + 16 * warp + g + 8}, rend[2];
-  float lr[2], dr[2], dq[DN][4];
+  float lr[2], dr[2], dq[1][DN][4];
+  int64_t rend[2];
   DT_UNROLL for (int h = 0; h < 2; h++) {
-    lr[h] = row[h] < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row[h]) : -INFINITY;
-    dr[h] = row[h] < p.t ? p.delta[bh * p.t + row[h]] : 0.0f;
-    rend[h] = row[h] < p.t && lr[h] != -INFINITY ? key_end(p, row[h]) : 0;
+    int64_t row = w0 + 8 * h + g;
+    /* lse in the exp2 domain; rows past T get +inf (P = 0), as no key is visible to them */
+    lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * TC_LOG2E : INFINITY;
+    dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
+    rend[h] = row < p.t ? key_end(p, row) : 0; /* (a row with lse = -inf sees no key: key_end is 0) */
   }
-  DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0;
+  /* keys before unmasked_end are visible to every row of the warp that exists: their tiles skip the mask */
+  int64_t unmasked_end = w0 < p.t ? key_end(p, w0) : p.tk;
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[0][dn][0] = dq[0][dn][1] = dq[0][dn][2] = dq[0][dn][3] = 0;
   int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1);
   for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
     __syncthreads(); /* every warp is done with the previous K and V */
@@ -296,23 +350,26 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads(); /* every thread's copies have landed */
-    float pf[NT][4], dp[NT][4];
-    DT_UNROLL for (int n = 0; n < NT; n++) pf[n][0] = pf[n][1] = pf[n][2] = pf[n][3] = dp[n][0] = dp[n][1] =
-        dp[n][2] = dp[n][3] = 0;
-    tc_mma_abt<T, HD, NT>(pf, Qs + 16 * warp * LD, Ks);
-    tc_mma_abt<T, HD, NT>(dp, dOs + 16 * warp * LD, Vs);
+    float pf[1][NT][4], dp[1][NT][4];
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
+    }
+    tc_mma_abt<T, HD, 1, NT>(pf, Qs + 16 * warp * LD, Ks);
+    tc_mma_abt<T, HD, 1, NT>(dp, dOs + 16 * warp * LD, Vs);
+    bool masked = j0 + TC_BC > unmasked_end;
     DT_UNROLL for (int n = 0; n < NT; n++) {
       DT_UNROLL for (int i = 0; i < 4; i++) {
-        int64_t key = j0 + 8 * n + 2 * t + i % 2;
-        float pv = key < rend[i / 2] ? expf(p.scale * pf[n][i] - lr[i / 2]) : 0.0f;
-        pf[n][i] = pv * (dp[n][i] - dr[i / 2]); /* dS */
+        int key = (int)(j0 - rend[i / 2]) + 8 * n + 2 * t + i % 2; /* < 0: visible */
+        float pv = masked && key >= 0 ? 0.0f : exp2f(sl * pf[0][n][i] - lr[i / 2]);
+        pf[0][n][i] = pv * (dp[0][n][i] - dr[i / 2]); /* dS */
       }
     }
-    tc_mma_pb<T, HD, NT>(dq, pf, Ks);
+    tc_mma_pb<T, HD, 1, NT>(dq, pf, Ks);
   }
   DT_UNROLL for (int h = 0; h < 2; h++) {
-    if (row[h] >= p.t) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, qh, row[h]), dq, h, p.scale, p.d);
+    int64_t row = w0 + 8 * h + g;
+    if (row >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, qh, row), dq[0], h, p.scale, p.d);
   }
 }
 
@@ -326,14 +383,15 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   float *Ls = reinterpret_cast<float *>(dOs + TC_BR * LD), *Dl = Ls + TC_BR;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, group = p.hq / p.hkv;
-  int64_t j0 = (int64_t)blockIdx.x * TC_BC, key[2] = {j0 + 16 * warp + g, j0 + 16 * warp + g + 8};
+  int64_t j0 = (int64_t)blockIdx.x * TC_BC, w0 = j0 + 16 * warp, key[2] = {w0 + g, w0 + g + 8};
+  const float sl = p.scale * TC_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0);
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0);
   tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
   tc_load_tile<T, HD>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, TC_BC);
-  float dk[DN][4], dv[DN][4];
+  float dk[1][DN][4], dv[1][DN][4];
   DT_UNROLL for (int dn = 0; dn < DN; dn++) {
-    DT_UNROLL for (int i = 0; i < 4; i++) dk[dn][i] = dv[dn][i] = 0;
+    DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
   }
   int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
   first = first < 0 ? 0 : first / TC_BR * TC_BR;
@@ -351,37 +409,39 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
       cp_async_commit();
       for (int r = threadIdx.x; r < TC_BR; r += blockDim.x) {
         bool in = i0 + r < p.t;
-        Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) : -INFINITY;
+        Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) * TC_LOG2E : -INFINITY; /* exp2 domain */
         Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
       }
       cp_async_wait<0>();
       __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
+      /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
+      bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
       DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) { /* 16 queries at a time: no spills at D = 128 */
-        float pf[NT][4], dp[NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
+        float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
         DT_UNROLL for (int n = 0; n < NT; n++) {
-          DT_UNROLL for (int i = 0; i < 4; i++) pf[n][i] = dp[n][i] = 0;
+          DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
         }
         const T *qh = Qs + 8 * NT * part * LD, *doh = dOs + 8 * NT * part * LD;
-        tc_mma_abt<T, HD, NT>(pf, Ks + 16 * warp * LD, qh);
-        tc_mma_abt<T, HD, NT>(dp, Vs + 16 * warp * LD, doh);
+        tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
+        tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
         DT_UNROLL for (int n = 0; n < NT; n++) {
           DT_UNROLL for (int i = 0; i < 4; i++) {
             int r = 8 * NT * part + 8 * n + 2 * t + i % 2;
-            int64_t kk = key[i / 2];
-            bool visible = kk < p.tk && i0 + r < p.t && Ls[r] != -INFINITY && kk < key_end(p, i0 + r);
-            pf[n][i] = visible ? expf(p.scale * pf[n][i] - Ls[r]) : 0.0f;
-            dp[n][i] = pf[n][i] * (dp[n][i] - Dl[r]); /* dS^T */
+            bool visible = !masked || (key[i / 2] < p.tk && i0 + r < p.t && Ls[r] != -INFINITY &&
+                                       key[i / 2] < key_end(p, i0 + r));
+            pf[0][n][i] = visible ? exp2f(sl * pf[0][n][i] - Ls[r]) : 0.0f;
+            dp[0][n][i] = pf[0][n][i] * (dp[0][n][i] - Dl[r]); /* dS^T */
           }
         }
-        tc_mma_pb<T, HD, NT>(dv, pf, doh);
-        tc_mma_pb<T, HD, NT>(dk, dp, qh);
+        tc_mma_pb<T, HD, 1, NT>(dv, pf, doh);
+        tc_mma_pb<T, HD, 1, NT>(dk, dp, qh);
       }
     }
   }
   DT_UNROLL for (int h = 0; h < 2; h++) {
     if (key[h] >= p.tk) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key[h]), dk, h, p.scale, p.d);
-    tc_store_row<T, HD>(static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key[h]), dv, h, 1.0f, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key[h]), dk[0], h, p.scale, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key[h]), dv[0], h, 1.0f, p.d);
   }
 }
 

@@ -89,8 +89,8 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
     constexpr int HD = decltype(hd)::value;
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
-        size_t smem = (size_t)(dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
-        return attn_launch(dtk::attn_fwd_tc<T, HD>, "attn_fwd_tc", (a->t + dtk::TC_BR - 1) / dtk::TC_BR,
+        size_t smem = (size_t)(dtk::TC_FWD_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
+        return attn_launch(dtk::attn_fwd_tc<T, HD>, "attn_fwd_tc", (a->t + dtk::TC_FWD_BR - 1) / dtk::TC_FWD_BR,
                            a->b * a->hq, smem, s, p);
       }
     }

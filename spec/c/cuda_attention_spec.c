@@ -59,7 +59,8 @@ static void expect_deterministic(acase c, int dtype, const char *what) {
 }
 
 /* bf16/f16 with D a multiple of 8 run on the tensor cores (mma.sync m16n8k16): every head dim, causal and not, GQA,
- * T not a multiple of the 64-row tile, more or fewer queries than keys. Tolerance: P is rounded to the storage type
+ * T not a multiple of the 64- or 128-row tile, more or fewer queries than keys, key tiles wholly visible to a warp's
+ * rows (no mask) beside tiles that cross the diagonal or the end of the keys. Tolerance: P is rounded to the storage type
  * before P V (as FlashAttention does) and out is rounded once, so |gpu - cpu| / (1 + |cpu|) stays within two ulps of
  * the storage type (bf16: 2 * 1.6e-2, f16: 2 * 2e-3, tol_of's per-dtype bound with a slack of 2). */
 static void test_tensor_cores(void) {
@@ -70,6 +71,8 @@ static void test_tensor_cores(void) {
       {1, 2, 2, 5, 70, 128, false},   /* fewer queries than keys */
       {1, 1, 1, 80, 10, 64, true},    /* more queries than keys: the first 70 see no key */
       {1, 2, 2, 20, 20, 40, true},    /* head dim 40 (the 64 instance, zero-padded) */
+      {1, 2, 1, 300, 300, 64, true},  /* causal tiles below the diagonal: unmasked in every kernel */
+      {1, 1, 1, 150, 200, 128, false}, /* unmasked key tiles, then the ragged last one */
   };
   for (size_t i = 1; i < sizeof cases / sizeof cases[0]; i++) {
     attention_case(cases[i], DT_DTYPE_BF16, false);
