@@ -7,7 +7,7 @@ product attention under each backend this torch has (flash, cuDNN, memory-effici
 matmul f32 keeps PyTorch's default (no TF32), as dtrun's. --cases names the cases to run (comma-separated).
 Prints 'peer torch_kernels <case>=<ms per call> ... <case>_via=<the way that won>', or 'unsupported: <why>' (exit 3).
 Run: python3 torch_kernels.py --cases copy_f32,attention_fwd_bf16 [--n 67108864 --rows 16384 --cols 4096
-     --mm 8192 --b 4 --h 16 --t 2048 --d 128 --iters 20 --rounds 3]"""
+     --mm 8192 --b 4 --h 16 --t 2048 --d 128 --gpt2 16,12,1024,64 --iters 20 --rounds 3]"""
 import argparse, contextlib, sys, time, torch, torch.nn.functional as F
 
 def time_per_call(fn, iters, rounds):
@@ -80,10 +80,11 @@ def ways(a, name):
         return [("matmul", setup)]
     if name.startswith("attention_"):
         causal, backward = "noncausal" not in name, "bwd" in name
+        shape = [int(x) for x in a.gpt2.split(",")] if "gpt2" in name else (a.b, a.h, a.t, a.d)
         def make(ctx):
             def setup():
-                q, k, v = (randn(a.b, a.h, a.t, a.d).requires_grad_(backward) for _ in range(3))
-                dout = randn(a.b, a.h, a.t, a.d)
+                q, k, v = (randn(*shape).requires_grad_(backward) for _ in range(3))
+                dout = randn(*shape)
                 def call():
                     with ctx[0](ctx[1]) if ctx else contextlib.nullcontext():
                         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -100,6 +101,7 @@ def main():
     ap.add_argument("--cases", required=True)
     for k, v in dict(n=64 << 20, rows=16384, cols=4096, mm=8192, b=4, h=16, t=2048, d=128, iters=20, rounds=3).items():
         ap.add_argument("--" + k, type=int, default=v)
+    ap.add_argument("--gpt2", default="16,12,1024,64", help="B,H,T,D of the attention_*_gpt2 cases")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print(f"unsupported: torch {torch.__version__} sees no CUDA device")

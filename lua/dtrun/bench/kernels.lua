@@ -39,12 +39,16 @@ local function cases(dev, small)
    local rows, cols = small and 4 or 16384, small and 256 or 4096
    local mm = small and 64 or 8192
    local b, h, t, d = small and 1 or 4, small and 2 or 16, small and 64 or 2048, small and 32 or 128
-   local attn_flops = 4 * b * h * t * t * d -- non-causal; causal does half
-   local function attention(causal, backward)
+   local gpt2 = small and { 1, 2, 64, 64 } or { 16, 12, 1024, 64 } -- GPT-2 small's heads, 16 sequences of 1024
+   local function attn_flops(shape) -- non-causal; causal does half
+      return 4 * shape[1] * shape[2] * shape[3] * shape[3] * shape[4]
+   end
+   local function attention(causal, backward, shape)
+      shape = shape or { b, h, t, d }
       return function()
-         local q, k, v = randn({ b, h, t, d }), randn({ b, h, t, d }), randn({ b, h, t, d })
+         local q, k, v = randn(shape), randn(shape), randn(shape)
          for _, x in ipairs { q, k, v } do x.requires_grad = backward end
-         local dout = randn({ b, h, t, d })
+         local dout = randn(shape)
          return function()
             local o = dt.F.attention(q, k, v, { causal = causal })
             if backward then
@@ -54,8 +58,8 @@ local function cases(dev, small)
          end
       end
    end
-   local shapes = ("--n %d --rows %d --cols %d --mm %d --b %d --h %d --t %d --d %d")
-      :format(n, rows, cols, mm, b, h, t, d)
+   local shapes = ("--n %d --rows %d --cols %d --mm %d --b %d --h %d --t %d --d %d --gpt2 %s")
+      :format(n, rows, cols, mm, b, h, t, d, table.concat(gpt2, ","))
    return {
       { "copy_f32", "bytes", 8 * n, function()
          local x, y = randn({ n }, "f32"), dt.empty({ n }, { device = dev })
@@ -102,9 +106,10 @@ local function cases(dev, small)
          local x, y = randn({ mm, mm }, "f32"), randn({ mm, mm }, "f32")
          return function() return dt.matmul(x, y) end
       end },
-      { "attention_fwd_bf16", "bf16", attn_flops / 2, attention(true, false) },
-      { "attention_fwd_noncausal_bf16", "bf16", attn_flops, attention(false, false) },
-      { "attention_fwd_bwd_bf16", "bf16", attn_flops / 2 * 3.5, attention(true, true) },
+      { "attention_fwd_bf16", "bf16", attn_flops { b, h, t, d } / 2, attention(true, false) },
+      { "attention_fwd_noncausal_bf16", "bf16", attn_flops { b, h, t, d }, attention(false, false) },
+      { "attention_fwd_bwd_bf16", "bf16", attn_flops { b, h, t, d } / 2 * 3.5, attention(true, true) },
+      { "attention_fwd_bwd_gpt2_bf16", "bf16", attn_flops(gpt2) / 2 * 3.5, attention(true, true, gpt2) },
    }, shapes
 end
 
