@@ -1,5 +1,5 @@
--- spec/bench_kernels_spec.lua: `dtrun bench kernels` runs every kernel family and ends with its bench line (on a cuda
--- device, real or emulated); without one it fails with a message saying so.
+-- spec/bench_kernels_spec.lua: `dtrun bench kernels` runs every kernel family (or those cases= names) and ends with
+-- its bench line (on a cuda device, real or emulated); without one it fails with a message saying so.
 local dt = require "dt"
 local helpers = require "spec.dist_helpers"
 
@@ -9,7 +9,7 @@ describe("dtrun bench kernels", function()
    local kernels = { "copy_f32_gbps", "add_bf16_gbps", "softmax_bf16_gbps", "sum_rows_bf16_gbps",
       "layer_norm_bf16_gbps", "rms_norm_bf16_gbps", "gelu_bf16_gbps", "adamw_f32_gbps", "matmul_bf16_tflops",
       "matmul_f32_tflops", "attention_fwd_bf16_tflops", "attention_fwd_noncausal_bf16_tflops",
-      "attention_fwd_bwd_bf16_tflops" }
+      "attention_fwd_bwd_bf16_tflops", "attention_fwd_bwd_gpt2_bf16_tflops" }
 
    local run = have_cuda and it or function(name) pending(name .. " (skipped: no cuda device)") end
    run("measures every kernel family against the device's peak", function()
@@ -29,6 +29,16 @@ describe("dtrun bench kernels", function()
       if dt.cuda_device_info(0).emulated then assert.equal("n/a", ratio, last) end
       assert.is_true(ratio == "n/a" or tonumber(ratio) > 0, last)
       assert.truthy(last:match(" emulated=" .. (dt.cuda_device_info(0).emulated and "yes" or "no") .. " "), last)
+   end)
+
+   run("runs only the cases named by cases=, and names the valid ones for an unknown case", function()
+      local r = helpers.dtrun("bench kernels iters=1 rounds=1 cases=gelu_bf16,add_bf16")
+      assert.equal(0, r.code, r.out)
+      local last = r.lines[#r.lines]
+      assert.truthy(last:match("^bench kernels: add_bf16_gbps=[%d.e%-+]+ gelu_bf16_gbps=[%d.e%-+]+ peak_gbps="), last)
+      r = helpers.dtrun("bench kernels cases=add_bf16,gelu")
+      assert.is_not.equal(0, r.code)
+      assert.truthy(r.out:find("unknown case 'gelu' (cases: copy_f32,add_bf16,", 1, true), r.out)
    end)
 
    local without = have_cuda and function(name) pending(name .. " (skipped: this machine has a cuda device)") end or it

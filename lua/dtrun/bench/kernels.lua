@@ -114,7 +114,7 @@ local function cases(dev, small)
 end
 
 function M.main(args)
-   local o = common.options(args, { device = "cuda:0", iters = 20, rounds = 3 }, "kernels")
+   local o = common.options(args, { device = "cuda:0", iters = 20, rounds = 3, cases = "all" }, "kernels")
    local build = dt.cuda_build()
    if dt.device_count("cuda") == 0 then
       error(("bench kernels: needs a cuda device, and %s (build: %s); run it on a GPU machine or an emulated build")
@@ -130,6 +130,19 @@ function M.main(args)
       peak.bandwidth / 1e9, flops, emulated and " (emulated: checks that every kernel runs; the figures mean nothing)"
       or ""))
    local list, shapes = cases(o.device, emulated)
+   if o.cases ~= "all" then -- cases=a,b: only those, in the bench's order
+      local wanted, known, kept = {}, {}, {}
+      for name in o.cases:gmatch("[^,]+") do wanted[name] = true end
+      for _, c in ipairs(list) do
+         known[#known + 1], kept[#kept + 1] = c[1], wanted[c[1]] and c or nil
+         wanted[c[1]] = nil
+      end
+      local unknown = next(wanted)
+      if unknown then
+         error(("bench kernels: unknown case '%s' (cases: %s)"):format(unknown, table.concat(known, ",")), 0)
+      end
+      list = kept
+   end
    local peer, no_peer = nil, "emulated device"
    if not emulated then
       local names = {}
