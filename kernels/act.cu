@@ -19,13 +19,13 @@ __device__ __forceinline__ A sigmoid(A x) {
   return (A)1 / ((A)1 + exp(-x));
 }
 
-/* Element i of op a from inputs x, y, z into outputs o1, o2, as dt_k_act_args documents. */
-template <typename T>
+/* Element i of op `op` (a.op, as a constant) from inputs x, y, z into outputs o1, o2, as dt_k_act_args documents. */
+template <int op, typename T>
 __device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, T y, T z, T &o1, T &o2) {
   typedef typename num<T>::acc A;
   const A k0 = (A)ACT_GELU_K0, k1 = (A)ACT_GELU_K1, half = (A)0.5, one = 1;
   A xv = num<T>::load(x);
-  switch (a.op) {
+  switch (op) {
     case DT_K_GELU: o1 = num<T>::store(half * xv * (one + erf(xv * (A)ACT_SQRT1_2))); break;
     case DT_K_GELU_TANH: o1 = num<T>::store(half * xv * (one + tanh(k0 * (xv + k1 * xv * xv * xv)))); break;
     case DT_K_GELU_BWD: {
@@ -56,22 +56,44 @@ __device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, 
   }
 }
 
-/* Grid-stride over the n elements in 16-byte chunks when every buffer is aligned (the rest one by one). */
+/* K consecutive elements of each input, as loaded (zeros for an absent one). */
+template <typename T, int K>
+struct act_inputs {
+  chunk_bits<T, K> x, y, z;
+};
+
+/* Elements [i, i + K) of op a.op (chosen once for the K) into o1 and, where given, o2. */
+template <typename T, int K>
+__device__ __forceinline__ void act_chunk(const dt_k_act_args &a, int64_t i, const act_inputs<T, K> &in, T *o1, T *o2) {
+  chunk<T, K> x = in.x.get(), y = in.y.get(), z = in.z.get(), r1 = {}, r2 = {};
+  with_op<DT_K_DROPOUT + 1>(a.op, [&](auto op) { /* DT_K_DROPOUT: the last op */
+    DT_UNROLL for (int e = 0; e < K; e++)
+      act_one<decltype(op)::value>(a, i + e, x.x[e], y.x[e], z.x[e], r1.x[e], r2.x[e]);
+  });
+  store_chunk(o1 + i, r1);
+  if (o2) store_chunk(o2 + i, r2);
+}
+
+/* Threads per block of act_kernel, and the blocks per SM its registers must allow (64 registers each), as for
+ * ew_contig_kernel. */
+enum { ACT_THREADS = 256, ACT_BLOCKS_PER_SM = 4 };
+
+/* Grid-stride over the n elements in 16-byte chunks when every buffer is aligned, two per thread loaded before
+ * either is used (the rest one by one). */
 template <typename T>
-__global__ void act_kernel(dt_k_act_args a) {
+__global__ void __launch_bounds__(ACT_THREADS, ACT_BLOCKS_PER_SM) act_kernel(dt_k_act_args a) {
   const T *x = static_cast<const T *>(a.in[0]), *y = static_cast<const T *>(a.in[1]),
           *z = static_cast<const T *>(a.in[2]);
   T *o1 = static_cast<T *>(a.out[0]), *o2 = static_cast<T *>(a.out[1]);
   int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
-  for_chunks<pack_of<T>::N>(a.n, aligned16(x, y, z, o1, o2), start, stride, [&](int64_t i, auto w) {
-    constexpr int K = decltype(w)::value;
-    auto xv = load_chunk<K>(x + i), yv = load_chunk_or_zero<K>(y ? y + i : nullptr);
-    auto zv = load_chunk_or_zero<K>(z ? z + i : nullptr);
-    chunk<T, K> r1 = {}, r2 = {};
-    DT_UNROLL for (int e = 0; e < K; e++) act_one(a, i + e, xv.x[e], yv.x[e], zv.x[e], r1.x[e], r2.x[e]);
-    store_chunk(o1 + i, r1);
-    if (o2) store_chunk(o2 + i, r2);
-  });
+  for_chunk_groups<pack_of<T>::N, CHUNKS_IN_FLIGHT>(
+      a.n, aligned16(x, y, z, o1, o2), start, stride,
+      [&](int64_t i, auto w) {
+        constexpr int K = decltype(w)::value;
+        return act_inputs<T, K>{load_chunk_bits<K>(x + i), load_chunk_bits_or_zero<K>(y ? y + i : nullptr),
+                                load_chunk_bits_or_zero<K>(z ? z + i : nullptr)};
+      },
+      [&](int64_t i, const auto &in) { act_chunk(a, i, in, o1, o2); });
 }
 
 } // namespace dtk

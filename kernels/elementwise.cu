@@ -66,15 +66,42 @@ __device__ __forceinline__ C ew_ternary(int op, C u, C v, C w) {
   }
 }
 
-/* The plan's op on its inputs in[0 .. nin). */
+/* alpha * u + beta * v as nvcc compiled it while the op was a runtime value: alpha * u rounded (shared with the
+ * one-input case), beta * v fused into the add. Taken as a constant, it fused alpha * u instead in some elements. */
 template <typename C>
-__device__ __forceinline__ C ew_apply(const dt_k_ew_plan &p, const C *in) {
+__device__ __forceinline__ C ew_axpby(C alpha, C u, C beta, C v) {
+#ifdef __CUDACC__
+  if constexpr (std::is_floating_point<C>::value) return fma(beta, v, mul_rounded(alpha, u));
+  else return alpha * u + beta * v;
+#else
+  return alpha * u + beta * v; /* ISO C++: not fused */
+#endif
+}
+
+/* r[e] = the plan's op on inputs in[0 .. nin)[e] for each of K elements (a binary op with one input takes alpha as
+ * its second): the kind and the op are chosen once for all K. */
+template <typename C, int K>
+__device__ __forceinline__ void ew_apply(const dt_k_ew_plan &p, const C (&in)[3][K], C (&r)[K]) {
+  auto each = [&](auto f) { DT_UNROLL for (int e = 0; e < K; e++) r[e] = f(in[0][e], in[1][e], in[2][e]); };
+  const C alpha = (C)p.alpha, beta = (C)p.beta;
   switch (p.kind) {
-    case DT_K_EW_UNARY: return ew_unary(p.op, in[0]);
-    case DT_K_EW_BINARY: return ew_binary(p.op, in[0], p.nin == 1 ? (C)p.alpha : in[1]);
-    case DT_K_EW_TERNARY: return ew_ternary(p.op, in[0], in[1], in[2]);
-    case DT_K_EW_AXPBY: return p.nin == 2 ? (C)p.alpha * in[0] + (C)p.beta * in[1] : (C)p.alpha * in[0];
-    default: return (C)p.alpha; /* DT_K_EW_FILL */
+    case DT_K_EW_UNARY:
+      return with_op<DT_UNARY_COUNT>(p.op, [&](auto op) {
+        each([&](C u, C, C) { return ew_unary(decltype(op)::value, u); });
+      });
+    case DT_K_EW_BINARY:
+      return with_op<DT_BINARY_COUNT>(p.op, [&](auto op) {
+        if (p.nin == 1) each([&](C u, C, C) { return ew_binary(decltype(op)::value, u, alpha); });
+        else each([&](C u, C v, C) { return ew_binary(decltype(op)::value, u, v); });
+      });
+    case DT_K_EW_TERNARY:
+      return with_op<DT_TERNARY_COUNT>(p.op, [&](auto op) {
+        each([&](C u, C v, C w) { return ew_ternary(decltype(op)::value, u, v, w); });
+      });
+    case DT_K_EW_AXPBY:
+      if (p.nin == 2) return each([&](C u, C v, C) { return ew_axpby(alpha, u, beta, v); });
+      return each([&](C u, C, C) { return alpha * u; });
+    default: return each([&](C, C, C) { return alpha; }); /* DT_K_EW_FILL */
   }
 }
 
@@ -89,9 +116,10 @@ __global__ void ew_kernel(dt_k_ew_plan p) {
       rest /= p.shape[d];
       for (int a = 0; a <= p.nin; a++) off[a] += c * p.st[a][d];
     }
-    C in[3] = {0, 0, 0};
-    for (int a = 0; a < p.nin; a++) in[a] = load_dyn<C>(p.ptr[a], p.dtype[a], off[a]);
-    store_dyn<C>(const_cast<void *>(p.ptr[p.nin]), p.dtype[p.nin], off[p.nin], ew_apply(p, in));
+    C in[3][1] = {{0}, {0}, {0}}, r[1];
+    for (int a = 0; a < p.nin; a++) in[a][0] = load_dyn<C>(p.ptr[a], p.dtype[a], off[a]);
+    ew_apply(p, in, r);
+    store_dyn<C>(const_cast<void *>(p.ptr[p.nin]), p.dtype[p.nin], off[p.nin], r[0]);
   }
 }
 
@@ -101,31 +129,55 @@ struct ew_pack {
   enum { N = (int)pack_of<I>::N < (int)pack_of<O>::N ? (int)pack_of<I>::N : (int)pack_of<O>::N };
 };
 
-/* The plan's op on K consecutive elements of every operand: input a's at ptr[a] + off[a] (of I), the output's at
- * ptr[nin] + out_off (of O). (Indexed by constants only, so that off stays in registers.) */
-template <typename I, typename O, int K>
-__device__ __forceinline__ void ew_chunk(const dt_k_ew_plan &p, const int64_t (&off)[3], int64_t out_off) {
-  typedef typename num<O>::acc C;
-  chunk<I, K> v[3];
-  chunk<O, K> r;
-  DT_UNROLL for (int a = 0; a < 3; a++) if (a < p.nin) v[a] = load_chunk<K>(static_cast<const I *>(p.ptr[a]) + off[a]);
-  DT_UNROLL for (int e = 0; e < K; e++) {
-    C in[3] = {0, 0, 0};
-    DT_UNROLL for (int a = 0; a < 3; a++) if (a < p.nin) in[a] = (C)num<I>::load(v[a].x[e]);
-    r.x[e] = num<O>::store(ew_apply(p, in));
-  }
-  store_chunk(static_cast<O *>(const_cast<void *>(p.ptr[p.nin])) + out_off, r);
+/* K consecutive elements of each input, as loaded (zeros past nin). */
+template <typename I, int K>
+struct ew_inputs {
+  chunk_bits<I, K> v[3];
+};
+
+/* Input a's K elements at ptr[a] + off[a] (of I), for a < nin. (Indexed by constants only, so that off and the chunks
+ * stay in registers.) */
+template <typename I, int K>
+__device__ __forceinline__ ew_inputs<I, K> ew_load(const dt_k_ew_plan &p, const int64_t (&off)[3]) {
+  ew_inputs<I, K> in;
+  DT_UNROLL for (int a = 0; a < 3; a++)
+    in.v[a] = load_chunk_bits_or_zero<K>(a < p.nin ? static_cast<const I *>(p.ptr[a]) + off[a] : nullptr);
+  return in;
 }
 
-/* Every input one contiguous run of I and the output one of O (ew_chunked, ndim <= 1): chunks of ew_pack's N, one by
- * one where `vec` is false and for the tail. */
+/* The plan's op on loaded inputs, its K results stored at ptr[nin] + out_off (of O). */
+template <typename O, typename I, int K>
+__device__ __forceinline__ void ew_compute_store(const dt_k_ew_plan &p, const ew_inputs<I, K> &loaded,
+                                                 int64_t out_off) {
+  typedef typename num<O>::acc C;
+  C in[3][K], r[K];
+  DT_UNROLL for (int a = 0; a < 3; a++) {
+    chunk<I, K> v = loaded.v[a].get();
+    DT_UNROLL for (int e = 0; e < K; e++) in[a][e] = (C)num<I>::load(v.x[e]);
+  }
+  ew_apply(p, in, r);
+  chunk<O, K> out;
+  DT_UNROLL for (int e = 0; e < K; e++) out.x[e] = num<O>::store(r[e]);
+  store_chunk(static_cast<O *>(const_cast<void *>(p.ptr[p.nin])) + out_off, out);
+}
+
+/* Threads per block of ew_contig_kernel, and the blocks per SM its registers must allow: 4 x 256 threads at 64
+ * registers, CHUNKS_IN_FLIGHT x 16 bytes of each input in flight per thread. (Unbounded, ptxas gave the 16-bit types
+ * 93 registers for the paths of the costlier ops: 2 blocks, half the loads in flight.) */
+enum { EW_THREADS = 256, EW_BLOCKS_PER_SM = 4 };
+
+/* Every input one contiguous run of I and the output one of O (ew_chunked, ndim <= 1): chunks of ew_pack's N, two per
+ * thread loaded before either is used, one by one where `vec` is false and for the tail. */
 template <typename I, typename O>
-__global__ void ew_contig_kernel(dt_k_ew_plan p, bool vec) {
+__global__ void __launch_bounds__(EW_THREADS, EW_BLOCKS_PER_SM) ew_contig_kernel(dt_k_ew_plan p, bool vec) {
   int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
-  for_chunks<ew_pack<I, O>::N>(p.numel, vec, start, stride, [&](int64_t i, auto w) {
-    int64_t off[3] = {i, i, i};
-    ew_chunk<I, O, decltype(w)::value>(p, off, i);
-  });
+  for_chunk_groups<ew_pack<I, O>::N, CHUNKS_IN_FLIGHT>(
+      p.numel, vec, start, stride,
+      [&](int64_t i, auto w) {
+        int64_t off[3] = {i, i, i};
+        return ew_load<I, decltype(w)::value>(p, off);
+      },
+      [&](int64_t i, const auto &loaded) { ew_compute_store<O>(p, loaded, i); });
 }
 
 /* Every operand's innermost dim contiguous, its length and the outer strides multiples of ew_pack's N, the pointers
@@ -145,7 +197,8 @@ __global__ void ew_rows_kernel(dt_k_ew_plan p) {
       DT_UNROLL for (int a = 0; a < DT_K_EW_MAX_ARGS; a++) off[a] += k * p.st[a][d];
     }
     int64_t in_off[3] = {off[0], off[1], off[2]};
-    ew_chunk<I, O, N>(p, in_off, p.nin == 0 ? off[0] : p.nin == 1 ? off[1] : p.nin == 2 ? off[2] : off[3]);
+    ew_compute_store<O>(p, ew_load<I, N>(p, in_off),
+                        p.nin == 0 ? off[0] : p.nin == 1 ? off[1] : p.nin == 2 ? off[2] : off[3]);
   }
 }
 

@@ -30,9 +30,13 @@ cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p /* ptr[0..nin
       return dtk::with_float_type(p->dtype[p->nin], [&](auto out_tag) {
         typedef decltype(in_tag) I;
         typedef decltype(out_tag) O;
-        unsigned blocks = dtk::grid_for(p->numel / dtk::ew_pack<I, O>::N + 1, 256);
-        if (p->ndim >= 2) DT_LAUNCH((dtk::ew_rows_kernel<I, O>), blocks, 256, 0, s, *p);
-        else DT_LAUNCH((dtk::ew_contig_kernel<I, O>), blocks, 256, 0, s, *p, vec);
+        constexpr int n = dtk::ew_pack<I, O>::N, threads = dtk::EW_THREADS;
+        if (p->ndim >= 2) {
+          DT_LAUNCH((dtk::ew_rows_kernel<I, O>), dtk::grid_for(p->numel / n, threads), threads, 0, s, *p);
+        } else {
+          unsigned blocks = dtk::grid_for_chunk_groups<n, dtk::CHUNKS_IN_FLIGHT>(p->numel, threads);
+          DT_LAUNCH((dtk::ew_contig_kernel<I, O>), blocks, threads, 0, s, *p, vec);
+        }
         return cudaGetLastError();
       });
     });

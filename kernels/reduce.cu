@@ -3,8 +3,12 @@
 
 namespace dtk {
 
-/* RED_CHUNK: elements of a row per block; RED_COL_CHUNK: elements of a column per thread (a strided walk). */
-enum { RED_THREADS = 256, RED_CHUNK = 8192, RED_COL_CHUNK = 128 };
+/* RED_CHUNK: elements of a row per block; RED_COL_CHUNK: elements of a column per thread (a strided walk), loaded
+ * RED_COL_BATCH rows at a time before any is combined. 16 loads of 16 bytes in flight per thread: the column sums of
+ * a 16384 x 4096 bias gradient run 64 K threads (4096 / 8 column groups x 128 chunks), 16 MB in flight in all, where
+ * an H200 needs ~3-4 MB; one load at a time (each combined before the next was issued) held 1 MB. RED_CHUNKS_THREADS:
+ * threads per block of red_chunks, few, so that its one thread per column spreads over the SMs. */
+enum { RED_THREADS = 256, RED_CHUNK = 8192, RED_COL_CHUNK = 128, RED_COL_BATCH = 16, RED_CHUNKS_THREADS = 64 };
 
 /* A running reduction: value and (argmax) the index of the element it came from. */
 template <typename A>
@@ -38,7 +42,9 @@ __device__ __forceinline__ racc<A> red_combine(int op, racc<A> a, racc<A> b) {
 
 template <typename A>
 __device__ __forceinline__ racc<A> red_element(int op, A x, int64_t i) {
-  return racc<A>{op == DT_REDUCE_SUMSQ || op == DT_REDUCE_NORM2 ? x * x : x, i};
+  /* the square rounded on its own: where the op is a constant (red_cols, red_chunks), nvcc would fuse it with the add
+   * of the running sum, as it did not while the op was a runtime value */
+  return racc<A>{op == DT_REDUCE_SUMSQ || op == DT_REDUCE_NORM2 ? mul_rounded(x, x) : x, i};
 }
 
 template <typename A>
@@ -81,8 +87,9 @@ __global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void
 }
 
 /* One thread per (outer, K columns, chunk): chunk c of columns [g * K, g * K + K) of outer o walks elements
- * [c * RED_COL_CHUNK, ...) of the reduced dim in order, K columns per load (reads coalesce across the inner dim), into
- * partial[(o * chunks + c) * inner + j], or straight into out when a column is one chunk. */
+ * [c * RED_COL_CHUNK, ...) of the reduced dim in order, K columns per load (reads coalesce across the inner dim) and
+ * RED_COL_BATCH loads issued before the first is combined, into partial[(o * chunks + c) * inner + j], or straight
+ * into out when a column is one chunk. */
 template <typename T, int K>
 __global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<typename num<T>::acc> *partial,
                          int64_t outer, int64_t len, int64_t inner, int64_t chunks) {
@@ -93,10 +100,21 @@ __global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<type
     int64_t start = c * RED_COL_CHUNK, end = start + RED_COL_CHUNK < len ? start + RED_COL_CHUNK : len;
     racc<A> r[K];
     DT_UNROLL for (int e = 0; e < K; e++) r[e] = red_identity<A>(op);
-    for (int64_t l = start; l < end; l++) {
-      chunk<T, K> v = load_chunk<K>(x + (o * len + l) * inner + g * K);
-      DT_UNROLL for (int e = 0; e < K; e++) r[e] = red_combine(op, r[e], red_element(op, num<T>::load(v.x[e]), l));
-    }
+    const T *col = x + (o * len) * inner + g * K;
+    with_op<DT_REDUCE_COUNT>(op, [&](auto constant) { /* a constant op: a combine of a sum is then one add */
+      constexpr int known_op = decltype(constant)::value;
+      auto combine = [&](int64_t l, const chunk<T, K> &v) {
+        DT_UNROLL for (int e = 0; e < K; e++)
+          r[e] = red_combine(known_op, r[e], red_element(known_op, num<T>::load(v.x[e]), l));
+      };
+      int64_t l = start;
+      for (; l + RED_COL_BATCH <= end; l += RED_COL_BATCH) {
+        chunk_bits<T, K> v[RED_COL_BATCH];
+        DT_UNROLL for (int b = 0; b < RED_COL_BATCH; b++) v[b] = load_chunk_bits<K>(col + (l + b) * inner);
+        DT_UNROLL for (int b = 0; b < RED_COL_BATCH; b++) combine(l + b, v[b].get());
+      }
+      for (; l < end; l++) combine(l, load_chunk<K>(col + l * inner));
+    });
     DT_UNROLL for (int e = 0; e < K; e++) {
       if (chunks == 1) red_store(op, r[e], len, out, out_dtype, o * inner + g * K + e);
       else partial[oc * inner + g * K + e] = r[e];
@@ -105,7 +123,8 @@ __global__ void red_cols(int op, const T *x, void *out, int out_dtype, racc<type
 }
 
 /* Each (outer, column)'s chunk partials (partial[(o * chunks + c) * inner + j]; rows: inner 1), combined in chunk
- * order. */
+ * order, RED_COL_BATCH loaded before the first of them is combined (the column sums' 128 partials per column took 32
+ * trips to L2 in a row, 4 loads at a time, by 16 blocks on 16 SMs). */
 template <typename A>
 __global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dtype, int64_t outer, int64_t len,
                            int64_t inner, int64_t chunks) {
@@ -113,7 +132,16 @@ __global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dt
   for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < outer * inner; col += stride) {
     const racc<A> *p = partial + col / inner * chunks * inner + col % inner;
     racc<A> r = p[0];
-    for (int64_t c = 1; c < chunks; c++) r = red_combine(op, r, p[c * inner]);
+    with_op<DT_REDUCE_COUNT>(op, [&](auto constant) {
+      constexpr int known_op = decltype(constant)::value;
+      int64_t c = 1;
+      for (; c + RED_COL_BATCH <= chunks; c += RED_COL_BATCH) {
+        racc<A> v[RED_COL_BATCH];
+        DT_UNROLL for (int b = 0; b < RED_COL_BATCH; b++) v[b] = p[(c + b) * inner];
+        DT_UNROLL for (int b = 0; b < RED_COL_BATCH; b++) r = red_combine(known_op, r, v[b]);
+      }
+      for (; c < chunks; c++) r = red_combine(known_op, r, p[c * inner]);
+    });
     red_store(op, r, len, out, out_dtype, col);
   }
 }

@@ -30,16 +30,18 @@ cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype,
       else
         DT_LAUNCH((dtk::red_cols<T, 1>), dtk::grid_for(outer * chunks * inner, 256), 256, 0, s, op, xt, out, out_dtype,
                   partial, outer, len, inner, chunks);
-      if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer * inner, 256), 256, 0, s, op, partial, out,
-                                out_dtype, outer, len, inner, chunks);
+      const unsigned combine_threads = dtk::RED_CHUNKS_THREADS;
+      if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer * inner, combine_threads), combine_threads, 0,
+                                s, op, partial, out, out_dtype, outer, len, inner, chunks);
       return cudaGetLastError();
     }
     int64_t chunks = red_chunk_count(len, dtk::RED_CHUNK);
     unsigned threads = dtk::row_threads(len < (int64_t)dtk::RED_THREADS ? len : (int64_t)dtk::RED_THREADS);
     DT_LAUNCH(dtk::red_rows<T>, (unsigned)(outer * chunks), threads, 0, s, op, xt, out, out_dtype, partial, len,
               chunks);
-    if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer, 256), 256, 0, s, op, partial, out, out_dtype,
-                              outer, len, (int64_t)1, chunks);
+    const unsigned combine_threads = dtk::RED_CHUNKS_THREADS;
+    if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer, combine_threads), combine_threads, 0, s, op,
+                              partial, out, out_dtype, outer, len, (int64_t)1, chunks);
     return cudaGetLastError();
   });
 }
