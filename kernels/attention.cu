@@ -142,36 +142,25 @@ __device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, in
   }
 }
 
-/* af := the A fragment (16 x 16, k-step ks) of the warp's 16 rows at `a` of a row-major tile (stride tc_ld<HD>()). */
-template <typename T, int HD>
-__device__ __forceinline__ void tc_load_a(uint32_t (&af)[4], const T *a, int ks) {
-  const int lane = threadIdx.x % WARP;
-  ldmatrix<4, false>(af, a + (lane % 16) * tc_ld<HD>() + 16 * ks + lane / 16 * 8);
-}
-
-/* k-step ks of acc (C fragments of M m-tiles by N n-tiles) += A B^T: A given as the m-tiles' fragments af, B the 8N
- * rows of the tile at `b` (row major, stride tc_ld<HD>()) through ldmatrix, each B fragment used by all M m-tiles. */
-template <typename T, int HD, int M, int N>
-__device__ __forceinline__ void tc_mma_bt_step(float (&acc)[M][N][4], const uint32_t (&af)[M][4], const T *b, int ks) {
-  const int lane = threadIdx.x % WARP;
-  DT_UNROLL for (int n = 0; n < N; n += 2) { /* rows of b are columns of B: two n-tiles per load */
-    uint32_t bf[4];
-    ldmatrix<4, false>(bf, b + (8 * n + lane % 8 + lane / 16 * 8) * tc_ld<HD>() + 16 * ks + lane / 8 % 2 * 8);
-    DT_UNROLL for (int mt = 0; mt < M; mt++) {
-      mma_16816<T>(acc[mt][n], af[mt], bf, acc[mt][n]);
-      mma_16816<T>(acc[mt][n + 1], af[mt], bf + 2, acc[mt][n + 1]);
-    }
-  }
-}
-
-/* The warp's 16M x 8N tile acc += A B^T, A: the 16M rows of a (rows x HD) tile at `a`, B: the 8N rows of the tile at
- * `b` (both row major with stride tc_ld<HD>()); A and B through ldmatrix. */
+/* The warp's 16M x 8N tile acc (C fragments of M m-tiles by N n-tiles) += A B^T, A: the 16M rows of a (rows x HD)
+ * tile at `a`, B: the 8N rows of the tile at `b` (both row major with stride tc_ld<HD>()); A and B through ldmatrix,
+ * each B fragment used by all M m-tiles. */
 template <typename T, int HD, int M, int N>
 __device__ __forceinline__ void tc_mma_abt(float (&acc)[M][N][4], const T *a, const T *b) {
+  constexpr int LD = tc_ld<HD>();
+  const int lane = threadIdx.x % WARP;
   DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) {
     uint32_t af[M][4];
-    DT_UNROLL for (int mt = 0; mt < M; mt++) tc_load_a<T, HD>(af[mt], a + 16 * mt * tc_ld<HD>(), ks);
-    tc_mma_bt_step<T, HD, M, N>(acc, af, b, ks);
+    DT_UNROLL for (int mt = 0; mt < M; mt++)
+      ldmatrix<4, false>(af[mt], a + (16 * mt + lane % 16) * LD + 16 * ks + lane / 16 * 8);
+    DT_UNROLL for (int n = 0; n < N; n += 2) { /* rows of b are columns of B: two n-tiles per load */
+      uint32_t bf[4];
+      ldmatrix<4, false>(bf, b + (8 * n + lane % 8 + lane / 16 * 8) * LD + 16 * ks + lane / 8 % 2 * 8);
+      DT_UNROLL for (int mt = 0; mt < M; mt++) {
+        mma_16816<T>(acc[mt][n], af[mt], bf, acc[mt][n]);
+        mma_16816<T>(acc[mt][n + 1], af[mt], bf + 2, acc[mt][n + 1]);
+      }
+    }
   }
 }
 
@@ -385,14 +374,10 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
 }
 
 /* Block (key tile, batch * Hkv) on the tensor cores: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the kv
- * head's query heads, then query tiles, in order; warp w owns keys 16 w .. 16 w + 15 of the tile. Up to D = 64 the
- * warp keeps its keys' K and V fragments in registers and takes a query tile's 64 rows at once (256 bytes of
- * ldmatrix an mma); at D = 128 the accumulators leave room for neither, so 16 queries at a time, K and V from shared
- * memory (384 bytes an mma). */
+ * head's query heads, then query tiles, in order; warp w owns keys 16 w .. 16 w + 15 of the tile. */
 template <typename T, int HD>
 __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
-  constexpr bool KV_REGS = HD <= 64;
-  constexpr int LD = tc_ld<HD>(), NT = KV_REGS ? TC_BR / 8 : 2, DN = HD / 8, KS = HD / 16;
+  constexpr int LD = tc_ld<HD>(), NT = 2, DN = HD / 8;
   DT_DYN_SMEM(T, sm);
   T *Ks = sm, *Vs = Ks + TC_BC * LD, *Qs = Vs + TC_BC * LD, *dOs = Qs + TC_BR * LD;
   float *Ls = reinterpret_cast<float *>(dOs + TC_BR * LD), *Dl = Ls + TC_BR;
@@ -404,14 +389,12 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0);
   tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
   tc_load_tile<T, HD>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, TC_BC);
-  uint32_t kf[KV_REGS ? KS : 1][1][4], vf[KV_REGS ? KS : 1][1][4]; /* the warp's K and V fragments (KV_REGS) */
   float dk[1][DN][4], dv[1][DN][4];
   DT_UNROLL for (int dn = 0; dn < DN; dn++) {
     DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
   }
   int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
   first = first < 0 ? 0 : first / TC_BR * TC_BR;
-  bool kv_loaded = false;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
     int64_t bh = b * p.hq + h;
     /* the query tile's Q and dO rows */
@@ -431,30 +414,16 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
       }
       cp_async_wait<0>();
       __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
-      if (KV_REGS && !kv_loaded) {
-        DT_UNROLL for (int ks = 0; ks < KS; ks++) {
-          tc_load_a<T, HD>(kf[ks][0], Ks + 16 * warp * LD, ks);
-          tc_load_a<T, HD>(vf[ks][0], Vs + 16 * warp * LD, ks);
-        }
-        kv_loaded = true;
-      }
       /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
       bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
-      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) {
+      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) { /* 16 queries at a time: no spills at D = 128 */
         float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
         DT_UNROLL for (int n = 0; n < NT; n++) {
           DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
         }
         const T *qh = Qs + 8 * NT * part * LD, *doh = dOs + 8 * NT * part * LD;
-        if constexpr (KV_REGS) {
-          DT_UNROLL for (int ks = 0; ks < KS; ks++) {
-            tc_mma_bt_step<T, HD, 1, NT>(pf, kf[ks], qh, ks);
-            tc_mma_bt_step<T, HD, 1, NT>(dp, vf[ks], doh, ks);
-          }
-        } else {
-          tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
-          tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
-        }
+        tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
+        tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
         DT_UNROLL for (int n = 0; n < NT; n++) {
           DT_UNROLL for (int i = 0; i < 4; i++) {
             int r = 8 * NT * part + 8 * n + 2 * t + i % 2;
