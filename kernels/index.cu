@@ -3,7 +3,9 @@
 
 namespace dtk {
 
-enum { ADD_WARPS = 4 };
+/* index_add: warps a block (32 columns each), index ballots walked per step, source rows loaded at once; rows of a
+ * block (its shared accumulators: 48 KiB) */
+enum { ADD_WARPS = 4, ADD_BATCH = 4, ADD_GATHER = 8, ADD_SMEM = 48 * 1024 };
 
 /* out[o, i, j] = x[o, idx[i], j]; a bad index is reported and its row left as zeros. */
 template <typename E>
@@ -29,29 +31,56 @@ __global__ void check_indices(const void *idx, int idtype, dt_k_error *err, int 
   }
 }
 
-/* Block (x: column chunk of ADD_WARPS * 32, y: output rows [r0, r1), z: outer index). Every warp reads the indices 32
- * at a time; the ballot of those inside [r0, r1) is walked in index order, lane c adding column c of each such row. */
+/* Block (x: column chunk of ADD_WARPS * 32, y: output rows [r0, r1) of row range range0 + y, z: outer index). The block's rows accumulate in
+ * shared memory (from their values in out; each add rounded to T, as the CPU's; stored once at the end) while every warp walks the
+ * indices in index order, ADD_BATCH ballots of 32 at a time with the next batch's indices already loading: lane c adds
+ * column c of each source row whose index falls in [r0, r1), up to ADD_GATHER source loads in flight. Walking the
+ * indices and adding into global memory one row at a time made this latency-bound (a GPT's embedding backward took
+ * 1.2 ms on an H200). */
 template <typename T>
 __global__ void __launch_bounds__(ADD_WARPS * WARP) add_kernel(const void *idx, int idtype, const T *src, T *out,
                                                                int64_t size, int64_t inner, int64_t nidx,
-                                                               int64_t rows_per_block) {
-  int64_t col = ((int64_t)blockIdx.x * ADD_WARPS + threadIdx.x / WARP) * WARP + threadIdx.x % WARP;
-  int64_t r0 = (int64_t)blockIdx.y * rows_per_block, r1 = r0 + rows_per_block < size ? r0 + rows_per_block : size;
-  int64_t o = blockIdx.z;
-  int lane = threadIdx.x % WARP;
-  for (int64_t i0 = 0; i0 < nidx; i0 += WARP) {
-    int64_t k = i0 + lane < nidx ? load_index(idx, idtype, i0 + lane) : -1;
-    unsigned mine = __ballot_sync((unsigned)FULL_MASK, k >= r0 && k < r1);
-    while (mine) {
-      int b = __ffs((int)mine) - 1;
-      mine &= mine - 1;
-      int64_t row = __shfl_sync((unsigned)FULL_MASK, k, b);
-      if (col < inner) {
-        T *dst = out + (o * size + row) * inner + col;
-        *dst = num<T>::store(num<T>::load(*dst) + num<T>::load(src[(o * nidx + i0 + b) * inner + col]));
+                                                               int64_t rows_per_block, int64_t range0) {
+  typedef typename num<T>::acc A;
+  DT_DYN_SMEM(A, acc); /* (rows_per_block, ADD_WARPS * 32): row r - r0, the block's column slot */
+  const int lane = threadIdx.x % WARP, slot = threadIdx.x;
+  int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t r0 = (range0 + blockIdx.y) * rows_per_block, r1 = r0 + rows_per_block < size ? r0 + rows_per_block : size;
+  T *dst = out + (int64_t)blockIdx.z * size * inner + col;
+  const T *from = src + (int64_t)blockIdx.z * nidx * inner + col;
+  bool in = col < inner;
+  for (int64_t r = r0; r < r1; r++) acc[(r - r0) * blockDim.x + slot] = in ? num<T>::load(dst[r * inner]) : (A)0;
+  int64_t k[ADD_BATCH];
+  DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) k[u] = u * WARP + lane < nidx ? load_index(idx, idtype, u * WARP + lane) : -1;
+  for (int64_t i0 = 0; i0 < nidx; i0 += ADD_BATCH * WARP) {
+    int64_t next[ADD_BATCH];
+    DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {
+      int64_t i = i0 + (ADD_BATCH + u) * WARP + lane;
+      next[u] = i < nidx ? load_index(idx, idtype, i) : -1;
+    }
+    DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {
+      unsigned mine = __ballot_sync((unsigned)FULL_MASK, k[u] >= r0 && k[u] < r1);
+      while (mine) { /* (warp-uniform) the next ADD_GATHER of the batch's rows in index order */
+        int64_t row[ADD_GATHER];
+        A v[ADD_GATHER];
+        DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
+          int b = mine ? __ffs((int)mine) - 1 : -1;
+          mine &= mine ? mine - 1 : 0u;
+          row[e] = __shfl_sync((unsigned)FULL_MASK, k[u], b < 0 ? 0 : b);
+          row[e] = b < 0 ? -1 : row[e];
+          v[e] = in && b >= 0 ? num<T>::load(from[(i0 + u * WARP + b) * inner]) : (A)0;
+        }
+        DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
+          if (row[e] < 0) continue;
+          A &a = acc[(row[e] - r0) * blockDim.x + slot];
+          a = num<T>::load(num<T>::store(a + v[e])); /* rounded to T at each add, as the CPU */
+        }
       }
     }
+    DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) k[u] = next[u];
   }
+  if (in)
+    for (int64_t r = r0; r < r1; r++) dst[r * inner] = num<T>::store(acc[(r - r0) * blockDim.x + slot]);
 }
 
 /* Element offsets in idx, data and walk of the idx coordinates of flat index f (data's dim coordinate left out). */

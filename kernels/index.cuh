@@ -31,17 +31,26 @@ cudaError_t dt_k_index_add(cudaStream_t s, int dtype,
   DT_LAUNCH(dtk::check_indices, dtk::grid_for(nidx, 256), 256, 0, s, idx, idtype, err, (int)DT_KERR_INDEX_ADD, size,
             nidx);
   if (outer * size * inner == 0) return cudaGetLastError();
-  /* enough row ranges for ~256 blocks in all; each block reads every index once */
-  int64_t cols = (inner + dtk::ADD_WARPS * dtk::WARP - 1) / (dtk::ADD_WARPS * dtk::WARP);
-  int64_t ranges = 256 / (cols * outer) < 1 ? 1 : 256 / (cols * outer);
-  ranges = ranges > size ? size : ranges > 65535 ? 65535 : ranges;
-  int64_t rows_per_block = (size + ranges - 1) / ranges;
-  dim3 grid((unsigned)cols, (unsigned)((size + rows_per_block - 1) / rows_per_block), (unsigned)outer);
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::add_kernel<T>, grid, dtk::ADD_WARPS * dtk::WARP, 0, s, idx, idtype, static_cast<const T *>(src),
-              static_cast<T *>(out), size, inner, nidx, rows_per_block);
-    return cudaGetLastError();
+    typedef typename dtk::num<T>::acc A;
+    /* enough row ranges for ~256 blocks in all (each block reads every index once), and at most the rows whose
+     * accumulators fit a block's shared memory */
+    const int64_t threads = dtk::ADD_WARPS * dtk::WARP, max_rows = dtk::ADD_SMEM / (threads * (int64_t)sizeof(A));
+    int64_t cols = (inner + threads - 1) / threads;
+    int64_t ranges = 256 / (cols * outer) < 1 ? 1 : 256 / (cols * outer);
+    ranges = ranges > size ? size : ranges;
+    if ((size + ranges - 1) / ranges > max_rows) ranges = (size + max_rows - 1) / max_rows;
+    int64_t rows_per_block = (size + ranges - 1) / ranges;
+    ranges = (size + rows_per_block - 1) / rows_per_block;
+    for (int64_t range0 = 0; range0 < ranges; range0 += 65535) { /* grid.y: at most 65535 ranges a launch */
+      dim3 grid((unsigned)cols, (unsigned)(ranges - range0 < 65535 ? ranges - range0 : 65535), (unsigned)outer);
+      DT_LAUNCH(dtk::add_kernel<T>, grid, (unsigned)threads, (size_t)(rows_per_block * threads) * sizeof(A), s, idx,
+                idtype, static_cast<const T *>(src), static_cast<T *>(out), size, inner, nidx, rows_per_block, range0);
+      cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
   });
 }
 

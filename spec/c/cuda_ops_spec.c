@@ -252,6 +252,14 @@ static void test_index(int dtype) {
   expect_ok(dt_cuda_op_index_add(S, dgw, 0, di, dg), "embedding backward runs");
   dt_tensor *gw = host_from_dev(S, dgw);
   expect(bitwise_equal(gw, gref), "index_add sums repeated rows in the CPU's order, bit for bit");
+  /* an embedding's backward: 5000 indices into 300 rows (~17 adds a row), 2 column chunks, several row ranges */
+  dt_tensor *hbig = host_sample(2, SHAPE(300, 200), dtype, 36, 1), *hsrc = host_sample(2, SHAPE(5000, 200), dtype, 38, 1);
+  dt_tensor *hib = host_sample(1, SHAPE(5000), DT_DTYPE_I64, 37, 300);
+  dt_tensor *dbig = dev_from_host(S, hbig), *dib = dev_from_host(S, hib), *dsrc = dev_from_host(S, hsrc);
+  die_on(dt_op_index_add(hbig, 0, hib, hsrc), "cpu index_add, many indices");
+  expect_ok(dt_cuda_op_index_add(S, dbig, 0, dib, dsrc), "index_add of 5000 indices runs");
+  dt_tensor *gbig = host_from_dev(S, dbig);
+  expect(bitwise_equal(gbig, hbig), "index_add of many repeated rows sums in the CPU's order, bit for bit");
   /* a middle dim, i32 indices */
   dt_tensor *h3 = host_sample(3, SHAPE(2, 5, 3), dtype, 34, 1), *hi32 = host_sample(1, SHAPE(4), DT_DTYPE_I32, 35, 5);
   dt_tensor *d3 = dev_from_host(S, h3), *di32 = dev_from_host(S, hi32);
@@ -286,9 +294,9 @@ static void test_index(int dtype) {
                "index_select: index 11 at position 5 out of range for a dimension of size 11",
                "the synchronisation reports the bad index");
   expect_ok(dt_cuda_stream_synchronize(S), "the report clears the error");
-  dt_tensor *frees_h[] = {hw, hi, ref, got, hg, gref, gw, h3, hi32, r3, g3};
+  dt_tensor *frees_h[] = {hw, hi, ref, got, hg, gref, gw, h3, hi32, r3, g3, hbig, hib, hsrc, gbig};
   for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
-  dt_tensor *frees_d[] = {dw, di, dout, dg, dgw, d3, di32, o3};
+  dt_tensor *frees_d[] = {dw, di, dout, dg, dgw, d3, di32, o3, dbig, dib, dsrc};
   for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
 }
 
