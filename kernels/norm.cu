@@ -3,6 +3,8 @@
 
 namespace dtk {
 
+enum { NORM_LOADS = 8 }; /* partial sums loaded at once by norm_bwd_cols */
+
 /* y = (x - mean) * rstd * w + b; RMSNorm (center false) has mean 0 and no b. */
 template <typename T>
 __global__ void norm_fwd(const T *x, T *y, const T *w, const T *b, int sdtype, void *mean, void *rstd, int64_t c,
@@ -96,15 +98,31 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
   }
 }
 
-/* out[j] += sum over blocks, in block order, of part[blk][j]. */
+/* out[j] += the sum over the row blocks of part[blk][j], for WARP columns a block of WARP warps: warp w sums its
+ * segment of the blocks in order (NORM_LOADS loads in flight), then warp 0 the WARP segment sums in order: an order
+ * fixed by nb alone. (One thread per column walking every block was latency-bound: 2048 dependent rounds.) */
 template <typename T>
-__global__ void norm_bwd_cols(const typename num<T>::acc *part, T *out, int64_t nb, int64_t c) {
+__global__ void __launch_bounds__(WARP * WARP) norm_bwd_cols(const typename num<T>::acc *part, T *out, int64_t nb,
+                                                             int64_t c) {
   typedef typename num<T>::acc A;
-  int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
+  DT_SHARED(A, seg, [WARP][WARP + 1]);
+  const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+  int64_t j = (int64_t)blockIdx.x * WARP + lane, per = (nb + WARP - 1) / WARP, b0 = w * per;
+  int64_t b1 = b0 + per < nb ? b0 + per : nb;
   A s = 0;
-  for (int64_t blk = 0; blk < nb; blk++) s += part[blk * c + j];
-  out[j] = num<T>::store(num<T>::load(out[j]) + s);
+  if (j < c) {
+    for (int64_t blk = b0; blk < b1; blk += NORM_LOADS) {
+      A v[NORM_LOADS];
+      DT_UNROLL for (int e = 0; e < NORM_LOADS; e++) v[e] = blk + e < b1 ? part[(blk + e) * c + j] : (A)0;
+      DT_UNROLL for (int e = 0; e < NORM_LOADS; e++) s += v[e];
+    }
+  }
+  seg[w][lane] = s;
+  __syncthreads(); /* every segment's sum is in seg */
+  if (w != 0 || j >= c) return;
+  A t = 0;
+  for (int k = 0; k < WARP; k++) t += seg[k][lane];
+  out[j] = num<T>::store(num<T>::load(out[j]) + t);
 }
 
 } // namespace dtk
