@@ -272,16 +272,23 @@ end
 -- opts.reduce(sumsq) -> global sumsq lets sharded strategies add up the squares of every rank's shard.
 -- opts.unscale (a loss scale): the gradients hold that multiple of their value; they are divided by it (and
 -- clipped) in one multiply, and the norm is the unscaled one.
+-- opts.buffers: flat tensors that hold every one of params' gradients (as views) and zeros elsewhere, as FSDP's shard
+-- gradients do: summed and scaled whole, one reduction and one multiply each instead of one per parameter.
 function optim.clip_grad_norm(params, max_norm, opts)
    if type(params) == "table" and type(params.parameters) == "function" then params = params:parameters() end
-   local sumsq = optim.grad_sumsq(params)
+   local grads = params
+   if opts and opts.buffers then
+      grads = {}
+      for i, b in ipairs(opts.buffers) do grads[i] = { grad = b } end
+   end
+   local sumsq = optim.grad_sumsq(grads)
    if opts and opts.reduce then sumsq = opts.reduce(sumsq) end
    local unscale = opts and opts.unscale or 1
    local norm = math.sqrt(sumsq) / unscale
    local coef = math.min(1, max_norm / (norm + 1e-6)) / unscale
    if coef < 1 or coef > 1 then
       autograd.no_grad(function()
-         for _, p in ipairs(params) do
+         for _, p in ipairs(grads) do
             if p.grad ~= nil then p.grad:mul_(coef) end
          end
       end)

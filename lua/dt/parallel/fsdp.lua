@@ -570,6 +570,15 @@ end
 
 -- Trainer strategy hooks (and no_sync: dt.parallel.sync) -----------------------------------------------------
 
+-- The shard gradients the optimizer's views point into (hand_grads: u.grad32 or u.grad), zero outside the views
+-- (the padding's accumulators start at zero); none when offloading (the views are then host copies).
+function FSDP:grad_buffers()
+   if self.offload then return nil end
+   local buffers = {}
+   for _, u in ipairs(self.units) do buffers[#buffers + 1] = u.grad32 or u.grad end
+   return buffers
+end
+
 -- Shards are disjoint over the fsdp axis and identical over the replicate axes.
 function FSDP:reduce_grad_sumsq(_, s)
    local t = dt.full({ 1 }, s, { dtype = "f64", device = "cpu" })

@@ -39,6 +39,8 @@
 --   before_optimizer(trainer)          after the last backward (e.g. wait for gradient reductions)
 --   reduce_loss(trainer, loss) -> loss the loss averaged over the data-parallel ranks
 --   reduce_grad_sumsq(trainer, s) -> s the global sum of squared gradients from this rank's share
+--   grad_buffers(trainer) -> flat tensors holding every gradient of the optimizer's parameters (views) and zeros
+--     elsewhere, or nil: the norm and the clipping then take one reduction and one multiply per buffer
 --   end_step(trainer, result)          after the optimizer step, before callbacks
 --   save_checkpoint(trainer) -> dir    replaces the single-process save; then every rank calls it (sharded saves:
 --                                      the strategy decides which ranks write)
@@ -252,7 +254,7 @@ function Trainer:train_step()
       return s
    end
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge,
-      { reduce = reduce, unscale = scale })
+      { reduce = reduce, unscale = scale, buffers = self:hook("grad_buffers") })
    local extra = { gc_seconds = gc_s }
    if steps then
       traced(tr, "optimizer step", "optimizer", opt.step, opt)
