@@ -445,19 +445,33 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   }
 }
 
-/* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands, in order; a warp per row. */
-template <typename T>
+/* Lanes a row of attn_delta: HD / 8 rounded up to a power of two (each lane reading up to 8 elements). */
+template <int HD>
+__host__ __device__ constexpr int delta_lanes() { return HD <= 32 ? 4 : HD <= 64 ? 8 : 16; }
+
+/* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands: delta_lanes<HD>() lanes a row,
+ * each with all its loads issued at once, summed over the lanes in a fixed order. (A warp a row, 2 elements a lane at
+ * D = 64, moved 0.8 TB/s on an H200.) */
+template <typename T, int HD>
 __global__ void attn_delta(const T *out, dt_k_attn_layout lo, const T *dout, dt_k_attn_layout ldo, float *delta,
                            int64_t rows, int64_t h, int64_t t, int64_t d) {
-  int64_t row = (int64_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+  constexpr int L = delta_lanes<HD>();
+  int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / L;
+  const int sub = threadIdx.x % L;
   float s = 0;
   if (row < rows) {
     int64_t bh = row / t, i = row % t;
     const T *o = out + attn_at(lo, bh / h, bh % h, i), *g = dout + attn_at(ldo, bh / h, bh % h, i);
-    for (int64_t j = threadIdx.x % WARP; j < d; j += WARP) s += num<T>::load(g[j]) * num<T>::load(o[j]);
+    float ov[HD / L], gv[HD / L];
+    DT_UNROLL for (int k = 0; k < HD / L; k++) {
+      int64_t j = sub + (int64_t)k * L;
+      ov[k] = j < d ? num<T>::load(o[j]) : 0.0f;
+      gv[k] = j < d ? num<T>::load(g[j]) : 0.0f;
+    }
+    DT_UNROLL for (int k = 0; k < HD / L; k++) s += gv[k] * ov[k];
   }
-  s = warp_reduce(s, sum_op());
-  if (row < rows && threadIdx.x % WARP == 0) delta[row] = s;
+  DT_UNROLL for (int off = L / 2; off > 0; off /= 2) s += __shfl_xor_sync((unsigned)FULL_MASK, s, off);
+  if (row < rows && sub == 0) delta[row] = s;
 }
 
 /* Block (query tile, batch * Hq): dQ = scale * sum over key tiles of dS K, with P = exp(scale Q K^T - lse) and

@@ -130,8 +130,9 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
     constexpr int HD = decltype(hd)::value;
     cudaError_t e = cudaSuccess;
     if (rows > 0)
-      DT_LAUNCH(dtk::attn_delta<T>, (unsigned)((rows + 3) / 4), 4 * dtk::WARP, 0, s, static_cast<const T *>(out),
-                a->out, static_cast<const T *>(dout), a->dout, delta, rows, a->hq, a->t, a->d);
+      DT_LAUNCH((dtk::attn_delta<T, HD>), (unsigned)((rows * dtk::delta_lanes<HD>() + 127) / 128), 128, 0, s,
+                static_cast<const T *>(out), a->out, static_cast<const T *>(dout), a->dout, delta, rows, a->hq, a->t,
+                a->d);
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
         size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
