@@ -3,7 +3,9 @@
 
 Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdump -sass) plus resource usage
 (cuobjdump -res-usage), or PTX plus ptxas -v output. Prints every kernel's registers / local memory, then the hot
-kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100;
+kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100
+(the slowest of: FLOPs at the peak, compulsory DRAM bytes at the bandwidth, and for tensor-core kernels the shared
+memory their ldmatrix traffic per mma needs at 128 bytes a clock);
 --check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
 Then the passes over a linear layer's output that cuBLASLt's epilogues remove (tools/cuda_epilogues.tsv): bytes saved
 per call and the DRAM time that is on an A100 and an H100.
@@ -21,10 +23,15 @@ SM = {
 }
 # Published dense peaks: A100 SXM4 80 GB (312 TFLOP/s bf16/f16 tensor, 19.5 TFLOP/s f32, 2039 GB/s HBM2e) and
 # H100 SXM5 (989.4 TFLOP/s bf16/f16 tensor, 66.9 TFLOP/s f32, 3350 GB/s HBM3).
+# Per SM and clock: tc, the tensor FLOPs of those peaks (108 SMs at 1.41 GHz, 132 at 1.83 GHz); smem, shared-memory
+# bytes (both 128).
 GPUS = [
-    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9)),
-    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9)),
+    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9, tc=2048, smem=128)),
+    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9, tc=4096, smem=128)),
 ]
+# FLOPs of one tensor-core instruction (mma m16n8k16); bytes an ldmatrix moves: 128 per 8x8 matrix (x1, x2, x4).
+MMA_FLOPS = 2 * 16 * 8 * 16
+LDSM_WIDTH = (r"\bLDSM\.16\.MT?88(?:\.(\d))?", r"\bldmatrix\.sync\.aligned\.m8n8\.x(\d)")
 # What each "needs" word is in SASS and in PTX.
 NEEDS = {
     "mma": (r"\bHMMA\.|\bHGMMA\.", r"\bmma\.sync\.|\bwgmma\."),
@@ -154,7 +161,7 @@ def main():
         shape = {k: int(v) for k, v in (kv.split("=") for kv in h["shape"].split(","))}
         flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
         needs = [n for n in h["needs"].split(",") if n]
-        mix, occ, pred = [], {}, []
+        mix, occ, pred, smem_frac = [], {}, [], {}
         for arch in SM:
             names = [n for n in res[arch] if h["symbol"] in n]
             if len(names) != 1:
@@ -163,6 +170,11 @@ def main():
             name, r = names[0], res[arch][names[0]]
             text = code[arch].get(name, "")
             counts = {n: len(re.findall(NEEDS[n][col], text)) for n in NEEDS}
+            ldsm_bytes = sum(128 * int(w or 1) for w in re.findall(LDSM_WIDTH[col], text))
+            if h["unit"] == "tensor" and counts["mma"] and ldsm_bytes:
+                # the code's ratio of tensor work to ldmatrix traffic (every mma and ldmatrix sits in the hot loop)
+                gpu = next(g for g in GPUS if g[1] == arch)[2]
+                smem_frac[arch] = min(1.0, counts["mma"] * MMA_FLOPS / gpu["tc"] / (ldsm_bytes / gpu["smem"]))
             local = len(re.findall(LOCAL[col], text)) if sass else r["local"]
             blocks, pct = occupancy(arch, r["regs"], int(h["threads"]), int(h["smem"]) + r["shared"])
             occ[arch] = (r["regs"], local, blocks, pct)
@@ -180,10 +192,14 @@ def main():
                 failures.append(f"{h['label']}: occupancy {pct:.1f}% on sm_80, the table wants >= {h['min_occ']}%")
         for gpu, arch, peak in GPUS:
             unit = h["unit"]
-            t = max(flops / peak[unit] if unit != "dram" else 0.0, nbytes / peak["dram"])
+            bounds = {unit: flops / peak[unit] if unit != "dram" else 0.0, "dram": nbytes / peak["dram"]}
+            if arch in smem_frac:
+                bounds["shared-memory"] = flops / (peak["tensor"] * smem_frac[arch])
+            bound = max(bounds, key=bounds.get)
+            t = bounds[bound]
             ref = peak["tensor"] if unit != "dram" else peak["dram"]
             achieved = (flops if unit != "dram" else nbytes) / t
-            pred.append((gpu, t, 100.0 * achieved / ref))
+            pred.append((gpu, t, 100.0 * achieved / ref, bound))
         rows.append((h, mix, occ, pred, flops, nbytes))
     print()
     if a.markdown:
@@ -191,19 +207,19 @@ def main():
         print("|---|---|---|---|---|---|")
     for h, mix, occ, pred, flops, nbytes in rows:
         o80, o90 = occ.get("80", (0, 0, 0, 0)), occ.get("90", (0, 0, 0, 0))
-        p = {g: (t, pct) for g, t, pct in pred}
+        p = {g: (t, pct, bound) for g, t, pct, bound in pred}
         ref = "DRAM" if h["unit"] == "dram" else "bf16 TC"
         if a.markdown:
             print(f"| {h['label']} ({h['shape']}) | {', '.join(mix) or '-'} | {o90[0]} | "
                   f"{o80[3]:.0f}% / {o90[3]:.0f}% | "
-                  f"{p['A100'][0] * 1e3:.3f} ms, {p['A100'][1]:.0f}% of {ref} | {p['H100'][0] * 1e3:.3f} ms, "
-                  f"{p['H100'][1]:.0f}% of {ref} |")
+                  f"{p['A100'][0] * 1e3:.3f} ms, {p['A100'][1]:.0f}% of {ref} ({p['A100'][2]}) | "
+                  f"{p['H100'][0] * 1e3:.3f} ms, {p['H100'][1]:.0f}% of {ref} ({p['H100'][2]}) |")
         else:
             print(f"{h['label']} [{h['shape']}]: {flops / 1e9:.1f} GFLOP, {nbytes / 1e6:.1f} MB per call")
             print(f"  mix (sm_90): {', '.join(mix) or '-'}; regs {o80[0]}/{o90[0]}, local {o80[1]}/{o90[1]}; "
                   f"occupancy sm_80 {o80[2]} blocks {o80[3]:.1f}%, sm_90 {o90[2]} blocks {o90[3]:.1f}%")
-            for g, t, pct in pred:
-                print(f"  {g}: predicted {t * 1e3:.3f} ms ({h['unit']}-bound roofline), {pct:.1f}% of {ref} peak")
+            for g, t, pct, bound in pred:
+                print(f"  {g}: predicted {t * 1e3:.3f} ms ({bound}-bound roofline), {pct:.1f}% of {ref} peak")
     epilogues(a.epilogues, a.markdown)
     if failures:
         print("\nregressions:\n  " + "\n  ".join(failures))
