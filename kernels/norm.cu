@@ -3,7 +3,7 @@
 
 namespace dtk {
 
-enum { NORM_LOADS = 8 }; /* partial sums loaded at once by norm_bwd_cols */
+enum { NORM_LOADS = 16 }; /* partial sums loaded at once by norm_bwd_cols */
 
 /* y = (x - mean) * rstd * w + b; RMSNorm (center false) has mean 0 and no b. */
 template <typename T>
@@ -98,14 +98,18 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
   }
 }
 
-/* out[j] += the sum over the row blocks of part[blk][j], for WARP columns a block of WARP warps: warp w sums its
- * segment of the blocks in order (NORM_LOADS loads in flight), then warp 0 the WARP segment sums in order: an order
- * fixed by nb alone. (One thread per column walking every block was latency-bound: 2048 dependent rounds.) */
+/* out[j] += the sum over the row blocks of part[blk][j] for (blockIdx.y) dw then db (a null one skipped: both in one
+ * launch, so that the two run side by side), WARP columns a block of WARP warps: warp w sums its segment of the blocks
+ * in order (NORM_LOADS loads in flight), then warp 0 the WARP segment sums in order: an order fixed by nb alone. (One
+ * thread per column walking every block was latency-bound: 2048 dependent rounds.) */
 template <typename T>
-__global__ void __launch_bounds__(WARP * WARP) norm_bwd_cols(const typename num<T>::acc *part, T *out, int64_t nb,
-                                                             int64_t c) {
+__global__ void __launch_bounds__(WARP * WARP)
+    norm_bwd_cols(const typename num<T>::acc *pw, const typename num<T>::acc *pb, T *dw, T *db, int64_t nb, int64_t c) {
   typedef typename num<T>::acc A;
   DT_SHARED(A, seg, [WARP][WARP + 1]);
+  const A *part = blockIdx.y ? pb : pw;
+  T *out = blockIdx.y ? db : dw;
+  if (!out) return;
   const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
   int64_t j = (int64_t)blockIdx.x * WARP + lane, per = (nb + WARP - 1) / WARP, b0 = w * per;
   int64_t b1 = b0 + per < nb ? b0 + per : nb;

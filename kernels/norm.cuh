@@ -50,9 +50,10 @@ cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype,
     DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::chunk_row_threads<T>(c), 0, s, static_cast<const T *>(dy),
               static_cast<const T *>(x), sdtype, mean, rstd, static_cast<T *>(dx), static_cast<const T *>(w), pw, pb, n,
               c, br, center);
-    unsigned blocks = (unsigned)((c + dtk::WARP - 1) / dtk::WARP), threads = dtk::WARP * dtk::WARP;
-    if (dw) DT_LAUNCH(dtk::norm_bwd_cols<T>, blocks, threads, 0, s, pw, static_cast<T *>(dw), nb, c);
-    if (db) DT_LAUNCH(dtk::norm_bwd_cols<T>, blocks, threads, 0, s, pb, static_cast<T *>(db), nb, c);
+    dim3 grid((unsigned)((c + dtk::WARP - 1) / dtk::WARP), 2); /* y: dw, db */
+    if (dw || db)
+      DT_LAUNCH(dtk::norm_bwd_cols<T>, grid, dtk::WARP * dtk::WARP, 0, s, pw, pb, static_cast<T *>(dw),
+                static_cast<T *>(db), nb, c);
     return cudaGetLastError();
   });
 }
