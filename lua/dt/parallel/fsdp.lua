@@ -571,12 +571,16 @@ end
 -- Trainer strategy hooks (and no_sync: dt.parallel.sync) -----------------------------------------------------
 
 -- The shard gradients the optimizer's views point into (hand_grads: u.grad32 or u.grad), zero outside the views
--- (the padding's accumulators start at zero); none when offloading (the views are then host copies).
-function FSDP:grad_buffers()
+-- (the padding's accumulators start at zero); none when offloading (the views are then host copies) or when the
+-- trainer's parameters are not every view (an optimizer over a subset: its norm leaves the others out).
+function FSDP:grad_buffers(trainer)
    if self.offload then return nil end
-   local buffers = {}
-   for _, u in ipairs(self.units) do buffers[#buffers + 1] = u.grad32 or u.grad end
-   return buffers
+   local buffers, views = {}, 0
+   for _, u in ipairs(self.units) do
+      buffers[#buffers + 1] = u.grad32 or u.grad
+      views = views + #u.views
+   end
+   return #trainer.params == views and buffers or nil
 end
 
 -- Shards are disjoint over the fsdp axis and identical over the replicate axes.
