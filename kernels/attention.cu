@@ -27,7 +27,7 @@ __device__ __forceinline__ int64_t attn_at(const dt_k_attn_layout &l, int64_t b,
   return b * l.sb + h * l.sh + row * l.st;
 }
 
-/* Keys [0, end) are visible to query row `row`: all, or s <= row + (Tk - T) when causal. */
+/* Keys [0, end) are visible to query row `row`: all, or s <= row + (Tk - T) when causal (a row past T: all). */
 __device__ __forceinline__ int64_t key_end(const attn_params &p, int64_t row) {
   if (!p.causal) return p.tk;
   int64_t e = row + 1 + p.tk - p.t;
@@ -132,7 +132,8 @@ __host__ __device__ constexpr int tc_ld() { return HD + 8; }
 
 /* rows x HD of dst := the first rows of an (n, d) slab at src (d a multiple of 8) whose rows lie ld elements apart (src
  * 16-byte aligned, ld a multiple of 8), zero past n rows or d columns: one 16-byte cp.async per 8 elements, in the
- * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times ld). */
+ * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times
+ * ld). */
 template <typename T, int HD>
 __device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
@@ -220,8 +221,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   /* the key tile's K and V rows */
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
-  /* keys before unmasked_end are visible to every row of the warp that exists: their tiles skip the mask */
-  int unmasked_end = (int)(w0 < p.t ? key_end(p, w0) : p.tk); /* (keys counted in int: fewer registers) */
+  /* keys before unmasked_end are visible to every row of the warp: their tiles skip the mask */
+  int unmasked_end = (int)key_end(p, w0); /* (keys counted in int: fewer registers) */
   int kend = (int)key_end(p, (i0 + TC_FWD_BR < p.t ? i0 + TC_FWD_BR : p.t) - 1); /* keys past the last row: skipped */
   tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st,
                       TC_FWD_BR);
@@ -337,8 +338,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
     dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
     rend[h] = row < p.t ? key_end(p, row) : 0; /* (a row with lse = -inf sees no key: key_end is 0) */
   }
-  /* keys before unmasked_end are visible to every row of the warp that exists: their tiles skip the mask */
-  int64_t unmasked_end = w0 < p.t ? key_end(p, w0) : p.tk;
+  /* keys before unmasked_end are visible to every row of the warp: their tiles skip the mask */
+  int64_t unmasked_end = key_end(p, w0);
   DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[0][dn][0] = dq[0][dn][1] = dq[0][dn][2] = dq[0][dn][3] = 0;
   int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1);
   for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
@@ -416,7 +417,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
       __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
       /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
       bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
-      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) { /* 16 queries at a time: no spills at D = 128 */
+      /* 16 queries at a time: no spills at D = 128 */
+      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) {
         float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
         DT_UNROLL for (int n = 0; n < NT; n++) {
           DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;

@@ -31,12 +31,12 @@ __global__ void check_indices(const void *idx, int idtype, dt_k_error *err, int 
   }
 }
 
-/* Block (x: column chunk of ADD_WARPS * 32, y: output rows [r0, r1) of row range range0 + y, z: outer index). The block's rows accumulate in
- * shared memory (from their values in out; each add rounded to T, as the CPU's; stored once at the end) while every warp walks the
- * indices in index order, ADD_BATCH ballots of 32 at a time with the next batch's indices already loading: lane c adds
- * column c of each source row whose index falls in [r0, r1), up to ADD_GATHER source loads in flight. Walking the
- * indices and adding into global memory one row at a time made this latency-bound (a GPT's embedding backward took
- * 1.2 ms on an H200). */
+/* Block (x: column chunk of ADD_WARPS * 32, y: output rows [r0, r1) of row range range0 + y, z: outer index). The
+ * block's rows accumulate in shared memory (from their values in out; each add rounded to T, as the CPU's; stored once
+ * at the end) while every warp walks the indices in index order, ADD_BATCH ballots of 32 at a time with the next
+ * batch's indices already loading: lane c adds column c of each source row whose index falls in [r0, r1), up to
+ * ADD_GATHER source loads in flight. Walking the indices and adding into global memory one row at a time made this
+ * latency-bound (a GPT's embedding backward took 1.2 ms on an H200). */
 template <typename T>
 __global__ void __launch_bounds__(ADD_WARPS * WARP) add_kernel(const void *idx, int idtype, const T *src, T *out,
                                                                int64_t size, int64_t inner, int64_t nidx,
@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(ADD_WARPS * WARP) add_kernel(const void *idx, 
   bool in = col < inner;
   for (int64_t r = r0; r < r1; r++) acc[(r - r0) * blockDim.x + slot] = in ? num<T>::load(dst[r * inner]) : (A)0;
   int64_t k[ADD_BATCH];
-  DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) k[u] = u * WARP + lane < nidx ? load_index(idx, idtype, u * WARP + lane) : -1;
+  DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {
+    int64_t i = u * WARP + lane;
+    k[u] = i < nidx ? load_index(idx, idtype, i) : -1;
+  }
   for (int64_t i0 = 0; i0 < nidx; i0 += ADD_BATCH * WARP) {
     int64_t next[ADD_BATCH];
     DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {

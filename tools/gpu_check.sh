@@ -15,7 +15,8 @@ step() { # step NAME SECONDS COMMAND...: runs COMMAND into $out/NAME.log, says h
   if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then
     passed=$((passed + 1)) && echo "gpu_check: $name passed ($((SECONDS - t0)) s)"
   else
-    failed=$((failed + 1)) && echo "gpu_check: $name FAILED ($((SECONDS - t0)) s; $out/$name.log):" && tail -5 "$out/$name.log"
+    failed=$((failed + 1)) && echo "gpu_check: $name FAILED ($((SECONDS - t0)) s; $out/$name.log):"
+    tail -5 "$out/$name.log"
   fi
 }
 test -x build/dtrun || { echo "gpu_check: no build/dtrun: run tools/setup.sh first" >&2; exit 2; }

@@ -58,9 +58,9 @@ static void expect_deterministic(acase c, int dtype, const char *what) {
   dt_tensor_free(b);
 }
 
-/* bf16/f16 with D a multiple of 8 run on the tensor cores (mma.sync m16n8k16): every head dim, causal and not, GQA,
- * T not a multiple of the 64- or 128-row tile, more or fewer queries than keys, key tiles wholly visible to a warp's
- * rows (no mask) beside tiles that cross the diagonal or the end of the keys. Tolerance: P is rounded to the storage type
+/* bf16/f16 with D a multiple of 8 run on the tensor cores (mma.sync m16n8k16): every head dim, causal and not, GQA, T
+ * not a multiple of the 64- or 128-row tile, more or fewer queries than keys, key tiles wholly visible to a warp's rows
+ * (no mask) beside tiles that cross the diagonal or the end of the keys. Tolerance: P is rounded to the storage type
  * before P V (as FlashAttention does) and out is rounded once, so |gpu - cpu| / (1 + |cpu|) stays within two ulps of
  * the storage type (bf16: 2 * 1.6e-2, f16: 2 * 2e-3, tol_of's per-dtype bound with a slack of 2). */
 static void test_tensor_cores(void) {

@@ -253,7 +253,8 @@ static void test_index(int dtype) {
   dt_tensor *gw = host_from_dev(S, dgw);
   expect(bitwise_equal(gw, gref), "index_add sums repeated rows in the CPU's order, bit for bit");
   /* an embedding's backward: 5000 indices into 300 rows (~17 adds a row), 2 column chunks, several row ranges */
-  dt_tensor *hbig = host_sample(2, SHAPE(300, 200), dtype, 36, 1), *hsrc = host_sample(2, SHAPE(5000, 200), dtype, 38, 1);
+  dt_tensor *hbig = host_sample(2, SHAPE(300, 200), dtype, 36, 1);
+  dt_tensor *hsrc = host_sample(2, SHAPE(5000, 200), dtype, 38, 1);
   dt_tensor *hib = host_sample(1, SHAPE(5000), DT_DTYPE_I64, 37, 300);
   dt_tensor *dbig = dev_from_host(S, hbig), *dib = dev_from_host(S, hib), *dsrc = dev_from_host(S, hsrc);
   die_on(dt_op_index_add(hbig, 0, hib, hsrc), "cpu index_add, many indices");
