@@ -42,18 +42,15 @@ template <typename K>
 static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_t heads, size_t smem,
                                cudaStream_t s, dtk::attn_params p) {
   static_assert((int)dtk::ATT_THREADS == (int)dtk::TC_THREADS, "the attention kernels share a block size");
-  const int64_t MAX_GRID_Y = 65535;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
   }
-  for (p.bh0 = 0; p.bh0 < heads; p.bh0 += MAX_GRID_Y) {
-    dim3 grid((unsigned)tiles, (unsigned)(heads - p.bh0 < MAX_GRID_Y ? heads - p.bh0 : MAX_GRID_Y));
-    DT_LAUNCH_NAMED(kernel, name, grid, dtk::ATT_THREADS, smem, s, p);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return dtk::for_grid_y_slices(heads, [&](int64_t first, unsigned count) {
+    p.bh0 = first;
+    DT_LAUNCH_NAMED(kernel, name, dim3((unsigned)tiles, count), dtk::ATT_THREADS, smem, s, p);
+    return cudaGetLastError();
+  });
 }
 
 /* Whether bf16/f16 attention runs on the tensor cores: rows of D elements (a multiple of 8) in 16-byte chunks, so the

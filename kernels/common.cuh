@@ -158,6 +158,17 @@ static inline unsigned grid_for(int64_t n, unsigned threads) {
   return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
+/* launch(first, count) for each slice of at most 65535 (the grid.y limit) of [0, n), in order; the first error. */
+template <typename F>
+static inline cudaError_t for_grid_y_slices(int64_t n, F launch) {
+  const int64_t MAX_GRID_Y = 65535;
+  for (int64_t first = 0; first < n; first += MAX_GRID_Y) {
+    cudaError_t e = launch(first, (unsigned)(n - first < MAX_GRID_Y ? n - first : MAX_GRID_Y));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 /* Four consecutive elements of T moved as one access (16 bytes for f32: vectorised loads and stores). */
 template <typename T>
 struct alignas(4 * sizeof(T)) vec4 {

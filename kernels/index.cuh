@@ -43,14 +43,12 @@ cudaError_t dt_k_index_add(cudaStream_t s, int dtype,
     if ((size + ranges - 1) / ranges > max_rows) ranges = (size + max_rows - 1) / max_rows;
     int64_t rows_per_block = (size + ranges - 1) / ranges;
     ranges = (size + rows_per_block - 1) / rows_per_block;
-    for (int64_t range0 = 0; range0 < ranges; range0 += 65535) { /* grid.y: at most 65535 ranges a launch */
-      dim3 grid((unsigned)cols, (unsigned)(ranges - range0 < 65535 ? ranges - range0 : 65535), (unsigned)outer);
-      DT_LAUNCH(dtk::add_kernel<T>, grid, (unsigned)threads, (size_t)(rows_per_block * threads) * sizeof(A), s, idx,
-                idtype, static_cast<const T *>(src), static_cast<T *>(out), size, inner, nidx, rows_per_block, range0);
-      cudaError_t e = cudaGetLastError();
-      if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+    return dtk::for_grid_y_slices(ranges, [&](int64_t range0, unsigned count) {
+      DT_LAUNCH(dtk::add_kernel<T>, dim3((unsigned)cols, count, (unsigned)outer), (unsigned)threads,
+                (size_t)(rows_per_block * threads) * sizeof(A), s, idx, idtype, static_cast<const T *>(src),
+                static_cast<T *>(out), size, inner, nidx, rows_per_block, range0);
+      return cudaGetLastError();
+    });
   });
 }
 
