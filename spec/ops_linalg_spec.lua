@@ -118,6 +118,35 @@ describe("matmul", function()
       testing.assert_close(one[1], ref_matmul(a, b), 1e-5, 1e-5)
    end)
 
+   it("gives identical f32 results when its tiles follow the thread count", function()
+      -- sgemm's tiles (one per thread, along M or N) differ with 1, 2, 3 and 8 threads: sizes the tile counts do not
+      -- divide, K over several of OpenBLAS's K blocks, a batch smaller than the threads, and 366 x 33 x 608, whose
+      -- 8 tiles would fall into OpenBLAS's small-matrix kernels (other bits) if the tiles were not kept above them
+      local x = testing.sample({ 613, 777 }, 16, "f32")
+      local w = testing.sample({ 301, 777 }, 17, "f32")
+      local g = testing.sample({ 613, 301 }, 18, "f32")
+      local a = testing.sample({ 2, 211, 170 }, 19, "f32")
+      local b = testing.sample({ 2, 170, 1003 }, 20, "f32")
+      local c = testing.sample({ 366, 608 }, 21, "f32")
+      local d = testing.sample({ 608, 33 }, 22, "f32")
+      local function run(n)
+         local threads = dt.threads()
+         dt.threads(n)
+         local r = { dt.linear(x, w), dt.matmul(g, w), dt.matmul(g:transpose(1, 2), x), dt.matmul(a, b),
+            dt.matmul(w, x:transpose(1, 2)), dt.matmul(c, d) }
+         dt.threads(threads)
+         return r
+      end
+      local one = run(1)
+      for _, n in ipairs { 2, 3, 8 } do
+         local r = run(n)
+         for i = 1, #one do
+            testing.assert_close(one[i], testing.flat(r[i]), 0, 0, ("product %d, %d threads"):format(i, n))
+         end
+      end
+      testing.assert_close(one[2], ref_matmul(g, w), 1e-4, 1e-4)
+   end)
+
    it("handles empty inner dims", function()
       local c = dt.matmul(dt.zeros({ 3, 0 }), dt.zeros({ 0, 2 }))
       assert.same({ { 0, 0 }, { 0, 0 }, { 0, 0 } }, c:totable())
