@@ -24,11 +24,13 @@ enum { DT_KERR_NONE = 0, DT_KERR_TARGET = 1, DT_KERR_INDEX_SELECT = 2, DT_KERR_I
        DT_KERR_KV_SLOT = 7 };
 
 /* The calling thread's latest kernel launch through DT_LAUNCH (kernel NULL: none since dt_k_launch_reset), so that a
- * launch error can name the kernel and its configuration. */
+ * launch error can name the kernel and its configuration, and how many launches there were since that reset (the
+ * backend resets it as each op begins: the launches of the op in progress, or of the thread's latest op). */
 typedef struct dt_k_launch {
   const char *kernel;
   unsigned grid[3], block[3];
   size_t smem;
+  int64_t launches;
 } dt_k_launch;
 const dt_k_launch *dt_k_last_launch(void);
 void dt_k_launch_reset(void);

@@ -80,10 +80,10 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
     (x, p, seed, offset, y))                                                                                         \
   X(nn_dropout_bwd, (const dt_tensor *dy, double p, uint64_t seed, uint64_t offset, dt_tensor *dx),                  \
     (dy, p, seed, offset, dx))                                                                                       \
-  X(optim_adamw_step,                                                                                                \
-    (dt_tensor * param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr, double beta1, double beta2,    \
-     double eps, double weight_decay, int64_t step),                                                                 \
-    (param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step))                                                  \
+  X(optim_adamw_steps,                                                                                               \
+    (int n, dt_tensor *const *params, const dt_tensor *const *grads, dt_tensor *const *m, dt_tensor *const *v,       \
+     double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step),                          \
+    (n, params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step))                                             \
   X(optim_sgd_step,                                                                                                  \
     (dt_tensor * param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum, double dampening,         \
      double weight_decay, bool nesterov, bool first_step),                                                           \

@@ -1,5 +1,6 @@
 /* checks.c: argument checks and rules shared by the CPU and CUDA backends (each check is written once, here). */
 #include <limits.h>
+#include <stdio.h>
 
 #include "checks.h"
 
@@ -277,12 +278,75 @@ dt_status dt_nn_kv_check(const char *op, const dt_tensor *x, const char *nx, con
   return DT_OK;
 }
 
-dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+static bool same_shape(const dt_tensor *a, const dt_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  return true;
+}
+
+/* The state dtype that goes with a parameter dtype. */
+static int state_dtype(int param_dtype) { return param_dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32; }
+
+/* "op" (index < 0) or "op (param index)": the start of an optimizer's message, formatted only when one is raised. */
+static const char *entry_op(char *buf, size_t size, const char *op, int index) {
+  if (index < 0) return op;
+  snprintf(buf, size, "%s (param %d)", op, index);
+  return buf;
+}
+
+dt_status dt_optim_param_grad_check(const char *op, int index, const dt_tensor *param, const dt_tensor *grad) {
+  char o[64], a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
+  DT_CHECK(dt_dtype_is_float(param->dtype), DT_ERR_ARG, "%s: param must be a float tensor, got %s",
+           entry_op(o, sizeof o, op, index), dt_shape_str(param, a, sizeof a));
+  DT_CHECK(dt_dtype_is_float(grad->dtype), DT_ERR_ARG, "%s: grad must be a float tensor, got %s",
+           entry_op(o, sizeof o, op, index), dt_shape_str(grad, a, sizeof a));
+  DT_CHECK(same_shape(param, grad), DT_ERR_ARG, "%s: grad %s does not match param %s",
+           entry_op(o, sizeof o, op, index), dt_shape_str(grad, a, sizeof a), dt_shape_str(param, b, sizeof b));
+  DT_CHECK(param->data && grad->data, DT_ERR_STATE, "%s: param or grad storage was released",
+           entry_op(o, sizeof o, op, index));
+  return DT_OK;
+}
+
+dt_status dt_optim_state_check(const char *op, int index, const char *what, const dt_tensor *param,
+                               const dt_tensor *s) {
+  char o[64], a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
+  DT_CHECK(s->dtype == state_dtype(param->dtype), DT_ERR_ARG, "%s: %s must be %s for a %s param, got %s",
+           entry_op(o, sizeof o, op, index), what, dt_dtype_name(state_dtype(param->dtype)),
+           dt_dtype_name(param->dtype), dt_shape_str(s, a, sizeof a));
+  DT_CHECK(same_shape(param, s), DT_ERR_ARG, "%s: %s %s does not match param %s", entry_op(o, sizeof o, op, index),
+           what, dt_shape_str(s, a, sizeof a), dt_shape_str(param, b, sizeof b));
+  DT_CHECK(s->data, DT_ERR_STATE, "%s: %s storage was released", entry_op(o, sizeof o, op, index), what);
+  return DT_OK;
+}
+
+dt_status dt_optim_adamw_check(int n, dt_tensor *const *params, const dt_tensor *const *grads, dt_tensor *const *m,
+                               dt_tensor *const *v, double lr, double beta1, double beta2, double eps,
+                               double weight_decay, int64_t step) {
+  DT_CHECK(n >= 0, DT_ERR_ARG, "adamw: n is the number of parameters to step (0 or more), got %d", n);
+  DT_CHECK(n == 0 || (params && grads && m && v), DT_ERR_ARG,
+           "adamw: %d parameters need their params, grads, m and v lists, got a NULL list", n);
   DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
   DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,
            "adamw: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
   DT_CHECK(eps >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
            "adamw: lr, eps and weight_decay must be >= 0, got lr=%g eps=%g weight_decay=%g", lr, eps, weight_decay);
+  static const char *const names[4] = {"param", "grad", "m", "v"};
+  char b1[32], b2[32];
+  for (int i = 0; i < n; i++) {
+    const dt_tensor *ts[4] = {params[i], grads[i], m[i], v[i]};
+    for (int k = 0; k < 4; k++) {
+      DT_CHECK(ts[k], DT_ERR_ARG, "adamw (param %d): %s is NULL", i, names[k]);
+      DT_CHECK(dt_same_device(ts[k]->device, params[0]->device), DT_ERR_ARG,
+               "adamw (param %d): %s is on %s but param 0 on %s: one call steps the tensors of one device (move it "
+               "with :to(\"%s\") or step each device's parameters in a call of their own)",
+               i, names[k], dt_device_str(ts[k]->device, b1, sizeof b1),
+               dt_device_str(params[0]->device, b2, sizeof b2), b2);
+    }
+    DT_TRY(dt_optim_param_grad_check("adamw", i, params[i], grads[i]));
+    DT_TRY(dt_optim_state_check("adamw", i, "m", params[i], m[i]));
+    DT_TRY(dt_optim_state_check("adamw", i, "v", params[i], v[i]));
+  }
   return DT_OK;
 }
 

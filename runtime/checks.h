@@ -83,8 +83,17 @@ dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const c
 dt_status dt_nn_check_vector(const dt_tensor *t, int64_t n, const char *op, const char *name, const char *what);
 dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, int64_t *rows, int64_t *cols);
 
-/* The optimizers' hyperparameter checks. */
-dt_status dt_optim_adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);
+/* The optimizers' checks; messages start "op: ", or "op (param index): " for index >= 0 (an entry of a list).
+ * param_grad: float param and grad of one shape with storage. state: a state tensor (`what`: m, v, the momentum
+ * buffer) of param's shape and state dtype (f32, f64 for f64 params) with storage. adamw: a whole dt_optim_adamw_steps
+ * call (n >= 0, no NULL list or entry, every tensor on params[0]'s device, each entry's param, grad, m and v as above,
+ * the hyperparameters in range). */
+dt_status dt_optim_param_grad_check(const char *op, int index, const dt_tensor *param, const dt_tensor *grad);
+dt_status dt_optim_state_check(const char *op, int index, const char *what, const dt_tensor *param,
+                               const dt_tensor *s);
+dt_status dt_optim_adamw_check(int n, dt_tensor *const *params, const dt_tensor *const *grads, dt_tensor *const *m,
+                               dt_tensor *const *v, double lr, double beta1, double beta2, double eps,
+                               double weight_decay, int64_t step);
 dt_status dt_optim_sgd_check(double lr, double momentum, double dampening, double weight_decay, bool nesterov,
                              bool has_buf);
 /* Argument checks of the random fills. */

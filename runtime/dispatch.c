@@ -220,10 +220,18 @@ dt_status dt_nn_dropout_bwd(const dt_tensor *dy, double p, uint64_t seed, uint64
 
 /* dt_optim.h ------------------------------------------------------------------------------------------------------- */
 
-dt_status dt_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr,
-                              double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  DT_DISPATCH("adamw", (param, grad, m, v), optim_adamw_step, param, grad, m, v, lr, beta1, beta2, eps, weight_decay,
-              step);
+dt_status dt_optim_adamw_steps(int n, dt_tensor *const *params, const dt_tensor *const *grads, dt_tensor *const *m,
+                               dt_tensor *const *v, double lr, double beta1, double beta2, double eps,
+                               double weight_decay, int64_t step) {
+  DT_TRY(dt_optim_adamw_check(n, params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step));
+  /* every tensor is on params[0]'s device (checked): the params alone pick the backend and describe the op */
+  const dt_tensor *const *ts = (const dt_tensor *const *)params;
+  dt_where w;
+  DT_TRY(dt_dispatch("adamw", n, ts, &w));
+  return dt_dispatch_end(&w, w.backend->optim_adamw_steps && w.backend->supports(DT_BACKEND_OP_optim_adamw_steps, n, ts)
+                                 ? w.backend->optim_adamw_steps(w.stream, n, params, grads, m, v, lr, beta1, beta2, eps,
+                                                                weight_decay, step)
+                                 : dt_dispatch_unsupported("adamw", &w));
 }
 
 dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,

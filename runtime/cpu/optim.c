@@ -1,5 +1,7 @@
 /* optim.c: fused AdamW and SGD steps (dt_optim.h): a vectorised contiguous f32 path and a generic strided/mixed-dtype
  * path; the streaming probe that gives their memory roofline. */
+#include <omp.h>
+
 #include "cpu_backend.h"
 
 enum { OPTIM_PAR_MIN = 32768 }; /* elements below which one thread is faster */
@@ -43,54 +45,9 @@ static inline int64_t elem_offset(const dt_tensor *t, bool contiguous, int64_t i
   return contiguous ? i : dt_strided_offset(t->ndim, t->shape, t->strides, i);
 }
 
-static bool same_shape(const dt_tensor *a, const dt_tensor *b) {
-  if (a->ndim != b->ndim) return false;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->shape[d] != b->shape[d]) return false;
-  return true;
-}
-
-/* The state dtype that goes with a parameter dtype. */
-static int state_dtype(int param_dtype) { return param_dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32; }
-
-/* Checks shared by both optimizers: float param and grad, matching shapes, live storage. */
-static dt_status check_param_grad(const char *op, const dt_tensor *param, const dt_tensor *grad) {
-  char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
-  DT_CHECK(dt_dtype_is_float(param->dtype), DT_ERR_ARG, "%s: param must be a float tensor, got %s", op,
-           dt_shape_str(param, a, sizeof a));
-  DT_CHECK(dt_dtype_is_float(grad->dtype), DT_ERR_ARG, "%s: grad must be a float tensor, got %s", op,
-           dt_shape_str(grad, a, sizeof a));
-  DT_CHECK(same_shape(param, grad), DT_ERR_ARG, "%s: grad %s does not match param %s", op,
-           dt_shape_str(grad, a, sizeof a), dt_shape_str(param, b, sizeof b));
-  DT_CHECK(param->data && grad->data, DT_ERR_STATE, "%s: param or grad storage was released", op);
-  return DT_OK;
-}
-
-/* A state tensor (m, v, momentum buffer): param's shape, f32 (f64 for f64 params). */
-static dt_status check_state(const char *op, const char *what, const dt_tensor *param, const dt_tensor *s) {
-  char a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
-  DT_CHECK(s->dtype == state_dtype(param->dtype), DT_ERR_ARG, "%s: %s must be %s for a %s param, got %s", op, what,
-           dt_dtype_name(state_dtype(param->dtype)), dt_dtype_name(param->dtype), dt_shape_str(s, a, sizeof a));
-  DT_CHECK(same_shape(param, s), DT_ERR_ARG, "%s: %s %s does not match param %s", op, what,
-           dt_shape_str(s, a, sizeof a), dt_shape_str(param, b, sizeof b));
-  DT_CHECK(s->data, DT_ERR_STATE, "%s: %s storage was released", op, what);
-  return DT_OK;
-}
-
-dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, double lr,
-                              double beta1, double beta2, double eps, double weight_decay, int64_t step) {
-  DT_TRY(check_param_grad("adamw", param, grad));
-  DT_TRY(check_state("adamw", "m", param, m));
-  DT_TRY(check_state("adamw", "v", param, v));
-  DT_CHECK(step >= 1, DT_ERR_ARG, "adamw: step is 1-based, got %lld", (long long)step);
-  DT_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, DT_ERR_ARG,
-           "adamw: betas must be in [0, 1), got (%g, %g)", beta1, beta2);
-  DT_CHECK(eps >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
-           "adamw: lr, eps and weight_decay must be >= 0, got lr=%g eps=%g weight_decay=%g", lr, eps, weight_decay);
-  double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-  const adamw_consts c = {1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, lr / bc1,
-                          1.0 / sqrt(bc2), eps};
-  int64_t n = dt_tensor_numel(param);
+/* AdamW on elements [lo, hi) (flat, row-major) of one parameter, on the calling thread. */
+static void adamw_range(dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v, int64_t lo, int64_t hi,
+                        const adamw_consts *c) {
   void *pp = dt_tensor_ptr(param), *mp = dt_tensor_ptr(m), *vp = dt_tensor_ptr(v);
   const void *gp = dt_tensor_ptr(grad);
   bool pc = dt_tensor_is_contiguous(param), gc = dt_tensor_is_contiguous(grad), mc = dt_tensor_is_contiguous(m),
@@ -98,9 +55,9 @@ dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_te
   if (pc && gc && mc && vc && param->dtype == DT_DTYPE_F32 && grad->dtype == DT_DTYPE_F32) {
     float *p = pp, *mf = mp, *vf = vp;
     const float *g = gp;
-#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], g[i], &mf[i], &vf[i], &c);
-    return DT_OK;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; i++) p[i] = adamw_f32(p[i], g[i], &mf[i], &vf[i], c);
+    return;
   }
   if (pc && gc && mc && vc && param->dtype == DT_DTYPE_BF16 &&
       (grad->dtype == DT_DTYPE_BF16 || grad->dtype == DT_DTYPE_F32)) {
@@ -109,28 +66,27 @@ dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_te
     float *mf = mp, *vf = vp;
     if (grad->dtype == DT_DTYPE_BF16) {
       const uint16_t *g = gp;
-#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
-      for (int64_t i = 0; i < n; i++)
-        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), dt_bf16_to_f32_inl(g[i]), &mf[i], &vf[i], &c));
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++)
+        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), dt_bf16_to_f32_inl(g[i]), &mf[i], &vf[i], c));
     } else {
       const float *g = gp;
-#pragma omp parallel for simd schedule(static) if (n > OPTIM_PAR_MIN)
-      for (int64_t i = 0; i < n; i++)
-        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), g[i], &mf[i], &vf[i], &c));
+#pragma omp simd
+      for (int64_t i = lo; i < hi; i++)
+        p[i] = dt_f32_to_bf16_inl(adamw_f32(dt_bf16_to_f32_inl(p[i]), g[i], &mf[i], &vf[i], c));
     }
-    return DT_OK;
+    return;
   }
   int pd = param->dtype, gd = grad->dtype, sd = m->dtype;
-#pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = lo; i < hi; i++) {
     int64_t po = elem_offset(param, pc, i), go = elem_offset(grad, gc, i), mo = elem_offset(m, mc, i),
             vo = elem_offset(v, vc, i);
     double p = dt_load(pp, pd, po), g = dt_load(gp, gd, go), mm = dt_load(mp, sd, mo), vv = dt_load(vp, sd, vo);
     if (sd == DT_DTYPE_F64) {
-      p = adamw_f64(p, g, &mm, &vv, &c);
+      p = adamw_f64(p, g, &mm, &vv, c);
     } else {
       float mf = (float)mm, vf = (float)vv;
-      p = adamw_f32((float)p, (float)g, &mf, &vf, &c);
+      p = adamw_f32((float)p, (float)g, &mf, &vf, c);
       mm = mf;
       vv = vf;
     }
@@ -138,12 +94,40 @@ dt_status dt_cpu_optim_adamw_step(dt_tensor *param, const dt_tensor *grad, dt_te
     dt_store(vp, sd, vo, vv);
     dt_store(pp, pd, po, p);
   }
+}
+
+/* Arguments checked by dispatch (dt_optim_adamw_check). The n parameters' elements, laid end to end, are cut into one
+ * contiguous range per thread: one parallel region per call however many parameters, and since each element's update
+ * is the same wherever the cuts fall, the bits do not depend on the thread count. */
+dt_status dt_cpu_optim_adamw_steps(int n, dt_tensor *const *params, const dt_tensor *const *grads, dt_tensor *const *m,
+                                   dt_tensor *const *v, double lr, double beta1, double beta2, double eps,
+                                   double weight_decay, int64_t step) {
+  double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+  const adamw_consts c = {1.0 - lr * weight_decay, beta1, 1.0 - beta1, beta2, 1.0 - beta2, lr / bc1,
+                          1.0 / sqrt(bc2), eps};
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += dt_tensor_numel(params[i]);
+#pragma omp parallel if (total > OPTIM_PAR_MIN)
+  {
+    int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t lo = total / threads * t + (total % threads) * t / threads;
+    int64_t hi = total / threads * (t + 1) + (total % threads) * (t + 1) / threads;
+    int64_t start = 0; /* of parameter i in the laid-out elements */
+    for (int i = 0; i < n && start < hi; i++) {
+      int64_t end = start + dt_tensor_numel(params[i]);
+      if (end > lo) {
+        int64_t from = lo > start ? lo : start, to = hi < end ? hi : end;
+        adamw_range(params[i], grads[i], m[i], v[i], from - start, to - start, &c);
+      }
+      start = end;
+    }
+  }
   return DT_OK;
 }
 
 dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,
                             double dampening, double weight_decay, bool nesterov, bool first_step) {
-  DT_TRY(check_param_grad("sgd", param, grad));
+  DT_TRY(dt_optim_param_grad_check("sgd", -1, param, grad));
   DT_CHECK(momentum >= 0 && lr >= 0 && weight_decay >= 0, DT_ERR_ARG,
            "sgd: lr, momentum and weight_decay must be >= 0, got lr=%g momentum=%g weight_decay=%g", lr, momentum,
            weight_decay);
@@ -151,7 +135,7 @@ dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tens
            "sgd: nesterov needs momentum > 0 and dampening 0, got momentum=%g dampening=%g", momentum, dampening);
   bool has_buf = momentum != 0;
   DT_CHECK(buf || !has_buf, DT_ERR_ARG, "sgd: momentum %g needs a momentum buffer", momentum);
-  if (has_buf) DT_TRY(check_state("sgd", "momentum buffer", param, buf));
+  if (has_buf) DT_TRY(dt_optim_state_check("sgd", -1, "momentum buffer", param, buf));
   const sgd_consts c = {lr, momentum, 1.0 - dampening, weight_decay, has_buf, nesterov, first_step};
   int64_t n = dt_tensor_numel(param);
   void *pp = dt_tensor_ptr(param), *bp = has_buf ? dt_tensor_ptr(buf) : NULL;
@@ -169,7 +153,7 @@ dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tens
     }
     return DT_OK;
   }
-  int pd = param->dtype, gd = grad->dtype, sd = state_dtype(pd);
+  int pd = param->dtype, gd = grad->dtype, sd = pd == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
 #pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     int64_t po = elem_offset(param, pc, i), go = elem_offset(grad, gc, i), bo = has_buf ? elem_offset(buf, bc, i) : 0;

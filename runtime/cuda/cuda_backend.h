@@ -11,15 +11,12 @@
  * f64; attention's head dim D <= 128; matmul runs through cuBLAS (f32, f64, bf16/f16 with f32 compute); reduce copies a
  * strided x contiguous first; cross-entropy's n_valid and loss_sum are host values (asking for either waits for s);
  * random fills and dropout draw the CPU's Philox streams (the same seed and offset give the same values and masks;
- * normal: up to the last bit of the device's log/sin/cos); scatter_add and index_add sum in order (deterministic). */
+ * normal: up to the last bit of the device's log/sin/cos); scatter_add and index_add sum in order (deterministic);
+ * optim_adamw_steps takes contiguous tensors and launches the parameters of each (param, grad) dtype pair together
+ * (f32/f32, bf16 or f16 with their own or f32 grads, f64/f64), DT_K_ADAMW_TENSORS per launch. */
 #define DT_CUDA_DECLARE(name, params, args) dt_status dt_cuda_##name DT_WITH_STREAM params;
 DT_BACKEND_OPS(DT_CUDA_DECLARE)
 #undef DT_CUDA_DECLARE
-/* dt_optim_adamw_step over n contiguous parameters in fused launches (params grouped by dtype pair: f32/f32, bf16 or
- * f16 with their own or f32 grads, f64/f64). */
-dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
-                              dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
-                              double eps, double weight_decay, int64_t step);
 
 /* The compute stream of `device` (where every generic op and allocation on it is queued); fails naming `op` and the
  * device when it cannot be used. */
@@ -29,6 +26,8 @@ dt_status dt_cuda_compute_stream(dt_device device, const char *op, dt_stream **s
  * dt_cuda_op_end (oplog.c). `op` must be a static string. */
 void dt_cuda_op_begin(int device, const char *op, int n, const dt_tensor *const *ts);
 void dt_cuda_op_end(void);
+/* The kernel launches of the calling thread's op in progress, or of its latest op once it ended (oplog.c). */
+int64_t dt_cuda_op_launches(void);
 /* dt_cuda_malloc whose out-of-memory error names what the bytes are for (a `kind` of desc's shape and dtype, e.g. a
  * "scratch tensor"; desc NULL: device memory), the op in progress (not for kind "tensor": a tensor's storage is
  * allocated before the op that fills it) and the device's free and total memory. */

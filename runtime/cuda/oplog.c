@@ -1,4 +1,4 @@
-/* oplog.c: the ops queued on each device (a small ring per device) and the calling thread's current op, for errors. */
+/* oplog.c: each device's recent ops (a small ring per device), the calling thread's current op and its launches. */
 #include <pthread.h>
 #include <stdio.h>
 
@@ -42,6 +42,8 @@ void dt_cuda_op_begin(int device, const char *op, int n, const dt_tensor *const 
 }
 
 void dt_cuda_op_end(void) { current.name = NULL; }
+
+int64_t dt_cuda_op_launches(void) { return dt_k_last_launch()->launches; }
 
 /* "name (2, 3) f32, (3) f32" into buf. */
 static void describe(const op_rec *r, char *buf, size_t size) {

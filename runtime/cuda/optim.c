@@ -10,39 +10,44 @@ static dt_status check_state(dt_stream *s, const char *op, const dt_tensor *p, c
   return dt_nn_check_same_shape(p, t, op, "param", name);
 }
 
+/* A (param, grad) dtype pair the kernels take: the param's own dtype or f32 grads (f64 params: f64 grads). */
+static dt_status check_pair(const char *op, const dt_tensor *p, const dt_tensor *g) {
+  char b[DT_SHAPE_BUF];
+  DT_CHECK(g->dtype == p->dtype || (g->dtype == DT_DTYPE_F32 && p->dtype != DT_DTYPE_F64), DT_ERR_UNSUPPORTED,
+           "%s: a %s param takes %s or f32 grads on cuda, got grad %s", op, dt_dtype_name(p->dtype),
+           dt_dtype_name(p->dtype), dt_shape_str(g, b, sizeof b));
+  return DT_OK;
+}
+
 /* Contiguous float param and grad of one shape, of a dtype pair the kernels take. */
 static dt_status check_param_grad(dt_stream *s, const char *op, const dt_tensor *p, const dt_tensor *g) {
   DT_TRY(dt_cuda_check_float(s, p, -1, op, "param"));
   DT_TRY(dt_cuda_check_float(s, g, -1, op, "grad"));
   DT_TRY(dt_nn_check_same_shape(p, g, op, "param", "grad"));
-  bool pair_ok = g->dtype == p->dtype || (g->dtype == DT_DTYPE_F32 && p->dtype != DT_DTYPE_F64);
-  char b[DT_SHAPE_BUF];
-  DT_CHECK(pair_ok, DT_ERR_UNSUPPORTED, "%s: a %s param takes %s or f32 grads on cuda, got grad %s", op,
-           dt_dtype_name(p->dtype), dt_dtype_name(p->dtype), dt_shape_str(g, b, sizeof b));
-  return DT_OK;
+  return check_pair(op, p, g);
 }
 
-static dt_status check_adamw(dt_stream *s, int i, const dt_tensor *p, const dt_tensor *g, const dt_tensor *m,
-                             const dt_tensor *v) {
-  char op[64];
+/* What the AdamW kernel needs of entry i beyond dispatch's checks (dt_optim_adamw_check): contiguous tensors and a
+ * dtype pair it takes. */
+static dt_status check_adamw(int i, const dt_tensor *p, const dt_tensor *g, const dt_tensor *m, const dt_tensor *v) {
+  char op[32];
   snprintf(op, sizeof op, "adamw (param %d)", i);
-  DT_TRY(check_param_grad(s, op, p, g));
-  DT_TRY(check_state(s, op, p, m, "m"));
-  return check_state(s, op, p, v, "v");
+  const dt_tensor *ts[4] = {p, g, m, v};
+  static const char *const names[4] = {"param", "grad", "m", "v"};
+  for (int k = 0; k < 4; k++) DT_TRY(dt_nn_check_float(ts[k], op, names[k]));
+  return check_pair(op, p, g);
 }
 
-dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
-                              dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
-                              double eps, double weight_decay, int64_t step) {
+dt_status dt_cuda_optim_adamw_steps(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
+                                    dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
+                                    double eps, double weight_decay, int64_t step) {
   DT_CHECK(s, DT_ERR_ARG, "adamw: NULL stream");
-  DT_CHECK(n >= 0, DT_ERR_ARG, "adamw: %d tensors", n);
-  DT_TRY(dt_optim_adamw_check(lr, beta1, beta2, eps, weight_decay, step));
-  for (int i = 0; i < n; i++) DT_TRY(check_adamw(s, i, params[i], grads[i], m[i], v[i]));
+  for (int i = 0; i < n; i++) DT_TRY(check_adamw(i, params[i], grads[i], m[i], v[i]));
   DT_TRY(dt_cuda_use(s->device));
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
   dt_k_adamw_args a = {.decay = 1.0 - lr * weight_decay, .b1 = beta1, .omb1 = 1.0 - beta1, .b2 = beta2,
                        .omb2 = 1.0 - beta2, .step_size = lr / bc1, .inv_sqrt_bc2 = 1.0 / sqrt(bc2), .eps = eps};
-  /* each pass launches the not-yet-done tensors of the first pending dtype pair, in groups */
+  /* each pass launches the not-yet-done tensors of the first pending dtype pair, DT_K_ADAMW_TENSORS at a time */
   bool *done = calloc((size_t)(n > 0 ? n : 1), sizeof *done);
   DT_CHECK(done, DT_ERR_OOM, "adamw: out of host memory");
   dt_status st = DT_OK;
@@ -70,12 +75,6 @@ dt_status dt_cuda_optim_adamw(dt_stream *s, int n, dt_tensor *const *params, con
   }
   free(done);
   return st;
-}
-
-dt_status dt_cuda_optim_adamw_step(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *m, dt_tensor *v,
-                                   double lr, double beta1, double beta2, double eps, double weight_decay,
-                                   int64_t step) {
-  return dt_cuda_optim_adamw(s, 1, &param, &grad, &m, &v, lr, beta1, beta2, eps, weight_decay, step);
 }
 
 dt_status dt_cuda_optim_sgd_step(dt_stream *s, dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr,

@@ -7,7 +7,7 @@
 static dt_stream *S;
 
 /* Host tensors and their device copies, freed together. */
-static dt_tensor *hmade[64], *dmade[64];
+static dt_tensor *hmade[256], *dmade[256];
 static int nh, nd;
 static dt_tensor *H(dt_tensor *t) { return hmade[nh++] = t; }
 static dt_tensor *D(dt_tensor *t) { return dmade[nd++] = t; }
@@ -181,8 +181,9 @@ static void test_rope(int dtype, int64_t d) {
   release();
 }
 
-/* Four parameters of mixed dtype pairs in one call against per-tensor CPU steps; the last one misaligned (the kernel's
- * element-by-element path; the others take groups of four, with the sizes' tails element by element). */
+/* Four parameters of mixed dtype pairs in one call against the CPU's; the last one misaligned (the kernel's
+ * element-by-element path; the others take groups of four, with the sizes' tails element by element). One launch per
+ * dtype pair. */
 static void test_adamw(void) {
   enum { N = 4 };
   const int pd[N] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_BF16, DT_DTYPE_F32};
@@ -202,10 +203,11 @@ static void test_adamw(void) {
     dv[i] = put(hv[i]);
   }
   for (int step = 1; step <= 2; step++) {
-    for (int i = 0; i < N; i++)
-      die_on(dt_optim_adamw_step(hp[i], hg[i], hm[i], hv[i], 1e-2, 0.9, 0.95, 1e-8, 0.1, step), "cpu adamw");
-    expect_ok(dt_cuda_optim_adamw(S, N, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
+    die_on(dt_optim_adamw_steps(N, hp, (const dt_tensor *const *)hg, hm, hv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
+           "cpu adamw");
+    expect_ok(dt_optim_adamw_steps(N, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, step),
               "multi-tensor adamw runs");
+    expect(dt_cuda_op_launches() == 3, "adamw: one launch per (param, grad) dtype pair");
   }
   for (int i = 0; i < N; i++) {
     expect_close(S, dp[i], hp[i], 1, "adamw params match the CPU steps");
@@ -214,8 +216,33 @@ static void test_adamw(void) {
   }
   dt_tensor *views[] = {dp[N - 1], dgr[N - 1], dm[N - 1], dv[N - 1]}; /* (their storage goes with release()) */
   for (int i = 0; i < 4; i++) dt_tensor_free(views[i]);
-  expect_error(dt_cuda_optim_adamw(S, 1, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 0),
+  expect_error(dt_optim_adamw_steps(1, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 0),
                "adamw: step is 1-based, got 0", "step 0 is refused");
+  const dt_tensor *mixed[2] = {dgr[0], hg[1]};
+  expect_error(dt_optim_adamw_steps(2, dp, mixed, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1),
+               "adamw (param 1): grad is on cpu but param 0 on cuda:0", "a tensor on another device is named");
+  release();
+}
+
+/* n f32 parameters of assorted sizes in one call: the CPU's results, in one launch per DT_K_ADAMW_TENSORS (24). */
+static void test_adamw_launches(int n, int64_t launches) {
+  dt_tensor *hp[32], *hg[32], *hm[32], *hv[32], *dp[32], *dgr[32], *dm[32], *dv[32];
+  for (int i = 0; i < n; i++) {
+    int64_t size = 1 + 97 * i;
+    hp[i] = H(host_sample(1, SHAPE(size), DT_DTYPE_F32, 60 + i, 1));
+    hg[i] = H(host_sample(1, SHAPE(size), DT_DTYPE_F32, 100 + i, 1));
+    hm[i] = H(host_zeros(1, SHAPE(size), DT_DTYPE_F32));
+    hv[i] = H(host_zeros(1, SHAPE(size), DT_DTYPE_F32));
+    dp[i] = up(hp[i]), dgr[i] = up(hg[i]), dm[i] = up(hm[i]), dv[i] = up(hv[i]);
+  }
+  die_on(dt_optim_adamw_steps(n, hp, (const dt_tensor *const *)hg, hm, hv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1), "cpu adamw");
+  expect_ok(dt_optim_adamw_steps(n, dp, (const dt_tensor *const *)dgr, dm, dv, 1e-2, 0.9, 0.95, 1e-8, 0.1, 1),
+            "adamw over many parameters runs");
+  char msg[128];
+  snprintf(msg, sizeof msg, "adamw over %d parameters: %lld launch%s (got %lld)", n, (long long)launches,
+           launches > 1 ? "es" : "", (long long)dt_cuda_op_launches());
+  expect(dt_cuda_op_launches() == launches, msg);
+  for (int i = 0; i < n; i++) expect_close(S, dp[i], hp[i], 1, "adamw params match the CPU steps");
   release();
 }
 
@@ -300,6 +327,8 @@ int main(void) {
     test_rope(DT_DTYPE_BF16, d);
   }
   test_adamw();
+  test_adamw_launches(12, 1);
+  test_adamw_launches(30, 2);
   test_sgd();
   test_determinism();
   die_on(dt_cuda_device_synchronize(0), "final synchronize");

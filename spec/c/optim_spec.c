@@ -15,6 +15,12 @@ static dt_tensor *make(int ndim, const int64_t *shape, int dtype) {
   return t;
 }
 
+/* One parameter's AdamW step: the list op with n = 1. */
+static dt_status adamw1(dt_tensor *p, const dt_tensor *g, dt_tensor *m, dt_tensor *v, double lr, double b1, double b2,
+                        double eps, double wd, int64_t step) {
+  return dt_optim_adamw_steps(1, &p, &g, &m, &v, lr, b1, b2, eps, wd, step);
+}
+
 /* Deterministic values in [-1, 1). */
 static double sample(int64_t i, int salt) { return sin(0.7 * (double)i + 1.3 * salt) * 0.999; }
 
@@ -76,7 +82,7 @@ static void adamw_case(int pdtype, int gdtype, bool strided, double lr, double t
   dt_status s = DT_OK;
   for (int step = 1; step <= 3; step++) {
     fill(g, 10 + step, 0.5);
-    s |= dt_optim_adamw_step(pv, gv, mv, vv, lr, 0.9, 0.99, 1e-8, 0.1, step);
+    s |= adamw1(pv, gv, mv, vv, lr, 0.9, 0.99, 1e-8, 0.1, step);
     ref_adamw(g, pdtype, n, lr, 0.9, 0.99, 1e-8, 0.1, step);
   }
   char msg[160];
@@ -138,26 +144,45 @@ static void errors(void) {
   int64_t s23[2] = {2, 3}, s32[2] = {3, 2};
   dt_tensor *p = make(2, s23, DT_DTYPE_F32), *g = make(2, s23, DT_DTYPE_F32), *m = make(2, s23, DT_DTYPE_F32),
             *v = make(2, s23, DT_DTYPE_F32), *g32 = make(2, s32, DT_DTYPE_F32), *mb = make(2, s23, DT_DTYPE_BF16),
-            *pi = make(2, s23, DT_DTYPE_I32);
-  expect_error(dt_optim_adamw_step(p, g32, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
-               "adamw: grad (3, 2) f32 does not match param (2, 3) f32", "adamw rejects a grad of another shape");
-  expect_error(dt_optim_adamw_step(p, g, mb, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
-               "adamw: m must be f32 for a f32 param, got (2, 3) bf16", "adamw rejects bf16 state");
-  expect_error(dt_optim_adamw_step(p, g, m, g32, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
-               "adamw: v (3, 2) f32 does not match param (2, 3) f32", "adamw rejects a v of another shape");
-  expect_error(dt_optim_adamw_step(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 0), "adamw: step is 1-based, got 0",
+            *pi = make(2, s23, DT_DTYPE_I32), *p2 = make(2, s23, DT_DTYPE_F32), *p3 = make(2, s23, DT_DTYPE_F32),
+            *m2 = make(2, s23, DT_DTYPE_F32), *v2 = make(2, s23, DT_DTYPE_F32), *v3 = make(2, s23, DT_DTYPE_F32);
+  dt_tensor_fill(p, 0.25);
+  dt_tensor_fill(g, 1);
+  expect_error(adamw1(p, g32, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 0): grad (3, 2) f32 does not match param (2, 3) f32",
+               "adamw rejects a grad of another shape");
+  expect_error(adamw1(p, g, mb, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 0): m must be f32 for a f32 param, got (2, 3) bf16", "adamw rejects bf16 state");
+  expect_error(adamw1(p, g, m, g32, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 0): v (3, 2) f32 does not match param (2, 3) f32", "adamw rejects a v of another shape");
+  expect_error(adamw1(p, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 0), "adamw: step is 1-based, got 0",
                "adamw rejects step 0");
-  expect_error(dt_optim_adamw_step(p, g, m, v, 1e-3, 1.0, 0.999, 1e-8, 0, 1),
-               "adamw: betas must be in [0, 1), got (1, 0.999)", "adamw rejects beta1 = 1");
-  expect_error(dt_optim_adamw_step(pi, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
-               "adamw: param must be a float tensor, got (2, 3) i32", "adamw rejects an integer param");
+  expect_error(adamw1(p, g, m, v, 1e-3, 1.0, 0.999, 1e-8, 0, 1), "adamw: betas must be in [0, 1), got (1, 0.999)",
+               "adamw rejects beta1 = 1");
+  expect_error(adamw1(pi, g, m, v, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 0): param must be a float tensor, got (2, 3) i32", "adamw rejects an integer param");
+  /* lists: the bad entry is named, and nothing is stepped before the error */
+  dt_tensor *ps[3] = {p, p2, p3}, *ms[3] = {m, m2, g32}, *vs[3] = {v, v2, v3};
+  const dt_tensor *gs[3] = {g, g, g}, *gnull[3] = {g, NULL, g};
+  expect_error(dt_optim_adamw_steps(3, ps, gs, ms, vs, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 2): m (3, 2) f32 does not match param (2, 3) f32", "adamw names the entry with a bad m");
+  expect(at(p, 0) == 0.25 && at(m, 0) == 0, "adamw steps no entry of a list it rejects");
+  expect_error(dt_optim_adamw_steps(3, ps, gnull, ms, vs, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw (param 1): grad is NULL", "adamw names a NULL entry");
+  expect_error(dt_optim_adamw_steps(-1, ps, gs, ms, vs, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw: n is the number of parameters to step (0 or more), got -1", "adamw rejects n < 0");
+  expect_error(dt_optim_adamw_steps(2, ps, gs, NULL, vs, 1e-3, 0.9, 0.999, 1e-8, 0, 1),
+               "adamw: 2 parameters need their params, grads, m and v lists, got a NULL list",
+               "adamw rejects a NULL list");
+  expect(dt_optim_adamw_steps(0, NULL, NULL, NULL, NULL, 1e-3, 0.9, 0.999, 1e-8, 0, 1) == DT_OK,
+         "adamw steps an empty list");
   expect_error(dt_optim_sgd_step(p, g, NULL, 0.1, 0.9, 0, 0, false, true), "sgd: momentum 0.9 needs a momentum buffer",
                "sgd needs a buffer with momentum");
   expect_error(dt_optim_sgd_step(p, g, m, 0.1, 0.9, 0.5, 0, true, true),
                "sgd: nesterov needs momentum > 0 and dampening 0", "sgd rejects nesterov with dampening");
   expect_error(dt_optim_sgd_step(p, g, NULL, -0.1, 0, 0, 0, false, true),
                "sgd: lr, momentum and weight_decay must be >= 0", "sgd rejects a negative lr");
-  dt_tensor *tensors[] = {p, g, m, v, g32, mb, pi};
+  dt_tensor *tensors[] = {p, g, m, v, g32, mb, pi, p2, p3, m2, v2, v3};
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
 }
 
@@ -170,7 +195,7 @@ static void thread_independence(void) {
     p[k] = make(1, shape, DT_DTYPE_F32), m[k] = make(1, shape, DT_DTYPE_F32), v[k] = make(1, shape, DT_DTYPE_F32);
     fill(p[k], 6, 1.0);
     dt_threads_set(k + 1);
-    for (int step = 1; step <= 2; step++) dt_optim_adamw_step(p[k], g, m[k], v[k], 1e-3, 0.9, 0.999, 1e-8, 0.1, step);
+    for (int step = 1; step <= 2; step++) adamw1(p[k], g, m[k], v[k], 1e-3, 0.9, 0.999, 1e-8, 0.1, step);
   }
   expect(memcmp(dt_tensor_ptr(p[0]), dt_tensor_ptr(p[1]), N * sizeof(float)) == 0,
          "adamw: 1 and 2 threads give identical bits");
@@ -180,6 +205,64 @@ static void thread_independence(void) {
     dt_tensor_free(v[k]);
   }
   dt_tensor_free(g);
+}
+
+/* A group: parameters of different sizes (1 element to above the threading threshold; the last one a transposed view,
+ * the generic path) and the given dtypes (grads alike, state f32 or f64). */
+enum { G = 6 };
+static const int64_t grows[G] = {350, 1, 3, 1, 129, 350}, gcols[G] = {200, 1, 1, 33001, 257, 200};
+
+/* Three AdamW steps of a fresh group, as one call per step (or one per parameter) on `threads` threads; base gets the
+ * storages of each entry's p, g, m, v. */
+static dt_status group_steps(const int *dtypes, bool one_call, int threads, dt_tensor *base[G][4]) {
+  dt_tensor *use[G][4];
+  for (int i = 0; i < G; i++) {
+    int64_t shape[2] = {grows[i], gcols[i]}, ts[2] = {gcols[i], grows[i]}, st[2] = {1, gcols[i]};
+    int sd = dtypes[i] == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
+    for (int k = 0; k < 4; k++) {
+      base[i][k] = use[i][k] = make(2, shape, k < 2 ? dtypes[i] : sd);
+      if (i == G - 1) dt_tensor_view(base[i][k], 2, ts, st, 0, &use[i][k]);
+    }
+    fill(base[i][0], 60 + i, 1.0);
+  }
+  dt_threads_set(threads);
+  dt_status s = DT_OK;
+  for (int step = 1; step <= 3; step++) {
+    dt_tensor *p[G], *m[G], *v[G];
+    const dt_tensor *g[G];
+    for (int i = 0; i < G; i++) {
+      fill(base[i][1], 10 * step + i, 0.5);
+      p[i] = use[i][0], g[i] = use[i][1], m[i] = use[i][2], v[i] = use[i][3];
+    }
+    if (one_call) s |= dt_optim_adamw_steps(G, p, g, m, v, 1e-2, 0.9, 0.99, 1e-8, 0.1, step);
+    for (int i = 0; i < G && !one_call; i++) s |= adamw1(p[i], g[i], m[i], v[i], 1e-2, 0.9, 0.99, 1e-8, 0.1, step);
+  }
+  for (int k = 0; k < 4; k++) dt_tensor_free(use[G - 1][k]);
+  return s;
+}
+
+/* One call over the group gives the bits of one call per parameter on one thread, on 1, 2 and 3 threads (cuts inside
+ * parameters and between them). */
+static void group_case(const int *dtypes, const char *what) {
+  dt_tensor *ref[G][4], *got[G][4];
+  dt_status s = group_steps(dtypes, false, 1, ref);
+  for (int threads = 1; threads <= 3; threads++) {
+    s |= group_steps(dtypes, true, threads, got);
+    bool same = true;
+    for (int i = 0; i < G; i++) {
+      for (int k = 0; k < 4; k++) {
+        if (k != 1) same = same && memcmp(dt_tensor_ptr(ref[i][k]), dt_tensor_ptr(got[i][k]),
+                                          (size_t)dt_tensor_numel(ref[i][k]) * dt_dtype_size(ref[i][k]->dtype)) == 0;
+        dt_tensor_free(got[i][k]);
+      }
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "adamw %s: one call over %d parameters on %d thread%s = one call each, bitwise (p, m, v)",
+             what, G, threads, threads > 1 ? "s" : "");
+    expect(s == DT_OK && same, msg);
+  }
+  for (int i = 0; i < G; i++)
+    for (int k = 0; k < 4; k++) dt_tensor_free(ref[i][k]);
 }
 
 /* The vectorised bf16-param path (contiguous) and the generic one (the same storages through transposed views) give
@@ -197,8 +280,8 @@ static void bf16_paths_agree(int gdtype) {
   for (int j = 0; j < 4; j++) dt_tensor_view(t[1][j], 2, ts, st, 0, &view[j]);
   dt_status s = DT_OK;
   for (int step = 1; step <= 3; step++) {
-    s |= dt_optim_adamw_step(t[0][0], t[0][1], t[0][2], t[0][3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
-    s |= dt_optim_adamw_step(view[0], view[1], view[2], view[3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
+    s |= adamw1(t[0][0], t[0][1], t[0][2], t[0][3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
+    s |= adamw1(view[0], view[1], view[2], view[3], 0.1, 0.9, 0.99, 1e-8, 0.1, step);
   }
   bool same = s == DT_OK;
   for (int j = 0; j < 4 && same; j += 2) same = memcmp(dt_tensor_ptr(t[0][j]), dt_tensor_ptr(t[1][j]),
@@ -224,6 +307,12 @@ int main(void) {
   sgd_case(DT_DTYPE_F32, 0.9, 0.1, false, 2e-6, "momentum + dampening f32");
   sgd_case(DT_DTYPE_F64, 0.9, 0, true, 1e-13, "nesterov f64");
   sgd_case(DT_DTYPE_BF16, 0.9, 0, false, 8e-3, "momentum bf16 param");
+  static const int f32s[G] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_F32};
+  static const int f64s[G] = {DT_DTYPE_F64, DT_DTYPE_F64, DT_DTYPE_F64, DT_DTYPE_F64, DT_DTYPE_F64, DT_DTYPE_F64};
+  static const int mixed[G] = {DT_DTYPE_BF16, DT_DTYPE_F32, DT_DTYPE_F64, DT_DTYPE_BF16, DT_DTYPE_F32, DT_DTYPE_BF16};
+  group_case(f32s, "f32 group");
+  group_case(f64s, "f64 group");
+  group_case(mixed, "bf16/f32/f64 group");
   errors();
   thread_independence();
   return spec_finish();

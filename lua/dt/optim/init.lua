@@ -6,6 +6,7 @@
 --
 -- Params are a list of tensors (or a module) or a list of groups { params = {...}, weight_decay = 0,
 -- lr_scale = 0.1 } whose keys override the optimizer's options; a group's learning rate is opt.lr * lr_scale.
+local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
 local autograd = require "dt.autograd"
@@ -104,11 +105,13 @@ end
 -- One update of every parameter that has a gradient. Parameters without one are skipped.
 function Optimizer:step()
    self.step_count = self.step_count + 1
-   for _, g in ipairs(self.param_groups) do
-      local lr = self.lr * g.lr_scale
-      for _, p in ipairs(g.params) do
-         if p.grad ~= nil then self:update(p, p.grad, g, lr) end
-      end
+   for gi, g in ipairs(self.param_groups) do self:step_group(g, self.lr * g.lr_scale, gi) end
+end
+
+-- Group g's update at learning rate lr (gi: its index), by default one update(p, grad, g, lr) per parameter.
+function Optimizer:step_group(g, lr)
+   for _, p in ipairs(g.params) do
+      if p.grad ~= nil then self:update(p, p.grad, g, lr) end
    end
 end
 
@@ -182,21 +185,74 @@ function Optimizer:load_state_dict(sd)
    self.lr, self.step_count = sd.lr, sd.step_count
 end
 
--- AdamW with decoupled weight decay (torch.optim.AdamW semantics), one fused C call per tensor.
+-- AdamW with decoupled weight decay (torch.optim.AdamW semantics), one fused C call per param group.
 local Adam = setmetatable({}, { __index = Optimizer })
 Adam.__index = Adam
 local adamw_defaults = { betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 0.01 }
 
 function optim.AdamW(params, opts)
-   return setmetatable(new_optimizer("AdamW", params, opts, adamw_defaults, 1e-3), Adam)
+   local opt = new_optimizer("AdamW", params, opts, adamw_defaults, 1e-3)
+   opt.batches = setmetatable({}, { __mode = "k" }) -- per group: the handle lists of its calls, reused every step
+   return setmetatable(opt, Adam)
 end
 
 local adam_names = { "m", "v" }
-function Adam:update(p, grad, g, lr)
-   local st = self:param_state(p, adam_names)
-   st.step = st.step + 1
-   check(C.dt_optim_adamw_step(p.h, grad.h, st.m.h, st.v.h, lr, g.betas[1], g.betas[2], g.eps, g.weight_decay,
-      st.step), 4)
+local handles, const_handles = ffi.typeof("dt_tensor *[?]"), ffi.typeof("const dt_tensor *[?]")
+
+-- The handle lists of one dt_optim_adamw_steps call, room for `cap` parameters.
+local function new_batch(cap)
+   return { params = {}, p = handles(cap), g = const_handles(cap), m = handles(cap), v = handles(cap) }
+end
+
+-- One call per batch of g's parameters that have gradients and share a device and a step count: one batch for the
+-- whole group unless parameters joined it later or it spans devices. The lists are kept per group (sized for all its
+-- parameters) and refilled each step, so a step allocates nothing per parameter; self.batches[g].n is the number of
+-- calls its latest step made.
+function Adam:step_group(g, lr, gi)
+   local pool = self.batches[g]
+   if pool == nil or pool.cap < #g.params then
+      pool = { cap = #g.params }
+      self.batches[g] = pool
+   end
+   local nb = 0
+   for _, p in ipairs(g.params) do
+      local grad = p.grad
+      if grad ~= nil then
+         local st = self:param_state(p, adam_names)
+         local step, dev = st.step + 1, p.h.device
+         local b
+         for k = 1, nb do
+            local c = pool[k]
+            if c.step == step and c.dev_type == dev.type and c.dev_index == dev.index then
+               b = c
+               break
+            end
+         end
+         if b == nil then
+            nb = nb + 1
+            b = pool[nb] or new_batch(pool.cap)
+            pool[nb], b.n, b.step, b.dev_type, b.dev_index = b, 0, step, dev.type, dev.index
+         end
+         local i = b.n
+         b.p[i], b.g[i], b.m[i], b.v[i], b.params[i + 1] = p.h, grad.h, st.m.h, st.v.h, p
+         b.n = i + 1
+      end
+   end
+   pool.n = nb
+   for k = 1, nb do
+      local b = pool[k]
+      if C.dt_optim_adamw_steps(b.n, b.p, b.g, b.m, b.v, lr, g.betas[1], g.betas[2], g.eps, g.weight_decay,
+         b.step) ~= 0 then
+         local msg = ffi.string(C.dt_last_error())
+         local i = tonumber(msg:match("^adamw %(param (%d+)%)")) -- the entry of this call: name it in the group
+         local bad = i and b.params[i + 1]
+         for j, p in ipairs(g.params) do
+            if rawequal(p, bad) then msg = msg .. (" (param group %d, parameter %d)"):format(gi, j) end
+         end
+         error(msg, 3)
+      end
+      for i = 1, b.n do self.state[b.params[i]].step = b.step end
+   end
 end
 
 -- SGD with momentum, dampening, nesterov and (coupled, L2) weight decay: torch.optim.SGD semantics.
@@ -218,7 +274,7 @@ function SGD:update(p, grad, g, lr)
    end
    st.step = st.step + 1
    check(C.dt_optim_sgd_step(p.h, grad.h, g.momentum ~= 0 and buf.h or nil, lr, g.momentum, g.dampening,
-      g.weight_decay, g.nesterov, first), 4)
+      g.weight_decay, g.nesterov, first), 5)
 end
 
 -- Two groups from named parameters ({ {name, tensor}, ... }, as Module:named_parameters() returns):

@@ -5,6 +5,7 @@
 -- bandwidth is measured here with dt_optim_stream over buffers as large as the optimizer's: a, b, c += x, all
 -- cores, exactly AdamW's 28 bytes per element and no arithmetic. Rounds interleave the optimizer and the
 -- probe so that both see the same load on a shared machine; each rate is the best over the rounds.
+local ffi = require "ffi"
 local dt = require "dt"
 local common = require "dtrun.bench.common"
 
@@ -36,10 +37,12 @@ function M.main(args)
    local p, g = dt.randn({ n }, { generator = gen }):to(o.dtype), dt.randn({ n }, { generator = gen }):to(o.dtype)
    local m, v = dt.zeros({ n }), dt.zeros({ n })
    local x, a, b, c = dt.randn({ n }, { generator = gen }), dt.zeros({ n }), dt.zeros({ n }), dt.zeros({ n })
+   local ps, gs, ms, vs = ffi.new("dt_tensor *[1]", p.h), ffi.new("const dt_tensor *[1]", g.h),
+      ffi.new("dt_tensor *[1]", m.h), ffi.new("dt_tensor *[1]", v.h)
    local step = 0
-   local function adamw()
+   local function adamw() -- one parameter of n elements, one call
       step = step + 1
-      check(C.dt_optim_adamw_step(p.h, g.h, m.h, v.h, 1e-3, 0.9, 0.999, 1e-8, 0.1, step))
+      check(C.dt_optim_adamw_steps(1, ps, gs, ms, vs, 1e-3, 0.9, 0.999, 1e-8, 0.1, step))
    end
    local function stream() check(C.dt_optim_stream(a.h, b.h, c.h, x.h)) end
    adamw(); stream() -- first touch and thread start-up

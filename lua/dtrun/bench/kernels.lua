@@ -10,6 +10,7 @@
 -- foreach AdamW) with $DT_BENCH_PYTHON (default: python3 on the PATH) when that torch sees a GPU; ratio = its time /
 -- ours per kernel, the headline their geometric mean.
 -- On the emulation (kernels on CPU fibers) the figures mean nothing: sizes shrink and it only checks that it runs.
+local ffi = require "ffi"
 local dt = require "dt"
 local common = require "dtrun.bench.common"
 local peaks = require "dt.obs.peaks"
@@ -92,10 +93,13 @@ local function cases(dev, small)
       { "adamw_f32", "bytes", 28 * n, function()
          local p, g = randn({ n }, "f32"), randn({ n }, "f32")
          local m, v = dt.zeros({ n }, { device = dev }), dt.zeros({ n }, { device = dev })
+         local ps, gs, ms, vs = ffi.new("dt_tensor *[1]", p.h), ffi.new("const dt_tensor *[1]", g.h),
+            ffi.new("dt_tensor *[1]", m.h), ffi.new("dt_tensor *[1]", v.h)
          local step = 0
          return function()
             step = step + 1
-            check(C.dt_optim_adamw_step(p.h, g.h, m.h, v.h, 1e-4, 0.9, 0.999, 1e-8, 0.1, step))
+            check(C.dt_optim_adamw_steps(1, ps, gs, ms, vs, 1e-4, 0.9, 0.999, 1e-8, 0.1, step))
+            return p, g, m, v -- (so the closure keeps the tensors behind the handle lists alive)
          end
       end },
       { "matmul_bf16", "bf16", 2 * mm ^ 3, function()
