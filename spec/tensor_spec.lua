@@ -2,6 +2,8 @@
 -- Runs on the default device (DT_DEVICE, e.g. cuda in the cuda_lua/emu_lua entries).
 local dt = require "dt"
 local testing = require "dt.testing"
+local ffi = require "ffi"
+local dtffi = require "dt.ffi"
 
 local dev = dt.default_device()
 local pool = dev == "cpu" and "host" or "device"
@@ -97,6 +99,27 @@ describe("tensor", function()
       t:free()
       assert.equal(before, dt.memory_stats()[pool].live)
       collectgarbage("restart")
+   end)
+
+   it("advises transparent huge pages for a large host tensor's whole 2 MiB pages", function()
+      local f = io.open("/sys/kernel/mm/transparent_hugepage/enabled")
+      if dev ~= "cpu" or not f then return pending("host tensors on a kernel with transparent huge pages") end
+      f:close()
+      local t = dt.empty({ 3, 1024, 1024 }) -- 12 MiB: holds at least five whole 2 MiB pages wherever it lies
+      local addr = tonumber(ffi.cast("uintptr_t", dtffi.C.dt_tensor_ptr(t.h)))
+      local page = math.ceil(addr / 2 ^ 21) * 2 ^ 21 -- the first whole 2 MiB page inside it
+      local inside, flags = false, nil
+      for line in io.lines("/proc/self/smaps") do
+         local lo, hi = line:match("^(%x+)-(%x+) ")
+         if lo then
+            inside = tonumber(lo, 16) <= page and page < tonumber(hi, 16)
+         elseif inside and line:match("^VmFlags:") then
+            flags = line
+         end
+      end
+      t:free()
+      assert.is_not_nil(flags, "the tensor's mapping is in /proc/self/smaps")
+      assert.matches(" hg", flags, 1, true)
    end)
 
    it("prints small tensors in full and summarises large ones", function()
