@@ -101,20 +101,33 @@ describe("matmul", function()
       testing.assert_close(vv, ref_matmul(v:view(1, 5), v:view(5, 1)), 1e-12)
    end)
 
+   -- products() with 1 thread and with each of `counts` threads give the same bits; returns the 1-thread results.
+   local function same_bits_any_threads(products, counts)
+      local function run(n)
+         local threads = dt.threads()
+         dt.threads(n)
+         local r = products()
+         dt.threads(threads)
+         return r
+      end
+      local one = run(1)
+      for _, n in ipairs(counts) do
+         local r = run(n)
+         for i = 1, #one do
+            testing.assert_close(one[i], testing.flat(r[i]), 0, 0, ("product %d, %d threads"):format(i, n))
+         end
+      end
+      return one
+   end
+
    it("gives identical results for any thread count, batched or tiled", function()
       local a = testing.sample({ 64, 8, 16 }, 12, "f32")
       local b = testing.sample({ 64, 16, 8 }, 13, "f32")
       local x = testing.sample({ 300, 200 }, 14, "f32")
       local w = testing.sample({ 290, 200 }, 15, "f32")
-      local function run(n)
-         local threads = dt.threads()
-         dt.threads(n)
-         local r = { dt.matmul(a, b), dt.linear(x, w), dt.matmul(x:transpose(1, 2), x) }
-         dt.threads(threads)
-         return r
-      end
-      local one, two = run(1), run(2)
-      for i = 1, #one do testing.assert_close(one[i], testing.flat(two[i]), 0, 0, "product " .. i) end
+      local one = same_bits_any_threads(function()
+         return { dt.matmul(a, b), dt.linear(x, w), dt.matmul(x:transpose(1, 2), x) }
+      end, { 2 })
       testing.assert_close(one[1], ref_matmul(a, b), 1e-5, 1e-5)
    end)
 
@@ -129,21 +142,10 @@ describe("matmul", function()
       local b = testing.sample({ 2, 170, 1003 }, 20, "f32")
       local c = testing.sample({ 366, 608 }, 21, "f32")
       local d = testing.sample({ 608, 33 }, 22, "f32")
-      local function run(n)
-         local threads = dt.threads()
-         dt.threads(n)
-         local r = { dt.linear(x, w), dt.matmul(g, w), dt.matmul(g:transpose(1, 2), x), dt.matmul(a, b),
+      local one = same_bits_any_threads(function()
+         return { dt.linear(x, w), dt.matmul(g, w), dt.matmul(g:transpose(1, 2), x), dt.matmul(a, b),
             dt.matmul(w, x:transpose(1, 2)), dt.matmul(c, d) }
-         dt.threads(threads)
-         return r
-      end
-      local one = run(1)
-      for _, n in ipairs { 2, 3, 8 } do
-         local r = run(n)
-         for i = 1, #one do
-            testing.assert_close(one[i], testing.flat(r[i]), 0, 0, ("product %d, %d threads"):format(i, n))
-         end
-      end
+      end, { 2, 3, 8 })
       testing.assert_close(one[2], ref_matmul(g, w), 1e-4, 1e-4)
    end)
 
