@@ -1,6 +1,8 @@
 /* matmul.c: batched, broadcasting matmul through OpenBLAS sgemm/dgemm (bf16/f16 via f32 copies) and linear + GELU. */
 #include <cblas.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dt_ops.h"
@@ -52,15 +54,48 @@ void dt_cpu_blas_on_calling_thread(void) {
 
 static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* The probe of sgemm_tiles_exact: a PM x PN x PK product, whole and in halves along M and along N (each half past
+ * OpenBLAS's small-matrix kernels), with a as stored and transposed, on values with full mantissas (products that
+ * round). Sized so that it tells: dgemm, whose edge kernels round by position, fails it at these sizes (not at 100 x
+ * 90 x 600). About 3 ms, once per process. */
+enum { PM = 201, PN = 301, PK = 403 };
+static bool sgemm_tiles_exact;
+
+static bool probe_halves(bool trans_a, const float *a, const float *b, float *whole, float *part) {
+  CBLAS_TRANSPOSE t = trans_a ? CblasTrans : CblasNoTrans;
+  int lda = trans_a ? PM : PK, m0 = PM / 2, n0 = PN / 2;
+  cblas_sgemm(CblasRowMajor, t, CblasNoTrans, PM, PN, PK, 1, a, lda, b, PN, 0, whole, PN);
+  cblas_sgemm(CblasRowMajor, t, CblasNoTrans, m0, PN, PK, 1, a, lda, b, PN, 0, part, PN);
+  cblas_sgemm(CblasRowMajor, t, CblasNoTrans, PM - m0, PN, PK, 1, a + (trans_a ? m0 : m0 * PK), lda, b, PN, 0,
+              part + m0 * PN, PN);
+  if (memcmp(whole, part, sizeof(float) * PM * PN)) return false;
+  cblas_sgemm(CblasRowMajor, t, CblasNoTrans, PM, n0, PK, 1, a, lda, b, PN, 0, part, PN);
+  cblas_sgemm(CblasRowMajor, t, CblasNoTrans, PM, PN - n0, PK, 1, a, lda, b + n0, PN, 0, part + n0, PN);
+  return memcmp(whole, part, sizeof(float) * PM * PN) == 0;
+}
+
+static void probe_sgemm_tiles(void) {
+  float *a = malloc(sizeof(float) * (PM * PK + PK * PN + 2 * PM * PN));
+  if (!a) return; /* then the tiles follow the shapes alone */
+  float *b = a + PM * PK, *whole = b + PK * PN, *part = whole + PM * PN;
+  for (uint32_t i = 0; i < PM * PK + PK * PN; i++) a[i] = (float)(i * 2654435761u % 2003u) / 1001.0f - 1.0f;
+  sgemm_tiles_exact = probe_halves(false, a, b, whole, part) && probe_halves(true, a, b, whole, part);
+  free(a);
+}
+
 /* The output tiles (tm x tn per batch) our threads share. sgemm's bits do not depend on the tiling as long as every
  * tile takes OpenBLAS's blocked path, past its small-matrix kernels (M N K <= 1e6 on SkylakeX; 2^21 keeps a margin):
  * checked on 2,796 random shapes, none differed, while tiles under the threshold did. So sgemm's tiles follow the
  * thread count: as few as keep every thread busy, shaped to pack the fewest operand elements (OpenBLAS packs b once
  * per row of tiles, a once per column). ref-gpt's step: 8 shape-only tiles packed b 8 times, 3% of the step. dgemm's
- * edge kernels round differently by position, so its tiles depend on the shapes alone, splitting M first. */
+ * edge kernels round differently by position, so its tiles depend on the shapes alone, splitting M first; so do
+ * sgemm's where a probe at first use finds an OpenBLAS whose kernels do too. The caller has made OpenBLAS
+ * single-threaded (dt_cpu_blas_on_calling_thread). */
 static void mm_tiles(int cdt, int64_t nbatch, int64_t M, int64_t N, int64_t K, int64_t *tm, int64_t *tn) {
+  static pthread_once_t probed = PTHREAD_ONCE_INIT;
   *tm = *tn = 1;
-  if (cdt != DT_DTYPE_F32) {
+  if (cdt == DT_DTYPE_F32) pthread_once(&probed, probe_sgemm_tiles);
+  if (cdt != DT_DTYPE_F32 || !sgemm_tiles_exact) {
     *tm = clamp64(M / MM_TILE_MIN, 1, MM_TILES);
     *tn = clamp64(N / MM_TILE_MIN, 1, MM_TILES / *tm);
     return;
@@ -70,7 +105,8 @@ static void mm_tiles(int cdt, int64_t nbatch, int64_t M, int64_t N, int64_t K, i
     double best = 0;
     for (int64_t r = 1; r <= p; r++) {
       if (p % r || M / r == 0 || N / (p / r) == 0) continue;
-      double smallest = (double)(M / r) * (double)(N / (p / r)) * (double)K, packed = (double)(p / r) * M + (double)r * N;
+      double smallest = (double)(M / r) * (double)(N / (p / r)) * (double)K;
+      double packed = (double)(p / r) * M + (double)r * N;
       if (smallest >= MM_SGEMM_TILE_MIN_MNK && (best == 0 || packed < best)) {
         best = packed;
         *tm = r;
