@@ -19,9 +19,8 @@ __device__ __forceinline__ void adamw_update(P &p, G g, S &m, S &v, const dt_k_a
 template <typename P, typename G>
 __global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(dt_k_adamw_args a) {
   typedef typename num<P>::acc S;
-  int t = 0;
-  while (t + 1 < a.count && (int64_t)blockIdx.x >= a.first_block[t + 1]) t++;
-  int64_t start = ((int64_t)blockIdx.x - a.first_block[t]) * ADAMW_CHUNK;
+  int64_t start;
+  int t = block_tensor(a.count, a.first_block, ADAMW_CHUNK, &start);
   int64_t end = start + ADAMW_CHUNK < a.numel[t] ? start + ADAMW_CHUNK : a.numel[t];
   P *p = static_cast<P *>(a.param[t]);
   const G *g = static_cast<const G *>(a.grad[t]);

@@ -2,10 +2,7 @@
 
 cudaError_t dt_k_adamw(cudaStream_t s, dt_k_adamw_args *a /* param[t], grad[t], m[t], v[t]: (numel[t]) each */) {
   if (a->count < 1 || a->count > DT_K_ADAMW_TENSORS) return cudaErrorInvalidValue;
-  a->first_block[0] = 0;
-  for (int t = 0; t < a->count; t++)
-    a->first_block[t + 1] = a->first_block[t] + (a->numel[t] + dtk::ADAMW_CHUNK - 1) / dtk::ADAMW_CHUNK;
-  int64_t blocks = a->first_block[a->count];
+  int64_t blocks = dtk::list_blocks(a->count, a->numel, dtk::ADAMW_CHUNK, a->first_block);
   if (blocks == 0) return cudaSuccess;
   return dtk::with_param_grad_types(a->pdtype, a->gdtype, [&](auto p, auto g) {
     DT_LAUNCH_NAMED((dtk::adamw_kernel<decltype(p), decltype(g)>), "adamw_kernel", (unsigned)blocks,

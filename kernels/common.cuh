@@ -169,6 +169,21 @@ static inline cudaError_t for_grid_y_slices(int64_t n, F launch) {
   return cudaSuccess;
 }
 
+/* Multi-tensor launches: tensor t of a launch takes blocks [first_block[t], first_block[t + 1]), `chunk` of its
+ * elements each. list_blocks fills first_block from the count tensors' sizes and gives the launch's blocks;
+ * block_tensor gives the calling block's tensor and sets *start to the first of its elements. */
+static inline int64_t list_blocks(int count, const int64_t *numel, int64_t chunk, int64_t *first_block) {
+  first_block[0] = 0;
+  for (int t = 0; t < count; t++) first_block[t + 1] = first_block[t] + (numel[t] + chunk - 1) / chunk;
+  return first_block[count];
+}
+__device__ __forceinline__ int block_tensor(int count, const int64_t *first_block, int64_t chunk, int64_t *start) {
+  int t = 0;
+  while (t + 1 < count && (int64_t)blockIdx.x >= first_block[t + 1]) t++;
+  *start = ((int64_t)blockIdx.x - first_block[t]) * chunk;
+  return t;
+}
+
 /* Four consecutive elements of T moved as one access (16 bytes for f32: vectorised loads and stores). */
 template <typename T>
 struct alignas(4 * sizeof(T)) vec4 {

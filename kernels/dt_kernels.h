@@ -52,6 +52,19 @@ typedef struct dt_k_ew_plan {
   const void *ptr[DT_K_EW_MAX_ARGS]; /* ptr[nin] is the output */
 } dt_k_ew_plan;
 cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p);
+/* axpby over a list of contiguous pairs in one launch: y[t] = alpha x[t] + beta y[t] (y unread when beta == 0) for up
+ * to DT_K_AXPBY_TENSORS pairs of one float (x, y) dtype pair, element for element as dt_k_elementwise's axpby (compute
+ * type f64 when either is f64, else f32). */
+enum { DT_K_AXPBY_TENSORS = 32 };
+typedef struct dt_k_axpby_list_args {
+  int32_t count, xdtype, ydtype;
+  double alpha, beta;
+  const void *x[DT_K_AXPBY_TENSORS];
+  void *y[DT_K_AXPBY_TENSORS];
+  int64_t numel[DT_K_AXPBY_TENSORS];
+  int64_t first_block[DT_K_AXPBY_TENSORS + 1]; /* filled by the launcher */
+} dt_k_axpby_list_args;
+cudaError_t dt_k_axpby_list(cudaStream_t s, dt_k_axpby_list_args *a);
 
 /* x contiguous, seen as (outer, len, inner); reduces len (dt_reduce_op) into out (outer, inner) of out_dtype.
  * Long rows and columns are split into fixed chunks whose partial results (scratch of dt_k_reduce_scratch bytes) are

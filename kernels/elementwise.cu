@@ -1,5 +1,6 @@
 /* elementwise.cu: unary/binary/ternary/axpby/fill (dt_ops.h ops): one generic strided kernel per compute type, and
- * 16-byte chunks when the inputs share a float type and every operand is contiguous or has contiguous rows. */
+ * 16-byte chunks when the inputs share a float type and every operand is contiguous or has contiguous rows; axpby over
+ * a list of contiguous pairs in one launch. */
 #include "vec.cuh"
 
 namespace dtk {
@@ -200,6 +201,51 @@ __global__ void ew_rows_kernel(dt_k_ew_plan p) {
     ew_compute_store<O>(p, ew_load<I, N>(p, in_off),
                         p.nin == 0 ? off[0] : p.nin == 1 ? off[1] : p.nin == 2 ? off[2] : off[3]);
   }
+}
+
+/* Elements of one pair a block of axpby_list_kernel takes. */
+enum { AXPBY_CHUNK = 8192 };
+
+/* K consecutive elements of a pair's x and y, as loaded (y: zeros when beta is 0). y stays a chunk, rewritten in
+ * place and stored: held as words (chunk_bits), its stores came out element by element. */
+template <typename X, typename Y, int K>
+struct axpby_loaded {
+  enum { width = K };
+  chunk_bits<X, K> x;
+  chunk<Y, K> y;
+};
+
+/* dt_k_axpby_list: blocks [first_block[t], first_block[t + 1]) take pair t, AXPBY_CHUNK elements each, in chunks of
+ * ew_pack's N (two per thread loaded before either is used) where x and y are 16-byte aligned, else one by one. C: the
+ * compute type of the elementwise plan (f64 when either dtype is f64), so each element is ew_apply's axpby. */
+template <typename X, typename Y>
+__global__ void __launch_bounds__(EW_THREADS) axpby_list_kernel(dt_k_axpby_list_args a) {
+  typedef typename std::conditional<std::is_same<X, double>::value || std::is_same<Y, double>::value, double,
+                                    float>::type C;
+  int64_t start;
+  int t = block_tensor(a.count, a.first_block, AXPBY_CHUNK, &start);
+  int64_t len = a.numel[t] - start < (int64_t)AXPBY_CHUNK ? a.numel[t] - start : (int64_t)AXPBY_CHUNK;
+  const X *x = static_cast<const X *>(a.x[t]) + start;
+  Y *y = static_cast<Y *>(a.y[t]) + start;
+  const C alpha = (C)a.alpha, beta = (C)a.beta;
+  const bool read_y = a.beta != 0;
+  for_chunk_groups<ew_pack<X, Y>::N, CHUNKS_IN_FLIGHT>(
+      len, aligned16(x, y), threadIdx.x, blockDim.x,
+      [&](int64_t j, auto w) {
+        constexpr int K = decltype(w)::value;
+        return axpby_loaded<X, Y, K>{load_chunk_bits<K>(x + j), read_y ? load_chunk<K>(y + j) : chunk<Y, K>{}};
+      },
+      [&](int64_t j, const auto &in) {
+        constexpr int K = std::remove_reference<decltype(in)>::type::width;
+        chunk<X, K> xv = in.x.get();
+        chunk<Y, K> yv = in.y;
+        DT_UNROLL for (int e = 0; e < K; e++) {
+          C u = (C)num<X>::load(xv.x[e]);
+          C r = read_y ? ew_axpby(alpha, u, beta, (C)num<Y>::load(yv.x[e])) : alpha * u;
+          yv.x[e] = num<Y>::store((typename num<Y>::acc)r);
+        }
+        store_chunk(y + j, yv);
+      });
 }
 
 } // namespace dtk

@@ -1,4 +1,4 @@
-/* elementwise.cuh: launcher of the elementwise kernels (host code; included at the end of elementwise.cu). */
+/* elementwise.cuh: launchers of the elementwise kernels (host code; included at the end of elementwise.cu). */
 
 /* Whether p runs in chunks (ew_contig_kernel for ndim <= 1, else ew_rows_kernel): the inputs of one float dtype and the
  * output of one, computed in the output's accumulator type (f64 for f64, else f32; f64 on one side only stays
@@ -46,4 +46,18 @@ cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p /* ptr[0..nin
   else if (p->ctype == 1) DT_LAUNCH(dtk::ew_kernel<double>, blocks, threads, 0, s, *p);
   else DT_LAUNCH(dtk::ew_kernel<int64_t>, blocks, threads, 0, s, *p);
   return cudaGetLastError();
+}
+
+cudaError_t dt_k_axpby_list(cudaStream_t s, dt_k_axpby_list_args *a /* x[t], y[t]: (numel[t]) each */) {
+  if (a->count < 1 || a->count > DT_K_AXPBY_TENSORS) return cudaErrorInvalidValue;
+  int64_t blocks = dtk::list_blocks(a->count, a->numel, dtk::AXPBY_CHUNK, a->first_block);
+  if (blocks == 0) return cudaSuccess;
+  return dtk::with_float_type(a->xdtype, [&](auto x_tag) {
+    return dtk::with_float_type(a->ydtype, [&](auto y_tag) {
+      typedef decltype(x_tag) X;
+      typedef decltype(y_tag) Y;
+      DT_LAUNCH((dtk::axpby_list_kernel<X, Y>), (unsigned)blocks, dtk::EW_THREADS, 0, s, *a);
+      return cudaGetLastError();
+    });
+  });
 }

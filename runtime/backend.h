@@ -22,6 +22,8 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
   X(op_ternary, (int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out),                \
     (op, a, b, c, out))                                                                                              \
   X(op_axpby, (double alpha, const dt_tensor *x, double beta, dt_tensor *out), (alpha, x, beta, out))                \
+  X(op_axpby_n, (int n, double alpha, const dt_tensor *const *x, double beta, dt_tensor *const *y),                  \
+    (n, alpha, x, beta, y))                                                                                          \
   X(op_reduce, (int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out), (op, x, dim, keepdim, out))      \
   X(op_matmul,                                                                                                       \
     (const dt_tensor *a, const dt_tensor *b, dt_tensor *out, bool trans_a, bool trans_b, double alpha, double beta), \

@@ -485,6 +485,29 @@ dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_t
   return DT_OK;
 }
 
+dt_status dt_op_axpby_n_check(int n, const dt_tensor *const *x, dt_tensor *const *y) {
+  DT_CHECK(n >= 0, DT_ERR_ARG, "axpby_n: n is the number of (x, y) pairs (0 or more), got %d", n);
+  DT_CHECK(n == 0 || (x && y), DT_ERR_ARG, "axpby_n: %d pairs need their x and y lists, got a NULL list", n);
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF];
+  for (int i = 0; i < n; i++) {
+    DT_CHECK(x[i] && y[i], DT_ERR_ARG, "axpby_n (pair %d): %s is NULL", i, x[i] ? "y" : "x");
+    for (int k = 0; k < 2; k++) {
+      const dt_tensor *t = k ? y[i] : x[i];
+      DT_CHECK(dt_same_device(t->device, y[0]->device), DT_ERR_ARG,
+               "axpby_n (pair %d): %s is on %s but y 0 on %s: one call adds the tensors of one device (move it with "
+               ":to(\"%s\") or make a call per device)",
+               i, k ? "y" : "x", dt_device_str(t->device, b1, sizeof b1), dt_device_str(y[0]->device, b2, sizeof b2),
+               b2);
+    }
+    DT_CHECK(x[i]->data && y[i]->data, DT_ERR_STATE, "axpby_n (pair %d): %s %s has released storage", i,
+             x[i]->data ? "y" : "x", dt_shape_str(x[i]->data ? y[i] : x[i], b1, sizeof b1));
+    DT_CHECK(same_shape(x[i], y[i]), DT_ERR_ARG,
+             "axpby_n (pair %d): x %s does not match y %s: each pair has one shape (dt_op_axpby broadcasts x)", i,
+             dt_shape_str(x[i], b1, sizeof b1), dt_shape_str(y[i], b2, sizeof b2));
+  }
+  return DT_OK;
+}
+
 static dt_status check_float_out(const dt_tensor *out, const char *op) {
   char b[DT_SHAPE_BUF];
   DT_CHECK(dt_dtype_is_float(out->dtype), DT_ERR_ARG, "%s: out must be a float tensor, got %s", op,

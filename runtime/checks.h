@@ -109,5 +109,8 @@ dt_status dt_index_check_lines(const char *what, const dt_tensor *idx, const dt_
                                bool b_exact);
 /* cat's argument check. */
 dt_status dt_op_cat_check(int n, const dt_tensor *const *xs, int dim, const dt_tensor *out);
+/* dt_op_axpby_n's: n >= 0, no NULL list or entry, every tensor on y[0]'s device, x[i] of y[i]'s shape, storage;
+ * messages "axpby_n (pair i): ...". */
+dt_status dt_op_axpby_n_check(int n, const dt_tensor *const *x, dt_tensor *const *y);
 
 #endif

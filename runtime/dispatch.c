@@ -58,6 +58,11 @@ dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *
   DT_DISPATCH("axpby", (x, out), op_axpby, alpha, x, beta, out);
 }
 
+dt_status dt_op_axpby_n(int n, double alpha, const dt_tensor *const *x, double beta, dt_tensor *const *y) {
+  DT_TRY(dt_op_axpby_n_check(n, x, y));
+  DT_DISPATCH_LIST("axpby_n", n, (const dt_tensor *const *)y, op_axpby_n, n, alpha, x, beta, y);
+}
+
 dt_status dt_op_reduce(int op, const dt_tensor *x, int dim, bool keepdim, dt_tensor *out) {
   DT_DISPATCH(dt_reduce_name(op), (x, out), op_reduce, op, x, dim, keepdim, out);
 }
@@ -224,14 +229,8 @@ dt_status dt_optim_adamw_steps(int n, dt_tensor *const *params, const dt_tensor 
                                dt_tensor *const *v, double lr, double beta1, double beta2, double eps,
                                double weight_decay, int64_t step) {
   DT_TRY(dt_optim_adamw_check(n, params, grads, m, v, lr, beta1, beta2, eps, weight_decay, step));
-  /* every tensor is on params[0]'s device (checked): the params alone pick the backend and describe the op */
-  const dt_tensor *const *ts = (const dt_tensor *const *)params;
-  dt_where w;
-  DT_TRY(dt_dispatch("adamw", n, ts, &w));
-  return dt_dispatch_end(&w, w.backend->optim_adamw_steps && w.backend->supports(DT_BACKEND_OP_optim_adamw_steps, n, ts)
-                                 ? w.backend->optim_adamw_steps(w.stream, n, params, grads, m, v, lr, beta1, beta2, eps,
-                                                                weight_decay, step)
-                                 : dt_dispatch_unsupported("adamw", &w));
+  DT_DISPATCH_LIST("adamw", n, (const dt_tensor *const *)params, optim_adamw_steps, n, params, grads, m, v, lr, beta1,
+                   beta2, eps, weight_decay, step);
 }
 
 dt_status dt_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tensor *buf, double lr, double momentum,

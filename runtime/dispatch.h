@@ -51,6 +51,15 @@ dt_status dt_dispatch_unsupported(const char *op, const dt_where *w);
   } while (0)
 #define DT_DISPATCH(name, tensors, op, ...) \
   DT_DISPATCH_OR(name, tensors, op, dt_dispatch_unsupported(name, &dt_w_), __VA_ARGS__)
+/* DT_DISPATCH for a list op whose n tensors ts (checked to be on one device) pick the backend and describe the op. */
+#define DT_DISPATCH_LIST(name, n, ts, op, ...)                                                                    \
+  do {                                                                                                            \
+    dt_where dt_w_;                                                                                               \
+    DT_TRY(dt_dispatch(name, n, ts, &dt_w_));                                                                     \
+    return dt_dispatch_end(&dt_w_, dt_w_.backend->op && dt_w_.backend->supports(DT_BACKEND_OP_##op, n, ts)        \
+                                       ? dt_w_.backend->op(dt_w_.stream, __VA_ARGS__)                             \
+                                       : dt_dispatch_unsupported(name, &dt_w_));                                  \
+  } while (0)
 
 /* What dispatch does where a backend's `supports` refuses (fallback.c), through the public entry points on stand-in
  * tensors. attention: on contiguous copies (on the host for f64 off the CPU), results copied back. norms with weights

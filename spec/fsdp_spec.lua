@@ -187,6 +187,75 @@ describe("fsdp in one process", function()
       end
    end)
 
+   it("adds each unit's gradients in one dt_op_axpby_n call, through lists and slices made once", function()
+      local a, b = gpt(), gpt()
+      fsdp.wrap(b)
+      local oa, ob = optim.SGD(a:parameters(), { lr = 0.1 }), optim.SGD(b:parameters(), { lr = 0.1 })
+      local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(4) })
+      local made = {}
+      for _, u in ipairs(b.fsdp.units) do made[u] = { u.take.slices, u.take.x, u.take.y } end
+      for _ = 1, 2 do
+         step_both(a, oa, b, ob, x)
+         for _, u in ipairs(b.fsdp.units) do
+            assert.equal(#u.params, u.take.n) -- every parameter had a gradient: all of them in the unit's one call
+            assert.is_true(rawequal(made[u][1], u.take.slices) and rawequal(made[u][2], u.take.x)
+               and rawequal(made[u][3], u.take.y))
+         end
+      end
+      assert_same(a, b)
+   end)
+
+   it("adds gradients into whatever accumulator it is given (dtype, offset) and skips parameters without one",
+      function()
+      local m = gpt()
+      fsdp.wrap(m)
+      local u = m.fsdp.units[2]
+      local gen = dt.Generator(7)
+      -- gradients for every parameter but `skip`, kept; the parameters get copies (take_grads frees them)
+      local function give(skip)
+         local gs = {}
+         for i, e in ipairs(u.params) do
+            if i ~= skip then
+               gs[i] = dt.randn(e.shape, { generator = gen })
+               e.p.grad = gs[i]:clone()
+            end
+         end
+         return gs
+      end
+      -- acc holds each given gradient (rounded to its dtype) in its parameter's slice, zeros elsewhere
+      local function expect_in(acc, gs, what)
+         for i, e in ipairs(u.params) do
+            local got = acc:narrow(1, e.offset + 1, e.numel):view(e.shape)
+            local want = gs[i] and gs[i]:to(acc.dtype) or dt.zeros(e.shape, { dtype = acc.dtype })
+            testing.assert_close(got, want, 0, 0, ("%s, %s"):format(what, e.name))
+         end
+      end
+      local f32 = dt.zeros({ u.padded })
+      local gs = give()
+      u:take_grads(f32)
+      assert.equal(#u.params, u.take.n)
+      expect_in(f32, gs, "f32")
+      for _, e in ipairs(u.params) do assert.is_nil(e.p.grad) end -- taken and dropped
+      local bf16 = dt.zeros({ u.padded }, { dtype = "bf16" })
+      gs = give(2)
+      u:take_grads(bf16)
+      assert.equal(#u.params - 1, u.take.n)
+      expect_in(bf16, gs, "bf16, the second parameter without a gradient")
+      local wide = dt.zeros({ u.padded + 5 })
+      local at5 = wide:as_strided({ u.padded }, { 1 }, 5)
+      gs = give()
+      u:take_grads(at5)
+      expect_in(at5, gs, "a view 5 elements into its storage")
+      testing.assert_close(wide:narrow(1, 1, 5), dt.zeros({ 5 }), 0, 0, "the elements before the view")
+      give()
+      u.params[2].p.grad = dt.zeros({ 3 }) -- a gradient of another shape: the call names its parameter and unit
+      local ok, err = pcall(u.take_grads, u, f32)
+      assert.is_false(ok)
+      local shape = table.concat(u.params[2].shape, ", ")
+      assert.truthy(err:find(("axpby_n (pair 1): x (3) f32 does not match y (%s) f32"):format(shape), 1, true), err)
+      assert.truthy(err:find(("(fsdp unit '%s', parameter '%s')"):format(u.name, u.params[2].name), 1, true), err)
+   end)
+
    it("rejects bad options, meshes that do not fit the world, and parameters shared across units", function()
       testing.expect_error(function() fsdp.wrap(gpt(), { shards = 2 }) end, "fsdp.wrap: unknown option 'shards'")
       testing.expect_error(function() fsdp.wrap(gpt(), { param_dtype = "i32" }) end,

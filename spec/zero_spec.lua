@@ -160,6 +160,27 @@ describe("zero-3 in one process", function()
       fs.remove_tree(root)
    end)
 
+   it_cuda("adds each unit's gradients in one axpby_n op a backward (device op spans)", function()
+      local ffi = require "ffi"
+      local C, check = dt.C, dt.check
+      local model = zero.wrap(gpt("cuda"), { zero_optimization = { stage = 3 } })
+      local x = dt.randint(0, 64, { 2, 8 }, { dtype = "i64", generator = dt.Generator(1) }):to("cuda")
+      local dev = tonumber(model.fsdp.device:match("^cuda:(%d+)$"))
+      model.fsdp:prepare()
+      check(C.dt_cuda_spans_start(dev))
+      model(x, x):backward()
+      local count, dropped = ffi.new("int[1]"), ffi.new("int64_t[1]")
+      check(C.dt_cuda_spans_stop(dev, count, dropped))
+      model.fsdp:finish()
+      local spans, ops = ffi.new("dt_cuda_span[?]", count[0]), 0
+      for i = 0, C.dt_cuda_spans_copy(dev, 0, spans, count[0]) - 1 do
+         if ffi.string(spans[i].name) == "axpby_n" then ops = ops + 1 end
+      end
+      assert.equal(0, tonumber(dropped[0]))
+      assert.equal(#model.fsdp.units, ops)
+      for _, u in ipairs(model.fsdp.units) do assert.equal(#u.params, u.take.n) end
+   end)
+
    it("on a cpu device the offload options change nothing (everything is host memory already)", function()
       local ref = zero.wrap(gpt("cpu"), { zero_optimization = { stage = 3 } })
       local model = zero.wrap(gpt("cpu"), OFFLOAD_PARAM)

@@ -1,4 +1,5 @@
 /* elementwise.c: unary, binary, scalar, ternary and axpby ops with numpy broadcasting and any dtypes (dt_ops.h). */
+#include <stdlib.h>
 #include <tgmath.h>
 
 #include "dt_ops.h"
@@ -88,23 +89,38 @@ static void ew_row(const ew_plan *p, ew_apply_fn fn, int64_t row, int64_t j0, in
 /* Work items are tiles of `th` rows by `tw` inner elements. Contiguous operands use single-row
  * tiles of EW_BLOCK; when an operand walks the inner dim with a large stride (a transposed view),
  * narrow tiles over EW_TILE_ROWS rows reuse each cache line it touches across those rows. */
-static void ew_run(const ew_plan *p) {
+typedef struct {
+  int64_t numel, inner, rows, tw, th, ncol, items; /* items: none when numel is 0 */
+} ew_tiling;
+
+static ew_tiling ew_tiles(const ew_plan *p) {
   int last = p->ndim - 1;
-  int64_t inner = p->shape[last], numel = 1;
-  for (int d = 0; d < p->ndim; d++) numel *= p->shape[d];
-  if (numel == 0) return;
+  ew_tiling t = {.numel = 1, .inner = p->shape[last]};
+  for (int d = 0; d < p->ndim; d++) t.numel *= p->shape[d];
+  if (t.numel == 0) return t;
   bool strided = false;
   for (int k = 0; k <= p->nin; k++) strided = strided || (p->st[k][last] != 0 && p->st[k][last] != 1);
-  int64_t tw = strided ? EW_TILE_COLS : EW_BLOCK, th = strided ? EW_TILE_ROWS : 1, rows = numel / inner;
-  int64_t ncol = (inner + tw - 1) / tw, items = (rows + th - 1) / th * ncol;
+  t.tw = strided ? EW_TILE_COLS : EW_BLOCK;
+  t.th = strided ? EW_TILE_ROWS : 1;
+  t.rows = t.numel / t.inner;
+  t.ncol = (t.inner + t.tw - 1) / t.tw;
+  t.items = (t.rows + t.th - 1) / t.th * t.ncol;
+  return t;
+}
+
+/* Work item `it` of p, on the calling thread. */
+static void ew_item(const ew_plan *p, const ew_tiling *t, int64_t it) {
   ew_apply_fn fn = p->ctype == DT_CT_F32 ? ew_apply_f32 : p->ctype == DT_CT_F64 ? ew_apply_f64 : ew_apply_i64;
-#pragma omp parallel for schedule(static) if (numel > DT_OPS_PAR_MIN)
-  for (int64_t it = 0; it < items; it++) {
-    _Alignas(64) double buf[EW_MAX_ARGS][EW_BLOCK];
-    int64_t r0 = it / ncol * th, j0 = it % ncol * tw;
-    int64_t n = inner - j0 < tw ? inner - j0 : tw, r1 = rows - r0 < th ? rows : r0 + th;
-    for (int64_t row = r0; row < r1; row++) ew_row(p, fn, row, j0, n, buf);
-  }
+  _Alignas(64) double buf[EW_MAX_ARGS][EW_BLOCK];
+  int64_t r0 = it / t->ncol * t->th, j0 = it % t->ncol * t->tw;
+  int64_t n = t->inner - j0 < t->tw ? t->inner - j0 : t->tw, r1 = t->rows - r0 < t->th ? t->rows : r0 + t->th;
+  for (int64_t row = r0; row < r1; row++) ew_row(p, fn, row, j0, n, buf);
+}
+
+static void ew_run(const ew_plan *p) {
+  ew_tiling t = ew_tiles(p);
+#pragma omp parallel for schedule(static) if (t.numel > DT_OPS_PAR_MIN)
+  for (int64_t it = 0; it < t.items; it++) ew_item(p, &t, it);
 }
 
 dt_status dt_cpu_op_unary(int op, const dt_tensor *x, dt_tensor *out) {
@@ -160,14 +176,55 @@ dt_status dt_cpu_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, cons
   return DT_OK;
 }
 
-dt_status dt_cpu_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
+/* axpby's plan of out = alpha * x + beta * out. */
+static dt_status axpby_plan(double alpha, const dt_tensor *x, double beta, dt_tensor *out, ew_plan *p) {
   const dt_tensor *in[2] = {x, out};
-  ew_plan p = {.kind = EW_AXPBY, .alpha = alpha, .beta = beta};
-  DT_TRY(dt_ew_ctype(DT_EW_AXPBY, 0, 2, in, alpha, beta, &p.ctype));
+  *p = (ew_plan){.kind = EW_AXPBY, .alpha = alpha, .beta = beta};
+  DT_TRY(dt_ew_ctype(DT_EW_AXPBY, 0, 2, in, alpha, beta, &p->ctype));
   /* beta == 0 must not read out (it may be uninitialised), so out is then not an input */
-  DT_TRY(ew_plan_init(&p, "axpby", beta == 0 ? 1 : 2, in, out));
+  return ew_plan_init(p, "axpby", beta == 0 ? 1 : 2, in, out);
+}
+
+dt_status dt_cpu_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out) {
+  ew_plan p;
+  DT_TRY(axpby_plan(alpha, x, beta, out, &p));
   ew_run(&p);
   return DT_OK;
+}
+
+/* Arguments checked by dispatch (dt_op_axpby_n_check). Each pair's plan and work items are those of its own
+ * dt_op_axpby call; one parallel region shares the items of all the pairs, so the bits are those of n calls whatever
+ * the thread count. */
+dt_status dt_cpu_op_axpby_n(int n, double alpha, const dt_tensor *const *x, double beta, dt_tensor *const *y) {
+  if (n == 0) return DT_OK;
+  ew_plan *plans = malloc((size_t)n * sizeof *plans);
+  ew_tiling *tiles = malloc((size_t)n * sizeof *tiles);
+  int64_t *first = malloc((size_t)(n + 1) * sizeof *first); /* pair i's items: [first[i], first[i + 1]) */
+  dt_status st = plans && tiles && first ? DT_OK : DT_FAIL(DT_ERR_OOM, "axpby_n: out of host memory");
+  for (int i = 0; i < n && st == DT_OK; i++) st = axpby_plan(alpha, x[i], beta, y[i], &plans[i]);
+  if (st == DT_OK) {
+    int64_t numel = 0;
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+      tiles[i] = ew_tiles(&plans[i]);
+      first[i + 1] = first[i] + tiles[i].items;
+      numel += tiles[i].numel;
+    }
+#pragma omp parallel for schedule(static) if (numel > DT_OPS_PAR_MIN)
+    for (int64_t it = 0; it < first[n]; it++) {
+      int lo = 0, hi = n - 1; /* the pair whose items hold it: the last i with first[i] <= it */
+      while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= it) lo = mid;
+        else hi = mid - 1;
+      }
+      ew_item(&plans[lo], &tiles[lo], it - first[lo]);
+    }
+  }
+  free(plans);
+  free(tiles);
+  free(first);
+  return st;
 }
 
 dt_status dt_cpu_copy(dt_tensor *dst, const dt_tensor *src) {

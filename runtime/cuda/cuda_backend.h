@@ -13,7 +13,9 @@
  * random fills and dropout draw the CPU's Philox streams (the same seed and offset give the same values and masks;
  * normal: up to the last bit of the device's log/sin/cos); scatter_add and index_add sum in order (deterministic);
  * optim_adamw_steps takes contiguous tensors and launches the parameters of each (param, grad) dtype pair together
- * (f32/f32, bf16 or f16 with their own or f32 grads, f64/f64), DT_K_ADAMW_TENSORS per launch. */
+ * (f32/f32, bf16 or f16 with their own or f32 grads, f64/f64), DT_K_ADAMW_TENSORS per launch; op_axpby_n launches
+ * the contiguous float pairs of each (x, y) dtype pair together, DT_K_AXPBY_TENSORS per launch, and any other pair
+ * (strided, integer) in op_axpby's launch of its own. */
 #define DT_CUDA_DECLARE(name, params, args) dt_status dt_cuda_##name DT_WITH_STREAM params;
 DT_BACKEND_OPS(DT_CUDA_DECLARE)
 #undef DT_CUDA_DECLARE

@@ -70,6 +70,13 @@ dt_status dt_cuda_kernel_fail(cudaError_t e, const char *file, int line, const c
 bool dt_cuda_op_current(char *buf, size_t size, int *device);
 void dt_cuda_op_recent(int device, char *buf, size_t size);
 
+/* The launches of a multi-tensor kernel over a list op's n entries: launch(ctx, idx, count) for the entries whose
+ * key[i] >= 0 (what one launch takes together, e.g. a dtype pair; < 0: not in these launches), an entry idx[k] of one
+ * key with the others of that key in order, at most `most` a launch, the keys in the order of their first entry. The
+ * first error stops them (ops.c). */
+typedef dt_status (*dt_cuda_list_launch)(void *ctx, const int *idx, int count);
+dt_status dt_cuda_list_launches(int n, const int *key, int most, dt_cuda_list_launch launch, void *ctx);
+
 /* Reads (and clears) the device's argument error word after a synchronisation; fails with its message if set. */
 dt_status dt_cuda_check_device_errors(int device);
 

@@ -1,4 +1,7 @@
-/* ops.c: generic ops on device tensors (dt_ops.h semantics): elementwise, copy, fill, reductions, cat, index ops. */
+/* ops.c: generic ops on device tensors (dt_ops.h semantics): elementwise (axpby also over lists), copy, fill,
+ * reductions, cat, index ops; the batching of multi-tensor launches. */
+#include <stdlib.h>
+
 #include "cuda_internal.h"
 #include "dt_ops.h"
 
@@ -55,6 +58,71 @@ dt_status dt_cuda_op_axpby(dt_stream *s, double alpha, const dt_tensor *x, doubl
   DT_TRY(dt_ew_ctype(DT_EW_AXPBY, 0, 2, in, alpha, beta, &p.ctype));
   /* beta == 0 must not read out (it may be uninitialised), so out is then not an input */
   return ew_run(s, &p, "axpby", beta == 0 ? 1 : 2, in, out);
+}
+
+dt_status dt_cuda_list_launches(int n, const int *key, int most, dt_cuda_list_launch launch, void *ctx) {
+  int *idx = malloc((size_t)(n > 0 ? n : 1) * sizeof *idx);
+  bool *done = calloc((size_t)(n > 0 ? n : 1), sizeof *done);
+  dt_status st = idx && done ? DT_OK : DT_FAIL(DT_ERR_OOM, "out of host memory for a list of %d tensors", n);
+  for (int first = 0; first < n && st == DT_OK; first++) {
+    if (done[first] || key[first] < 0) continue;
+    int count = 0;
+    for (int i = first; i < n; i++) {
+      if (done[i] || key[i] != key[first]) continue;
+      done[i] = true;
+      idx[count++] = i;
+    }
+    for (int at = 0; at < count && st == DT_OK; at += most)
+      st = launch(ctx, idx + at, count - at < most ? count - at : most);
+  }
+  free(idx);
+  free(done);
+  return st;
+}
+
+/* A list launch of axpby pairs (dt_cuda_list_launches' ctx). */
+typedef struct axpby_list {
+  dt_stream *s;
+  const dt_tensor *const *x;
+  dt_tensor *const *y;
+  dt_k_axpby_list_args a;
+} axpby_list;
+
+static dt_status axpby_launch(void *ctx, const int *idx, int count) {
+  axpby_list *l = ctx;
+  l->a.count = count;
+  l->a.xdtype = l->x[idx[0]]->dtype;
+  l->a.ydtype = l->y[idx[0]]->dtype;
+  for (int k = 0; k < count; k++) {
+    l->a.x[k] = dt_tensor_ptr(l->x[idx[k]]);
+    l->a.y[k] = dt_tensor_ptr(l->y[idx[k]]);
+    l->a.numel[k] = dt_tensor_numel(l->y[idx[k]]);
+  }
+  DT_CUDA_KERNEL("axpby_n", dt_k_axpby_list(l->s->s, &l->a));
+  return DT_OK;
+}
+
+/* Arguments checked by dispatch (dt_op_axpby_n_check). Contiguous float pairs with elements go in list launches (per
+ * (x, y) dtype pair, DT_K_AXPBY_TENSORS at a time); any other pair (strided, integer) in dt_cuda_op_axpby's launch of
+ * its own, after them: the pairs do not overlap, so the order does not change a result. */
+dt_status dt_cuda_op_axpby_n(dt_stream *s, int n, double alpha, const dt_tensor *const *x, double beta,
+                             dt_tensor *const *y) {
+  DT_CHECK(s, DT_ERR_ARG, "axpby_n: NULL stream");
+  int *key = malloc((size_t)(n > 0 ? n : 1) * sizeof *key);
+  DT_CHECK(key, DT_ERR_OOM, "axpby_n: out of host memory for %d pairs", n);
+  enum { EMPTY = -2, OWN_LAUNCH = -1 }; /* the keys of pairs outside the list launches */
+  for (int i = 0; i < n; i++) {
+    bool listed = dt_dtype_is_float(x[i]->dtype) && dt_dtype_is_float(y[i]->dtype) && dt_tensor_is_contiguous(x[i]) &&
+                  dt_tensor_is_contiguous(y[i]);
+    key[i] = dt_tensor_numel(y[i]) == 0 ? EMPTY : listed ? x[i]->dtype * DT_DTYPE_COUNT + y[i]->dtype : OWN_LAUNCH;
+  }
+  axpby_list l = {.s = s, .x = x, .y = y, .a = {.alpha = alpha, .beta = beta}};
+  dt_status st = dt_cuda_use(s->device);
+  if (st == DT_OK) st = dt_cuda_list_launches(n, key, DT_K_AXPBY_TENSORS, axpby_launch, &l);
+  for (int i = 0; i < n && st == DT_OK; i++)
+    if (key[i] == OWN_LAUNCH) st = dt_cuda_op_axpby(s, alpha, x[i], beta, y[i]);
+  free(key);
+  return st;
 }
 
 dt_status dt_cuda_tensor_copy(dt_stream *s, dt_tensor *dst, const dt_tensor *src) {

@@ -38,6 +38,32 @@ static dt_status check_adamw(int i, const dt_tensor *p, const dt_tensor *g, cons
   return check_pair(op, p, g);
 }
 
+/* A list launch of AdamW entries (dt_cuda_list_launches' ctx). */
+typedef struct adamw_list {
+  dt_stream *s;
+  dt_tensor *const *params, *const *m, *const *v;
+  const dt_tensor *const *grads;
+  dt_k_adamw_args a;
+} adamw_list;
+
+static dt_status adamw_launch(void *ctx, const int *idx, int count) {
+  adamw_list *l = ctx;
+  l->a.count = count;
+  l->a.pdtype = l->params[idx[0]]->dtype;
+  l->a.gdtype = l->grads[idx[0]]->dtype;
+  for (int k = 0; k < count; k++) {
+    int i = idx[k];
+    l->a.param[k] = dt_tensor_ptr(l->params[i]);
+    l->a.grad[k] = dt_tensor_ptr(l->grads[i]);
+    l->a.m[k] = dt_tensor_ptr(l->m[i]);
+    l->a.v[k] = dt_tensor_ptr(l->v[i]);
+    l->a.numel[k] = dt_tensor_numel(l->params[i]);
+  }
+  DT_CUDA_KERNEL("adamw", dt_k_adamw(l->s->s, &l->a));
+  return DT_OK;
+}
+
+/* The parameters of each (param, grad) dtype pair go in launches together, DT_K_ADAMW_TENSORS at a time. */
 dt_status dt_cuda_optim_adamw_steps(dt_stream *s, int n, dt_tensor *const *params, const dt_tensor *const *grads,
                                     dt_tensor *const *m, dt_tensor *const *v, double lr, double beta1, double beta2,
                                     double eps, double weight_decay, int64_t step) {
@@ -45,35 +71,14 @@ dt_status dt_cuda_optim_adamw_steps(dt_stream *s, int n, dt_tensor *const *param
   for (int i = 0; i < n; i++) DT_TRY(check_adamw(i, params[i], grads[i], m[i], v[i]));
   DT_TRY(dt_cuda_use(s->device));
   double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-  dt_k_adamw_args a = {.decay = 1.0 - lr * weight_decay, .b1 = beta1, .omb1 = 1.0 - beta1, .b2 = beta2,
-                       .omb2 = 1.0 - beta2, .step_size = lr / bc1, .inv_sqrt_bc2 = 1.0 / sqrt(bc2), .eps = eps};
-  /* each pass launches the not-yet-done tensors of the first pending dtype pair, DT_K_ADAMW_TENSORS at a time */
-  bool *done = calloc((size_t)(n > 0 ? n : 1), sizeof *done);
-  DT_CHECK(done, DT_ERR_OOM, "adamw: out of host memory");
-  dt_status st = DT_OK;
-  for (int first = 0; first < n && st == DT_OK; first++) {
-    if (done[first]) continue;
-    a.pdtype = params[first]->dtype;
-    a.gdtype = grads[first]->dtype;
-    a.count = 0;
-    for (int i = first; i <= n && st == DT_OK; i++) {
-      bool take = i < n && !done[i] && params[i]->dtype == a.pdtype && grads[i]->dtype == a.gdtype;
-      if (take) {
-        a.param[a.count] = dt_tensor_ptr(params[i]);
-        a.grad[a.count] = dt_tensor_ptr(grads[i]);
-        a.m[a.count] = dt_tensor_ptr(m[i]);
-        a.v[a.count] = dt_tensor_ptr(v[i]);
-        a.numel[a.count++] = dt_tensor_numel(params[i]);
-        done[i] = true;
-      }
-      if (a.count > 0 && (a.count == DT_K_ADAMW_TENSORS || i == n)) {
-        cudaError_t e = dt_k_adamw(s->s, &a);
-        if (e != cudaSuccess) st = dt_cuda_kernel_fail(e, __FILE__, __LINE__, "adamw");
-        a.count = 0;
-      }
-    }
-  }
-  free(done);
+  adamw_list l = {.s = s, .params = params, .m = m, .v = v, .grads = grads,
+                  .a = {.decay = 1.0 - lr * weight_decay, .b1 = beta1, .omb1 = 1.0 - beta1, .b2 = beta2,
+                        .omb2 = 1.0 - beta2, .step_size = lr / bc1, .inv_sqrt_bc2 = 1.0 / sqrt(bc2), .eps = eps}};
+  int *key = malloc((size_t)(n > 0 ? n : 1) * sizeof *key);
+  DT_CHECK(key, DT_ERR_OOM, "adamw: out of host memory");
+  for (int i = 0; i < n; i++) key[i] = params[i]->dtype * DT_DTYPE_COUNT + grads[i]->dtype;
+  dt_status st = dt_cuda_list_launches(n, key, DT_K_ADAMW_TENSORS, adamw_launch, &l);
+  free(key);
   return st;
 }
 

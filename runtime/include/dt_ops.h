@@ -47,6 +47,12 @@ dt_status dt_op_binary_scalar(int op, const dt_tensor *x, double s, dt_tensor *o
 dt_status dt_op_ternary(int op, const dt_tensor *a, const dt_tensor *b, const dt_tensor *c, dt_tensor *out);
 /* out = alpha * x + beta * out, in place on out (gradient accumulation). */
 dt_status dt_op_axpby(double alpha, const dt_tensor *x, double beta, dt_tensor *out);
+/* dt_op_axpby over n pairs in one call (n >= 0): y[i] = alpha * x[i] + beta * y[i], each pair with dt_op_axpby's
+ * dtypes, strides and bits, x[i] of y[i]'s shape (no broadcasting: dt_op_axpby broadcasts). Every tensor is on one
+ * device; the y[i] must not overlap each other or another pair's x (pairs may run concurrently). An argument error
+ * names the pair ("axpby_n (pair 3): ...") and writes nothing. On cuda devices contiguous float pairs go in one launch
+ * per (x, y) dtype pair and 32 pairs (adding parameter gradients into a flat buffer); other pairs one launch each. */
+dt_status dt_op_axpby_n(int n, double alpha, const dt_tensor *const *x, double beta, dt_tensor *const *y);
 
 /* Reduce x over one dimension (0-based `dim`), or over all when dim == -1.
  * out has x's shape with that dim removed (keepdim: size 1). Accumulation in f32/f64

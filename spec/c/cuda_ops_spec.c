@@ -419,6 +419,86 @@ static void test_linear(void) {
 }
 #undef LT
 
+/* n contiguous f32 pairs of assorted sizes (one empty) in one dt_op_axpby_n: the CPU's bits (x + y is exact in both),
+ * in one launch per DT_K_AXPBY_TENSORS (32) pairs with elements. */
+static void test_axpby_n_launches(int n, int64_t launches) {
+  enum { MAX = 48 };
+  dt_tensor *hx[MAX], *hy[MAX], *dx[MAX], *dy[MAX];
+  for (int i = 0; i < n; i++) {
+    int64_t size = i == 1 ? 0 : 1 + 97 * i;
+    hx[i] = host_sample(1, SHAPE(size), DT_DTYPE_F32, 30 + i, 1);
+    hy[i] = host_sample(1, SHAPE(size), DT_DTYPE_F32, 80 + i, 1);
+    dx[i] = dev_from_host(S, hx[i]);
+    dy[i] = dev_from_host(S, hy[i]);
+  }
+  die_on(dt_op_axpby_n(n, 1, (const dt_tensor *const *)hx, 1, hy), "cpu axpby_n");
+  expect_ok(dt_op_axpby_n(n, 1, (const dt_tensor *const *)dx, 1, dy), "axpby_n over many pairs runs");
+  char msg[128];
+  snprintf(msg, sizeof msg, "axpby_n over %d pairs: %lld launch%s (got %lld)", n, (long long)launches,
+           launches > 1 ? "es" : "", (long long)dt_cuda_op_launches());
+  expect(dt_cuda_op_launches() == launches, msg);
+  bool same = true;
+  for (int i = 0; i < n; i++) {
+    dt_tensor *got = host_from_dev(S, dy[i]);
+    same = same && bitwise_equal(got, hy[i]);
+    dt_tensor_free(got);
+    dt_tensor_free(hx[i]);
+    dt_tensor_free(hy[i]);
+    dev_free(S, dx[i]);
+    dev_free(S, dy[i]);
+  }
+  expect(same, "axpby_n gives the CPU's bits for x + y");
+}
+
+/* Pairs of four dtype pairs, a transposed x and an integer pair (each a launch of its own), for (alpha, beta) = (0.5,
+ * -2) and (1.5, 0) (y NaN: unread): the bits of one dt_op_axpby call per pair on the device, close to the CPU. */
+static void test_axpby_n_mixed(double alpha, double beta) {
+  enum { N = 7 };
+  enum { F32 = DT_DTYPE_F32, F64 = DT_DTYPE_F64, BF16 = DT_DTYPE_BF16, I64 = DT_DTYPE_I64 };
+  const int xd[N] = {BF16, F32, BF16, F64, F32, BF16, I64}, yd[N] = {F32, F32, BF16, F64, F32, F32, I64};
+  dt_tensor *hx[N], *hy[N], *dxb[N], *dy[N], *dy1[N];
+  const dt_tensor *hxs[N], *dxs[N];
+  for (int i = 0; i < N; i++) {
+    int64_t r = 3 + i, c = 1 + 13 * i;
+    hx[i] = host_sample(2, i == 4 ? SHAPE(c, r) : SHAPE(r, c), xd[i], 40 + i, 2.0);
+    hy[i] = host_sample(2, SHAPE(r, c), yd[i], 50 + i, 2.0);
+    for (int64_t k = 0; beta == 0 && dt_dtype_is_float(yd[i]) && k < r * c; k++) dt_tensor_set(hy[i], k, NAN);
+    dxb[i] = dev_from_host(S, hx[i]);
+    dy[i] = dev_from_host(S, hy[i]);
+    dy1[i] = dev_from_host(S, hy[i]);
+    hxs[i] = i == 4 ? transposed(hx[i]) : hx[i];
+    dxs[i] = i == 4 ? transposed(dxb[i]) : dxb[i];
+  }
+  die_on(dt_op_axpby_n(N, alpha, hxs, beta, hy), "cpu axpby_n");
+  expect_ok(dt_op_axpby_n(N, alpha, dxs, beta, dy), "axpby_n over mixed pairs runs");
+  expect(dt_cuda_op_launches() == 6, "axpby_n: one launch per dtype pair of contiguous floats, one per other pair");
+  for (int i = 0; i < N; i++) die_on(dt_op_axpby(alpha, dxs[i], beta, dy1[i]), "device axpby");
+  for (int i = 0; i < N; i++) {
+    dt_tensor *got = host_from_dev(S, dy[i]), *one = host_from_dev(S, dy1[i]);
+    char msg[128];
+    snprintf(msg, sizeof msg, "axpby_n pair %d (%s into %s, beta %g) = its own axpby on the device, bitwise", i,
+             dt_dtype_name(xd[i]), dt_dtype_name(yd[i]), beta);
+    expect(bitwise_equal(got, one), msg);
+    snprintf(msg, sizeof msg, "axpby_n pair %d (%s into %s, beta %g) matches the CPU", i, dt_dtype_name(xd[i]),
+             dt_dtype_name(yd[i]), beta);
+    expect_close(S, dy[i], hy[i], 1, msg);
+    dt_tensor_free(got);
+    dt_tensor_free(one);
+  }
+  dt_tensor *mixed[2] = {dy[0], hy[1]};
+  expect_error(dt_op_axpby_n(2, alpha, dxs, beta, mixed), "axpby_n (pair 1): y is on cpu but y 0 on cuda:0",
+               "axpby_n names a pair on another device");
+  dt_tensor_free((dt_tensor *)hxs[4]);
+  dt_tensor_free((dt_tensor *)dxs[4]);
+  for (int i = 0; i < N; i++) {
+    dt_tensor_free(hx[i]);
+    dt_tensor_free(hy[i]);
+    dev_free(S, dxb[i]);
+    dev_free(S, dy[i]);
+    dev_free(S, dy1[i]);
+  }
+}
+
 int main(void) {
   S = spec_stream();
   test_unary(DT_DTYPE_F32);
@@ -435,6 +515,10 @@ int main(void) {
   test_index(DT_DTYPE_BF16);
   test_gather_scatter(DT_DTYPE_F32);
   test_gather_scatter(DT_DTYPE_BF16);
+  test_axpby_n_launches(12, 1);
+  test_axpby_n_launches(40, 2);
+  test_axpby_n_mixed(0.5, -2);
+  test_axpby_n_mixed(1.5, 0);
   die_on(dt_cuda_device_synchronize(0), "final synchronize");
   return spec_finish();
 }

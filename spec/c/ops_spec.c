@@ -346,8 +346,106 @@ static void test_devices(void) {
   dt_tensor_free(b);
 }
 
+/* dt_op_axpby_n's pairs: sizes from 1 element to above the threading threshold, dtype pairs (integers too), x of pair
+ * 4 a transposed view, y of pair 6 every other column of a wider tensor. */
+enum { AXN = 7 };
+static const int64_t axn_rows[AXN] = {1, 1, 3, 1, 129, 40, 300}, axn_cols[AXN] = {1, 5, 7, 33001, 257, 30, 200};
+static const int axn_x[AXN] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F64, DT_DTYPE_F32, DT_DTYPE_F16, DT_DTYPE_I64,
+                               DT_DTYPE_F32};
+static const int axn_y[AXN] = {DT_DTYPE_F32, DT_DTYPE_F32, DT_DTYPE_F64, DT_DTYPE_BF16, DT_DTYPE_F32, DT_DTYPE_I64,
+                               DT_DTYPE_F64};
+
+/* Samples in t's dtype (integers: in [-8, 8)); NaN everywhere with nan (integer dtypes: whatever a NaN converts to). */
+static void fill_sample(dt_tensor *t, int salt, bool nan) {
+  for (int64_t i = 0; i < dt_tensor_numel(t); i++)
+    dt_tensor_set(t, i, nan ? NAN : dt_dtype_is_float(t->dtype) ? sample(i, salt) : floor(8 * sample(i, salt)));
+}
+
+/* axn's pairs made afresh (y NaN when beta is 0: it must not be read), then y = alpha x + beta y by one list call on
+ * `threads` threads or one dt_op_axpby call per pair; ybase gets each y's storage (contiguous). */
+static dt_status axpby_n_run(double alpha, double beta, bool list, int threads, dt_tensor *ybase[AXN]) {
+  const dt_tensor *xs[AXN];
+  dt_tensor *xbase[AXN], *ys[AXN];
+  for (int i = 0; i < AXN; i++) {
+    int64_t r = axn_rows[i], c = axn_cols[i], shape[2] = {r, c};
+    xbase[i] = make(2, i == 4 ? (int64_t[]){c, r} : shape, axn_x[i]);
+    ybase[i] = make(2, i == 6 ? (int64_t[]){r, 2 * c} : shape, axn_y[i]);
+    fill_sample(xbase[i], 10 + i, false);
+    fill_sample(ybase[i], 20 + i, beta == 0);
+    dt_tensor *v = NULL;
+    if (i == 4) dt_tensor_view(xbase[i], 2, shape, (int64_t[]){1, r}, 0, &v);
+    xs[i] = v ? v : xbase[i];
+    ys[i] = ybase[i];
+    if (i == 6) dt_tensor_view(ybase[i], 2, shape, (int64_t[]){2 * c, 2}, 1, &ys[i]);
+  }
+  dt_threads_set(threads);
+  dt_status s = list ? dt_op_axpby_n(AXN, alpha, xs, beta, ys) : DT_OK;
+  for (int i = 0; i < AXN && !list; i++) s |= dt_op_axpby(alpha, xs[i], beta, ys[i]);
+  for (int i = 0; i < AXN; i++) {
+    if (xs[i] != xbase[i]) dt_tensor_free((dt_tensor *)xs[i]);
+    if (ys[i] != ybase[i]) dt_tensor_free(ys[i]);
+    dt_tensor_free(xbase[i]);
+  }
+  return s;
+}
+
+/* One list call gives the bits of one dt_op_axpby call per pair, on 1, 2 and 3 threads. */
+static void test_axpby_n(double alpha, double beta) {
+  dt_tensor *ref[AXN], *got[AXN];
+  int before = dt_threads_get();
+  dt_status s = axpby_n_run(alpha, beta, false, 1, ref);
+  for (int threads = 1; threads <= 3; threads++) {
+    s |= axpby_n_run(alpha, beta, true, threads, got);
+    bool same = true;
+    for (int i = 0; i < AXN; i++) {
+      same = same && memcmp(dt_tensor_ptr(ref[i]), dt_tensor_ptr(got[i]),
+                            (size_t)dt_tensor_numel(ref[i]) * dt_dtype_size(ref[i]->dtype)) == 0;
+      dt_tensor_free(got[i]);
+    }
+    char msg[160];
+    snprintf(msg, sizeof msg, "axpby_n (alpha %g, beta %g): one call over %d pairs on %d thread%s = one call each, "
+             "bitwise", alpha, beta, AXN, threads, threads > 1 ? "s" : "");
+    expect(s == DT_OK && same, msg);
+  }
+  for (int i = 0; i < AXN; i++) dt_tensor_free(ref[i]);
+  dt_threads_set(before);
+}
+
+/* The bad pair is named, and nothing is written before the error. */
+static void test_axpby_n_errors(void) {
+  int64_t s23[2] = {2, 3}, s3[1] = {3};
+  dt_tensor *a = make(2, s23, DT_DTYPE_F32), *b = make(2, s23, DT_DTYPE_F32), *c = make(1, s3, DT_DTYPE_F32);
+  dt_tensor *y0 = make(2, s23, DT_DTYPE_F32), *y1 = make(2, s23, DT_DTYPE_F32), *y2 = make(2, s23, DT_DTYPE_F32);
+  dt_tensor_fill(a, 1);
+  const dt_tensor *xs[3] = {a, b, c}, *ok[3] = {a, b, a};
+  dt_tensor *ys[3] = {y0, y1, y2}, *ynull[3] = {y0, NULL, y2};
+  expect_error(dt_op_axpby_n(3, 1, xs, 1, ys),
+               "axpby_n (pair 2): x (3) f32 does not match y (2, 3) f32: each pair has one shape (dt_op_axpby "
+               "broadcasts x)", "axpby_n names the pair whose x would broadcast");
+  expect(at(y0, 0) == 0, "axpby_n writes no pair of a list it rejects");
+  expect_error(dt_op_axpby_n(3, 1, ok, 1, ynull), "axpby_n (pair 1): y is NULL", "axpby_n names a NULL entry");
+  expect_error(dt_op_axpby_n(-1, 1, ok, 1, ys), "axpby_n: n is the number of (x, y) pairs (0 or more), got -1",
+               "axpby_n rejects n < 0");
+  expect_error(dt_op_axpby_n(2, 1, NULL, 1, ys), "axpby_n: 2 pairs need their x and y lists, got a NULL list",
+               "axpby_n rejects a NULL list");
+  expect(dt_op_axpby_n(0, 1, NULL, 1, NULL) == DT_OK, "axpby_n adds an empty list");
+  y1->device = (dt_device){DT_DEVICE_CUDA, 0}; /* host memory labelled cuda:0: refused before any backend reads it */
+  expect_error(dt_op_axpby_n(3, 1, ok, 1, ys), "axpby_n (pair 1): y is on cuda:0 but y 0 on cpu: one call adds the "
+               "tensors of one device (move it with :to(\"cpu\")", "axpby_n names a pair on another device");
+  y1->device = cpu;
+  dt_tensor_release_storage(b);
+  expect_error(dt_op_axpby_n(3, 1, ok, 1, ys), "axpby_n (pair 1): x (0, 0) f32 has released storage",
+               "axpby_n names a pair whose storage was released");
+  dt_tensor *all[] = {a, b, c, y0, y1, y2};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) dt_tensor_free(all[i]);
+}
+
 int main(void) {
   test_devices();
+  test_axpby_n(1, 1);
+  test_axpby_n(0.5, -2);
+  test_axpby_n(1.5, 0);
+  test_axpby_n_errors();
   test_elementwise();
   test_elementwise_dtypes();
   test_reduce();

@@ -11,7 +11,7 @@ local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
 
-local C, check = dtffi.C, dtffi.check
+local C = dtffi.C
 local M = {}
 local Unit = {}
 Unit.__index = Unit
@@ -96,6 +96,38 @@ local function contiguous_strides(shape)
    return strides
 end
 
+local descriptors, handles = ffi.typeof("dt_tensor[?]"), ffi.typeof("dt_tensor *[?]")
+local const_handles, positions = ffi.typeof("const dt_tensor *[?]"), ffi.typeof("int32_t[?]")
+
+-- What Unit:take_grads hands dt_op_axpby_n, made once per unit (its layout is fixed when it is built): slices[i - 1],
+-- parameter i's slice of the accumulator (its shape, contiguous), a tensor descriptor re-pointed at each accumulator
+-- the unit is given (storage, dtype, device, offset); x and y, the handle lists of one call; at[k], the parameter of
+-- pair k; n, the pairs of the latest call.
+local function new_take(params)
+   local n = #params
+   local t = { slices = descriptors(n), x = const_handles(n), y = handles(n), at = positions(n), n = 0 }
+   for i, e in ipairs(params) do
+      local s = t.slices[i - 1]
+      s.ndim = #e.shape
+      for d, st in ipairs(contiguous_strides(e.shape)) do s.shape[d - 1], s.strides[d - 1] = e.shape[d], st end
+   end
+   return t
+end
+
+-- Point the slices of take t at acc (nothing to do when it is laid out as the last one). They are descriptors, not
+-- views: they borrow acc's storage for the call (no reference of their own, never freed, never used after it).
+local function point_at(t, params, acc)
+   local h = acc.h
+   if t.data == h.data and t.storage == h.storage and t.base == h.offset and t.dtype == h.dtype
+      and t.device_type == h.device.type and t.device_index == h.device.index then return end
+   for i, e in ipairs(params) do
+      local s = t.slices[i - 1]
+      s.data, s.storage, s.offset, s.dtype, s.device = h.data, h.storage, h.offset + e.offset, h.dtype, h.device
+   end
+   t.data, t.storage, t.base, t.dtype, t.device_type, t.device_index = h.data, h.storage, h.offset, h.dtype,
+      h.device.type, h.device.index
+end
+
 -- Build a unit's shard: lay the parameters out, keep elements [rank * s, (rank + 1) * s) of the padded flat
 -- buffer in an f32 shard (s = padded / size), drop the full parameters' bytes. param_dtype: what gathered
 -- parameters (and the empty placeholders) are; device: where they live; alloc(n): a zeroed 1-D f32 tensor of n
@@ -148,6 +180,7 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grads)
       set_handle(e.p, empty_handle(param_dtype, device))
       e.p.requires_grad, e.p.grad = true, nil -- a gradient from before the wrap is not this unit's to reduce
    end
+   u.take = new_take(u.params)
    return u
 end
 
@@ -168,16 +201,32 @@ function Unit:unbind()
    self.bound = false
 end
 
--- Add each parameter's .grad into its slice of acc (padded; any float dtype) and drop it.
+-- Add each parameter's .grad into its slice of acc (padded; any float dtype) and drop it: one dt_op_axpby_n call for
+-- the unit, through the lists of self.take (refilled, nothing made per parameter).
 function Unit:take_grads(acc)
-   for _, e in ipairs(self.params) do
+   local t, params = self.take, self.params
+   point_at(t, params, acc)
+   local n = 0
+   for i, e in ipairs(params) do
       local g = e.p.grad
       if g ~= nil then
-         local dst = acc:as_strided(e.shape, contiguous_strides(e.shape), e.offset)
-         check(C.dt_op_axpby(1, g.h, 1, dst.h))
+         t.x[n] = g.h
+         if t.at[n] ~= i then t.y[n], t.at[n] = t.slices + (i - 1), i end -- as in the last call, mostly
+         n = n + 1
+      end
+   end
+   t.n = n
+   if n > 0 and C.dt_op_axpby_n(n, 1, t.x, 1, t.y) ~= 0 then
+      local msg = ffi.string(C.dt_last_error())
+      local k = tonumber(msg:match("^axpby_n %(pair (%d+)%)")) -- name the pair's parameter and unit
+      if k then msg = msg .. (" (fsdp unit %s, parameter '%s')"):format(label(self), params[t.at[k]].name) end
+      error(msg, 2)
+   end
+   for _, e in ipairs(params) do
+      local g = e.p.grad
+      if g ~= nil then
          e.p.grad = nil
          g:free()
-         dst:free()
       end
    end
 end
