@@ -3,7 +3,6 @@
 local dt = require "dt"
 local testing = require "dt.testing"
 local ffi = require "ffi"
-local dtffi = require "dt.ffi"
 
 local dev = dt.default_device()
 local pool = dev == "cpu" and "host" or "device"
@@ -106,7 +105,7 @@ describe("tensor", function()
       if dev ~= "cpu" or not f then return pending("host tensors on a kernel with transparent huge pages") end
       f:close()
       local t = dt.empty({ 3, 1024, 1024 }) -- 12 MiB: holds at least five whole 2 MiB pages wherever it lies
-      local addr = tonumber(ffi.cast("uintptr_t", dtffi.C.dt_tensor_ptr(t.h)))
+      local addr = tonumber(ffi.cast("uintptr_t", dt.C.dt_tensor_ptr(t.h)))
       local page = math.ceil(addr / 2 ^ 21) * 2 ^ 21 -- the first whole 2 MiB page inside it
       local inside, flags = false, nil
       for line in io.lines("/proc/self/smaps") do
@@ -162,7 +161,6 @@ describe("tensor", function()
    end)
 
    it("matches the struct layout the C library uses", function()
-      local ffi = require "ffi"
       for _, name in ipairs { "dt_tensor", "dt_device", "dt_pool_stats" } do
          assert.equal(tonumber(dt.C.dt_abi_sizeof(name)), ffi.sizeof(name), name)
       end
