@@ -75,10 +75,8 @@ dt_status dt_op_reduce_check(int op, const dt_tensor *x, int dim, bool keepdim, 
            dim, dt_shape_str(x, b1, sizeof b1), x->ndim - 1);
   dt_tensor want = {.dtype = out->dtype};
   want.ndim = reduced_shape(x, dim, keepdim, want.shape);
-  bool same = want.ndim == out->ndim;
-  for (int d = 0; same && d < want.ndim; d++) same = want.shape[d] == out->shape[d];
-  DT_CHECK(same, DT_ERR_ARG, "%s: out has shape %s, expected %s", name, dt_shape_str(out, b1, sizeof b1),
-           dt_shape_str(&want, b2, sizeof b2));
+  DT_CHECK(dt_same_shape(&want, out), DT_ERR_ARG, "%s: out has shape %s, expected %s", name,
+           dt_shape_str(out, b1, sizeof b1), dt_shape_str(&want, b2, sizeof b2));
   DT_CHECK(op != DT_REDUCE_ARGMAX || out->dtype == DT_DTYPE_I64 || out->dtype == DT_DTYPE_I32, DT_ERR_ARG,
            "argmax: out must be i64 or i32, got %s", dt_dtype_name(out->dtype));
   bool extremum = op == DT_REDUCE_MAX || op == DT_REDUCE_MIN || op == DT_REDUCE_ARGMAX;
@@ -278,15 +276,7 @@ dt_status dt_nn_kv_check(const char *op, const dt_tensor *x, const char *nx, con
   return DT_OK;
 }
 
-static bool same_shape(const dt_tensor *a, const dt_tensor *b) {
-  if (a->ndim != b->ndim) return false;
-  for (int d = 0; d < a->ndim; d++)
-    if (a->shape[d] != b->shape[d]) return false;
-  return true;
-}
-
-/* The state dtype that goes with a parameter dtype. */
-static int state_dtype(int param_dtype) { return param_dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32; }
+int dt_optim_state_dtype(int param_dtype) { return param_dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32; }
 
 /* "op" (index < 0) or "op (param index)": the start of an optimizer's message, formatted only when one is raised. */
 static const char *entry_op(char *buf, size_t size, const char *op, int index) {
@@ -301,7 +291,7 @@ dt_status dt_optim_param_grad_check(const char *op, int index, const dt_tensor *
            entry_op(o, sizeof o, op, index), dt_shape_str(param, a, sizeof a));
   DT_CHECK(dt_dtype_is_float(grad->dtype), DT_ERR_ARG, "%s: grad must be a float tensor, got %s",
            entry_op(o, sizeof o, op, index), dt_shape_str(grad, a, sizeof a));
-  DT_CHECK(same_shape(param, grad), DT_ERR_ARG, "%s: grad %s does not match param %s",
+  DT_CHECK(dt_same_shape(param, grad), DT_ERR_ARG, "%s: grad %s does not match param %s",
            entry_op(o, sizeof o, op, index), dt_shape_str(grad, a, sizeof a), dt_shape_str(param, b, sizeof b));
   DT_CHECK(param->data && grad->data, DT_ERR_STATE, "%s: param or grad storage was released",
            entry_op(o, sizeof o, op, index));
@@ -311,10 +301,10 @@ dt_status dt_optim_param_grad_check(const char *op, int index, const dt_tensor *
 dt_status dt_optim_state_check(const char *op, int index, const char *what, const dt_tensor *param,
                                const dt_tensor *s) {
   char o[64], a[DT_SHAPE_BUF], b[DT_SHAPE_BUF];
-  DT_CHECK(s->dtype == state_dtype(param->dtype), DT_ERR_ARG, "%s: %s must be %s for a %s param, got %s",
-           entry_op(o, sizeof o, op, index), what, dt_dtype_name(state_dtype(param->dtype)),
-           dt_dtype_name(param->dtype), dt_shape_str(s, a, sizeof a));
-  DT_CHECK(same_shape(param, s), DT_ERR_ARG, "%s: %s %s does not match param %s", entry_op(o, sizeof o, op, index),
+  int sd = dt_optim_state_dtype(param->dtype);
+  DT_CHECK(s->dtype == sd, DT_ERR_ARG, "%s: %s must be %s for a %s param, got %s", entry_op(o, sizeof o, op, index),
+           what, dt_dtype_name(sd), dt_dtype_name(param->dtype), dt_shape_str(s, a, sizeof a));
+  DT_CHECK(dt_same_shape(param, s), DT_ERR_ARG, "%s: %s %s does not match param %s", entry_op(o, sizeof o, op, index),
            what, dt_shape_str(s, a, sizeof a), dt_shape_str(param, b, sizeof b));
   DT_CHECK(s->data, DT_ERR_STATE, "%s: %s storage was released", entry_op(o, sizeof o, op, index), what);
   return DT_OK;
@@ -405,11 +395,9 @@ dt_status dt_nn_rope_check(const char *op, const dt_tensor *x, const dt_tensor *
 
 dt_status dt_nn_check_same_shape(const dt_tensor *a, const dt_tensor *b, const char *op, const char *na,
                                  const char *nb) {
-  bool same = a->ndim == b->ndim;
-  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
   char ba[DT_SHAPE_BUF], bb[DT_SHAPE_BUF];
-  DT_CHECK(same, DT_ERR_ARG, "%s: shape mismatch: %s is %s but %s is %s", op, na, dt_shape_str(a, ba, sizeof ba), nb,
-           dt_shape_str(b, bb, sizeof bb));
+  DT_CHECK(dt_same_shape(a, b), DT_ERR_ARG, "%s: shape mismatch: %s is %s but %s is %s", op, na,
+           dt_shape_str(a, ba, sizeof ba), nb, dt_shape_str(b, bb, sizeof bb));
   return DT_OK;
 }
 
@@ -501,7 +489,7 @@ dt_status dt_op_axpby_n_check(int n, const dt_tensor *const *x, dt_tensor *const
     }
     DT_CHECK(x[i]->data && y[i]->data, DT_ERR_STATE, "axpby_n (pair %d): %s %s has released storage", i,
              x[i]->data ? "y" : "x", dt_shape_str(x[i]->data ? y[i] : x[i], b1, sizeof b1));
-    DT_CHECK(same_shape(x[i], y[i]), DT_ERR_ARG,
+    DT_CHECK(dt_same_shape(x[i], y[i]), DT_ERR_ARG,
              "axpby_n (pair %d): x %s does not match y %s: each pair has one shape (dt_op_axpby broadcasts x)", i,
              dt_shape_str(x[i], b1, sizeof b1), dt_shape_str(y[i], b2, sizeof b2));
   }

@@ -88,6 +88,8 @@ dt_status dt_nn_rows_cols(const dt_tensor *t, const char *op, const char *name, 
  * buffer) of param's shape and state dtype (f32, f64 for f64 params) with storage. adamw: a whole dt_optim_adamw_steps
  * call (n >= 0, no NULL list or entry, every tensor on params[0]'s device, each entry's param, grad, m and v as above,
  * the hyperparameters in range). */
+/* The optimizer state's dtype (m, v, momentum buffer) for a parameter dtype: f64 for f64 params, else f32. */
+int dt_optim_state_dtype(int param_dtype);
 dt_status dt_optim_param_grad_check(const char *op, int index, const dt_tensor *param, const dt_tensor *grad);
 dt_status dt_optim_state_check(const char *op, int index, const char *what, const dt_tensor *param,
                                const dt_tensor *s);

@@ -25,6 +25,13 @@ dt_status dt_fail_at(dt_status code, const char *file, int line, const char *fmt
 static inline bool dt_same_device(dt_device a, dt_device b) {
   return a.type == b.type && (a.type == DT_DEVICE_CPU || a.index == b.index);
 }
+/* One shape: the same dims, each of the same size. */
+static inline bool dt_same_shape(const dt_tensor *a, const dt_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d]) return false;
+  return true;
+}
 /* "cpu" or "cuda:N" into buf, for error messages. */
 const char *dt_device_str(dt_device d, char *buf, size_t n);
 /* A host tensor over memory a subsystem hands out (a communicator's registered memory): release(ctx, data) gives it

@@ -2,9 +2,7 @@
 #include "dispatch.h"
 
 static bool contiguous_twins(const dt_tensor *a, const dt_tensor *b) {
-  bool same = a->dtype == b->dtype && a->ndim == b->ndim;
-  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
-  return same && dt_tensor_is_contiguous(a) && dt_tensor_is_contiguous(b);
+  return a->dtype == b->dtype && dt_same_shape(a, b) && dt_tensor_is_contiguous(a) && dt_tensor_is_contiguous(b);
 }
 
 /* dst := src on different devices: src made contiguous on its own device, moved in one backend copy_across (into dst

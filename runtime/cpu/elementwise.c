@@ -228,8 +228,8 @@ dt_status dt_cpu_op_axpby_n(int n, double alpha, const dt_tensor *const *x, doub
 }
 
 dt_status dt_cpu_copy(dt_tensor *dst, const dt_tensor *src) {
-  bool same = dst->dtype == src->dtype && dst->ndim == src->ndim;
-  for (int d = 0; same && d < dst->ndim; d++) same = dst->shape[d] == src->shape[d];
-  if (same && dt_tensor_is_contiguous(dst) && dt_tensor_is_contiguous(src)) return dt_cpu_tensor_copy(dst, src);
+  if (dst->dtype == src->dtype && dt_same_shape(dst, src) && dt_tensor_is_contiguous(dst) &&
+      dt_tensor_is_contiguous(src))
+    return dt_cpu_tensor_copy(dst, src);
   return dt_cpu_op_axpby(1.0, src, 0.0, dst);
 }

@@ -153,7 +153,7 @@ dt_status dt_cpu_optim_sgd_step(dt_tensor *param, const dt_tensor *grad, dt_tens
     }
     return DT_OK;
   }
-  int pd = param->dtype, gd = grad->dtype, sd = pd == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32;
+  int pd = param->dtype, gd = grad->dtype, sd = dt_optim_state_dtype(pd);
 #pragma omp parallel for schedule(static) if (n > OPTIM_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     int64_t po = elem_offset(param, pc, i), go = elem_offset(grad, gc, i), bo = has_buf ? elem_offset(buf, bc, i) : 0;

@@ -6,7 +6,7 @@
 
 /* A contiguous optimizer state tensor (m, v, momentum buffer) of param's shape, f32 (f64 for f64 params). */
 static dt_status check_state(dt_stream *s, const char *op, const dt_tensor *p, const dt_tensor *t, const char *name) {
-  DT_TRY(dt_cuda_check_float(s, t, p->dtype == DT_DTYPE_F64 ? DT_DTYPE_F64 : DT_DTYPE_F32, op, name));
+  DT_TRY(dt_cuda_check_float(s, t, dt_optim_state_dtype(p->dtype), op, name));
   return dt_nn_check_same_shape(p, t, op, "param", name);
 }
 
