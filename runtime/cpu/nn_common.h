@@ -52,15 +52,36 @@ static inline float dt_nn_expf(float x) {
   return x < lo ? 0.0f : p * scale;
 }
 
-/* erf(x) in f32 through dt_nn_expf (vectorisable): Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7 (the
- * approximation PyTorch's vectorised CPU erf uses); _given takes exp(-x^2) from a caller that has it. */
+/* erf(x) in f32 from exp(-x^2), for callers that have it (GELU's backward needs phi(x) anyway): Abramowitz &
+ * Stegun 7.1.26, |error| <= 1.5e-7 (5.5e-7 evaluated in f32), the approximation PyTorch's vectorised CPU erf uses. */
 static inline float dt_nn_erff_given(float x, float exp_neg_x2) {
   float ax = x < 0 ? -x : x, t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
   float r = 1.0f - poly * exp_neg_x2;
   return x < 0 ? -r : r;
 }
-static inline float dt_nn_erff(float x) { return dt_nn_erff_given(x, dt_nn_expf(-x * x)); }
+
+/* erf(x) in f32 without exp (vectorisable): x P(x^2) / Q(x^2), degrees 5 and 5, fitted to erf on [0, 4] (iteratively
+ * reweighted least squares on the linearised error, 2.1e-8); |error| <= 4.4e-7 evaluated in f32 (A&S through
+ * dt_nn_expf: 5.5e-7), and +-1 from |x| = 4 on, where erf rounds to 1 in f32. Half the work of A&S and its exp: GELU
+ * 0.40 against 0.79 ns an element on one AVX-512 thread. */
+static inline float dt_nn_erff(float x) {
+  float c = x < -4.0f ? -4.0f : x > 4.0f ? 4.0f : x, z = c * c;
+  float p = 1.974721877e-06f;
+  p = p * z + 2.880136594e-04f;
+  p = p * z + 4.003103213e-03f;
+  p = p * z + 5.346583027e-02f;
+  p = p * z + 1.962384974e-01f;
+  p = p * z + 1.128378977e+00f;
+  float q = 3.747825386e-05f;
+  q = q * z + 1.216197472e-03f;
+  q = q * z + 1.544337698e-02f;
+  q = q * z + 1.164718477e-01f;
+  q = q * z + 5.072430074e-01f;
+  q = q * z + 1.0f;
+  float r = c * p / q;
+  return x >= 4.0f ? 1.0f : x <= -4.0f ? -1.0f : r;
+}
 
 /* Declares real acc[DT_NN_LANES] = init and runs acc[k] = update for element i + k of x[0..n) so that
  * element j lands in accumulator j % DT_NN_LANES; `update` reads x[i + k]. */

@@ -4,8 +4,8 @@
  * (-march=native): AVX-512F, else AVX2 with FMA, else the scalar fallback (libm for f64). The f32 exp map stays on
  * nn_common.h's inlined polynomial, which GCC vectorises and fuses into the caller's loop: measured on AVX-512,
  * SLEEF's expf16 alone is faster (0.28 vs 0.35 ns an element) but a separate pass of it is not, and its u10
- * erff16/tanhf16 are 3-4x slower than the polynomials (erf 2.3 vs 0.58 ns, tanh 1.4 vs 0.43 ns), so the GELU and
- * SwiGLU kernels keep theirs. */
+ * erff16/tanhf16 are 3-6x slower than nn_common.h's (erf 2.3 ns an element, against 0.40 for a whole GELU through
+ * the rational erf; tanh 1.4 vs 0.43 ns), so the GELU and SwiGLU kernels keep theirs. */
 #ifndef DT_VEC_MATH_H
 #define DT_VEC_MATH_H
 #include <math.h>
@@ -54,9 +54,34 @@
     memcpy(y + i, t, (size_t)(n - i) * sizeof(T));                                  \
   }
 
+/* The lanes folded pairwise as nn_rows_gen.h's RF(lanes_total) and RF(max) do (lane k takes k + w for w = 8, 4, 2,
+ * 1), in registers: OP(hi, lo) is `hi + lo` or x86's max, `hi > lo ? hi : lo`, the scalar fold's own order. A store
+ * and scalar fold of the lanes instead cost ~10% of the attention forward (store-forwarding stalls on each row). */
+#if DT_VEC_W32 == 16
+#define DT_VEC_HALF32(OP, v) _mm256_##OP##_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v))
+#define DT_VEC_HALF64(OP, v) _mm256_##OP##_pd(_mm512_extractf64x4_pd(v, 1), _mm512_castpd512_pd256(v))
+#else
+#define DT_VEC_HALF32(OP, v) (v)
+#define DT_VEC_HALF64(OP, v) (v)
+#endif
+#define DT_VEC_FOLD_DEFINE(OP)                                                                \
+  static inline float dt_vec_fold_##OP##_32(DT_VEC_V32 v) {                                   \
+    __m256 h = DT_VEC_HALF32(OP, v);                                                          \
+    __m128 q = _mm_##OP##_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));         \
+    q = _mm_##OP##_ps(_mm_movehl_ps(q, q), q);                                                \
+    return _mm_cvtss_f32(_mm_##OP##_ps(_mm_shuffle_ps(q, q, 1), q));                          \
+  }                                                                                           \
+  static inline double dt_vec_fold_##OP##_64(DT_VEC_V64 v) {                                  \
+    __m256d h = DT_VEC_HALF64(OP, v);                                                         \
+    __m128d q = _mm_##OP##_pd(_mm256_extractf128_pd(h, 1), _mm256_castpd256_pd128(h));        \
+    return _mm_cvtsd_f64(_mm_##OP##_pd(_mm_unpackhi_pd(q, q), q));                            \
+  }
+DT_VEC_FOLD_DEFINE(add)
+DT_VEC_FOLD_DEFINE(max)
+
 /* DT_NN_LANES accumulators as vectors, element i in lane i % DT_NN_LANES as in DT_NN_LANE_REDUCE: STEP(acc, j,
- * B, W) folds in x + j, TAIL(acc, j, B, W) the tail's copy at t + j; then the lanes go through RF(FOLD)(lanes,
- * DT_NN_LANES), whose one full block copies them into its accumulators and folds them as RF(FOLD)(x, n) does. */
+ * B, W) folds in x + j, TAIL(acc, j, B, W) the tail's copy at t + j; then the fold: whole vectors first (the steps
+ * with w >= the vector width), then the lanes of the last one. */
 #define DT_VEC_LANES(T, B, W, S, INIT, STEP, TAIL, FOLD)                               \
   DT_VEC_V##B acc[DT_NN_LANES / DT_VEC_W##B];                                          \
   for (int v = 0; v < DT_NN_LANES / DT_VEC_W##B; v++) acc[v] = DT_VEC_OPS(set1, W)(INIT); \
@@ -65,9 +90,9 @@
     for (int v = 0; v < DT_NN_LANES / DT_VEC_W##B; v++) STEP(acc[v], i + v * DT_VEC_W##B, B, W); \
   if (full < n)                                                                        \
     for (int v = 0; v < DT_NN_LANES / DT_VEC_W##B; v++) TAIL(acc[v], v * DT_VEC_W##B, B, W); \
-  T lanes[DT_NN_LANES];                                                                \
-  for (int v = 0; v < DT_NN_LANES / DT_VEC_W##B; v++) DT_VEC_OPS(storeu, W)(lanes + v * DT_VEC_W##B, acc[v]); \
-  return FOLD##_##S(lanes, DT_NN_LANES)
+  for (int w = DT_NN_LANES / DT_VEC_W##B / 2; w > 0; w /= 2)                           \
+    for (int v = 0; v < w; v++) acc[v] = DT_VEC_OPS(FOLD, W)(acc[v + w], acc[v]);     \
+  return dt_vec_fold_##FOLD##_##B(acc[0])
 
 /* max(x) = RF(max)(x, n): max_p?(x, acc) is `x > acc ? x : acc`, NaNs skipped alike; the tail's copy is padded
  * with -inf. */
@@ -91,7 +116,7 @@
     memcpy(y + n - rest, t, (size_t)rest * sizeof(T));                                 \
     memset(t + rest, 0, (size_t)(DT_NN_LANES - rest) * sizeof(T));                     \
   }                                                                                    \
-  DT_VEC_LANES(T, B, W, S, 0, DT_VEC_EXPSUM_STEP, DT_VEC_EXPSUM_TAIL, sum)
+  DT_VEC_LANES(T, B, W, S, 0, DT_VEC_EXPSUM_STEP, DT_VEC_EXPSUM_TAIL, add)
 #define DT_VEC_EXPSUM_STEP(acc, j, B, W)                                               \
   do {                                                                                 \
     DT_VEC_V##B e = DT_VEC_F##B(exp)(DT_VEC_ARG(W, x + (j)));                          \
