@@ -53,7 +53,8 @@ static inline float dt_nn_expf(float x) {
 }
 
 /* c P(c^2) / Q(c^2) for |c| <= lim with P, Q of degree 5 (coefficients from the constant term up), c = x clamped to
- * [-lim, lim]: the odd rational form of the two f32 approximations below, which GCC vectorises. */
+ * [-lim, lim]: the odd rational form of the two f32 approximations below, which GCC vectorises. Their coefficients
+ * and errors come from tools/fit_odd_rational.py. */
 static inline float dt_nn_odd_rational(float x, float lim, const float p[6], const float q[6]) {
   float c = x < -lim ? -lim : x > lim ? lim : x, z = c * c, pz = p[5], qz = q[5];
   for (int i = 4; i >= 0; i--) {
