@@ -244,26 +244,31 @@ describe("F.gelu / F.swiglu", function()
       assert_close(dt.F.swiglu(x:float(), up:float()), sw, 4e-6)
    end)
 
-   it("in f32 stay within 1.5e-6 of f64 over [-10, 10], gradients within 5e-7, the ends exact", function()
+   it("in f32 stay within 1.5e-6 of f64 over [-10, 10], gradients within 3e-7 (20% to -5.5), ends exact", function()
       local n = 20001
       local grid = dt.empty({ n }, { dtype = "f64" })
       for i = 1, n do grid:set(i, -10 + 20 * (i - 1) / (n - 1)) end
-      local function values_and_grads(x)
-         x.requires_grad = true
-         local y = dt.F.gelu(x)
-         y:backward(dt.ones({ n }, { dtype = x.dtype }))
-         return flat(y), flat(x.grad)
+      local function values_and_grads(t)
+         t.requires_grad = true
+         local y = dt.F.gelu(t)
+         y:backward(dt.ones({ n }, { dtype = t.dtype }))
+         return flat(y), flat(t.grad)
       end
       local grid32 = grid:float()
       local want, want_grad = values_and_grads(grid)
       local got, got_grad = values_and_grads(grid32)
-      local worst, worst_grad = 0, 0
+      local worst, worst_grad, worst_tail = 0, 0, 0
       for i = 1, n do
          worst = math.max(worst, math.abs(got[i] - want[i]))
          worst_grad = math.max(worst_grad, math.abs(got_grad[i] - want_grad[i]))
+         local at = grid:get(i)
+         if at >= -5.5 and at <= -3 then -- gradients of 1e-7 to 1e-2, whose sign an Adam step follows
+            worst_tail = math.max(worst_tail, math.abs(got_grad[i] - want_grad[i]) / math.abs(want_grad[i]))
+         end
       end
       assert.is_true(worst <= 1.5e-6, ("largest error %.3g"):format(worst))
-      assert.is_true(worst_grad <= 5e-7, ("largest gradient error %.3g"):format(worst_grad))
+      assert.is_true(worst_grad <= 3e-7, ("largest gradient error %.3g"):format(worst_grad))
+      assert.is_true(worst_tail <= 0.2, ("largest relative gradient error in [-5.5, -3] %.3g"):format(worst_tail))
       assert.are.same({ 10, 0 }, { got[n], got[1] })
    end)
 

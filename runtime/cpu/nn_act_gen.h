@@ -24,15 +24,16 @@ static void RF(act_block)(const act_args *a, const real *x, const real *y, const
         o1[i] = (real)0.5 * x[i] * (1 + RF(tanh)(u));
       }
       break;
-    case ACT_GELU_BWD: /* x, dy -> dx = dy * (Phi(x) + x phi(x)) */
-#if RIS64
+    case ACT_GELU_BWD: /* x, dy -> dx = dy * (Phi(x) + x phi(x)); in f32 phi's exp is also erf's */
       for (int64_t i = 0; i < len; i++) {
-        double u = x[i] * SQRT1_2;
-        o1[i] = y[i] * (0.5 * (1 + erf(u)) + x[i] * exp(-u * u) * INV_SQRT_2PI);
-      }
+        real u = x[i] * (real)SQRT1_2, e = RF(exp)(-u * u);
+#if RIS64
+        real cdf = (real)0.5 * (1 + erf(u));
 #else
-      for (int64_t i = 0; i < len; i++) o1[i] = y[i] * dt_nn_gelu_gradf(x[i]);
+        real cdf = 0.5f * (1 + dt_nn_erff_given(u, e));
 #endif
+        o1[i] = y[i] * (cdf + x[i] * e * (real)INV_SQRT_2PI);
+      }
       break;
     case ACT_GELU_TANH_BWD: /* x, dy -> dx */
       for (int64_t i = 0; i < len; i++) {

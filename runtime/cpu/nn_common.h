@@ -52,41 +52,34 @@ static inline float dt_nn_expf(float x) {
   return x < lo ? 0.0f : p * scale;
 }
 
-/* c P(c^2) / Q(c^2) for |c| <= lim with P, Q of degree 5 (coefficients from the constant term up), c = x clamped to
- * [-lim, lim]: the odd rational form of the two f32 approximations below, which GCC vectorises. Their coefficients
- * and errors come from tools/fit_odd_rational.py. */
-static inline float dt_nn_odd_rational(float x, float lim, const float p[6], const float q[6]) {
-  float c = x < -lim ? -lim : x > lim ? lim : x, z = c * c, pz = p[5], qz = q[5];
-  for (int i = 4; i >= 0; i--) {
-    pz = pz * z + p[i];
-    qz = qz * z + q[i];
-  }
-  return c * pz / qz;
+/* erf(x) in f32 from exp(-x^2), for callers that have it (GELU's backward needs phi(x) anyway): Abramowitz & Stegun
+ * 7.1.26, |error| <= 1.5e-7 (5.5e-7 evaluated in f32), the form PyTorch's vectorised CPU erf uses. GELU's backward
+ * keeps it: a rational fit of its derivative (3.6e-7 absolute error, twice as fast in cache, no faster in a training
+ * step, where the pass is DRAM-bound) drifted fp16 ZeRO runs 3.6e-3 from DDP's in 10 steps (spec/zero_spec.lua allows
+ * 1e-3; 2.6e-5 with this), where the derivative is ~1e-7 and Adam steps by the sign of tiny gradients. */
+static inline float dt_nn_erff_given(float x, float exp_neg_x2) {
+  float ax = x < 0 ? -x : x, t = 1.0f / (1.0f + 0.3275911f * ax);
+  float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  float r = 1.0f - poly * exp_neg_x2;
+  return x < 0 ? -r : r;
 }
 
-/* erf(x) in f32 without exp: the odd rational of degrees 5 and 5 fitted to erf on [0, 4] (iteratively reweighted
- * least squares on the linearised error, 2.1e-8), +-1 from |x| = 4 on (where erf rounds to 1 in f32). |error| <=
- * 4.4e-7 evaluated in f32, against 5.5e-7 for Abramowitz & Stegun 7.1.26 through dt_nn_expf (the form PyTorch's
- * vectorised CPU erf uses) at twice the work: GELU 0.40 against 0.79 ns an element on one AVX-512 thread. */
+/* erf(x) in f32 without exp (vectorisable): x P(x^2) / Q(x^2), P and Q of degree 5, fitted to erf on [0, 4]
+ * (tools/fit_odd_rational.py: iteratively reweighted least squares, 2.1e-8), +-1 from |x| = 4 on (where erf rounds to
+ * 1 in f32). |error| <= 4.4e-7 evaluated in f32, against 5.5e-7 for A&S through dt_nn_expf at twice the work: GELU
+ * 0.40 against 0.79 ns an element on one AVX-512 thread. */
 static inline float dt_nn_erff(float x) {
   static const float p[6] = {1.128378977e+00f, 1.962384974e-01f, 5.346583027e-02f,
                              4.003103213e-03f, 2.880136594e-04f, 1.974721877e-06f};
   static const float q[6] = {1.0f, 5.072430074e-01f, 1.164718477e-01f, 1.544337698e-02f, 1.216197472e-03f,
                              3.747825386e-05f};
-  float r = dt_nn_odd_rational(x, 4.0f, p, q);
+  float c = x < -4.0f ? -4.0f : x > 4.0f ? 4.0f : x, z = c * c, pz = p[5], qz = q[5];
+  for (int i = 4; i >= 0; i--) {
+    pz = pz * z + p[i];
+    qz = qz * z + q[i];
+  }
+  float r = c * pz / qz;
   return x >= 4.0f ? 1.0f : x <= -4.0f ? -1.0f : r;
-}
-
-/* GELU's derivative Phi(x) + x phi(x) in f32 without exp: 1/2 plus its odd part, the odd rational of degrees 5 and 5
- * fitted on [0, 6] as dt_nn_erff's (1.4e-7); |error| <= 3.6e-7 evaluated in f32, and 1 and 0 from |x| = 6 on. GELU's
- * backward 0.41 against 0.88 ns an element a thread through exp and A&S's erf, with its operands in cache. */
-static inline float dt_nn_gelu_gradf(float x) {
-  static const float p[6] = {7.978847578e-01f, -3.076875517e-02f, 1.421094013e-02f,
-                             2.371783957e-05f, 3.585021182e-05f,  1.909857195e-07f};
-  static const float q[6] = {1.0f, 2.947750255e-01f, 4.105533220e-02f, 3.528240442e-03f, 1.933342880e-04f,
-                             8.890297031e-06f};
-  float r = 0.5f + dt_nn_odd_rational(x, 6.0f, p, q);
-  return x >= 6.0f ? 1.0f : x <= -6.0f ? 0.0f : r;
 }
 
 /* Declares real acc[DT_NN_LANES] = init and runs acc[k] = update for element i + k of x[0..n) so that
