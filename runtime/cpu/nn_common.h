@@ -54,9 +54,10 @@ static inline float dt_nn_expf(float x) {
 
 /* erf(x) in f32 from exp(-x^2), for callers that have it (GELU's backward needs phi(x) anyway): Abramowitz & Stegun
  * 7.1.26, |error| <= 1.5e-7 (5.5e-7 evaluated in f32), the form PyTorch's vectorised CPU erf uses. GELU's backward
- * keeps it: a rational fit of its derivative (3.6e-7 absolute error, twice as fast in cache, no faster in a training
- * step, where the pass is DRAM-bound) drifted fp16 ZeRO runs 3.6e-3 from DDP's in 10 steps (spec/zero_spec.lua allows
- * 1e-3; 2.6e-5 with this), where the derivative is ~1e-7 and Adam steps by the sign of tiny gradients. */
+ * keeps it: a rational fit of its derivative (3.6e-7 absolute error; twice as fast in cache, 6.6-9.4 against 8.4-10.1
+ * ms a ref-gpt step, where the pass is DRAM-bound) drifted fp16 ZeRO runs 3.6e-3 from DDP's in 10 steps
+ * (spec/zero_spec.lua allows 1e-3; 2.6e-5 with this), where the derivative is ~1e-7 and Adam steps by the sign of tiny
+ * gradients. */
 static inline float dt_nn_erff_given(float x, float exp_neg_x2) {
   float ax = x < 0 ? -x : x, t = 1.0f / (1.0f + 0.3275911f * ax);
   float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;

@@ -82,7 +82,7 @@ DT_VEC_FOLD_DEFINE(max)
 /* DT_NN_LANES accumulators as vectors, element i in lane i % DT_NN_LANES as in DT_NN_LANE_REDUCE: STEP(acc, j,
  * B, W) folds in x + j, TAIL(acc, j, B, W) the tail's copy at t + j; then the fold: whole vectors first (the steps
  * with w >= the vector width), then the lanes of the last one. */
-#define DT_VEC_LANES(T, B, W, S, INIT, STEP, TAIL, FOLD)                               \
+#define DT_VEC_LANES(B, W, INIT, STEP, TAIL, FOLD)                                     \
   DT_VEC_V##B acc[DT_NN_LANES / DT_VEC_W##B];                                          \
   for (int v = 0; v < DT_NN_LANES / DT_VEC_W##B; v++) acc[v] = DT_VEC_OPS(set1, W)(INIT); \
   int64_t full = n - n % DT_NN_LANES;                                                  \
@@ -96,17 +96,17 @@ DT_VEC_FOLD_DEFINE(max)
 
 /* max(x) = RF(max)(x, n): max_p?(x, acc) is `x > acc ? x : acc`, NaNs skipped alike; the tail's copy is padded
  * with -inf. */
-#define DT_VEC_MAX_BODY(T, B, W, S)                                                    \
+#define DT_VEC_MAX_BODY(T, B, W)                                                       \
   T t[DT_NN_LANES];                                                                    \
   for (int k = 0; k < DT_NN_LANES; k++) t[k] = -INFINITY;                              \
   memcpy(t, x + n - n % DT_NN_LANES, (size_t)(n % DT_NN_LANES) * sizeof(T));           \
-  DT_VEC_LANES(T, B, W, S, -INFINITY, DT_VEC_MAX_STEP, DT_VEC_MAX_TAIL, max)
+  DT_VEC_LANES(B, W, -INFINITY, DT_VEC_MAX_STEP, DT_VEC_MAX_TAIL, max)
 #define DT_VEC_MAX_STEP(acc, j, B, W) (acc) = DT_VEC_OPS(max, W)(DT_VEC_OPS(loadu, W)(x + (j)), (acc))
 #define DT_VEC_MAX_TAIL(acc, j, B, W) (acc) = DT_VEC_OPS(max, W)(DT_VEC_OPS(loadu, W)(t + (j)), (acc))
 
 /* y[i] = exp(a x[i] + b) and their sum = RF(sum)(y, n), in one pass. The tail goes through a copy of x padded
  * with zeros, whose unused results are zeroed before they are added. */
-#define DT_VEC_EXPSUM_BODY(T, B, W, S)                                                 \
+#define DT_VEC_EXPSUM_BODY(T, B, W)                                                    \
   T t[DT_NN_LANES] = {0};                                                              \
   int64_t rest = n % DT_NN_LANES;                                                      \
   if (rest) {                                                                          \
@@ -116,7 +116,7 @@ DT_VEC_FOLD_DEFINE(max)
     memcpy(y + n - rest, t, (size_t)rest * sizeof(T));                                 \
     memset(t + rest, 0, (size_t)(DT_NN_LANES - rest) * sizeof(T));                     \
   }                                                                                    \
-  DT_VEC_LANES(T, B, W, S, 0, DT_VEC_EXPSUM_STEP, DT_VEC_EXPSUM_TAIL, add)
+  DT_VEC_LANES(B, W, 0, DT_VEC_EXPSUM_STEP, DT_VEC_EXPSUM_TAIL, add)
 #define DT_VEC_EXPSUM_STEP(acc, j, B, W)                                               \
   do {                                                                                 \
     DT_VEC_V##B e = DT_VEC_F##B(exp)(DT_VEC_ARG(W, x + (j)));                          \
@@ -126,8 +126,8 @@ DT_VEC_FOLD_DEFINE(max)
 #define DT_VEC_EXPSUM_TAIL(acc, j, B, W) (acc) = DT_VEC_OPS(add, W)((acc), DT_VEC_OPS(loadu, W)(t + (j)))
 
 #define DT_VEC_DEFINE(T, B, W, S)                                                                    \
-  static inline T dt_vec_expsum_##S(T *y, const T *x, T a, T b, int64_t n) { DT_VEC_EXPSUM_BODY(T, B, W, S); } \
-  static inline T dt_vec_max_##S(const T *x, int64_t n) { DT_VEC_MAX_BODY(T, B, W, S); }
+  static inline T dt_vec_expsum_##S(T *y, const T *x, T a, T b, int64_t n) { DT_VEC_EXPSUM_BODY(T, B, W); } \
+  static inline T dt_vec_max_##S(const T *x, int64_t n) { DT_VEC_MAX_BODY(T, B, W); }
 #else
 #define DT_VEC_DEFINE(T, B, W, S)                                                                    \
   static inline T dt_vec_expsum_##S(T *y, const T *x, T a, T b, int64_t n) {                         \
