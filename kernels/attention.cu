@@ -165,6 +165,16 @@ __device__ __forceinline__ void tc_mma_abt(float (&acc)[M][N][4], const T *a, co
   }
 }
 
+/* a := the A fragment (rounded to T) of columns 16 kk .. 16 kk + 15 of a 16-row P held as C fragments pf (n-tiles
+ * 2 kk and 2 kk + 1): the accumulator's layout is the A operand's. */
+template <typename T, int N>
+__device__ __forceinline__ void tc_p_fragment(const float (&pf)[N][4], int kk, uint32_t (&a)[4]) {
+  a[0] = pack2<T>(pf[2 * kk][0], pf[2 * kk][1]);
+  a[1] = pack2<T>(pf[2 * kk][2], pf[2 * kk][3]);
+  a[2] = pack2<T>(pf[2 * kk + 1][0], pf[2 * kk + 1][1]);
+  a[3] = pack2<T>(pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
+}
+
 /* acc (the warp's 16M x HD, C fragments of M m-tiles by HD / 8 n-tiles) += P B, P: 16M x 8N in C fragments (rounded
  * to T as the A operand), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix, each
  * B fragment used by all M m-tiles. */
@@ -173,14 +183,8 @@ __device__ __forceinline__ void tc_mma_pb(float (&acc)[M][HD / 8][4], const floa
   constexpr int LD = tc_ld<HD>();
   const int lane = threadIdx.x % WARP;
   DT_UNROLL for (int kk = 0; kk < N / 2; kk++) {
-    /* the accumulator fragments of columns 16 kk .. 16 kk + 15 are the A fragment of the product */
     uint32_t pa[M][4];
-    DT_UNROLL for (int mt = 0; mt < M; mt++) {
-      pa[mt][0] = pack2<T>(pf[mt][2 * kk][0], pf[mt][2 * kk][1]);
-      pa[mt][1] = pack2<T>(pf[mt][2 * kk][2], pf[mt][2 * kk][3]);
-      pa[mt][2] = pack2<T>(pf[mt][2 * kk + 1][0], pf[mt][2 * kk + 1][1]);
-      pa[mt][3] = pack2<T>(pf[mt][2 * kk + 1][2], pf[mt][2 * kk + 1][3]);
-    }
+    DT_UNROLL for (int mt = 0; mt < M; mt++) tc_p_fragment<T>(pf[mt], kk, pa[mt]);
     DT_UNROLL for (int dn = 0; dn < HD / 8; dn += 2) {
       uint32_t bf[4];
       ldmatrix<4, true>(bf, b + (16 * kk + lane % 16) * LD + 8 * dn + lane / 16 * 8);
@@ -205,6 +209,90 @@ __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][
   }
 }
 
+/* rows x HD of dst in wgmma's core-matrix order (attn_fwd_wg) := the first rows of an (n, d) slab at src, as
+ * tc_load_tile does: copy idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. + 7, which land
+ * at 8 idx (16 contiguous bytes a thread). */
+template <typename T, int HD>
+__device__ __forceinline__ void wg_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
+  for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
+    int r = idx / HD * 8 + idx % 8, c = idx / 8 % (HD / 8) * 8;
+    bool in = r < n && c < d;
+    cp_async16(dst + 8 * idx, in ? src + r * ld + c : src, in ? 16 : 0);
+  }
+}
+
+/* The forward's first copies: br rows of Q (from q: row i0 of its head) and the first K tile (one cp.async group),
+ * then the first V tile (the next group), of bc rows each; into wgmma's core-matrix order when CORES. */
+template <typename T, int HD, bool CORES>
+__device__ __forceinline__ void fwd_first_tiles(const attn_params &p, T *Qs, T *Ks, T *Vs, const T *q, const T *kt,
+                                                const T *vt, int64_t i0, int br, int bc) {
+  auto load = [](T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
+    if constexpr (CORES) wg_load_tile<T, HD>(dst, src, n, d, ld, rows);
+    else tc_load_tile<T, HD>(dst, src, n, d, ld, rows);
+  };
+  load(Qs, q, p.t - i0, p.d, p.lay.q.st, br);
+  load(Ks, kt, p.tk, p.d, p.lay.k.st, bc);
+  cp_async_commit();
+  load(Vs, vt, p.tk, p.d, p.lay.v.st, bc);
+  cp_async_commit();
+}
+
+/* One key tile of the forward's online softmax on a warp's 16 MT rows (row slot r = 2 mt + h is row
+ * w0 + 16 mt + 8 h + g for lane (g, t)): the scores s (C fragments of keys j0 ..) times sl (scale * log2(e)), masked past each row's
+ * key end when the tile reaches past unmasked_end (the diagonal or the end of the keys), become P = exp2(s - m) in
+ * place; the running max m and sum l are updated and the output o rescaled to the new max. */
+template <int MT, int NT, int DN>
+__device__ __forceinline__ void tc_softmax_tile(const attn_params &p, float (&s)[MT][NT][4], float (&m)[2 * MT],
+                                                float (&l)[2 * MT], float (&o)[MT][DN][4], int64_t w0, int g,
+                                                int t, int j0, int unmasked_end, float sl) {
+  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) s[mt][n][i] *= sl;
+    }
+  }
+  if (j0 + 8 * NT > unmasked_end) { /* the tile crosses the causal diagonal or the end of the keys */
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      int64_t row = w0 + 16 * mt + g; /* (row ends computed here, not kept: registers) */
+      int rend[2] = {(int)(row < p.t ? key_end(p, row) : 0), (int)(row + 8 < p.t ? key_end(p, row + 8) : 0)};
+      DT_UNROLL for (int n = 0; n < NT; n++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) {
+          if (j0 + 8 * n + 2 * t + i % 2 >= rend[i / 2]) s[mt][n][i] = -INFINITY;
+        }
+      }
+    }
+  }
+  float mx[2 * MT];
+  DT_UNROLL for (int r = 0; r < 2 * MT; r++) mx[r] = -INFINITY;
+  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) mx[2 * mt + i / 2] = fmaxf(mx[2 * mt + i / 2], s[mt][n][i]);
+    }
+  }
+  float alpha[2 * MT], psum[2 * MT];
+  DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
+    float mnew = fmaxf(m[r], quad_max(mx[r]));
+    alpha[r] = exp2f(m[r] - mnew); /* 1 while both are -inf: a row that sees no key yet keeps l = 0 */
+    alpha[r] = mnew == -INFINITY ? 1.0f : alpha[r];
+    m[r] = mnew;
+    mx[r] = mnew == -INFINITY ? 0.0f : mnew; /* the offset: exp2(-inf - 0) = 0 for a masked score */
+    psum[r] = 0;
+  }
+  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+    DT_UNROLL for (int n = 0; n < NT; n++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) {
+        s[mt][n][i] = exp2f(s[mt][n][i] - mx[2 * mt + i / 2]);
+        psum[2 * mt + i / 2] += s[mt][n][i];
+      }
+    }
+  }
+  DT_UNROLL for (int r = 0; r < 2 * MT; r++) l[r] = l[r] * alpha[r] + quad_sum(psum[r]);
+  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+    DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+      DT_UNROLL for (int i = 0; i < 4; i++) o[mt][dn][i] *= alpha[2 * mt + i / 2];
+    }
+  }
+}
+
 /* Block (query tile, batch * Hq): out and lse of 128 query rows. Lane (g, t) = (lane / 4, lane % 4) of warp w holds
  * rows i0 + 32 w + 16 mt + g and + 8 (mt = 0, 1) of the score and output fragments: row slot r = 2 mt + h is row
  * i0 + 32 w + 16 mt + 8 h + g. Causal query tiles run heaviest first (the last rows see the most keys). */
@@ -224,12 +312,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   /* keys before unmasked_end are visible to every row of the warp: their tiles skip the mask */
   int unmasked_end = (int)key_end(p, w0); /* (keys counted in int: fewer registers) */
   int kend = (int)key_end(p, (i0 + TC_FWD_BR < p.t ? i0 + TC_FWD_BR : p.t) - 1); /* keys past the last row: skipped */
-  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st,
-                      TC_FWD_BR);
-  tc_load_tile<T, HD>(Ks, kt, p.tk, p.d, p.lay.k.st, TC_BC);
-  cp_async_commit();
-  tc_load_tile<T, HD>(Vs, vt, p.tk, p.d, p.lay.v.st, TC_BC);
-  cp_async_commit();
+  fwd_first_tiles<T, HD, false>(p, Qs, Ks, Vs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), kt, vt, i0,
+                                TC_FWD_BR, TC_BC);
   float o[MT][DN][4], m[2 * MT], l[2 * MT];
   DT_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0;
   DT_UNROLL for (int mt = 0; mt < MT; mt++) {
@@ -248,52 +332,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     kt += TC_BC * p.lay.k.st;
     if (more) tc_load_tile<T, HD>(Ks, kt, p.tk - j0 - TC_BC, p.d, p.lay.k.st, TC_BC);
     cp_async_commit(); /* (an empty group after the last tile keeps the wait counts below uniform) */
-    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-      DT_UNROLL for (int n = 0; n < NT; n++) {
-        DT_UNROLL for (int i = 0; i < 4; i++) s[mt][n][i] *= sl;
-      }
-    }
-    if (j0 + TC_BC > unmasked_end) { /* the tile crosses the causal diagonal or the end of the keys */
-      DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-        int64_t row = w0 + 16 * mt + g; /* (row ends computed here, not kept: registers) */
-        int rend[2] = {(int)(row < p.t ? key_end(p, row) : 0), (int)(row + 8 < p.t ? key_end(p, row + 8) : 0)};
-        DT_UNROLL for (int n = 0; n < NT; n++) {
-          DT_UNROLL for (int i = 0; i < 4; i++) {
-            if (j0 + 8 * n + 2 * t + i % 2 >= rend[i / 2]) s[mt][n][i] = -INFINITY;
-          }
-        }
-      }
-    }
-    float mx[2 * MT];
-    DT_UNROLL for (int r = 0; r < 2 * MT; r++) mx[r] = -INFINITY;
-    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-      DT_UNROLL for (int n = 0; n < NT; n++) {
-        DT_UNROLL for (int i = 0; i < 4; i++) mx[2 * mt + i / 2] = fmaxf(mx[2 * mt + i / 2], s[mt][n][i]);
-      }
-    }
-    float alpha[2 * MT], psum[2 * MT];
-    DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
-      float mnew = fmaxf(m[r], quad_max(mx[r]));
-      alpha[r] = exp2f(m[r] - mnew); /* 1 while both are -inf: a row that sees no key yet keeps l = 0 */
-      alpha[r] = mnew == -INFINITY ? 1.0f : alpha[r];
-      m[r] = mnew;
-      mx[r] = mnew == -INFINITY ? 0.0f : mnew; /* the offset: exp2(-inf - 0) = 0 for a masked score */
-      psum[r] = 0;
-    }
-    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-      DT_UNROLL for (int n = 0; n < NT; n++) {
-        DT_UNROLL for (int i = 0; i < 4; i++) {
-          s[mt][n][i] = exp2f(s[mt][n][i] - mx[2 * mt + i / 2]);
-          psum[2 * mt + i / 2] += s[mt][n][i];
-        }
-      }
-    }
-    DT_UNROLL for (int r = 0; r < 2 * MT; r++) l[r] = l[r] * alpha[r] + quad_sum(psum[r]);
-    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-      DT_UNROLL for (int dn = 0; dn < DN; dn++) {
-        DT_UNROLL for (int i = 0; i < 4; i++) o[mt][dn][i] *= alpha[2 * mt + i / 2];
-      }
-    }
+    tc_softmax_tile(p, s, m, l, o, w0, g, t, j0, unmasked_end, sl);
     cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
     __syncthreads();    /* ... for every thread's copies */
     tc_mma_pb<T, HD, MT, NT>(o, s, Vs);
@@ -311,6 +350,85 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     if (t == 0)
       store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
   }
+}
+
+/* The forward on sm_90's warpgroup instructions (wgmma; compiled for sm_90a, launched only on compute capability 9.0):
+ * 128 query rows a block on two warpgroups of 64 (warp w of warpgroup wg holds rows 64 wg + 16 w .. + 15, in the
+ * same fragments as the mma.sync kernels), 64-key tiles, 256 threads. S = Q K^T reads Q and K from shared memory;
+ * O += P V takes P from registers (S's accumulator fragments are the A operand's) and V from shared memory: nothing
+ * passes through ldmatrix. Tiles lie in shared memory as wgmma's unswizzled core matrices (8 rows x 16 bytes, 128
+ * contiguous bytes; a block of 8 rows is HD / 8 cores side by side): element (r, c) at
+ * ((r / 8) (HD / 8) + c / 8) 64 + (r % 8) 8 + c % 8. */
+enum { WG_BR = 128, WG_BC = 64, WG_THREADS = 256 };
+
+/* Block (query tile, batch * Hq): out and lse of 128 query rows; lane (g, t) of its warp holds rows w0 + g and
+ * w0 + g + 8 (row slots 0, 1). Causal query tiles run heaviest first. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap(); /* (sm_80 code: never launched there) */
+#else
+  constexpr int NT = WG_BC / 8, DN = HD / 8;
+  constexpr uint32_t CORE = 128, ROW_BLOCK = HD * 16; /* bytes between cores adjacent along a row; 8-row blocks */
+  DT_DYN_SMEM(T, sm);
+  T *Qs = sm, *Ks = Qs + WG_BR * HD, *Vs = Ks + WG_BC * HD;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
+  int64_t tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = tile * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
+  int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  const float sl = p.scale * TC_LOG2E;
+  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
+  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
+  int unmasked_end = (int)key_end(p, w0); /* keys before it are visible to every row of the warp */
+  int kend = (int)key_end(p, (i0 + WG_BR < p.t ? i0 + WG_BR : p.t) - 1); /* keys past the last row: skipped */
+  fwd_first_tiles<T, HD, true>(p, Qs, Ks, Vs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), kt, vt, i0,
+                               WG_BR, WG_BC);
+  const T *qw = Qs + 64 * wg * HD; /* the warpgroup's 64 rows of Q */
+  float o[1][DN][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}; /* (one m-tile: tc_softmax_tile's shapes) */
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) o[0][dn][0] = o[0][dn][1] = o[0][dn][2] = o[0][dn][3] = 0;
+  for (int j0 = 0; j0 < kend; j0 += WG_BC) {
+    bool more = j0 + WG_BC < kend;
+    cp_async_wait<1>();   /* Q and this tile's K have landed (its V may still be in flight) */
+    wgmma_shared_fence(); /* ... visible to wgmma's reads */
+    __syncthreads();      /* ... for every thread's copies */
+    float s[1][NT][4];
+    DT_UNROLL for (int n = 0; n < NT; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0;
+    wgmma_fence();
+    DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) /* K-major Q and K: the ks-th 16 columns are 2 cores in */
+      wgmma_ss<T, WG_BC, false>(s[0], wgmma_desc(qw + 128 * ks, CORE, ROW_BLOCK),
+                                wgmma_desc(Ks + 128 * ks, CORE, ROW_BLOCK), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads(); /* every warpgroup is done with K: the next tile's K may come in */
+    kt += WG_BC * p.lay.k.st;
+    if (more) wg_load_tile<T, HD>(Ks, kt, p.tk - j0 - WG_BC, p.d, p.lay.k.st, WG_BC);
+    cp_async_commit(); /* (an empty group after the last tile keeps the wait counts uniform) */
+    tc_softmax_tile(p, s, m, l, o, w0, g, t, j0, unmasked_end, sl);
+    uint32_t pa[WG_BC / 16][4]; /* P as the A fragments of P V, all before the fence */
+    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) tc_p_fragment<T>(s[0], kk, pa[kk]);
+    cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
+    wgmma_shared_fence();
+    __syncthreads();
+    wgmma_fence(); /* o and pa were written above */
+    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) /* MN-major V: the kk-th 16 keys are 2 row blocks in */
+      wgmma_rs<T, HD, true>(o[0], pa[kk], wgmma_desc(Vs + 16 * HD * kk, ROW_BLOCK, CORE), true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads(); /* every warpgroup is done with V: the next tile's V may come in */
+    vt += WG_BC * p.lay.v.st;
+    if (more) wg_load_tile<T, HD>(Vs, vt, p.tk - j0 - WG_BC, p.d, p.lay.v.st, WG_BC);
+    cp_async_commit();
+  }
+  cp_async_wait<0>(); /* no copy outlives the block */
+  DT_UNROLL for (int r = 0; r < 2; r++) {
+    int64_t row = w0 + 8 * r + g;
+    if (row >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row), o[0], r,
+                        l[r] > 0 ? 1.0f / l[r] : 0.0f, p.d);
+    if (t == 0)
+      store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
+  }
+#endif
 }
 
 /* Block (query tile, batch * Hq) on the tensor cores: dQ = scale * sum over key tiles of dS K, with

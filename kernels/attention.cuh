@@ -35,20 +35,20 @@ static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, cons
   return p;
 }
 
-/* Launches a tile kernel of 128 threads over `tiles` tiles (grid.x) of `heads` (batch, head) pairs (grid.y, in
- * launches of at most 65535: the grid.y limit) with `smem` bytes of dynamic shared memory, raising the kernel's limit
- * past 48 KiB if needed. */
+/* Launches a tile kernel of `threads` threads (128 unless it says) over `tiles` tiles (grid.x) of `heads` (batch,
+ * head) pairs (grid.y, in launches of at most 65535: the grid.y limit) with `smem` bytes of dynamic shared memory,
+ * raising the kernel's limit past 48 KiB if needed. */
 template <typename K>
 static cudaError_t attn_launch(K kernel, const char *name, int64_t tiles, int64_t heads, size_t smem,
-                               cudaStream_t s, dtk::attn_params p) {
-  static_assert((int)dtk::ATT_THREADS == (int)dtk::TC_THREADS, "the attention kernels share a block size");
+                               cudaStream_t s, dtk::attn_params p, int threads = dtk::ATT_THREADS) {
+  static_assert((int)dtk::ATT_THREADS == (int)dtk::TC_THREADS, "the mma.sync and scalar kernels share a block size");
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
   }
   return dtk::for_grid_y_slices(heads, [&](int64_t first, unsigned count) {
     p.bh0 = first;
-    DT_LAUNCH_NAMED(kernel, name, dim3((unsigned)tiles, count), dtk::ATT_THREADS, smem, s, p);
+    DT_LAUNCH_NAMED(kernel, name, dim3((unsigned)tiles, count), threads, smem, s, p);
     return cudaGetLastError();
   });
 }
@@ -64,6 +64,16 @@ static bool attn_tensor_cores(int dtype, int64_t d, int n, const void *const *ba
     if ((uintptr_t)base[i] % 16 != 0 || l->sb % 8 != 0 || l->sh % 8 != 0 || l->st % 8 != 0) return false;
   }
   return true;
+}
+
+/* Whether the current device has compute capability 9.0 (H100, H200: the sm_90a code with wgmma runs there). */
+static bool attn_device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
 }
 
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
@@ -84,6 +94,13 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
+    if constexpr (dtk::is_mma_type<T>::value && (HD == 64 || HD == 128)) {
+      if (tc && a->wgmma && attn_device_is_sm90()) {
+        size_t smem = (size_t)(dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T);
+        return attn_launch(dtk::attn_fwd_wg<T, HD>, "attn_fwd_wg", (a->t + dtk::WG_BR - 1) / dtk::WG_BR, a->b * a->hq,
+                           smem, s, p, dtk::WG_THREADS);
+      }
+    }
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
         size_t smem = (size_t)(dtk::TC_FWD_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);

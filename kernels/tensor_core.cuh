@@ -1,4 +1,4 @@
-/* tensor_core.cuh: warp-level tensor-core primitives (mma.sync m16n8k16, ldmatrix, cp.async): inline PTX or emulated. */
+/* tensor_core.cuh: tensor-core primitives (mma.sync m16n8k16, ldmatrix, cp.async, sm_90a's wgmma): PTX or emulated. */
 #ifndef DT_KERNELS_TENSOR_CORE_CUH
 #define DT_KERNELS_TENSOR_CORE_CUH
 #include <string.h>
@@ -104,6 +104,142 @@ __device__ __forceinline__ void cp_async_wait() {
   dt_emu::cp_async_wait(N);
 #endif
 }
+
+/* The warpgroup matrix instructions of sm_90a (PTX ISA, "Asynchronous Warpgroup Level Matrix Operations": wgmma), in
+ * kernels compiled for sm_90a and in the emulation; elsewhere (sm_80 code) they trap, and their callers launch only on
+ * a device of compute capability 9.0. A warpgroup is 4 consecutive warps of a block whose threads are a multiple of
+ * 128; every thread of it calls each instruction. D (64 x N, f32) is held as mma.sync's C fragments, warp w of the
+ * warpgroup (threadIdx.x / 32 % 4) holding rows 16 w .. 16 w + 15: d[j][i] is row 16 w + g + 8 (i / 2), column
+ * 8 j + 2 t + i % 2 (g = lane / 4, t = lane % 4). */
+#if defined(__CUDACC__) && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define DT_WGMMA_PTX 1
+#endif
+
+/* The shared-memory address of p as a wgmma descriptor counts it (bytes into the block's shared memory window; in the
+ * emulation: into its dynamic shared memory, the only kind the emulated wgmma reads). */
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+#ifdef __CUDACC__
+  return (uint32_t)__cvta_generic_to_shared(p);
+#else
+  return dt_emu::shared_offset(p);
+#endif
+}
+
+/* A matrix descriptor (PTX ISA, "Matrix Descriptor Format") of an operand in shared memory without swizzling: the
+ * operand is made of core matrices of 8 rows of 16 bytes, each 128 contiguous bytes (row r at byte 16 r). K-major
+ * (rows along M or N, 8 elements of K a row): lbo is the byte distance between core matrices adjacent in K, sbo in M
+ * or N. MN-major (a transposed B: rows along K, 8 elements of N a row): sbo between core matrices adjacent in N, lbo
+ * in K. */
+__device__ __forceinline__ uint64_t wgmma_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)(shared_address(smem) >> 4 & 0x3fff) | (uint64_t)(lbo >> 4 & 0x3fff) << 16 |
+         (uint64_t)(sbo >> 4 & 0x3fff) << 32;
+}
+
+/* wgmma.fence: orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma. */
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef DT_WGMMA_PTX
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDACC__)
+  __trap();
+#endif
+}
+
+/* fence.proxy.async.shared::cta: this thread's shared-memory writes (stores, landed cp.async copies) become visible to
+ * the async proxy that wgmma reads its shared operands through (after a barrier, for the other threads' too). */
+__device__ __forceinline__ void wgmma_shared_fence() {
+#ifdef DT_WGMMA_PTX
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#elif defined(__CUDACC__)
+  __trap();
+#endif
+}
+
+/* wgmma.commit_group: the wgmmas this warpgroup issued since the last commit form a group. */
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef DT_WGMMA_PTX
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDACC__)
+  __trap();
+#endif
+}
+
+/* wgmma.wait_group N: all of the warpgroup's groups but the newest N are done (their accumulators may be read, their
+ * shared operands rewritten). The emulation computes each wgmma when issued. */
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef DT_WGMMA_PTX
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#elif defined(__CUDACC__)
+  __trap();
+#endif
+}
+
+/* The operand lists of the wgmma asm statements: D's registers (N / 2 of them), their names in the template, then
+ * A (a descriptor, or 4 registers), B's descriptor, the accumulate predicate and the transpose immediate. */
+#define DT_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define DT_WG_D32 DT_WG_D4(0), DT_WG_D4(1), DT_WG_D4(2), DT_WG_D4(3), DT_WG_D4(4), DT_WG_D4(5), DT_WG_D4(6), DT_WG_D4(7)
+#define DT_WG_D64 DT_WG_D32, DT_WG_D4(8), DT_WG_D4(9), DT_WG_D4(10), DT_WG_D4(11), DT_WG_D4(12), DT_WG_D4(13), \
+                  DT_WG_D4(14), DT_WG_D4(15)
+#define DT_WG_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define DT_WG_R64 DT_WG_R32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define DT_WG_ASM(SHAPE, TY, REGS, AB, P, TB, D, ...)                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY \
+               " {" REGS "}, " AB ", p, 1, 1, " TB ";\n}\n"                                                        \
+               : D : __VA_ARGS__, "r"((int)accumulate), "n"((int)TRANS_B))
+#define DT_WG_SS64(TY) DT_WG_ASM("m64n64k16", TY, DT_WG_R32, "%32, %33", "%34", "0, %35", DT_WG_D32, "l"(a), "l"(b))
+#define DT_WG_A "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b)
+#define DT_WG_RS64(TY) \
+  DT_WG_ASM("m64n64k16", TY, DT_WG_R32, "{%32, %33, %34, %35}, %36", "%37", "%38", DT_WG_D32, DT_WG_A)
+#define DT_WG_RS128(TY) \
+  DT_WG_ASM("m64n128k16", TY, DT_WG_R64, "{%64, %65, %66, %67}, %68", "%69", "%70", DT_WG_D64, DT_WG_A)
+
+/* d (64 x N) = A B, plus d when accumulate: A (64 x 16) K-major at descriptor a, B (16 x N) at descriptor b, K-major
+ * (N rows of 16 elements of K) or with TRANS_B MN-major; asynchronous until a wgmma_wait covers it. N: 64. */
+template <typename T, int N, bool TRANS_B>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(is_mma_type<T>::value && N == 64, "wgmma_ss multiplies bf16 or f16 into 64 columns");
+#ifdef DT_WGMMA_PTX
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) DT_WG_SS64("bf16");
+  else DT_WG_SS64("f16");
+#elif defined(__CUDACC__)
+  __trap();
+#else
+  dt_emu::wgmma_lane l = {a, b, {0, 0, 0, 0}, &d[0][0], (int)(threadIdx.x / 32 % 4)};
+  dt_emu::warp_wgmma(N, std::is_same<T, __half>::value, false, TRANS_B, accumulate, &l);
+#endif
+}
+
+/* The same with A from registers: a holds the warp's 16 rows of A (64 x 16) as mma.sync's A fragment (mma_16816). N: 64
+ * or 128. */
+template <typename T, int N, bool TRANS_B>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  static_assert(is_mma_type<T>::value && (N == 64 || N == 128), "wgmma_rs multiplies bf16 or f16 into 64 or 128 "
+                                                                 "columns");
+#ifdef DT_WGMMA_PTX
+  constexpr bool bf = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 64 && bf) DT_WG_RS64("bf16");
+  else if constexpr (N == 64) DT_WG_RS64("f16");
+  else if constexpr (bf) DT_WG_RS128("bf16");
+  else DT_WG_RS128("f16");
+#elif defined(__CUDACC__)
+  __trap();
+#else
+  dt_emu::wgmma_lane l = {0, b, {a[0], a[1], a[2], a[3]}, &d[0][0], (int)(threadIdx.x / 32 % 4)};
+  dt_emu::warp_wgmma(N, std::is_same<T, __half>::value, true, TRANS_B, accumulate, &l);
+#endif
+}
+#undef DT_WG_RS128
+#undef DT_WG_RS64
+#undef DT_WG_A
+#undef DT_WG_SS64
+#undef DT_WG_ASM
+#undef DT_WG_R64
+#undef DT_WG_R32
+#undef DT_WG_D64
+#undef DT_WG_D32
+#undef DT_WG_D4
 
 /* Two floats rounded to T, packed into one register (x in the low half), as mma fragments hold them. */
 template <typename T>

@@ -32,9 +32,14 @@ GPUS = [
 # FLOPs of one tensor-core instruction (mma m16n8k16); bytes an ldmatrix moves: 128 per 8x8 matrix (x1, x2, x4).
 MMA_FLOPS = 2 * 16 * 8 * 16
 LDSM_WIDTH = (r"\bLDSM\.16\.MT?88(?:\.(\d))?", r"\bldmatrix\.sync\.aligned\.m8n8\.x(\d)")
+# A wgmma (sm_90a, 16-bit inputs, k16): its N, and whether A comes from shared memory (a descriptor) or registers; it
+# does 2 * 64 * N * 16 FLOPs and reads B (16 x N) and an A from shared memory (64 x 16) from shared memory itself.
+WGMMA = (r"\bHGMMA\.64x(\d+)x16\.F32(?:\.BF16)? \S+, (\S+)",
+         r"\bwgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.\w+\.\w+\s+\{[^}]*\},\s*(\S)")
 # What each "needs" word is in SASS and in PTX.
 NEEDS = {
-    "mma": (r"\bHMMA\.|\bHGMMA\.", r"\bmma\.sync\.|\bwgmma\."),
+    "mma": (r"\bHMMA\.", r"\bmma\.sync\."),
+    "wgmma": (r"\bHGMMA\.", r"\bwgmma\.mma_async\."),
     "ldmatrix": (r"\bLDSM\.", r"\bldmatrix\."),
     "cp.async": (r"\bLDGSTS\.", r"\bcp\.async\.c[ag]\."),
     "v4": (r"\bLDG\.E\.(128|ENL2\.128)",
@@ -162,7 +167,8 @@ def main():
         flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
         needs = [n for n in h["needs"].split(",") if n]
         mix, occ, pred, smem_frac = [], {}, [], {}
-        for arch in SM:
+        archs = h.get("archs") or "80,90"
+        for arch in archs.split(","):
             names = [n for n in res[arch] if h["symbol"] in n]
             if len(names) != 1:
                 failures.append(f"{h['label']}: {len(names)} kernels match '{h['symbol']}' on sm_{arch}")
@@ -170,11 +176,16 @@ def main():
             name, r = names[0], res[arch][names[0]]
             text = code[arch].get(name, "")
             counts = {n: len(re.findall(NEEDS[n][col], text)) for n in NEEDS}
-            ldsm_bytes = sum(128 * int(w or 1) for w in re.findall(LDSM_WIDTH[col], text))
-            if h["unit"] == "tensor" and counts["mma"] and ldsm_bytes:
-                # the code's ratio of tensor work to ldmatrix traffic (every mma and ldmatrix sits in the hot loop)
+            smem_bytes = sum(128 * int(w or 1) for w in re.findall(LDSM_WIDTH[col], text))
+            tensor_flops = counts["mma"] * MMA_FLOPS
+            for cols, a_operand in re.findall(WGMMA[col], text):
+                a_shared = a_operand.startswith("gdesc") if sass else a_operand != "{"
+                tensor_flops += 2 * 64 * int(cols) * 16
+                smem_bytes += 2 * 16 * int(cols) + (2 * 64 * 16 if a_shared else 0)
+            if h["unit"] == "tensor" and tensor_flops and smem_bytes:
+                # the code's ratio of tensor work to shared-memory operand traffic (all of it in the hot loop)
                 gpu = next(g for g in GPUS if g[1] == arch)[2]
-                smem_frac[arch] = min(1.0, counts["mma"] * MMA_FLOPS / gpu["tc"] / (ldsm_bytes / gpu["smem"]))
+                smem_frac[arch] = min(1.0, tensor_flops / gpu["tc"] / (smem_bytes / gpu["smem"]))
             local = len(re.findall(LOCAL[col], text)) if sass else r["local"]
             blocks, pct = occupancy(arch, r["regs"], int(h["threads"]), int(h["smem"]) + r["shared"])
             occ[arch] = (r["regs"], local, blocks, pct)
@@ -188,9 +199,12 @@ def main():
                 failures.append(f"{h['label']}: {local} local-memory (spill) {what} on sm_{arch}")
             if r["regs"] > int(h["max_regs"]):
                 failures.append(f"{h['label']}: {r['regs']} registers on sm_{arch}, the table allows {h['max_regs']}")
-            if arch == "80" and pct < float(h["min_occ"]):
-                failures.append(f"{h['label']}: occupancy {pct:.1f}% on sm_80, the table wants >= {h['min_occ']}%")
+            if arch == archs.split(",")[0] and pct < float(h["min_occ"]):
+                failures.append(f"{h['label']}: occupancy {pct:.1f}% on sm_{arch}, the table wants >= {h['min_occ']}%")
         for gpu, arch, peak in GPUS:
+            if arch not in archs.split(","):
+                pred.append((gpu, None, None, None))
+                continue
             unit = h["unit"]
             bounds = {unit: flops / peak[unit] if unit != "dram" else 0.0, "dram": nbytes / peak["dram"]}
             if arch in smem_frac:
@@ -209,17 +223,21 @@ def main():
         o80, o90 = occ.get("80", (0, 0, 0, 0)), occ.get("90", (0, 0, 0, 0))
         p = {g: (t, pct, bound) for g, t, pct, bound in pred}
         ref = "DRAM" if h["unit"] == "dram" else "bf16 TC"
+        def cell(g, fmt):
+            t, pct, bound = p[g]
+            return fmt.format(t=t * 1e3, pct=pct, bound=bound) if t is not None else "-"
+        o80s = f"{o80[3]:.0f}%" if "80" in occ else "-"
         if a.markdown:
-            print(f"| {h['label']} ({h['shape']}) | {', '.join(mix) or '-'} | {o90[0]} | "
-                  f"{o80[3]:.0f}% / {o90[3]:.0f}% | "
-                  f"{p['A100'][0] * 1e3:.3f} ms, {p['A100'][1]:.0f}% of {ref} ({p['A100'][2]}) | "
-                  f"{p['H100'][0] * 1e3:.3f} ms, {p['H100'][1]:.0f}% of {ref} ({p['H100'][2]}) |")
+            print(f"| {h['label']} ({h['shape']}) | {', '.join(mix) or '-'} | {o90[0]} | {o80s} / {o90[3]:.0f}% | "
+                  + " | ".join(cell(g, "{t:.3f} ms, {pct:.0f}% of " + ref + " ({bound})") for g in ("A100", "H100"))
+                  + " |")
         else:
             print(f"{h['label']} [{h['shape']}]: {flops / 1e9:.1f} GFLOP, {nbytes / 1e6:.1f} MB per call")
             print(f"  mix (sm_90): {', '.join(mix) or '-'}; regs {o80[0]}/{o90[0]}, local {o80[1]}/{o90[1]}; "
                   f"occupancy sm_80 {o80[2]} blocks {o80[3]:.1f}%, sm_90 {o90[2]} blocks {o90[3]:.1f}%")
             for g, t, pct, bound in pred:
-                print(f"  {g}: predicted {t * 1e3:.3f} ms ({bound}-bound roofline), {pct:.1f}% of {ref} peak")
+                print(f"  {g}: " + (f"predicted {t * 1e3:.3f} ms ({bound}-bound roofline), {pct:.1f}% of {ref} peak"
+                                    if t is not None else "does not run it"))
     epilogues(a.epilogues, a.markdown)
     if failures:
         print("\nregressions:\n  " + "\n  ".join(failures))

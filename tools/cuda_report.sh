@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda_report.sh: the compiled kernels on sm_80/sm_90: registers, spills, instruction mix, occupancy, roofline model.
+# cuda_report.sh: the compiled kernels on sm_80/sm_90a: registers, spills, instruction mix, occupancy, roofline model.
 # Usage: tools/cuda_report.sh [--check] [--markdown] [build dir, default build/]. Every kernel's registers and local
 # memory, then the hot kernels of tools/cuda_hot_kernels.tsv (tools/cuda_report.py models them). SASS: the kernels nvcc
 # built in the build dir (DT_CUDA=ON), read with cuobjdump/nvdisasm from PyPI (nvidia-cuda-cuobjdump,
@@ -37,13 +37,13 @@ if [ -e "${objs[0]}" ]; then
 fi
 
 if [ -n "$tools" ]; then
-  for arch in 80 90; do
+  for arch in 80 90a; do # (the report calls sm_90a's code sm_90's: the GPUs it models)
     for o in "${objs[@]}"; do # (one object per call: given several, cuobjdump prints nothing)
-      PATH="$tools:$PATH" cuobjdump -res-usage -arch "sm_$arch" "$o" >>"$tmp/res_$arch.txt"
+      PATH="$tools:$PATH" cuobjdump -res-usage -arch "sm_$arch" "$o" >>"$tmp/res_${arch%a}.txt"
     done
     for f in $hot; do # SASS (slow to disassemble) of the hot kernels' families only
       PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" "$build/CMakeFiles/dt_kernels.dir/kernels/$f.cu.o" \
-        >>"$tmp/sass_$arch.txt"
+        >>"$tmp/sass_${arch%a}.txt"
     done
   done
 else
@@ -54,11 +54,11 @@ else
   fi
   echo "cuda_report: no cuobjdump (pip nvidia-cuda-cuobjdump into build/py-refs failed): PTX only, of the hot" \
     "kernels' families ($(echo $hot)), compiled with $nvcc"
-  for arch in 80 90; do
+  for arch in 80 90a; do
     for f in $hot; do
       "$nvcc" -std=c++17 -O3 -arch="sm_$arch" -cubin --keep --keep-dir "$tmp" -Xptxas -v -I"$root/runtime/include" \
-        -I"$root/runtime" -I"$root/kernels" "$root/kernels/$f.cu" -o "$tmp/$f.cubin" 2>>"$tmp/ptxas_$arch.txt"
-      cat "$tmp/$f.ptx" >>"$tmp/ptx_$arch.txt"
+        -I"$root/runtime" -I"$root/kernels" "$root/kernels/$f.cu" -o "$tmp/$f.cubin" 2>>"$tmp/ptxas_${arch%a}.txt"
+      cat "$tmp/$f.ptx" >>"$tmp/ptx_${arch%a}.txt"
     done
   done
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: on a machine with a CUDA GPU, every check that needs one, each log kept: the device, the real-GPU
 # specs (c/cuda_* and cuda_lua/*), compute-sanitizer over the kernel specs, `dtrun bench kernels` (against PyTorch when
-# $DT_BENCH_PYTHON or python3 has torch with CUDA) and a traced GPT training run with `dtrun trace top` of it.
+# $DT_BENCH_PYTHON or python3 has torch with CUDA; its attention cases again with DT_ATTN_WGMMA=1) and a traced GPT
+# training run with `dtrun trace top` of it.
 # Usage: tools/gpu_check.sh [OUT_DIR, default runs/gpu-check] (after tools/setup.sh or a cmake build in build/).
 # Each step has a time limit and the script goes on after a failure; its last line counts the steps that passed.
 set -uo pipefail
@@ -33,11 +34,14 @@ if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 1 build/c_cuda_${t}_spec || exit 1; done'
 fi
 step bench_kernels 600 build/dtrun bench kernels
+# the wgmma attention forward (opt-in until this has checked and timed it; c/cuda_attention_spec checks it on 9.0)
+step bench_attention_wgmma 300 env DT_ATTN_WGMMA=1 build/dtrun bench kernels \
+  cases=attention_fwd_bf16,attention_fwd_noncausal_bf16,attention_fwd_bwd_bf16,attention_fwd_bwd_gpt2_bf16
 step train 600 env DT_DEVICE=cuda build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 model.dim=768 \
   model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 "trace={steps={20,21}}"
 run_dir=$(sed -n 's/^run dir: //p' "$out/train.log" | head -1)
 [ -n "$run_dir" ] && step trace_top 60 build/dtrun trace top "$run_dir" 25
-tail -1 "$out/bench_kernels.log"
+tail -1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
 grep -E "^step 30/" "$out/train.log"
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"
 [ "$failed" -eq 0 ]

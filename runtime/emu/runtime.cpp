@@ -251,6 +251,12 @@ cudaError_t cudaSetDevice(int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaGetDevice(int *device) {
+  API_ENTER;
+  *device = tl_device;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
   API_ENTER;
   if (device < 0 || device >= ndev) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d)", device);
@@ -274,6 +280,8 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = SMEM_DEFAULT; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = SMEM_OPTIN; break;
     case cudaDevAttrClockRate: *value = EMU_CLOCK_KHZ; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMemoryClockRate: *value = EMU_CLOCK_KHZ; break;
     case cudaDevAttrGlobalMemoryBusWidth: *value = EMU_BUS_BITS; break;
     default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);

@@ -90,7 +90,7 @@ thread_local worker *W;
 
 const char *const coll_names[] = {"__syncwarp",    "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                   "__shfl_xor_sync", "__ballot_sync", "__any_sync",   "__all_sync",
-                                  "mma.sync",        "ldmatrix"};
+                                  "mma.sync",        "ldmatrix",    "wgmma.mma_async"};
 
 void fiber_main();
 
@@ -523,6 +523,14 @@ void *shared_static(size_t bytes) {
 }
 
 void *shared_dynamic() { return W->dyn; }
+
+uint32_t shared_offset(const void *p) {
+  const char *c = static_cast<const char *>(p), *dyn = static_cast<const char *>(W->dyn);
+  if (!dyn || c < dyn || c >= dyn + W->L->smem)
+    thread_fault(cudaErrorIllegalAddress, "%p is not in the block's dynamic shared memory (the emulated wgmma reads "
+                 "only that)", p);
+  return (uint32_t)(c - dyn);
+}
 
 /* The grid.y limit: 65535, or lower when DT_EMU_MAX_GRID_Y says so (read at each launch), which lets a spec provoke a
  * launch failure through an op that keeps to the real limit. */

@@ -1,4 +1,4 @@
-/* tensor_core.cpp: the emulated mma.sync m16n8k16, ldmatrix and cp.async, in the PTX ISA's per-lane fragment layouts. */
+/* tensor_core.cpp: the emulated mma.sync m16n8k16, ldmatrix, cp.async and wgmma, in the PTX ISA's fragment layouts. */
 #include <stdio.h>
 #include <string.h>
 
@@ -64,6 +64,88 @@ bool ldmatrix(int num, bool trans, ldmatrix_lane *const *l, char *msg, size_t le
   return true;
 }
 
+/* The shared-memory address of element (row, k) of a 64 x 16 A or (k, column) of a 16 x N B read through a matrix
+ * descriptor without swizzling (PTX ISA, "Matrix Descriptor Format"; CUTLASS's make_gmma_desc): start address, LBO
+ * and SBO in bits 0-13, 16-29, 32-45 (16-byte units), the layout type in bits 62-63 (0: no swizzle). Core matrices are
+ * 8 rows of 16 bytes; K-major (rows along M or N): row r of M/N, element k at (r / 8) SBO + (k / 8) LBO + 16 (r % 8) +
+ * 2 (k % 8); MN-major: (mn / 8) SBO + (k / 8) LBO + 16 (k % 8) + 2 (mn % 8). */
+struct desc_view {
+  uint32_t start, lbo, sbo;
+  bool mn_major;
+  uint32_t at(int mn, int k) const {
+    uint32_t row = (uint32_t)(mn_major ? k : mn) % 8, col = (uint32_t)(mn_major ? mn : k) % 8;
+    return start + (uint32_t)(mn / 8) * sbo + (uint32_t)(k / 8) * lbo + 16 * row + 2 * col;
+  }
+};
+
+bool decode_desc(uint64_t d, bool mn_major, const char *which, desc_view *v, char *msg, size_t len) {
+  if (d >> 62) {
+    snprintf(msg, len, "%s's descriptor 0x%016llx asks for a swizzled layout (type %d): the emulation reads only "
+             "unswizzled ones (type 0)", which, (unsigned long long)d, (int)(d >> 62));
+    return false;
+  }
+  *v = desc_view{(uint32_t)(d & 0x3fff) << 4, (uint32_t)(d >> 16 & 0x3fff) << 4, (uint32_t)(d >> 32 & 0x3fff) << 4,
+                 mn_major};
+  return true;
+}
+
+/* The 16-bit element at byte `off` of the block's dynamic shared memory, or false (with msg) past its end. */
+bool shared_element(uint32_t off, const char *which, uint16_t *e, char *msg, size_t len) {
+  const char *p = static_cast<const char *>(shared_dynamic()) + off;
+  if (off % 2 || !shared_range_ok(p, 2)) {
+    snprintf(msg, len, "%s's element at shared byte %u is outside the block's dynamic shared memory", which, off);
+    return false;
+  }
+  memcpy(e, p, 2);
+  return true;
+}
+
+/* One warp's 16 rows of D = A B (+ D): arg packs n (bits 0-8), f16 (9), A from registers (10), a transposed
+ * (MN-major) B (11), accumulate (12). */
+bool wgmma(int arg, wgmma_lane *const *l, char *msg, size_t len) {
+  int n = arg & 511;
+  bool f16 = arg >> 9 & 1, a_regs = arg >> 10 & 1, trans_b = arg >> 11 & 1, accumulate = arg >> 12 & 1;
+  const wgmma_lane *l0 = l[0];
+  for (int lane = 1; lane < WARP; lane++)
+    if (l[lane]->a_desc != l0->a_desc || l[lane]->b_desc != l0->b_desc || l[lane]->warp != l0->warp) {
+      snprintf(msg, len, "lane %d's descriptors or warpgroup rank differ from lane 0's", lane);
+      return false;
+    }
+  desc_view av = {}, bv;
+  if ((!a_regs && !decode_desc(l0->a_desc, false, "A", &av, msg, len)) ||
+      !decode_desc(l0->b_desc, trans_b, "B", &bv, msg, len))
+    return false;
+  float a[16][16], b[16][256];
+  for (int r = 0; r < 16; r++)
+    for (int k = 0; k < 16; k++) {
+      uint16_t e;
+      if (a_regs) {
+        const wgmma_lane *x = l[(r % 8) * 4 + (k % 8) / 2]; /* lane g * 4 + t holds rows g, g + 8, columns 2t .. */
+        e = (uint16_t)(x->a[r / 8 + 2 * (k / 8)] >> (16 * (k % 2)));
+      } else if (!shared_element(av.at(16 * l0->warp + r, k), "A", &e, msg, len)) {
+        return false;
+      }
+      a[r][k] = f16 ? __half2float(__half{e}) : __bfloat162float(__nv_bfloat16{e});
+    }
+  for (int k = 0; k < 16; k++)
+    for (int c = 0; c < n; c++) {
+      uint16_t e;
+      if (!shared_element(bv.at(c, k), "B", &e, msg, len)) return false;
+      b[k][c] = f16 ? __half2float(__half{e}) : __bfloat162float(__nv_bfloat16{e});
+    }
+  for (int lane = 0; lane < WARP; lane++) {
+    int g = lane / 4, t = lane % 4;
+    for (int j = 0; j < n / 8; j++)
+      for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i / 2), col = 8 * j + 2 * t + i % 2;
+        double s = accumulate ? l[lane]->d[4 * j + i] : 0.0; /* exact products and sum, one rounding (see mma) */
+        for (int k = 0; k < 16; k++) s += (double)a[row][k] * b[k][col];
+        l[lane]->d[4 * j + i] = (float)s;
+      }
+  }
+  return true;
+}
+
 /* Lands the copies of groups older than `newest_pending` groups; the rest stay queued in order. */
 void land(async_queue *q, uint32_t newest_pending) {
   int kept = 0;
@@ -86,6 +168,7 @@ bool warp_matrix_op(int kind, int arg, const uint64_t lanes[32], char *msg, size
     mma(arg != 0, reinterpret_cast<mma_lane *const *>(lanes));
     return true;
   }
+  if (kind == COLL_WGMMA) return wgmma(arg, reinterpret_cast<wgmma_lane *const *>(lanes), msg, len);
   return ldmatrix(arg & 7, arg >> 3 != 0, reinterpret_cast<ldmatrix_lane *const *>(lanes), msg, len);
 }
 
@@ -97,6 +180,17 @@ void warp_ldmatrix(int num, bool trans, ldmatrix_lane *lane) {
   if (num != 1 && num != 2 && num != 4)
     thread_fault(cudaErrorLaunchFailure, "ldmatrix .x%d: the count is 1, 2 or 4", num);
   warp_collective(COLL_LDMATRIX, 0xffffffffu, (uint64_t)(uintptr_t)lane, num | (int)trans << 3, WARP);
+}
+
+void warp_wgmma(int n, bool f16, bool a_regs, bool trans_b, bool accumulate, wgmma_lane *lane) {
+  const dim3 &bd = cur->bd;
+  if ((bd.x * bd.y * bd.z) % 128 != 0)
+    thread_fault(cudaErrorLaunchFailure, "wgmma in a block of %u threads: a warpgroup needs a multiple of 128",
+                 bd.x * bd.y * bd.z);
+  if (n < 8 || n > 256 || n % 8)
+    thread_fault(cudaErrorLaunchFailure, "wgmma m64n%dk16: n is a multiple of 8 in 8..256", n);
+  int arg = n | (int)f16 << 9 | (int)a_regs << 10 | (int)trans_b << 11 | (int)accumulate << 12;
+  warp_collective(COLL_WGMMA, 0xffffffffu, (uint64_t)(uintptr_t)lane, arg, WARP);
 }
 
 void cp_async(void *dst, const void *src, int bytes, int src_bytes) {

@@ -63,32 +63,35 @@ static void expect_deterministic(acase c, int dtype, const char *what) {
  * (no mask) beside tiles that cross the diagonal or the end of the keys. Tolerance: P is rounded to the storage type
  * before P V (as FlashAttention does) and out is rounded once, so |gpu - cpu| / (1 + |cpu|) stays within two ulps of
  * the storage type (bf16: 2 * 1.6e-2, f16: 2 * 2e-3, tol_of's per-dtype bound with a slack of 2). */
+/* The kernel the tensor-core forward runs (as its launch errors name it): attn_fwd_wg under DT_ATTN_WGMMA=1. */
+static const char *tc_forward = "kernel attn_fwd_tc ";
+
+static const acase tc_cases[] = {
+    {1, 4, 2, 70, 70, 64, true},     /* GQA, a ragged second query tile */
+    {1, 2, 1, 45, 83, 96, false},    /* head dim 96, cross-length, GQA, one partial tile of queries */
+    {2, 2, 2, 67, 67, 128, true},    /* head dim 128: shared memory past 48 KiB, opted in */
+    {1, 2, 2, 5, 70, 128, false},    /* fewer queries than keys */
+    {1, 1, 1, 80, 10, 64, true},     /* more queries than keys: the first 70 see no key */
+    {1, 2, 2, 20, 20, 40, true},     /* head dim 40 (the 64 instance, zero-padded) */
+    {1, 2, 1, 300, 300, 64, true},   /* causal tiles below the diagonal: unmasked in every kernel */
+    {1, 1, 1, 150, 200, 128, false}, /* unmasked key tiles, then the ragged last one */
+};
+
 static void test_tensor_cores(void) {
-  static const acase cases[] = {
-      {1, 4, 2, 70, 70, 64, true},    /* GQA, a ragged second query tile */
-      {1, 2, 1, 45, 83, 96, false},   /* head dim 96, cross-length, GQA, one partial tile of queries */
-      {2, 2, 2, 67, 67, 128, true},   /* head dim 128: shared memory past 48 KiB, opted in */
-      {1, 2, 2, 5, 70, 128, false},   /* fewer queries than keys */
-      {1, 1, 1, 80, 10, 64, true},    /* more queries than keys: the first 70 see no key */
-      {1, 2, 2, 20, 20, 40, true},    /* head dim 40 (the 64 instance, zero-padded) */
-      {1, 2, 1, 300, 300, 64, true},  /* causal tiles below the diagonal: unmasked in every kernel */
-      {1, 1, 1, 150, 200, 128, false}, /* unmasked key tiles, then the ragged last one */
-  };
-  for (size_t i = 1; i < sizeof cases / sizeof cases[0]; i++) {
-    attention_case(cases[i], DT_DTYPE_BF16, false);
-    attention_case(cases[i], DT_DTYPE_F16, false);
+  for (size_t i = 1; i < sizeof tc_cases / sizeof tc_cases[0]; i++) {
+    attention_case(tc_cases[i], DT_DTYPE_BF16, false);
+    attention_case(tc_cases[i], DT_DTYPE_F16, false);
   }
-  expect_deterministic(cases[0], DT_DTYPE_BF16,
+  expect_deterministic(tc_cases[0], DT_DTYPE_BF16,
                        "the tensor-core backward is bitwise identical under another thread order");
-  attention_case(cases[0], DT_DTYPE_F16, false);
+  attention_case(tc_cases[0], DT_DTYPE_F16, false);
 }
 
 /* The emulation's grid.y limit (DT_EMU_MAX_GRID_Y) makes the launch fail, and the error names the kernel chosen. */
-static void test_tensor_core_kernel_chosen(void) {
+static void expect_forward_kernel(const char *kernel, const char *what) {
   dt_tensor *q = dev_empty(S, 4, SHAPE(1, 2, 4, 64), DT_DTYPE_BF16), *l = dev_empty(S, 3, SHAPE(1, 2, 4), DT_DTYPE_F32);
   setenv("DT_EMU_MAX_GRID_Y", "1", 1);
-  expect_error(dt_cuda_nn_attention_fwd(S, q, q, q, 1, true, q, l), "kernel attn_fwd_tc ",
-               "bf16 attention with D = 64 runs the tensor-core kernel");
+  expect_error(dt_cuda_nn_attention_fwd(S, q, q, q, 1, true, q, l), kernel, what);
   unsetenv("DT_EMU_MAX_GRID_Y");
   dev_free(S, q);
   dev_free(S, l);
@@ -242,11 +245,11 @@ static void strided_case(scase s) {
 
   dt_cuda_device_info info;
   die_on(dt_cuda_device_info_get(0, &info), "device info");
-  if (info.emulated) { /* the grid.y limit fails the launch, naming the kernel (test_tensor_core_kernel_chosen) */
+  if (info.emulated) { /* the grid.y limit fails the launch, naming the kernel (expect_forward_kernel) */
     setenv("DT_EMU_MAX_GRID_Y", "1", 1);
     snprintf(msg, sizeof msg, "%s: the forward runs %s", what, s.tc ? "on the tensor cores" : "the scalar kernel");
     expect_error(dt_nn_attention_fwd(q, k, v, scale, c.causal, out, lse),
-                 s.tc ? "kernel attn_fwd_tc " : "kernel attn_fwd ", msg);
+                 s.tc ? tc_forward : "kernel attn_fwd ", msg);
     snprintf(msg, sizeof msg, "%s: the backward runs %s", what, s.tc ? "on the tensor cores" : "the scalar kernels");
     expect_error(dt_nn_attention_bwd(q, k, v, out, dout, lse, scale, c.causal, dq, dk, dv),
                  s.tc ? "kernel attn_bwd_dq_tc " : "kernel attn_bwd_dq ", msg);
@@ -306,6 +309,55 @@ static void test_rows_not_contiguous(void) {
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
 }
 
+/* Whether the forward of case c gives the same bits with and without DT_ATTN_WGMMA=1 (out and lse). On the emulation
+ * both kernels add each 16-wide slice of a product exactly and round it into f32 in the same order, so they must. */
+static bool wgmma_same_bits(acase c, int dtype) {
+  const int64_t *qs = SHAPE(c.b, c.hq, c.t, c.d), *ks = SHAPE(c.b, c.hkv, c.tk, c.d), *ls = SHAPE(c.b, c.hq, c.t);
+  dt_tensor *hq = host_sample(4, qs, dtype, 5, 1.5), *hk = host_sample(4, ks, dtype, 6, 1.5);
+  dt_tensor *hv = host_sample(4, ks, dtype, 7, 1);
+  dt_tensor *q = dev_from_host(S, hq), *k = dev_from_host(S, hk), *v = dev_from_host(S, hv);
+  dt_tensor *out[2], *lse[2], *got[4];
+  for (int w = 0; w < 2; w++) {
+    out[w] = dev_empty(S, 4, qs, dtype);
+    lse[w] = dev_empty(S, 3, ls, DT_DTYPE_F32);
+    if (w) setenv("DT_ATTN_WGMMA", "1", 1);
+    else unsetenv("DT_ATTN_WGMMA");
+    expect_ok(dt_cuda_nn_attention_fwd(S, q, k, v, 1.0 / sqrt((double)c.d), c.causal, out[w], lse[w]),
+              "the forward runs");
+    got[2 * w] = host_from_dev(S, out[w]);
+    got[2 * w + 1] = host_from_dev(S, lse[w]);
+  }
+  bool same = bitwise_equal(got[0], got[2]) && bitwise_equal(got[1], got[3]);
+  dt_tensor *hs[] = {hq, hk, hv, got[0], got[1], got[2], got[3]};
+  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) dt_tensor_free(hs[i]);
+  dt_tensor *ds[] = {q, k, v, out[0], out[1], lse[0], lse[1]};
+  for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) dev_free(S, ds[i]);
+  return same;
+}
+
+/* DT_ATTN_WGMMA=1 on compute capability 9.0 (the emulator is one): the bf16/f16 forward with D 64 or 128 runs on
+ * wgmma (attn_fwd_wg, sm_90a), the tensor-core cases within the same tolerance; D 96 keeps mma.sync. */
+static void test_wgmma_forward(const dt_cuda_device_info *info) {
+  if (!(info->cc_major == 9 && info->cc_minor == 0)) {
+    printf("skipped: the wgmma forward (compute capability 9.0 only; this device is %d.%d)\n", info->cc_major,
+           info->cc_minor);
+    return;
+  }
+  if (info->emulated) {
+    expect(wgmma_same_bits(tc_cases[2], DT_DTYPE_BF16), "emulated, the wgmma forward gives mma.sync's bits (D 128)");
+    expect(wgmma_same_bits(tc_cases[6], DT_DTYPE_F16), "emulated, the wgmma forward gives mma.sync's bits (D 64)");
+  }
+  setenv("DT_ATTN_WGMMA", "1", 1);
+  for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i++)
+    attention_case(tc_cases[i], i % 2 ? DT_DTYPE_F16 : DT_DTYPE_BF16, false);
+  if (info->emulated)
+    expect_forward_kernel("kernel attn_fwd_wg ", "with DT_ATTN_WGMMA=1, D = 64 runs the wgmma kernel");
+  tc_forward = "kernel attn_fwd_wg ";
+  test_strided(); /* the heads of a fused qkv and other views, in place */
+  tc_forward = "kernel attn_fwd_tc ";
+  unsetenv("DT_ATTN_WGMMA");
+}
+
 static void test_errors(void) {
   dt_tensor *q = dev_empty(S, 4, SHAPE(1, 3, 4, 8), DT_DTYPE_F32), *k = dev_empty(S, 4, SHAPE(1, 2, 4, 8), DT_DTYPE_F32);
   dt_tensor *l = dev_empty(S, 3, SHAPE(1, 3, 4), DT_DTYPE_F32);
@@ -339,7 +391,9 @@ int main(void) {
   test_tensor_cores();
   dt_cuda_device_info info;
   die_on(dt_cuda_device_info_get(0, &info), "device info");
-  if (info.emulated) test_tensor_core_kernel_chosen();
+  if (info.emulated)
+    expect_forward_kernel("kernel attn_fwd_tc ", "bf16 attention with D = 64 runs the tensor-core kernel");
+  test_wgmma_forward(&info);
   test_strided();
   test_rows_not_contiguous();
   test_errors();

@@ -69,6 +69,43 @@ __global__ void k_cp_async(const float *src, float *out) {
   for (int j = 0; j < 4; j++) out[384 + 4 * lane + j] = sm[4 * ((lane + 1) % 32) + j];
 }
 
+/* Byte offsets of the spec's wgmma operands in shared memory, in core matrices of 8 rows x 16 bytes: A (64 x 16,
+ * K-major) with its two K cores adjacent (LBO 128) and row blocks 256 apart (SBO); B (16 x N) with its N cores
+ * adjacent (SBO 128) and K blocks N * 16 apart (LBO), K-major (rows along N) or, TRANS_B, MN-major (rows along K). */
+__device__ uint32_t wg_a_at(int m, int k) { return (uint32_t)(m / 8 * 256 + k / 8 * 128 + m % 8 * 16 + k % 8 * 2); }
+template <int N, bool TRANS_B>
+__device__ uint32_t wg_b_at(int k, int n) {
+  uint32_t core = (uint32_t)(n / 8 * 128 + k / 8 * N * 16);
+  return core + (uint32_t)(TRANS_B ? k % 8 * 16 + n % 8 * 2 : n % 8 * 16 + k % 8 * 2);
+}
+
+template <typename T, int N, bool RS, bool TRANS_B>
+__global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, float *d, int accumulate) {
+  DT_DYN_SMEM(uint16_t, sm);
+  uint16_t *as = sm, *bs = sm + 64 * 16;
+  for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) as[wg_a_at(i / 16, i % 16) / 2] = a[i];
+  for (int i = threadIdx.x; i < 16 * N; i += blockDim.x) bs[wg_b_at<N, TRANS_B>(i / N, i % N) / 2] = b[i];
+  dtk::wgmma_shared_fence();
+  __syncthreads(); /* A and B are in shared memory, visible to the async proxy */
+  int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float acc[N / 8][4];
+  for (int j = 0; j < N / 8; j++)
+    for (int i = 0; i < 4; i++) acc[j][i] = c[(16 * w + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2];
+  uint32_t fa[4]; /* the warp's rows of A as mma.sync's A fragment */
+  for (int j = 0; j < 4; j++) {
+    int at = (16 * w + g + 8 * (j % 2)) * 16 + 2 * t + 8 * (j / 2);
+    fa[j] = pair(a, at, at + 1);
+  }
+  uint64_t bd = dtk::wgmma_desc(bs, N * 16, 128);
+  dtk::wgmma_fence();
+  if constexpr (RS) dtk::wgmma_rs<T, N, TRANS_B>(acc, fa, bd, accumulate != 0);
+  else dtk::wgmma_ss<T, N, TRANS_B>(acc, dtk::wgmma_desc(as, 128, 256), bd, accumulate != 0);
+  dtk::wgmma_commit();
+  dtk::wgmma_wait<0>();
+  for (int j = 0; j < N / 8; j++)
+    for (int i = 0; i < 4; i++) d[(16 * w + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2] = acc[j][i];
+}
+
 } // namespace
 
 cudaError_t spec_k_mma(cudaStream_t s, int f16, const uint16_t *a, const uint16_t *b, const float *c, float *d) {
@@ -97,4 +134,21 @@ cudaError_t spec_k_mma_ldmatrix(cudaStream_t s, int f16, const uint16_t *a, cons
 cudaError_t spec_k_cp_async(cudaStream_t s, const float *src, float *out) {
   DT_LAUNCH(k_cp_async, 1, 32, 0, s, src, out);
   return cudaGetLastError();
+}
+
+cudaError_t spec_k_wgmma(cudaStream_t s, int f16, int n, int a_regs, int trans_b, int accumulate, const uint16_t *a,
+                         const uint16_t *b, const float *c, float *d) {
+  size_t smem = (64 * 16 + 16 * (size_t)n) * 2;
+  auto go = [&](auto kernel) {
+    DT_LAUNCH_NAMED(kernel, "k_wgmma", 1, 128, smem, s, a, b, c, d, accumulate);
+    return cudaGetLastError();
+  };
+  auto typed = [&](auto tag) {
+    typedef decltype(tag) T;
+    if (n == 64 && !a_regs) return trans_b ? go(k_wgmma<T, 64, false, true>) : go(k_wgmma<T, 64, false, false>);
+    if (n == 64) return trans_b ? go(k_wgmma<T, 64, true, true>) : go(k_wgmma<T, 64, true, false>);
+    if (n == 128 && a_regs) return trans_b ? go(k_wgmma<T, 128, true, true>) : go(k_wgmma<T, 128, true, false>);
+    return cudaErrorInvalidValue;
+  };
+  return f16 ? typed(__half()) : typed(__nv_bfloat16());
 }

@@ -1,4 +1,4 @@
-/* cuda_tensor_core_kernels.h: launchers of the test kernels behind cuda_tensor_core_spec.c (mma, ldmatrix, cp.async). */
+/* cuda_tensor_core_kernels.h: the test kernels of cuda_tensor_core_spec.c (mma, ldmatrix, cp.async, wgmma). */
 #ifndef DT_CUDA_TENSOR_CORE_KERNELS_H
 #define DT_CUDA_TENSOR_CORE_KERNELS_H
 #include <stdint.h>
@@ -23,6 +23,12 @@ cudaError_t spec_k_mma_ldmatrix(cudaStream_t s, int f16, const uint16_t *a, cons
  * into shared memory with cp.async. out[0..128): group 0 after wait_group 1; out[128..256): group 1 at that point;
  * out[256..384): group 1 after wait_group 0; out[384..512): lane (l + 1) % 32's group 0 after __syncthreads. */
 cudaError_t spec_k_cp_async(cudaStream_t s, const float *src, float *out);
+/* One warpgroup (sm_90a, or emulated): d (64 x n f32, row major) = a (64 x 16) b (16 x n) (+ c (64 x n) when
+ * accumulate), a and b row major in global memory; A from shared memory (or, a_regs, from registers as mma.sync's A
+ * fragment), B from shared memory K-major (or, trans_b, MN-major), both without swizzling. n: 64 (a_regs or not) or
+ * 128 (a_regs). */
+cudaError_t spec_k_wgmma(cudaStream_t s, int f16, int n, int a_regs, int trans_b, int accumulate, const uint16_t *a,
+                         const uint16_t *b, const float *c, float *d);
 
 #ifdef __cplusplus
 }

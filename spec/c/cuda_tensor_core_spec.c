@@ -1,5 +1,5 @@
-/* cuda_tensor_core_spec.c: mma.sync m16n8k16 (bf16, f16), ldmatrix (x1/x2/x4, .trans) and cp.async against scalar
- * references, in the PTX ISA's fragment layouts (emulated, or on a real GPU when there is one). */
+/* cuda_tensor_core_spec.c: mma.sync m16n8k16 (bf16, f16), ldmatrix (x1/x2/x4, .trans), cp.async and wgmma against
+ * scalar references, in the PTX ISA's fragment layouts (emulated, or on a real GPU when there is one). */
 #include "cuda_spec_util.h"
 
 #include "cuda_kernel_spec_util.h"
@@ -156,6 +156,52 @@ static void test_cp_async(void) {
   cudaFree(dout);
 }
 
+/* D = A B (+ C) on one warpgroup through wgmma (sm_90a): A from shared memory or registers, B K-major or MN-major,
+ * 64 and 128 columns, bf16 and f16, against the scalar product. */
+static void test_wgmma(void) {
+  static const int cases[][3] = {{64, 0, 0}, {64, 0, 1}, {64, 1, 1}, {64, 1, 0}, {128, 1, 1}, {128, 1, 0}};
+  enum { MAXN = 128 };
+  uint16_t *a = malloc(64 * 16 * 2), *b = malloc(16 * MAXN * 2);
+  double *av = malloc(64 * 16 * sizeof(double)), *bv = malloc(16 * MAXN * sizeof(double));
+  float *c = malloc(64 * MAXN * sizeof(float)), *d = malloc(64 * MAXN * sizeof(float));
+  for (int f16 = 0; f16 <= 1; f16++)
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+      for (int accumulate = 0; accumulate <= 1; accumulate++) {
+        int n = cases[ci][0], a_regs = cases[ci][1], trans_b = cases[ci][2], dtype = f16 ? DT_DTYPE_F16 : DT_DTYPE_BF16;
+        sample16(a, av, 64 * 16, dtype, 7, (int)ci);
+        sample16(b, bv, 16 * n, dtype, 5, 2 + accumulate);
+        for (int i = 0; i < 64 * n; i++) c[i] = (float)(i % 7 - 3);
+        void *da = upload(a, 64 * 16 * 2), *db = upload(b, (size_t)16 * n * 2), *dc = upload(c, 64 * (size_t)n * 4);
+        void *dd = dmalloc(64 * (size_t)n * 4);
+        expect(spec_k_wgmma(0, f16, n, a_regs, trans_b, accumulate, da, db, dc, dd) == cudaSuccess,
+               "the wgmma kernel launches");
+        download(d, dd, 64 * (size_t)n * 4);
+        int wrong = 0;
+        for (int m = 0; m < 64; m++)
+          for (int j = 0; j < n; j++) {
+            double s = accumulate ? c[m * n + j] : 0.0;
+            for (int k = 0; k < 16; k++) s += av[m * 16 + k] * bv[k * n + j];
+            wrong += d[m * n + j] != (float)s;
+          }
+        char what[160];
+        snprintf(what, sizeof what, "wgmma m64n%dk16 %s, A from %s, B %s-major%s: D = A B%s in the fragment layout", n,
+                 f16 ? "f16" : "bf16", a_regs ? "registers" : "shared memory", trans_b ? "MN" : "K",
+                 accumulate ? "" : " (scale-d 0)", accumulate ? " + C" : "");
+        if (wrong) printf("  %d of %d elements of D differ from the scalar product\n", wrong, 64 * n);
+        expect(wrong == 0, what);
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dc);
+        cudaFree(dd);
+      }
+  free(a);
+  free(b);
+  free(av);
+  free(bv);
+  free(c);
+  free(d);
+}
+
 int main(void) {
   spec_stream();
   dt_cuda_device_info info;
@@ -170,5 +216,7 @@ int main(void) {
   test_ldmatrix();
   test_mma_from_ldmatrix();
   test_cp_async();
+  if (emulated || (info.cc_major == 9 && info.cc_minor == 0)) test_wgmma();
+  else printf("skipped: wgmma (sm_90a only; this device is cc %d.%d)\n", info.cc_major, info.cc_minor);
   return spec_finish();
 }
