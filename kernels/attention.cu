@@ -209,7 +209,17 @@ __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][
   }
 }
 
-/* rows x HD of dst in wgmma's core-matrix order (attn_fwd_wg) := the first rows of an (n, d) slab at src, as
+/* The wgmma kernels (sm_90's warpgroup instructions; launched only on compute capability 9.0, which runs their sm_90a
+ * code; in the sm_80 code every wgmma traps): 128 query rows (or keys) a block on two warpgroups of 64 (warp w of
+ * warpgroup wg holds rows 64 wg + 16 w .. + 15, in the same fragments as the mma.sync kernels), 64-row tiles of the
+ * other side, 256 threads. Products shaped like the scores (Q K^T, dO V^T, K Q^T, V dO^T) read both operands from
+ * shared memory; the others (P V, dS K, P^T dO, dS^T Q) take their left factor from registers (the scores' accumulator
+ * fragments are the A operand's) and read the right one transposed: nothing passes through ldmatrix. Tiles lie in
+ * shared memory as wgmma's unswizzled core matrices (8 rows x 16 bytes, 128 contiguous bytes; a block of 8 rows is HD
+ * / 8 cores side by side): element (r, c) at ((r / 8) (HD / 8) + c / 8) 64 + (r % 8) 8 + c % 8. */
+enum { WG_BR = 128, WG_BC = 64, WG_THREADS = 256 };
+
+/* rows x HD of dst in wgmma's core-matrix order := the first rows of an (n, d) slab at src, as
  * tc_load_tile does: copy idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. + 7, which land
  * at 8 idx (16 contiguous bytes a thread). */
 template <typename T, int HD>
@@ -221,19 +231,50 @@ __device__ __forceinline__ void wg_load_tile(T *dst, const T *src, int64_t n, in
   }
 }
 
+/* tc_load_tile, or wg_load_tile when CORES (a wgmma kernel's tile). */
+template <typename T, int HD, bool CORES>
+__device__ __forceinline__ void cp_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
+  if constexpr (CORES) wg_load_tile<T, HD>(dst, src, n, d, ld, rows);
+  else tc_load_tile<T, HD>(dst, src, n, d, ld, rows);
+}
+
+/* x (a warpgroup's 64 x WG_BC, C fragments) := A B^T, A (the warpgroup's 64 rows) and B (WG_BC rows) K-major tiles of
+ * HD columns in shared memory in core-matrix order (K cores 128 bytes apart, 8-row blocks HD * 16): issued inside a
+ * wg_group. */
+template <typename T, int HD>
+__device__ __forceinline__ void wg_abt(float (&x)[WG_BC / 8][4], const T *a, const T *b) {
+  DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) /* the ks-th 16 columns are 2 cores in */
+    wgmma_ss<T, WG_BC, false>(x, wgmma_desc(a + 128 * ks, 128, HD * 16), wgmma_desc(b + 128 * ks, 128, HD * 16),
+                              ks > 0);
+}
+
+/* acc (a warpgroup's 64 x HD) += A B, A (64 x WG_BC) as the A fragments a[kk] of its 16-column slices, B (WG_BC x HD)
+ * a tile in core-matrix order read MN-major (its 16-row slices are 2 row blocks in): issued inside a wg_group. */
+template <typename T, int HD>
+__device__ __forceinline__ void wg_ab(float (&acc)[HD / 8][4], const uint32_t (&a)[WG_BC / 16][4], const T *b) {
+  DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++)
+    wgmma_rs<T, HD, true>(acc, a[kk], wgmma_desc(b + 16 * HD * kk, HD * 16, 128), true);
+}
+
+/* The products issue() starts (wg_abt, wg_ab) as one wgmma group: fenced after this thread's earlier writes to the
+ * registers they use (issue() itself writes none), waited for before their results are read. */
+template <typename F>
+__device__ __forceinline__ void wg_group(F issue) {
+  wgmma_fence();
+  issue();
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
 /* The forward's first copies: br rows of Q (from q: row i0 of its head) and the first K tile (one cp.async group),
  * then the first V tile (the next group), of bc rows each; into wgmma's core-matrix order when CORES. */
 template <typename T, int HD, bool CORES>
 __device__ __forceinline__ void fwd_first_tiles(const attn_params &p, T *Qs, T *Ks, T *Vs, const T *q, const T *kt,
                                                 const T *vt, int64_t i0, int br, int bc) {
-  auto load = [](T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
-    if constexpr (CORES) wg_load_tile<T, HD>(dst, src, n, d, ld, rows);
-    else tc_load_tile<T, HD>(dst, src, n, d, ld, rows);
-  };
-  load(Qs, q, p.t - i0, p.d, p.lay.q.st, br);
-  load(Ks, kt, p.tk, p.d, p.lay.k.st, bc);
+  cp_tile<T, HD, CORES>(Qs, q, p.t - i0, p.d, p.lay.q.st, br);
+  cp_tile<T, HD, CORES>(Ks, kt, p.tk, p.d, p.lay.k.st, bc);
   cp_async_commit();
-  load(Vs, vt, p.tk, p.d, p.lay.v.st, bc);
+  cp_tile<T, HD, CORES>(Vs, vt, p.tk, p.d, p.lay.v.st, bc);
   cp_async_commit();
 }
 
@@ -352,24 +393,11 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   }
 }
 
-/* The forward on sm_90's warpgroup instructions (wgmma; compiled for sm_90a, launched only on compute capability 9.0):
- * 128 query rows a block on two warpgroups of 64 (warp w of warpgroup wg holds rows 64 wg + 16 w .. + 15, in the
- * same fragments as the mma.sync kernels), 64-key tiles, 256 threads. S = Q K^T reads Q and K from shared memory;
- * O += P V takes P from registers (S's accumulator fragments are the A operand's) and V from shared memory: nothing
- * passes through ldmatrix. Tiles lie in shared memory as wgmma's unswizzled core matrices (8 rows x 16 bytes, 128
- * contiguous bytes; a block of 8 rows is HD / 8 cores side by side): element (r, c) at
- * ((r / 8) (HD / 8) + c / 8) 64 + (r % 8) 8 + c % 8. */
-enum { WG_BR = 128, WG_BC = 64, WG_THREADS = 256 };
-
-/* Block (query tile, batch * Hq): out and lse of 128 query rows; lane (g, t) of its warp holds rows w0 + g and
- * w0 + g + 8 (row slots 0, 1). Causal query tiles run heaviest first. */
+/* Block (query tile, batch * Hq) on wgmma: out and lse of 128 query rows; lane (g, t) of its warp holds rows w0 + g
+ * and w0 + g + 8 (row slots 0, 1). Causal query tiles run heaviest first. */
 template <typename T, int HD>
 __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap(); /* (sm_80 code: never launched there) */
-#else
   constexpr int NT = WG_BC / 8, DN = HD / 8;
-  constexpr uint32_t CORE = 128, ROW_BLOCK = HD * 16; /* bytes between cores adjacent along a row; 8-row blocks */
   DT_DYN_SMEM(T, sm);
   T *Qs = sm, *Ks = Qs + WG_BR * HD, *Vs = Ks + WG_BC * HD;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
@@ -391,14 +419,8 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
     cp_async_wait<1>();   /* Q and this tile's K have landed (its V may still be in flight) */
     wgmma_shared_fence(); /* ... visible to wgmma's reads */
     __syncthreads();      /* ... for every thread's copies */
-    float s[1][NT][4];
-    DT_UNROLL for (int n = 0; n < NT; n++) s[0][n][0] = s[0][n][1] = s[0][n][2] = s[0][n][3] = 0;
-    wgmma_fence();
-    DT_UNROLL for (int ks = 0; ks < HD / 16; ks++) /* K-major Q and K: the ks-th 16 columns are 2 cores in */
-      wgmma_ss<T, WG_BC, false>(s[0], wgmma_desc(qw + 128 * ks, CORE, ROW_BLOCK),
-                                wgmma_desc(Ks + 128 * ks, CORE, ROW_BLOCK), ks > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
+    float s[1][NT][4] = {}; /* (zeroed before the fence; the first wgmma overwrites it) */
+    wg_group([&] { wg_abt<T, HD>(s[0], qw, Ks); });
     __syncthreads(); /* every warpgroup is done with K: the next tile's K may come in */
     kt += WG_BC * p.lay.k.st;
     if (more) wg_load_tile<T, HD>(Ks, kt, p.tk - j0 - WG_BC, p.d, p.lay.k.st, WG_BC);
@@ -409,11 +431,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
     cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
     wgmma_shared_fence();
     __syncthreads();
-    wgmma_fence(); /* o and pa were written above */
-    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) /* MN-major V: the kk-th 16 keys are 2 row blocks in */
-      wgmma_rs<T, HD, true>(o[0], pa[kk], wgmma_desc(Vs + 16 * HD * kk, ROW_BLOCK, CORE), true);
-    wgmma_commit();
-    wgmma_wait<0>();
+    wg_group([&] { wg_ab<T, HD>(o[0], pa, Vs); }); /* o and pa were written above */
     __syncthreads(); /* every warpgroup is done with V: the next tile's V may come in */
     vt += WG_BC * p.lay.v.st;
     if (more) wg_load_tile<T, HD>(Vs, vt, p.tk - j0 - WG_BC, p.d, p.lay.v.st, WG_BC);
@@ -428,7 +446,60 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
     if (t == 0)
       store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
   }
-#endif
+}
+
+/* The dQ kernels' start: the block's `rows` rows of Q and dO from i0 come in (by cp_tile, uncommitted), and for
+ * the lane's rows `row` and row + 8: lr, the row's lse in the exp2 domain (+inf past T: P = 0, no key is visible);
+ * dr, its delta; rend, its key end. */
+template <typename T, int HD, bool CORES>
+__device__ __forceinline__ void dq_start(const attn_params &p, T *Qs, T *dOs, int64_t bh, int64_t i0, int rows,
+                                         int64_t row, float (&lr)[2], float (&dr)[2], int64_t (&rend)[2]) {
+  int64_t b = bh / p.hq, qh = bh % p.hq;
+  cp_tile<T, HD, CORES>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st,
+                          rows);
+  cp_tile<T, HD, CORES>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
+                          p.lay.dout.st, rows);
+  DT_UNROLL for (int h = 0; h < 2; h++, row += 8) {
+    lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * TC_LOG2E : INFINITY;
+    dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
+    rend[h] = row < p.t ? key_end(p, row) : 0; /* (a row with lse = -inf sees no key: key_end is 0) */
+  }
+}
+
+/* dS := P * (dP - delta) in place of the scores s (C fragments of a warp's 16 rows by the keys j0 ..; P =
+ * exp2(sl s - lr)), zero past each row's key end when the tile is masked. */
+template <int NT>
+__device__ __forceinline__ void dq_ds_tile(float (&s)[NT][4], const float (&dp)[NT][4], int64_t j0, bool masked, int t,
+                                           float sl, const float (&lr)[2], const float (&dr)[2],
+                                           const int64_t (&rend)[2]) {
+  DT_UNROLL for (int n = 0; n < NT; n++) {
+    DT_UNROLL for (int i = 0; i < 4; i++) {
+      int key = (int)(j0 - rend[i / 2]) + 8 * n + 2 * t + i % 2; /* < 0: visible */
+      float pv = masked && key >= 0 ? 0.0f : exp2f(sl * s[n][i] - lr[i / 2]);
+      s[n][i] = pv * (dp[n][i] - dr[i / 2]);
+    }
+  }
+}
+
+/* The dQ kernels' walk over the key tiles of `cols` keys before kend, in order: each tile's K and V rows (by
+ * cp_tile) land in shared memory (for wgmma's reads when CORES), then tile(j0) adds the tile's part. */
+template <typename T, int HD, bool CORES, typename F>
+__device__ __forceinline__ void dq_walk(const attn_params &p, int64_t b, int64_t kvh, int64_t kend, int cols, T *Ks,
+                                        T *Vs, F tile) {
+  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
+  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
+  for (int64_t j0 = 0; j0 < kend; j0 += cols) {
+    __syncthreads(); /* every warp is done with the previous K and V */
+    cp_tile<T, HD, CORES>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, cols);
+    cp_tile<T, HD, CORES>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, cols);
+    kt += cols * p.lay.k.st;
+    vt += cols * p.lay.v.st;
+    cp_async_commit();
+    cp_async_wait<0>();
+    if constexpr (CORES) wgmma_shared_fence();
+    __syncthreads(); /* every thread's copies have landed */
+    tile(j0);
+  }
 }
 
 /* Block (query tile, batch * Hq) on the tensor cores: dQ = scale * sum over key tiles of dS K, with
@@ -442,53 +513,123 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR, w0 = i0 + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
   const float sl = p.scale * TC_LOG2E;
-  const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
-  const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
-  tc_load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st, TC_BR);
-  tc_load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
-                      p.lay.dout.st, TC_BR);
   float lr[2], dr[2], dq[1][DN][4];
   int64_t rend[2];
-  DT_UNROLL for (int h = 0; h < 2; h++) {
-    int64_t row = w0 + 8 * h + g;
-    /* lse in the exp2 domain; rows past T get +inf (P = 0), as no key is visible to them */
-    lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * TC_LOG2E : INFINITY;
-    dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
-    rend[h] = row < p.t ? key_end(p, row) : 0; /* (a row with lse = -inf sees no key: key_end is 0) */
-  }
+  dq_start<T, HD, false>(p, Qs, dOs, bh, i0, TC_BR, w0 + g, lr, dr, rend);
   /* keys before unmasked_end are visible to every row of the warp: their tiles skip the mask */
   int64_t unmasked_end = key_end(p, w0);
   DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[0][dn][0] = dq[0][dn][1] = dq[0][dn][2] = dq[0][dn][3] = 0;
   int64_t kend = key_end(p, (i0 + TC_BR < p.t ? i0 + TC_BR : p.t) - 1);
-  for (int64_t j0 = 0; j0 < kend; j0 += TC_BC) {
-    __syncthreads(); /* every warp is done with the previous K and V */
-    tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
-    tc_load_tile<T, HD>(Vs, vt, p.tk - j0, p.d, p.lay.v.st, TC_BC);
-    kt += TC_BC * p.lay.k.st;
-    vt += TC_BC * p.lay.v.st;
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads(); /* every thread's copies have landed */
+  dq_walk<T, HD, false>(p, b, kvh, kend, TC_BC, Ks, Vs, [&](int64_t j0) {
     float pf[1][NT][4], dp[1][NT][4];
     DT_UNROLL for (int n = 0; n < NT; n++) {
       DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
     }
     tc_mma_abt<T, HD, 1, NT>(pf, Qs + 16 * warp * LD, Ks);
     tc_mma_abt<T, HD, 1, NT>(dp, dOs + 16 * warp * LD, Vs);
-    bool masked = j0 + TC_BC > unmasked_end;
-    DT_UNROLL for (int n = 0; n < NT; n++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) {
-        int key = (int)(j0 - rend[i / 2]) + 8 * n + 2 * t + i % 2; /* < 0: visible */
-        float pv = masked && key >= 0 ? 0.0f : exp2f(sl * pf[0][n][i] - lr[i / 2]);
-        pf[0][n][i] = pv * (dp[0][n][i] - dr[i / 2]); /* dS */
-      }
-    }
+    dq_ds_tile(pf[0], dp[0], j0, j0 + TC_BC > unmasked_end, t, sl, lr, dr, rend);
     tc_mma_pb<T, HD, 1, NT>(dq, pf, Ks);
-  }
+  });
   DT_UNROLL for (int h = 0; h < 2; h++) {
     int64_t row = w0 + 8 * h + g;
     if (row >= p.t) continue;
     tc_store_row<T, HD>(static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, qh, row), dq[0], h, p.scale, p.d);
+  }
+}
+
+/* Block (query tile, batch * Hq) on wgmma (sm_90a, as attn_fwd_wg): dQ of 128 rows on two warpgroups of 64. S = Q K^T
+ * and dP = dO V^T read every operand from shared memory; dQ += dS K takes dS from registers and K transposed. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(WG_THREADS) attn_bwd_dq_wg(attn_params p) {
+  constexpr int NT = WG_BC / 8, DN = HD / 8;
+  DT_DYN_SMEM(T, sm);
+  T *Qs = sm, *dOs = Qs + WG_BR * HD, *Ks = dOs + WG_BR * HD, *Vs = Ks + WG_BC * HD;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
+  int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
+  const float sl = p.scale * TC_LOG2E;
+  float lr[2], dr[2], dq[1][DN][4];
+  int64_t rend[2];
+  dq_start<T, HD, true>(p, Qs, dOs, bh, i0, WG_BR, w0 + g, lr, dr, rend);
+  int64_t unmasked_end = key_end(p, w0); /* keys before it are visible to every row of the warp */
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) dq[0][dn][0] = dq[0][dn][1] = dq[0][dn][2] = dq[0][dn][3] = 0;
+  int64_t kend = key_end(p, (i0 + WG_BR < p.t ? i0 + WG_BR : p.t) - 1);
+  const T *qw = Qs + 64 * wg * HD, *dow = dOs + 64 * wg * HD; /* the warpgroup's 64 rows */
+  dq_walk<T, HD, true>(p, b, kvh, kend, WG_BC, Ks, Vs, [&](int64_t j0) {
+    float pf[1][NT][4] = {}, dp[1][NT][4] = {};
+    wg_group([&] {
+      wg_abt<T, HD>(pf[0], qw, Ks);
+      wg_abt<T, HD>(dp[0], dow, Vs);
+    });
+    dq_ds_tile(pf[0], dp[0], j0, j0 + WG_BC > unmasked_end, t, sl, lr, dr, rend);
+    uint32_t da[WG_BC / 16][4]; /* dS as the A fragments of dS K */
+    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) tc_p_fragment<T>(pf[0], kk, da[kk]);
+    wg_group([&] { wg_ab<T, HD>(dq[0], da, Ks); });
+  });
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    int64_t row = w0 + 8 * h + g;
+    if (row >= p.t) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, qh, row), dq[0], h, p.scale, p.d);
+  }
+}
+
+/* The dK/dV kernels' P^T and dS^T in place of the fragments s (K Q^T) and dp (V dO^T) of a warp's keys key[0]
+ * (rows g) and key[1] (rows g + 8) by the queries i0 + r0 ..: P^T = exp2(sl s - L), zero where the query does not
+ * see the key when the tile is masked; dS^T = P^T (dp - delta). Ls and Dl hold the tile's queries' lse (exp2 domain)
+ * and delta. */
+template <int NT>
+__device__ __forceinline__ void dkv_ds_tile(const attn_params &p, float (&s)[NT][4], float (&dp)[NT][4],
+                                            const int64_t (&key)[2], int64_t i0, int r0, bool masked, int t, float sl,
+                                            const float *Ls, const float *Dl) {
+  DT_UNROLL for (int n = 0; n < NT; n++) {
+    DT_UNROLL for (int i = 0; i < 4; i++) {
+      int r = r0 + 8 * n + 2 * t + i % 2;
+      bool visible = !masked || (key[i / 2] < p.tk && i0 + r < p.t && Ls[r] != -INFINITY &&
+                                 key[i / 2] < key_end(p, i0 + r));
+      s[n][i] = visible ? exp2f(sl * s[n][i] - Ls[r]) : 0.0f;
+      dp[n][i] = s[n][i] * (dp[n][i] - Dl[r]);
+    }
+  }
+}
+
+/* The dK/dV kernels' per-query-tile inputs: lse (exp2 domain; -inf past T) and delta of rows i0 .. i0 + rows - 1 of
+ * (batch, head) bh into Ls and Dl. */
+__device__ __forceinline__ void dkv_rows(const attn_params &p, int64_t bh, int64_t i0, int rows, float *Ls,
+                                         float *Dl) {
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    bool in = i0 + r < p.t;
+    Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) * TC_LOG2E : -INFINITY;
+    Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
+  }
+}
+
+/* The dK/dV kernels' walk over what key j0 (the block's first) is attended by: every query head of kv head kvh and
+ * every query tile of `rows` rows from the first that sees it, in order; each tile's Q and dO rows (by cp_tile),
+ * lse and delta land in shared memory (for wgmma's reads when CORES), then tile(i0) adds the tile's part. */
+template <typename T, int HD, bool CORES, typename F>
+__device__ __forceinline__ void dkv_walk(const attn_params &p, int64_t b, int64_t kvh, int64_t j0, int rows, T *Qs,
+                                         T *dOs, float *Ls, float *Dl, F tile) {
+  int64_t group = p.hq / p.hkv;
+  int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
+  first = first < 0 ? 0 : first / rows * rows;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+    int64_t bh = b * p.hq + h;
+    /* the query tile's Q and dO rows */
+    const T *qt = static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, first);
+    const T *dot = static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, first);
+    for (int64_t i0 = first; i0 < p.t; i0 += rows) {
+      __syncthreads(); /* every warp is done with the previous Q, dO, lse and delta */
+      cp_tile<T, HD, CORES>(Qs, qt, p.t - i0, p.d, p.lay.q.st, rows);
+      cp_tile<T, HD, CORES>(dOs, dot, p.t - i0, p.d, p.lay.dout.st, rows);
+      qt += rows * p.lay.q.st;
+      dot += rows * p.lay.dout.st;
+      cp_async_commit();
+      dkv_rows(p, bh, i0, rows, Ls, Dl);
+      cp_async_wait<0>();
+      if constexpr (CORES) wgmma_shared_fence();
+      __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
+      tile(i0);
+    }
   }
 }
 
@@ -501,7 +642,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   T *Ks = sm, *Vs = Ks + TC_BC * LD, *Qs = Vs + TC_BC * LD, *dOs = Qs + TC_BR * LD;
   float *Ls = reinterpret_cast<float *>(dOs + TC_BR * LD), *Dl = Ls + TC_BR;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, group = p.hq / p.hkv;
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv;
   int64_t j0 = (int64_t)blockIdx.x * TC_BC, w0 = j0 + 16 * warp, key[2] = {w0 + g, w0 + g + 8};
   const float sl = p.scale * TC_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0);
@@ -512,52 +653,23 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   DT_UNROLL for (int dn = 0; dn < DN; dn++) {
     DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
   }
-  int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
-  first = first < 0 ? 0 : first / TC_BR * TC_BR;
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-    int64_t bh = b * p.hq + h;
-    /* the query tile's Q and dO rows */
-    const T *qt = static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, first);
-    const T *dot = static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, first);
-    for (int64_t i0 = first; i0 < p.t; i0 += TC_BR) {
-      __syncthreads(); /* every warp is done with the previous Q, dO, lse and delta */
-      tc_load_tile<T, HD>(Qs, qt, p.t - i0, p.d, p.lay.q.st, TC_BR);
-      tc_load_tile<T, HD>(dOs, dot, p.t - i0, p.d, p.lay.dout.st, TC_BR);
-      qt += TC_BR * p.lay.q.st;
-      dot += TC_BR * p.lay.dout.st;
-      cp_async_commit();
-      for (int r = threadIdx.x; r < TC_BR; r += blockDim.x) {
-        bool in = i0 + r < p.t;
-        Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) * TC_LOG2E : -INFINITY; /* exp2 domain */
-        Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
+  dkv_walk<T, HD, false>(p, b, kvh, j0, TC_BR, Qs, dOs, Ls, Dl, [&](int64_t i0) {
+    /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
+    bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
+    /* 16 queries at a time: no spills at D = 128 */
+    DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) {
+      float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
+      DT_UNROLL for (int n = 0; n < NT; n++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
       }
-      cp_async_wait<0>();
-      __syncthreads(); /* K, V (first time), Q, dO, lse and delta are in shared memory */
-      /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
-      bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
-      /* 16 queries at a time: no spills at D = 128 */
-      DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) {
-        float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
-        DT_UNROLL for (int n = 0; n < NT; n++) {
-          DT_UNROLL for (int i = 0; i < 4; i++) pf[0][n][i] = dp[0][n][i] = 0;
-        }
-        const T *qh = Qs + 8 * NT * part * LD, *doh = dOs + 8 * NT * part * LD;
-        tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
-        tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
-        DT_UNROLL for (int n = 0; n < NT; n++) {
-          DT_UNROLL for (int i = 0; i < 4; i++) {
-            int r = 8 * NT * part + 8 * n + 2 * t + i % 2;
-            bool visible = !masked || (key[i / 2] < p.tk && i0 + r < p.t && Ls[r] != -INFINITY &&
-                                       key[i / 2] < key_end(p, i0 + r));
-            pf[0][n][i] = visible ? exp2f(sl * pf[0][n][i] - Ls[r]) : 0.0f;
-            dp[0][n][i] = pf[0][n][i] * (dp[0][n][i] - Dl[r]); /* dS^T */
-          }
-        }
-        tc_mma_pb<T, HD, 1, NT>(dv, pf, doh);
-        tc_mma_pb<T, HD, 1, NT>(dk, dp, qh);
-      }
+      const T *qh = Qs + 8 * NT * part * LD, *doh = dOs + 8 * NT * part * LD;
+      tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
+      tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
+      dkv_ds_tile(p, pf[0], dp[0], key, i0, 8 * NT * part, masked, t, sl, Ls, Dl);
+      tc_mma_pb<T, HD, 1, NT>(dv, pf, doh);
+      tc_mma_pb<T, HD, 1, NT>(dk, dp, qh);
     }
-  }
+  });
   DT_UNROLL for (int h = 0; h < 2; h++) {
     if (key[h] >= p.tk) continue;
     tc_store_row<T, HD>(static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key[h]), dk[0], h, p.scale, p.d);
@@ -572,6 +684,55 @@ __host__ __device__ constexpr int delta_lanes() { return HD <= 32 ? 4 : HD <= 64
 /* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands: delta_lanes<HD>() lanes a row,
  * each with all its loads issued at once, summed over the lanes in a fixed order. (A warp a row, 2 elements a lane at
  * D = 64, moved 0.8 TB/s on an H200.) */
+/* Block (key tile, batch * Hkv) on wgmma (sm_90a, as attn_fwd_wg): dV = sum of P^T dO and dK = scale * sum of dS^T Q
+ * over the kv head's query heads, then 64-row query tiles, in order, for 128 keys on two warpgroups of 64 (warp w of
+ * warpgroup wg owns keys 64 wg + 16 w ..). S^T = K Q^T and dP^T = V dO^T read every operand from shared memory;
+ * dV += P^T dO and dK += dS^T Q take P^T and dS^T from registers and dO and Q transposed. */
+template <typename T, int HD>
+__global__ void __launch_bounds__(WG_THREADS) attn_bwd_dkv_wg(attn_params p) {
+  constexpr int NT = WG_BC / 8, DN = HD / 8;
+  DT_DYN_SMEM(T, sm);
+  T *Ks = sm, *Vs = Ks + WG_BR * HD, *Qs = Vs + WG_BR * HD, *dOs = Qs + WG_BC * HD;
+  float *Ls = reinterpret_cast<float *>(dOs + WG_BC * HD), *Dl = Ls + WG_BC;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
+  int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv;
+  int64_t j0 = (int64_t)blockIdx.x * WG_BR, w0 = j0 + 64 * wg + 16 * warp, key[2] = {w0 + g, w0 + g + 8};
+  const float sl = p.scale * TC_LOG2E;
+  wg_load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0), p.tk - j0, p.d, p.lay.k.st,
+                      WG_BR);
+  wg_load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0), p.tk - j0, p.d, p.lay.v.st,
+                      WG_BR);
+  const T *kw = Ks + 64 * wg * HD, *vw = Vs + 64 * wg * HD; /* the warpgroup's 64 keys */
+  float dk[1][DN][4], dv[1][DN][4];
+  DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+    DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
+  }
+  dkv_walk<T, HD, true>(p, b, kvh, j0, WG_BC, Qs, dOs, Ls, Dl, [&](int64_t i0) {
+    /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
+    bool masked = i0 + WG_BC > p.t || w0 + 16 > key_end(p, i0);
+    float pf[1][NT][4] = {}, dp[1][NT][4] = {}; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
+    wg_group([&] {
+      wg_abt<T, HD>(pf[0], kw, Qs);
+      wg_abt<T, HD>(dp[0], vw, dOs);
+    });
+    dkv_ds_tile(p, pf[0], dp[0], key, i0, 0, masked, t, sl, Ls, Dl);
+    uint32_t pa[WG_BC / 16][4], da[WG_BC / 16][4]; /* P^T and dS^T as A fragments */
+    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) {
+      tc_p_fragment<T>(pf[0], kk, pa[kk]);
+      tc_p_fragment<T>(dp[0], kk, da[kk]);
+    }
+    wg_group([&] {
+      wg_ab<T, HD>(dv[0], pa, dOs);
+      wg_ab<T, HD>(dk[0], da, Qs);
+    });
+  });
+  DT_UNROLL for (int h = 0; h < 2; h++) {
+    if (key[h] >= p.tk) continue;
+    tc_store_row<T, HD>(static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key[h]), dk[0], h, p.scale, p.d);
+    tc_store_row<T, HD>(static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key[h]), dv[0], h, 1.0f, p.d);
+  }
+}
+
 template <typename T, int HD>
 __global__ void attn_delta(const T *out, dt_k_attn_layout lo, const T *dout, dt_k_attn_layout ldo, float *delta,
                            int64_t rows, int64_t h, int64_t t, int64_t d) {

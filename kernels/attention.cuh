@@ -66,10 +66,12 @@ static bool attn_tensor_cores(int dtype, int64_t d, int n, const void *const *ba
   return true;
 }
 
-/* Whether the current device has compute capability 9.0 (H100, H200: the sm_90a code with wgmma runs there). */
-static bool attn_device_is_sm90() {
+/* Whether the sm_90a wgmma kernels take a bf16/f16 call on the tensor cores: opted in (a->wgmma), head dim 64 or
+ * 128 (their instances) and a current device of compute capability 9.0 (H100, H200: where sm_90a code runs). */
+template <int HD>
+static bool attn_wgmma(const dt_k_attn_dims *a) {
   int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
+  if (!(HD == 64 || HD == 128) || !a->wgmma || cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
     return false;
@@ -95,7 +97,7 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
     if constexpr (dtk::is_mma_type<T>::value && (HD == 64 || HD == 128)) {
-      if (tc && a->wgmma && attn_device_is_sm90()) {
+      if (tc && attn_wgmma<HD>(a)) {
         size_t smem = (size_t)(dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T);
         return attn_launch(dtk::attn_fwd_wg<T, HD>, "attn_fwd_wg", (a->t + dtk::WG_BR - 1) / dtk::WG_BR, a->b * a->hq,
                            smem, s, p, dtk::WG_THREADS);
@@ -150,10 +152,24 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
         size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
-        if (rows > 0)
+        bool wg = attn_wgmma<HD>(a);
+        if constexpr (HD == 64 || HD == 128) {
+          if (rows > 0 && wg)
+            e = attn_launch(dtk::attn_bwd_dq_wg<T, HD>, "attn_bwd_dq_wg", (a->t + dtk::WG_BR - 1) / dtk::WG_BR,
+                            a->b * a->hq, (size_t)(2 * dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T), s, p,
+                            dtk::WG_THREADS);
+        }
+        if (rows > 0 && !wg)
           e = attn_launch(dtk::attn_bwd_dq_tc<T, HD>, "attn_bwd_dq_tc", (a->t + dtk::TC_BR - 1) / dtk::TC_BR,
                           a->b * a->hq, smem, s, p);
-        if (e == cudaSuccess && a->b * a->hkv * a->tk > 0)
+        if constexpr (HD == 64 || HD == 128) {
+          if (e == cudaSuccess && a->b * a->hkv * a->tk > 0 && wg)
+            e = attn_launch(dtk::attn_bwd_dkv_wg<T, HD>, "attn_bwd_dkv_wg", (a->tk + dtk::WG_BR - 1) / dtk::WG_BR,
+                            a->b * a->hkv,
+                            (size_t)(2 * dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T) + 2 * dtk::WG_BC * sizeof(float),
+                            s, p, dtk::WG_THREADS);
+        }
+        if (e == cudaSuccess && a->b * a->hkv * a->tk > 0 && !wg)
           e = attn_launch(dtk::attn_bwd_dkv_tc<T, HD>, "attn_bwd_dkv_tc", (a->tk + dtk::TC_BC - 1) / dtk::TC_BC,
                           a->b * a->hkv, smem + 2 * dtk::TC_BR * sizeof(float), s, p);
         return e;

@@ -204,7 +204,7 @@ typedef struct dt_k_attn_dims {
   int64_t b, hq, hkv, t, tk, d;
   double scale;
   bool causal;
-  bool wgmma; /* the forward may take sm_90a's wgmma kernel (on compute capability 9.0, bf16/f16, D 64 or 128) */
+  bool wgmma; /* may take sm_90a's wgmma kernels (on compute capability 9.0, bf16/f16, D 64 or 128) */
   dt_k_attn_layout q, k, v, out, dout, dq, dk, dv; /* out: the forward's output, the backward's input */
 } dt_k_attn_dims;
 cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype, const void *q, const void *k, const void *v, void *out,

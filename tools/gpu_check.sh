@@ -34,7 +34,7 @@ if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 1 build/c_cuda_${t}_spec || exit 1; done'
 fi
 step bench_kernels 600 build/dtrun bench kernels
-# the wgmma attention forward (opt-in until this has checked and timed it; c/cuda_attention_spec checks it on 9.0)
+# the wgmma attention kernels (opt-in until this has checked and timed them; c/cuda_attention_spec checks them on 9.0)
 step bench_attention_wgmma 300 env DT_ATTN_WGMMA=1 build/dtrun bench kernels \
   cases=attention_fwd_bf16,attention_fwd_noncausal_bf16,attention_fwd_bwd_bf16,attention_fwd_bwd_gpt2_bf16
 step train 600 env DT_DEVICE=cuda build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 model.dim=768 \

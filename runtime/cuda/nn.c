@@ -272,8 +272,8 @@ static dt_k_attn_layout layout_of(const dt_tensor *t) {
   return (dt_k_attn_layout){st[0], st[1], st[2]};
 }
 
-/* DT_ATTN_WGMMA=1: the attention forward on an sm_90 device runs the wgmma kernel (kernels/attention.cu). Opt-in
- * until a GPU has checked and timed it: so far only the emulation has run it (README, "On a GPU"). */
+/* DT_ATTN_WGMMA=1: attention on an sm_90 device runs the wgmma kernels (kernels/attention.cu). Opt-in until a GPU
+ * has checked and timed them: so far only the emulation has run them (README, "On a GPU"). */
 static bool wgmma_opted_in(void) {
   const char *e = getenv("DT_ATTN_WGMMA");
   return e && strcmp(e, "1") == 0;

@@ -63,8 +63,9 @@ static void expect_deterministic(acase c, int dtype, const char *what) {
  * (no mask) beside tiles that cross the diagonal or the end of the keys. Tolerance: P is rounded to the storage type
  * before P V (as FlashAttention does) and out is rounded once, so |gpu - cpu| / (1 + |cpu|) stays within two ulps of
  * the storage type (bf16: 2 * 1.6e-2, f16: 2 * 2e-3, tol_of's per-dtype bound with a slack of 2). */
-/* The kernel the tensor-core forward runs (as its launch errors name it): attn_fwd_wg under DT_ATTN_WGMMA=1. */
-static const char *tc_forward = "kernel attn_fwd_tc ";
+/* The kernels the tensor-core forward and the backward's dQ run (as their launch errors name them): the wgmma ones
+ * under DT_ATTN_WGMMA=1. */
+static const char *tc_forward = "kernel attn_fwd_tc ", *tc_dq = "kernel attn_bwd_dq_tc ";
 
 static const acase tc_cases[] = {
     {1, 4, 2, 70, 70, 64, true},     /* GQA, a ragged second query tile */
@@ -252,7 +253,7 @@ static void strided_case(scase s) {
                  s.tc ? tc_forward : "kernel attn_fwd ", msg);
     snprintf(msg, sizeof msg, "%s: the backward runs %s", what, s.tc ? "on the tensor cores" : "the scalar kernels");
     expect_error(dt_nn_attention_bwd(q, k, v, out, dout, lse, scale, c.causal, dq, dk, dv),
-                 s.tc ? "kernel attn_bwd_dq_tc " : "kernel attn_bwd_dq ", msg);
+                 s.tc ? tc_dq : "kernel attn_bwd_dq ", msg);
     unsetenv("DT_EMU_MAX_GRID_Y");
   }
   dt_tensor *ts[] = {q, k, v, dq, dk, dv, out, dout, lse, clse, cq, ck, cv, cdo, cout, cdq, cdk, cdv, x, gx, y, g};
@@ -309,34 +310,49 @@ static void test_rows_not_contiguous(void) {
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
 }
 
-/* Whether the forward of case c gives the same bits with and without DT_ATTN_WGMMA=1 (out and lse). On the emulation
- * both kernels add each 16-wide slice of a product exactly and round it into f32 in the same order, so they must. */
+/* Whether case c gives the same bits with and without DT_ATTN_WGMMA=1 (out, lse and the backward's dq, dk, dv). On
+ * the emulation the wgmma and mma.sync kernels add each 16-wide slice of a product exactly and round it into f32 in
+ * the same order, so they must. */
 static bool wgmma_same_bits(acase c, int dtype) {
   const int64_t *qs = SHAPE(c.b, c.hq, c.t, c.d), *ks = SHAPE(c.b, c.hkv, c.tk, c.d), *ls = SHAPE(c.b, c.hq, c.t);
+  const int64_t *shapes[5] = {qs, ls, qs, ks, ks};
   dt_tensor *hq = host_sample(4, qs, dtype, 5, 1.5), *hk = host_sample(4, ks, dtype, 6, 1.5);
-  dt_tensor *hv = host_sample(4, ks, dtype, 7, 1);
+  dt_tensor *hv = host_sample(4, ks, dtype, 7, 1), *hdo = host_sample(4, qs, dtype, 8, 1);
   dt_tensor *q = dev_from_host(S, hq), *k = dev_from_host(S, hk), *v = dev_from_host(S, hv);
-  dt_tensor *out[2], *lse[2], *got[4];
+  dt_tensor *d_o = dev_from_host(S, hdo);
+  bool same = true;
+  dt_tensor *first[5] = {NULL};
   for (int w = 0; w < 2; w++) {
-    out[w] = dev_empty(S, 4, qs, dtype);
-    lse[w] = dev_empty(S, 3, ls, DT_DTYPE_F32);
+    dt_tensor *r[5]; /* out, lse, dq, dk, dv */
+    for (int i = 0; i < 5; i++) r[i] = dev_empty(S, i == 1 ? 3 : 4, shapes[i], i == 1 ? DT_DTYPE_F32 : dtype);
     if (w) setenv("DT_ATTN_WGMMA", "1", 1);
     else unsetenv("DT_ATTN_WGMMA");
-    expect_ok(dt_cuda_nn_attention_fwd(S, q, k, v, 1.0 / sqrt((double)c.d), c.causal, out[w], lse[w]),
-              "the forward runs");
-    got[2 * w] = host_from_dev(S, out[w]);
-    got[2 * w + 1] = host_from_dev(S, lse[w]);
+    double scale = 1.0 / sqrt((double)c.d);
+    expect_ok(dt_cuda_nn_attention_fwd(S, q, k, v, scale, c.causal, r[0], r[1]), "the forward runs");
+    expect_ok(dt_cuda_nn_attention_bwd(S, q, k, v, r[0], d_o, r[1], scale, c.causal, r[2], r[3], r[4]),
+              "the backward runs");
+    for (int i = 0; i < 5; i++) {
+      dt_tensor *h = host_from_dev(S, r[i]);
+      dev_free(S, r[i]);
+      if (w) {
+        same = same && bitwise_equal(first[i], h);
+        dt_tensor_free(first[i]);
+        dt_tensor_free(h);
+      } else {
+        first[i] = h;
+      }
+    }
   }
-  bool same = bitwise_equal(got[0], got[2]) && bitwise_equal(got[1], got[3]);
-  dt_tensor *hs[] = {hq, hk, hv, got[0], got[1], got[2], got[3]};
+  dt_tensor *hs[] = {hq, hk, hv, hdo};
   for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) dt_tensor_free(hs[i]);
-  dt_tensor *ds[] = {q, k, v, out[0], out[1], lse[0], lse[1]};
+  dt_tensor *ds[] = {q, k, v, d_o};
   for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) dev_free(S, ds[i]);
   return same;
 }
 
-/* DT_ATTN_WGMMA=1 on compute capability 9.0 (the emulator is one): the bf16/f16 forward with D 64 or 128 runs on
- * wgmma (attn_fwd_wg, sm_90a), the tensor-core cases within the same tolerance; D 96 keeps mma.sync. */
+/* DT_ATTN_WGMMA=1 on compute capability 9.0 (the emulator is one): the bf16/f16 forward and the backward's dQ with D
+ * 64 or 128 run on wgmma (attn_fwd_wg, attn_bwd_dq_wg: sm_90a), the tensor-core cases within the same tolerance; D
+ * 96 keeps mma.sync. */
 static void test_wgmma_forward(const dt_cuda_device_info *info) {
   if (!(info->cc_major == 9 && info->cc_minor == 0)) {
     printf("skipped: the wgmma forward (compute capability 9.0 only; this device is %d.%d)\n", info->cc_major,
@@ -344,8 +360,8 @@ static void test_wgmma_forward(const dt_cuda_device_info *info) {
     return;
   }
   if (info->emulated) {
-    expect(wgmma_same_bits(tc_cases[2], DT_DTYPE_BF16), "emulated, the wgmma forward gives mma.sync's bits (D 128)");
-    expect(wgmma_same_bits(tc_cases[6], DT_DTYPE_F16), "emulated, the wgmma forward gives mma.sync's bits (D 64)");
+    expect(wgmma_same_bits(tc_cases[2], DT_DTYPE_BF16), "emulated, the wgmma kernels give mma.sync's bits (D 128)");
+    expect(wgmma_same_bits(tc_cases[6], DT_DTYPE_F16), "emulated, the wgmma kernels give mma.sync's bits (D 64)");
   }
   setenv("DT_ATTN_WGMMA", "1", 1);
   for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i++)
@@ -353,8 +369,10 @@ static void test_wgmma_forward(const dt_cuda_device_info *info) {
   if (info->emulated)
     expect_forward_kernel("kernel attn_fwd_wg ", "with DT_ATTN_WGMMA=1, D = 64 runs the wgmma kernel");
   tc_forward = "kernel attn_fwd_wg ";
+  tc_dq = "kernel attn_bwd_dq_wg ";
   test_strided(); /* the heads of a fused qkv and other views, in place */
   tc_forward = "kernel attn_fwd_tc ";
+  tc_dq = "kernel attn_bwd_dq_tc ";
   unsetenv("DT_ATTN_WGMMA");
 }
 

@@ -80,7 +80,8 @@ __device__ uint32_t wg_b_at(int k, int n) {
 }
 
 template <typename T, int N, bool RS, bool TRANS_B>
-__global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, float *d, int accumulate) {
+__global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, float *d, int accumulate,
+                        uint64_t b_desc_xor) {
   DT_DYN_SMEM(uint16_t, sm);
   uint16_t *as = sm, *bs = sm + 64 * 16;
   for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) as[wg_a_at(i / 16, i % 16) / 2] = a[i];
@@ -96,7 +97,7 @@ __global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, fl
     int at = (16 * w + g + 8 * (j % 2)) * 16 + 2 * t + 8 * (j / 2);
     fa[j] = pair(a, at, at + 1);
   }
-  uint64_t bd = dtk::wgmma_desc(bs, N * 16, 128);
+  uint64_t bd = dtk::wgmma_desc(bs, N * 16, 128) ^ b_desc_xor;
   dtk::wgmma_fence();
   if constexpr (RS) dtk::wgmma_rs<T, N, TRANS_B>(acc, fa, bd, accumulate != 0);
   else dtk::wgmma_ss<T, N, TRANS_B>(acc, dtk::wgmma_desc(as, 128, 256), bd, accumulate != 0);
@@ -136,11 +137,11 @@ cudaError_t spec_k_cp_async(cudaStream_t s, const float *src, float *out) {
   return cudaGetLastError();
 }
 
-cudaError_t spec_k_wgmma(cudaStream_t s, int f16, int n, int a_regs, int trans_b, int accumulate, const uint16_t *a,
-                         const uint16_t *b, const float *c, float *d) {
+cudaError_t spec_k_wgmma(cudaStream_t s, int f16, int n, int a_regs, int trans_b, int accumulate, uint64_t b_desc_xor,
+                         const uint16_t *a, const uint16_t *b, const float *c, float *d) {
   size_t smem = (64 * 16 + 16 * (size_t)n) * 2;
   auto go = [&](auto kernel) {
-    DT_LAUNCH_NAMED(kernel, "k_wgmma", 1, 128, smem, s, a, b, c, d, accumulate);
+    DT_LAUNCH_NAMED(kernel, "k_wgmma", 1, 128, smem, s, a, b, c, d, accumulate, b_desc_xor);
     return cudaGetLastError();
   };
   auto typed = [&](auto tag) {

@@ -173,7 +173,7 @@ static void test_wgmma(void) {
         for (int i = 0; i < 64 * n; i++) c[i] = (float)(i % 7 - 3);
         void *da = upload(a, 64 * 16 * 2), *db = upload(b, (size_t)16 * n * 2), *dc = upload(c, 64 * (size_t)n * 4);
         void *dd = dmalloc(64 * (size_t)n * 4);
-        expect(spec_k_wgmma(0, f16, n, a_regs, trans_b, accumulate, da, db, dc, dd) == cudaSuccess,
+        expect(spec_k_wgmma(0, f16, n, a_regs, trans_b, accumulate, 0, da, db, dc, dd) == cudaSuccess,
                "the wgmma kernel launches");
         download(d, dd, 64 * (size_t)n * 4);
         int wrong = 0;
@@ -202,6 +202,28 @@ static void test_wgmma(void) {
   free(d);
 }
 
+/* The emulation reads only unswizzled descriptors inside the block's dynamic shared memory: anything else faults,
+ * naming the operand (a device reset clears each fault). */
+static void test_wgmma_faults(void) {
+  static const struct {
+    uint64_t xor_mask;
+    const char *msg, *what;
+  } cases[] = {
+      {1ull << 62, "B's descriptor 0x", "a swizzled B descriptor faults: the emulation reads unswizzled layouts"},
+      {0x3000ull, "B's element at shared byte", "a B operand past the dynamic shared memory faults, naming it"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    static const float zeros[64 * 64];
+    void *da = upload(zeros, 64 * 16 * 2), *db = upload(zeros, 16 * 64 * 2), *dc = upload(zeros, sizeof zeros);
+    spec_k_wgmma(0, 0, 64, 0, 0, 1, cases[i].xor_mask, da, db, dc, dmalloc(sizeof zeros));
+    cudaError_t e = cudaDeviceSynchronize();
+    const char *msg = cudaGetErrorString(e);
+    if (e == cudaSuccess || !strstr(msg, cases[i].msg)) printf("  got: %s\n", msg);
+    expect(e != cudaSuccess && strstr(msg, "wgmma.mma_async in warp 0") && strstr(msg, cases[i].msg), cases[i].what);
+    die_on(dt_cuda_device_reset(0), "device reset");
+  }
+}
+
 int main(void) {
   spec_stream();
   dt_cuda_device_info info;
@@ -217,6 +239,7 @@ int main(void) {
   test_mma_from_ldmatrix();
   test_cp_async();
   if (emulated || (info.cc_major == 9 && info.cc_minor == 0)) test_wgmma();
+  if (emulated) test_wgmma_faults();
   else printf("skipped: wgmma (sm_90a only; this device is cc %d.%d)\n", info.cc_major, info.cc_minor);
   return spec_finish();
 }
