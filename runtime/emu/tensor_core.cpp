@@ -11,11 +11,13 @@ namespace {
 
 enum { WARP = 32 };
 
-/* The 16-bit element `half` (0: low, 1: high) of a register, as a float. */
-float element(uint32_t reg, int half, bool f16) {
-  uint16_t bits = (uint16_t)(reg >> (16 * half));
+/* A 16-bit float's bits (f16, else bf16) as a float. */
+float value16(uint16_t bits, bool f16) {
   return f16 ? __half2float(__half{bits}) : __bfloat162float(__nv_bfloat16{bits});
 }
+
+/* The 16-bit element `half` (0: low, 1: high) of a register, as a float. */
+float element(uint32_t reg, int half, bool f16) { return value16((uint16_t)(reg >> (16 * half)), f16); }
 
 /* With groupID g = lane / 4 and threadID_in_group t = lane % 4 (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
  * floating point type"): A register j of a lane holds row g + 8 (j % 2), columns 2t + 8 (j / 2) + {0, 1}; B register j
@@ -119,19 +121,18 @@ bool wgmma(int arg, wgmma_lane *const *l, char *msg, size_t len) {
   for (int r = 0; r < 16; r++)
     for (int k = 0; k < 16; k++) {
       uint16_t e;
-      if (a_regs) {
-        const wgmma_lane *x = l[(r % 8) * 4 + (k % 8) / 2]; /* lane g * 4 + t holds rows g, g + 8, columns 2t .. */
-        e = (uint16_t)(x->a[r / 8 + 2 * (k / 8)] >> (16 * (k % 2)));
-      } else if (!shared_element(av.at(16 * l0->warp + r, k), "A", &e, msg, len)) {
-        return false;
+      if (a_regs) { /* lane g * 4 + t holds rows g, g + 8, columns 2t + {0, 1} and + 8 */
+        a[r][k] = element(l[(r % 8) * 4 + (k % 8) / 2]->a[r / 8 + 2 * (k / 8)], k % 2, f16);
+        continue;
       }
-      a[r][k] = f16 ? __half2float(__half{e}) : __bfloat162float(__nv_bfloat16{e});
+      if (!shared_element(av.at(16 * l0->warp + r, k), "A", &e, msg, len)) return false;
+      a[r][k] = value16(e, f16);
     }
   for (int k = 0; k < 16; k++)
     for (int c = 0; c < n; c++) {
       uint16_t e;
       if (!shared_element(bv.at(c, k), "B", &e, msg, len)) return false;
-      b[k][c] = f16 ? __half2float(__half{e}) : __bfloat162float(__nv_bfloat16{e});
+      b[k][c] = value16(e, f16);
     }
   for (int lane = 0; lane < WARP; lane++) {
     int g = lane / 4, t = lane % 4;
