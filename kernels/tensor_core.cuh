@@ -160,17 +160,22 @@ __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #elif defined(__CUDACC__)
   __trap();
+#else
+  dt_emu::wgmma_commit();
 #endif
 }
 
 /* wgmma.wait_group N: all of the warpgroup's groups but the newest N are done (their accumulators may be read, their
- * shared operands rewritten). The emulation computes each wgmma when issued. */
+ * shared operands rewritten). The emulation computes each wgmma when issued and lands its result here: until then its
+ * accumulators read NaN. */
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
 #ifdef DT_WGMMA_PTX
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #elif defined(__CUDACC__)
   __trap();
+#else
+  dt_emu::wgmma_wait(N);
 #endif
 }
 
@@ -206,7 +211,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint6
 #elif defined(__CUDACC__)
   __trap();
 #else
-  dt_emu::wgmma_lane l = {a, b, {0, 0, 0, 0}, &d[0][0], (int)(threadIdx.x / 32 % 4)};
+  dt_emu::wgmma_lane l = {a, b, {0, 0, 0, 0}, &d[0][0], (int)(threadIdx.x / 32 % 4), nullptr};
   dt_emu::warp_wgmma(N, std::is_same<T, __half>::value, false, TRANS_B, accumulate, &l);
 #endif
 }
@@ -226,7 +231,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&
 #elif defined(__CUDACC__)
   __trap();
 #else
-  dt_emu::wgmma_lane l = {0, b, {a[0], a[1], a[2], a[3]}, &d[0][0], (int)(threadIdx.x / 32 % 4)};
+  dt_emu::wgmma_lane l = {0, b, {a[0], a[1], a[2], a[3]}, &d[0][0], (int)(threadIdx.x / 32 % 4), nullptr};
   dt_emu::warp_wgmma(N, std::is_same<T, __half>::value, true, TRANS_B, accumulate, &l);
 #endif
 }

@@ -87,6 +87,23 @@ struct async_queue {
 };
 /* The running thread's queue. */
 async_queue *thread_async_queue();
+/* The wgmma results a thread has issued that no wgmma.wait_group has covered yet (simt.cpp keeps one queue per
+ * thread): each lands in its accumulator registers at the wait that covers its group; until then they read NaN
+ * (reading them early is undefined on the hardware). One entry per accumulator array: a wgmma chained on a pending
+ * one reads and replaces its entry. */
+enum { WGMMA_PENDING_MAX = 4, WGMMA_ACC_MAX = 128 };
+struct wgmma_result {
+  float *d;
+  int count;
+  uint32_t group; /* the commit count when it was last issued: its group, or the open one */
+  float v[WGMMA_ACC_MAX];
+};
+struct wgmma_queue {
+  int n;
+  uint32_t commits;
+  wgmma_result r[WGMMA_PENDING_MAX];
+};
+wgmma_queue *thread_wgmma_queue();
 /* Whether [p, p + n) lies inside one shared memory array of the running block. */
 bool shared_range_ok(const void *p, size_t n);
 /* Ends the running thread with a fault on its block (sticky for the device), naming the kernel, block and thread. */

@@ -47,6 +47,7 @@ struct fiber {
   int shared_next; /* index of this thread's next DT_SHARED declaration */
   void *asan_fake;
   async_queue copies; /* its cp.async copies in flight */
+  wgmma_queue wgmma;  /* its wgmma results not yet waited for */
 };
 
 struct launch_desc {
@@ -379,6 +380,8 @@ void run_block(const launch_desc *L, uint64_t id) {
     f->shared_next = 0;
     f->copies.n = 0;
     f->copies.commits = 0;
+    f->wgmma.n = 0;
+    f->wgmma.commits = 0;
 #if DT_EMU_ASAN
     if (w->stacks_dirty) __asan_unpoison_memory_region(f->stack, STACK_BYTES);
 #endif
@@ -463,6 +466,8 @@ void thread_fault(cudaError_t code, const char *fmt, ...) {
 }
 
 async_queue *thread_async_queue() { return &W->running->copies; }
+
+wgmma_queue *thread_wgmma_queue() { return &W->running->wgmma; }
 
 bool shared_range_ok(const void *p, size_t n) {
   const char *c = static_cast<const char *>(p);

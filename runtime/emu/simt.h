@@ -53,16 +53,21 @@ struct ldmatrix_lane {
 /* ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16, num 1, 2 or 4. */
 void warp_ldmatrix(int num, bool trans, ldmatrix_lane *lane);
 /* One warp's part of wgmma.mma_async.sync.aligned.m64n{n}k16.f32.T.T (sm_90a; runtime/emu/tensor_core.cpp): warp
- * `warp` (0..3) of the warpgroup computes rows 16 warp .. 16 warp + 15 of D when the whole warp has arrived (the
- * hardware's result is the same once a wgmma.wait_group covers it). Operands in shared memory are read through matrix
+ * `warp` (0..3) of the warpgroup computes rows 16 warp .. 16 warp + 15 of D when the whole warp has arrived; the
+ * result lands when a wgmma.wait_group covers it. Operands in shared memory are read through matrix
  * descriptors without swizzling (a swizzled one faults: not emulated); A from registers as mma.sync's A fragment. */
 struct wgmma_lane {
   uint64_t a_desc, b_desc;
   uint32_t a[4]; /* A from registers: the lane's A fragment (16 rows of the warp x 16) */
   float *d;      /* n / 2 accumulators: d[4 j + i] is row g + 8 (i / 2), column 8 j + 2 t + i % 2 of the warp's rows */
   int warp;      /* this warp's index in its warpgroup */
+  void *pending; /* (set by warp_wgmma: the thread's queue of results not yet waited for) */
 };
 void warp_wgmma(int n, bool f16, bool a_regs, bool trans_b, bool accumulate, wgmma_lane *lane);
+/* wgmma.commit_group and wgmma.wait_group n for the calling thread: results of groups older than the newest n land
+ * in their accumulators (which read NaN from the wgmma until then). */
+void wgmma_commit();
+void wgmma_wait(int n);
 /* The offset of p into the block's dynamic shared memory, as a wgmma descriptor's address (faults when p is not in
  * it). */
 uint32_t shared_offset(const void *p);

@@ -102,6 +102,31 @@ bool shared_element(uint32_t off, const char *which, uint16_t *e, char *msg, siz
   return true;
 }
 
+/* The entry of queue q for accumulators d (count 0 when new), its group the open one; null (with msg) when q is full
+ * or d is pending with another width. */
+wgmma_result *pending_result(wgmma_queue *q, float *d, int count, char *msg, size_t len) {
+  for (int i = 0; i < q->n; i++)
+    if (q->r[i].d == d) {
+      if (q->r[i].count != count) {
+        snprintf(msg, len, "accumulators %p are pending as %d values and reused as %d", (void *)d, q->r[i].count,
+                 count);
+        return nullptr;
+      }
+      q->r[i].group = q->commits;
+      return q->r + i;
+    }
+  if (q->n == WGMMA_PENDING_MAX) {
+    snprintf(msg, len, "more than %d accumulator arrays pending in one thread (wait for some)",
+             (int)WGMMA_PENDING_MAX);
+    return nullptr;
+  }
+  wgmma_result *r = q->r + q->n++;
+  r->d = d;
+  r->count = 0;
+  r->group = q->commits;
+  return r;
+}
+
 /* One warp's 16 rows of D = A B (+ D): arg packs n (bits 0-8), f16 (9), A from registers (10), a transposed
  * (MN-major) B (11), accumulate (12). */
 bool wgmma(int arg, wgmma_lane *const *l, char *msg, size_t len) {
@@ -136,13 +161,18 @@ bool wgmma(int arg, wgmma_lane *const *l, char *msg, size_t len) {
     }
   for (int lane = 0; lane < WARP; lane++) {
     int g = lane / 4, t = lane % 4;
+    wgmma_result *r = pending_result(static_cast<wgmma_queue *>(l[lane]->pending), l[lane]->d, n / 2, msg, len);
+    if (!r) return false;
+    const float *acc = r->count ? r->v : l[lane]->d; /* chained on a pending result: that one */
     for (int j = 0; j < n / 8; j++)
       for (int i = 0; i < 4; i++) {
         int row = g + 8 * (i / 2), col = 8 * j + 2 * t + i % 2;
-        double s = accumulate ? l[lane]->d[4 * j + i] : 0.0; /* exact products and sum, one rounding (see mma) */
+        double s = accumulate ? acc[4 * j + i] : 0.0; /* exact products and sum, one rounding (see mma) */
         for (int k = 0; k < 16; k++) s += (double)a[row][k] * b[k][col];
-        l[lane]->d[4 * j + i] = (float)s;
+        r->v[4 * j + i] = (float)s;
       }
+    r->count = n / 2;
+    for (int i = 0; i < n / 2; i++) l[lane]->d[i] = NAN; /* until a wait lands it */
   }
   return true;
 }
@@ -191,7 +221,21 @@ void warp_wgmma(int n, bool f16, bool a_regs, bool trans_b, bool accumulate, wgm
   if (n < 8 || n > 256 || n % 8)
     thread_fault(cudaErrorLaunchFailure, "wgmma m64n%dk16: n is a multiple of 8 in 8..256", n);
   int arg = n | (int)f16 << 9 | (int)a_regs << 10 | (int)trans_b << 11 | (int)accumulate << 12;
+  lane->pending = thread_wgmma_queue();
   warp_collective(COLL_WGMMA, 0xffffffffu, (uint64_t)(uintptr_t)lane, arg, WARP);
+}
+
+void wgmma_commit() { thread_wgmma_queue()->commits++; }
+
+void wgmma_wait(int n) {
+  wgmma_queue *q = thread_wgmma_queue();
+  int kept = 0;
+  for (int i = 0; i < q->n; i++) {
+    wgmma_result *r = q->r + i;
+    if (r->group + (uint32_t)n < q->commits) memcpy(r->d, r->v, sizeof(float) * (size_t)r->count);
+    else if (kept++ != i) q->r[kept - 1] = *r;
+  }
+  q->n = kept;
 }
 
 void cp_async(void *dst, const void *src, int bytes, int src_bytes) {

@@ -97,14 +97,18 @@ __global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, fl
     int at = (16 * w + g + 8 * (j % 2)) * 16 + 2 * t + 8 * (j / 2);
     fa[j] = pair(a, at, at + 1);
   }
-  uint64_t bd = dtk::wgmma_desc(bs, N * 16, 128) ^ b_desc_xor;
+  uint64_t bd = dtk::wgmma_desc(bs, N * 16, 128) ^ (b_desc_xor == WGMMA_READ_EARLY ? 0 : b_desc_xor);
   dtk::wgmma_fence();
   if constexpr (RS) dtk::wgmma_rs<T, N, TRANS_B>(acc, fa, bd, accumulate != 0);
   else dtk::wgmma_ss<T, N, TRANS_B>(acc, dtk::wgmma_desc(as, 128, 256), bd, accumulate != 0);
+  auto store = [&] {
+    for (int j = 0; j < N / 8; j++)
+      for (int i = 0; i < 4; i++) d[(16 * w + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2] = acc[j][i];
+  };
+  if (b_desc_xor == WGMMA_READ_EARLY) store(); /* (undefined on the hardware: the emulation's NaN) */
   dtk::wgmma_commit();
   dtk::wgmma_wait<0>();
-  for (int j = 0; j < N / 8; j++)
-    for (int i = 0; i < 4; i++) d[(16 * w + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2] = acc[j][i];
+  if (b_desc_xor != WGMMA_READ_EARLY) store();
 }
 
 } // namespace

@@ -203,8 +203,10 @@ static void test_wgmma(void) {
 }
 
 /* The emulation reads only unswizzled descriptors inside the block's dynamic shared memory: anything else faults,
- * naming the operand (a device reset clears each fault). */
+ * naming the operand (a device reset clears each fault); and a kernel that reads its accumulators before the wait
+ * reads NaN. */
 static void test_wgmma_faults(void) {
+  static const float zeros[64 * 64];
   static const struct {
     uint64_t xor_mask;
     const char *msg, *what;
@@ -213,7 +215,6 @@ static void test_wgmma_faults(void) {
       {0x3000ull, "B's element at shared byte", "a B operand past the dynamic shared memory faults, naming it"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    static const float zeros[64 * 64];
     void *da = upload(zeros, 64 * 16 * 2), *db = upload(zeros, 16 * 64 * 2), *dc = upload(zeros, sizeof zeros);
     spec_k_wgmma(0, 0, 64, 0, 0, 1, cases[i].xor_mask, da, db, dc, dmalloc(sizeof zeros));
     cudaError_t e = cudaDeviceSynchronize();
@@ -222,6 +223,18 @@ static void test_wgmma_faults(void) {
     expect(e != cudaSuccess && strstr(msg, "wgmma.mma_async in warp 0") && strstr(msg, cases[i].msg), cases[i].what);
     die_on(dt_cuda_device_reset(0), "device reset");
   }
+  float d[64 * 64];
+  void *da = upload(zeros, 64 * 16 * 2), *db = upload(zeros, 16 * 64 * 2), *dc = upload(zeros, sizeof zeros);
+  void *dd = dmalloc(sizeof d);
+  expect(spec_k_wgmma(0, 0, 64, 0, 0, 1, WGMMA_READ_EARLY, da, db, dc, dd) == cudaSuccess, "the wgmma kernel launches");
+  download(d, dd, sizeof d);
+  bool nan = true;
+  for (int i = 0; i < 64 * 64; i++) nan &= isnan(d[i]);
+  expect(nan, "the emulation lands a wgmma no earlier than the wait that covers it (its accumulators read NaN)");
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(dd);
 }
 
 int main(void) {
