@@ -105,7 +105,9 @@ __global__ void k_wgmma(const uint16_t *a, const uint16_t *b, const float *c, fl
     for (int j = 0; j < N / 8; j++)
       for (int i = 0; i < 4; i++) d[(16 * w + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2] = acc[j][i];
   };
-  if (b_desc_xor == WGMMA_READ_EARLY) store(); /* (undefined on the hardware: the emulation's NaN) */
+#ifndef __CUDACC__ /* (undefined on the hardware, where ptxas would inject a wait: emulation only) */
+  if (b_desc_xor == WGMMA_READ_EARLY) store();
+#endif
   dtk::wgmma_commit();
   dtk::wgmma_wait<0>();
   if (b_desc_xor != WGMMA_READ_EARLY) store();

@@ -27,7 +27,7 @@ cudaError_t spec_k_cp_async(cudaStream_t s, const float *src, float *out);
  * accumulate), a and b row major in global memory; A from shared memory (or, a_regs, from registers as mma.sync's A
  * fragment), B from shared memory K-major (or, trans_b, MN-major), both without swizzling. n: 64 (a_regs or not) or
  * 128 (a_regs). B's descriptor is xor-ed with b_desc_xor (0: as built; the emulation's fault specs corrupt it), but
- * WGMMA_READ_EARLY instead stores the accumulators before the wait covers the wgmma (emulation only). */
+ * WGMMA_READ_EARLY instead stores the accumulators before the wait covers the wgmma (the emulation's build only). */
 #define WGMMA_READ_EARLY (~0ull)
 cudaError_t spec_k_wgmma(cudaStream_t s, int f16, int n, int a_regs, int trans_b, int accumulate, uint64_t b_desc_xor,
                          const uint16_t *a, const uint16_t *b, const float *c, float *d);
