@@ -219,9 +219,9 @@ __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][
  * / 8 cores side by side): element (r, c) at ((r / 8) (HD / 8) + c / 8) 64 + (r % 8) 8 + c % 8. */
 enum { WG_BR = 128, WG_BC = 64, WG_THREADS = 256 };
 
-/* rows x HD of dst in wgmma's core-matrix order := the first rows of an (n, d) slab at src, as
- * tc_load_tile does: copy idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. + 7, which land
- * at 8 idx (16 contiguous bytes a thread). */
+/* rows x HD of dst in wgmma's core-matrix order := the first rows of an (n, d) slab at src, as tc_load_tile does: copy
+ * idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. + 7, which land at 8 idx (16 contiguous
+ * bytes a thread). */
 template <typename T, int HD>
 __device__ __forceinline__ void wg_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
@@ -278,10 +278,10 @@ __device__ __forceinline__ void fwd_first_tiles(const attn_params &p, T *Qs, T *
   cp_async_commit();
 }
 
-/* One key tile of the forward's online softmax on a warp's 16 MT rows (row slot r = 2 mt + h is row
- * w0 + 16 mt + 8 h + g for lane (g, t)): the scores s (C fragments of keys j0 ..) times sl (scale * log2(e)), masked past each row's
- * key end when the tile reaches past unmasked_end (the diagonal or the end of the keys), become P = exp2(s - m) in
- * place; the running max m and sum l are updated and the output o rescaled to the new max. */
+/* One key tile of the forward's online softmax on a warp's 16 MT rows (row slot r = 2 mt + h is row w0 + 16 mt + 8 h +
+ * g for lane (g, t)): the scores s (C fragments of keys j0 ..) times sl (scale * log2(e)), masked past each row's key
+ * end when the tile reaches past unmasked_end (the diagonal or the end of the keys), become P = exp2(s - m) in place;
+ * the running max m and sum l are updated and the output o rescaled to the new max. */
 template <int MT, int NT, int DN>
 __device__ __forceinline__ void tc_softmax_tile(const attn_params &p, float (&s)[MT][NT][4], float (&m)[2 * MT],
                                                 float (&l)[2 * MT], float (&o)[MT][DN][4], int64_t w0, int g,
@@ -456,9 +456,9 @@ __device__ __forceinline__ void dq_start(const attn_params &p, T *Qs, T *dOs, in
                                          int64_t row, float (&lr)[2], float (&dr)[2], int64_t (&rend)[2]) {
   int64_t b = bh / p.hq, qh = bh % p.hq;
   cp_tile<T, HD, CORES>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), p.t - i0, p.d, p.lay.q.st,
-                          rows);
+                        rows);
   cp_tile<T, HD, CORES>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
-                          p.lay.dout.st, rows);
+                        p.lay.dout.st, rows);
   DT_UNROLL for (int h = 0; h < 2; h++, row += 8) {
     lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * TC_LOG2E : INFINITY;
     dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
@@ -677,13 +677,6 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   }
 }
 
-/* Lanes a row of attn_delta: HD / 8 rounded up to a power of two (each lane reading up to 8 elements). */
-template <int HD>
-__host__ __device__ constexpr int delta_lanes() { return HD <= 32 ? 4 : HD <= 64 ? 8 : 16; }
-
-/* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands: delta_lanes<HD>() lanes a row,
- * each with all its loads issued at once, summed over the lanes in a fixed order. (A warp a row, 2 elements a lane at
- * D = 64, moved 0.8 TB/s on an H200.) */
 /* Block (key tile, batch * Hkv) on wgmma (sm_90a, as attn_fwd_wg): dV = sum of P^T dO and dK = scale * sum of dS^T Q
  * over the kv head's query heads, then 64-row query tiles, in order, for 128 keys on two warpgroups of 64 (warp w of
  * warpgroup wg owns keys 64 wg + 16 w ..). S^T = K Q^T and dP^T = V dO^T read every operand from shared memory;
@@ -733,6 +726,13 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dkv_wg(attn_params p) {
   }
 }
 
+/* Lanes a row of attn_delta: HD / 8 rounded up to a power of two (each lane reading up to 8 elements). */
+template <int HD>
+__host__ __device__ constexpr int delta_lanes() { return HD <= 32 ? 4 : HD <= 64 ? 8 : 16; }
+
+/* delta[row] = <dout[row], out[row]> over the rows (b, h, i) of (B, H, T, D) operands: delta_lanes<HD>() lanes a row,
+ * each with all its loads issued at once, summed over the lanes in a fixed order. (A warp a row, 2 elements a lane at
+ * D = 64, moved 0.8 TB/s on an H200.) */
 template <typename T, int HD>
 __global__ void attn_delta(const T *out, dt_k_attn_layout lo, const T *dout, dt_k_attn_layout ldo, float *delta,
                            int64_t rows, int64_t h, int64_t t, int64_t d) {

@@ -151,25 +151,23 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
                 a->d);
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
-        size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
-        bool wg = attn_wgmma<HD>(a);
         if constexpr (HD == 64 || HD == 128) {
-          if (rows > 0 && wg)
-            e = attn_launch(dtk::attn_bwd_dq_wg<T, HD>, "attn_bwd_dq_wg", (a->t + dtk::WG_BR - 1) / dtk::WG_BR,
-                            a->b * a->hq, (size_t)(2 * dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T), s, p,
-                            dtk::WG_THREADS);
+          if (attn_wgmma<HD>(a)) { /* dQ takes Q, dO (128 rows) and K, V (64); dK/dV the other way round */
+            size_t smem = (size_t)(2 * dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T);
+            if (rows > 0)
+              e = attn_launch(dtk::attn_bwd_dq_wg<T, HD>, "attn_bwd_dq_wg", (a->t + dtk::WG_BR - 1) / dtk::WG_BR,
+                              a->b * a->hq, smem, s, p, dtk::WG_THREADS);
+            if (e == cudaSuccess && a->b * a->hkv * a->tk > 0)
+              e = attn_launch(dtk::attn_bwd_dkv_wg<T, HD>, "attn_bwd_dkv_wg", (a->tk + dtk::WG_BR - 1) / dtk::WG_BR,
+                              a->b * a->hkv, smem + 2 * dtk::WG_BC * sizeof(float), s, p, dtk::WG_THREADS);
+            return e;
+          }
         }
-        if (rows > 0 && !wg)
+        size_t smem = (size_t)(2 * dtk::TC_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
+        if (rows > 0)
           e = attn_launch(dtk::attn_bwd_dq_tc<T, HD>, "attn_bwd_dq_tc", (a->t + dtk::TC_BR - 1) / dtk::TC_BR,
                           a->b * a->hq, smem, s, p);
-        if constexpr (HD == 64 || HD == 128) {
-          if (e == cudaSuccess && a->b * a->hkv * a->tk > 0 && wg)
-            e = attn_launch(dtk::attn_bwd_dkv_wg<T, HD>, "attn_bwd_dkv_wg", (a->tk + dtk::WG_BR - 1) / dtk::WG_BR,
-                            a->b * a->hkv,
-                            (size_t)(2 * dtk::WG_BR + 2 * dtk::WG_BC) * HD * sizeof(T) + 2 * dtk::WG_BC * sizeof(float),
-                            s, p, dtk::WG_THREADS);
-        }
-        if (e == cudaSuccess && a->b * a->hkv * a->tk > 0 && !wg)
+        if (e == cudaSuccess && a->b * a->hkv * a->tk > 0)
           e = attn_launch(dtk::attn_bwd_dkv_tc<T, HD>, "attn_bwd_dkv_tc", (a->tk + dtk::TC_BC - 1) / dtk::TC_BC,
                           a->b * a->hkv, smem + 2 * dtk::TC_BR * sizeof(float), s, p);
         return e;

@@ -167,8 +167,8 @@ def main():
         flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
         needs = [n for n in h["needs"].split(",") if n]
         mix, occ, pred, smem_frac = [], {}, [], {}
-        archs = h.get("archs") or "80,90"
-        for arch in archs.split(","):
+        archs = (h.get("archs") or "80,90").split(",")
+        for arch in archs:
             names = [n for n in res[arch] if h["symbol"] in n]
             if len(names) != 1:
                 failures.append(f"{h['label']}: {len(names)} kernels match '{h['symbol']}' on sm_{arch}")
@@ -199,10 +199,10 @@ def main():
                 failures.append(f"{h['label']}: {local} local-memory (spill) {what} on sm_{arch}")
             if r["regs"] > int(h["max_regs"]):
                 failures.append(f"{h['label']}: {r['regs']} registers on sm_{arch}, the table allows {h['max_regs']}")
-            if arch == archs.split(",")[0] and pct < float(h["min_occ"]):
+            if arch == archs[0] and pct < float(h["min_occ"]):
                 failures.append(f"{h['label']}: occupancy {pct:.1f}% on sm_{arch}, the table wants >= {h['min_occ']}%")
         for gpu, arch, peak in GPUS:
-            if arch not in archs.split(","):
+            if arch not in archs:
                 pred.append((gpu, None, None, None))
                 continue
             unit = h["unit"]
