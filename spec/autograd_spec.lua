@@ -136,6 +136,38 @@ describe("autograd", function()
       testing.assert_close(w1.grad, testing.flat(e * w2 * x), 1e-12)
    end)
 
+   it("keeps a leaf's gradient without a copy when the engine alone holds it, and copies one that is shared", function()
+      local autograd = require "dt.autograd"
+      local function op(inputs, backward) -- zeros recorded over inputs, with the given backward
+         return autograd.record(dt.zeros({ 3 }, { dtype = inputs[1].dtype }), inputs, backward, "test op")
+      end
+      local a, handed = leaf({ 3 }, 25), nil
+      op({ a }, function(g) handed = g * 2; return handed end):sum():backward()
+      assert.is_true(rawequal(a.grad, handed))
+      autograd.retain_graph = true -- closures may run again and hand out what they captured: copied
+      local ok, err = pcall(function()
+         local r = leaf({ 3 }, 26)
+         op({ r }, function(g) handed = g * 2; return handed end):sum():backward()
+         assert.is_false(rawequal(r.grad, handed))
+      end)
+      autograd.retain_graph = nil
+      assert(ok, err)
+      -- one tensor handed to two leaves (a + b's backward), and two views of one buffer: each leaf gets its own bytes
+      local b, c = leaf({ 3 }, 27), leaf({ 3 }, 28)
+      local sum = (b + c):sum()
+      sum:backward()
+      local d, e = leaf({ 3 }, 29), leaf({ 3 }, 30)
+      op({ d, e }, function(g)
+         local buf = g * 1
+         return buf, buf:view({ 3 })
+      end):sum():backward()
+      for _, pair in ipairs { { b, c }, { d, e } } do
+         pair[1].grad:add_(1)
+         assert.same({ 2, 2, 2 }, pair[1].grad:totable())
+         assert.same({ 1, 1, 1 }, pair[2].grad:totable())
+      end
+   end)
+
    it("reduces broadcast gradients to the input shapes", function()
       local x = leaf({ 3, 1 }, 12)
       local y = leaf({ 4 }, 13)

@@ -79,10 +79,13 @@ local function toposort(root)
    return order
 end
 
--- Called once a leaf's gradient for this backward is complete: accumulate into .grad and fire hooks.
-local function finish_leaf(x, g)
+-- Called once a leaf's gradient for this backward is complete: accumulate into .grad and fire hooks. A first
+-- gradient becomes .grad itself when `own` (the engine's alone: true is returned), else a copy of it.
+local function finish_leaf(x, g, own)
+   local taken = false
    if x.grad == nil then
-      x.grad = g:clone() -- backward functions may hand the same tensor to several inputs
+      taken = own
+      x.grad = own and g or g:clone()
    else
       x.grad:add_(g)
    end
@@ -90,6 +93,7 @@ local function finish_leaf(x, g)
    if hooks then
       for i = 1, #hooks do hooks[i](x) end
    end
+   return taken
 end
 
 -- Backpropagate from `root` (a scalar unless `grad` is given). Leaves accumulate into .grad.
@@ -98,6 +102,8 @@ end
 -- it (its consumer has run, or a sum replaced it), so device memory does not wait for the GC. A gradient tensor may
 -- be handed to several inputs (held[g] counts the entries); `grad` (the caller's), tensors of the graph and, under
 -- M.retain_graph (backward closures may return what they captured and run again), all of them are left to the GC.
+-- A leaf's first gradient becomes its .grad without a copy when the engine's one entry is its only holder and it is
+-- its storage's only view (a backward function may hand one tensor, or views of it, to several inputs).
 function M.backward(root, grad)
    assert(root.requires_grad, "backward() called on a tensor that does not require grad")
    if grad == nil then
@@ -111,6 +117,10 @@ function M.backward(root, grad)
          and not g.requires_grad then
          g:free()
       end
+   end
+   local function own(g) -- only this entry holds g, and no other view shares its bytes
+      return held[g] == 1 and g ~= grad and not M.retain_graph and g.node == nil and not g.requires_grad
+         and g:owns_storage()
    end
    local function drop(g) -- g leaves an entry of grads
       held[g] = held[g] > 1 and held[g] - 1 or nil
@@ -140,10 +150,12 @@ function M.backward(root, grad)
                end
                if not M.retain_graph then t.node = nil end
                for i = 1, #node.inputs do free_unheld(gins[i]) end
+               drop(g)
+            elseif finish_leaf(t, g, own(g)) then
+               held[g] = nil -- t's .grad now
             else
-               finish_leaf(t, g)
+               drop(g)
             end
-            drop(g)
          end
       end
    end)

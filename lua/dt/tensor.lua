@@ -183,6 +183,12 @@ function Tensor:dim() return self.h.ndim end
 function Tensor:numel() return tonumber(C.dt_tensor_numel(self.h)) end
 function Tensor:is_contiguous() return C.dt_tensor_is_contiguous(self.h) end
 function Tensor:dtype_info() return dtype.by_id[self.h.dtype] end
+-- True when this view is its storage's only one and covers all of it: writing into it changes no other tensor.
+function Tensor:owns_storage()
+   local h = self.h
+   return h ~= nil and h.offset == 0 and C.dt_storage_refcount(h.storage) == 1 and C.dt_tensor_is_contiguous(h)
+      and C.dt_storage_nbytes(h.storage) == self:numel() * self:dtype_info().size
+end
 function Tensor:options() return { dtype = self.dtype, device = self.h.device } end
 
 function Tensor:new_empty(shape, dt)
