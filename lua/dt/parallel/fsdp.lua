@@ -21,7 +21,8 @@
 -- frees the gathered buffer, adds the parameters' gradients into a flat accumulator (freeing each) and,
 -- on the last micro-batch, lands the reductions launched before and starts an async reduce_scatter(avg) of the
 -- accumulator in reduce_dtype: one unit's full-size gradient in flight at a time. Over one rank the "gathered"
--- buffer is a view of the shard and the reduce_scatter the accumulator itself (no copies). Gradient accumulation
+-- buffer is a view of the shard, and with one gradient dtype and no offloading the gradients add straight into the
+-- shard gradient (no accumulator, no reduce_scatter, no copy: FSDP:accumulate). Gradient accumulation
 -- keeps the unsharded accumulator across micro-batches (no collective until the last). On a 2-D mesh
 -- (HSDP) the reduced shard gradients are then all_reduce(avg)'d over the replicate axes. Every rank issues
 -- the same collectives in the same order (units are visited in model order, leftovers in unit order); over
@@ -189,10 +190,12 @@ function M.wrap(model, opts)
       stage = o.stage, reshard_after_forward = o.reshard_after_forward, param_dtype = o.param_dtype,
       reduce_dtype = o.reduce_dtype, grad_dtype = o.grad_dtype,
       async_save = o.async_save, sync = true, units = {}, launched = {}, device = device.name(device.parse(dev, 2)),
+      in_place = comm.size == 1 and not rep and o.reduce_dtype == o.grad_dtype,
       stats = { gathers = 0, prefetched = 0, reduce_scatters = 0, max_gathered = 0, gathered = 0, bytes = 0,
          collectives = 0 } }, FSDP) -- bytes: what this rank sends over comm (tp_ops.count's ring figure)
    if o.offload_optimizer and self.device ~= "cpu" then
       self.offload = offload.new(self.device, { param = o.offload_param, pin = o.pin_memory })
+      self.in_place = false
    end
    local function on_device(n) return Tensor.zeros({ n }, { dtype = "f32", device = self.device }) end
    local alloc = self.offload and function(n) return self.offload:alloc(n) end or on_device
@@ -257,6 +260,7 @@ function FSDP:install_hooks(u)
    m:register_hook("post_backward", function()
       if self.stage == 1 then return u:take_grads(u.grad_full) end -- all_reduced in finish()
       if self.stage == 3 then self:reshard(u) end
+      if self.in_place then return self:accumulate(u) end
       if self.sync then self:land_reductions() end
       u.acc = u.acc or self:empty(u.padded, self.grad_dtype):fill_(0)
       u:take_grads(u.acc)
@@ -359,6 +363,18 @@ function FSDP:land_reductions()
          self:deliver(v)
       end
    end
+end
+
+-- Over one rank, with no replicate axes, no offloading and one gradient dtype (self.in_place), u's gradients go
+-- straight into its shard gradient (zeroed at the step's first backward): where the accumulator, the identity
+-- reduce_scatter and the copy into the shard would put them, bit for bit.
+function FSDP:accumulate(u)
+   if u.fresh then
+      u.grad:zero_()
+      u.fresh = false
+   end
+   u:take_grads(u.grad)
+   u.reduced = true
 end
 
 -- Start the async reduce_scatter(avg) of u's accumulated gradient.
@@ -494,7 +510,9 @@ function FSDP:finish()
    if self.stage == 1 then return self:all_reduce_grads() end
    for _, u in ipairs(self.units) do
       if self.stage == 3 then self:reshard(u) end -- prefetches nobody consumed
-      if not u.reduced then self:reduce(u) end
+      if not u.reduced then
+         if self.in_place then self:accumulate(u) else self:reduce(u) end
+      end
    end
    for _, u in ipairs(self.launched) do
       if u.rs then self:collect(u) end
