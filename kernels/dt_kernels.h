@@ -80,17 +80,18 @@ cudaError_t dt_k_softmax_bwd(cudaStream_t s, int dtype, const void *y, const voi
 /* Cross-entropy: dt_k_ce_count counts targets != ignore into *n_valid (device) and reports a target outside [0, v);
  * dt_k_ce_rows writes each row's loss to row_loss (f64) and losses (ldtype; NULL to skip) and, when dlogits is given,
  * k * (softmax - onehot) with k = dlosses[r] (gdtype) if dlosses, else grad_scale (divided by *n_valid when mean).
- * dt_k_sum_f64 adds n doubles into *out in a fixed order. */
+ * dt_k_ce_total adds the n row losses in a fixed order into *loss (ldtype): their sum, or over *n_valid when mean. */
 cudaError_t dt_k_ce_count(cudaStream_t s, int tdtype, const void *targets, int64_t *n_valid, dt_k_error *err, int64_t n,
                           int64_t v, int64_t ignore);
 cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype, const void *logits, int tdtype, const void *targets,
                          const void *dlosses, int gdtype, const int64_t *n_valid, int ldtype, void *losses,
                          double *row_loss, void *dlogits, int64_t n, int64_t v, int64_t ignore, double grad_scale,
                          bool mean);
-cudaError_t dt_k_sum_f64(cudaStream_t s, const double *x, double *out, int64_t n);
+cudaError_t dt_k_ce_total(cudaStream_t s, const double *row_loss, const int64_t *n_valid, bool mean, int ldtype,
+                          void *loss, int64_t n);
 
 /* LayerNorm (center) or RMSNorm over rows of c: x, y, w, b (NULL: none) share dtype; mean, rstd (NULL to skip) sdtype.
- * The backward overwrites dx and accumulates dw, db (NULL to skip) through per-row-block partial sums in scratch
+ * The backward overwrites dx, dw and db (NULL to skip), the latter two from per-row-block partial sums in scratch
  * (dt_k_norm_bwd_scratch bytes) added in block order. */
 cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype, const void *x, void *y, const void *w, const void *b, int sdtype,
                           void *mean, void *rstd, int64_t n, int64_t c, double eps, bool center);

@@ -98,7 +98,7 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
   }
 }
 
-/* out[j] += the sum over the row blocks of part[blk][j] for (blockIdx.y) dw then db (a null one skipped: both in one
+/* out[j] = the sum over the row blocks of part[blk][j] for (blockIdx.y) dw then db (a null one skipped: both in one
  * launch, so that the two run side by side), WARP columns a block of WARP warps: warp w sums its segment of the blocks
  * in order (NORM_LOADS loads in flight), then warp 0 the WARP segment sums in order: an order fixed by nb alone. (One
  * thread per column walking every block was latency-bound: 2048 dependent rounds.) */
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(WARP * WARP)
   if (w != 0 || j >= c) return;
   A t = 0;
   for (int k = 0; k < WARP; k++) t += seg[k][lane];
-  out[j] = num<T>::store(num<T>::load(out[j]) + t);
+  out[j] = num<T>::store(t);
 }
 
 } // namespace dtk

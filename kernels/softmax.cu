@@ -119,13 +119,15 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
   });
 }
 
-/* One block adds n doubles: per-thread strided sums, then the block tree. */
-__global__ void sum_f64(const double *x, double *out, int64_t n) {
+/* One block adds the n row losses (per-thread strided sums, then the block tree) and stores the sum, or with mean the
+ * sum over the *n_valid valid targets (0 when there is none), into loss (ldtype). */
+__global__ void ce_total(const double *row_loss, const int64_t *n_valid, bool mean, void *loss, int ldtype,
+                         int64_t n) {
   DT_SHARED(double, red, [WARP]);
   double s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += row_loss[i];
   s = block_reduce(s, sum_op(), 0.0, red);
-  if (threadIdx.x == 0) *out = s;
+  if (threadIdx.x == 0) store_dyn<double>(loss, ldtype, 0, !mean ? s : *n_valid ? s / (double)*n_valid : 0.0);
 }
 
 } // namespace dtk

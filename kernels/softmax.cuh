@@ -54,10 +54,12 @@ cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype,
   });
 }
 
-cudaError_t dt_k_sum_f64(cudaStream_t s,
-                         const double *x,  // (N)
-                         double *out,      // (1)
-                         int64_t n) {
-  DT_LAUNCH(dtk::sum_f64, 1, 1024, 0, s, x, out, n);
+cudaError_t dt_k_ce_total(cudaStream_t s,
+                          const double *row_loss,  // (N)
+                          const int64_t *n_valid,  // (1) device
+                          bool mean,
+                          int ldtype, void *loss,  // (1)
+                          int64_t n) {
+  DT_LAUNCH(dtk::ce_total, 1, 1024, 0, s, row_loss, n_valid, mean, loss, ldtype, n);
   return cudaGetLastError();
 }

@@ -40,8 +40,8 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
   X(nn_softmax_bwd, (const dt_tensor *y, const dt_tensor *dy, dt_tensor *dx, bool log), (y, dy, dx, log))            \
   X(nn_cross_entropy_fwd,                                                                                            \
     (const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index, double grad_scale, bool mean,           \
-     dt_tensor *losses, dt_tensor *dlogits, int64_t *n_valid, double *loss_sum),                                     \
-    (logits, targets, ignore_index, grad_scale, mean, losses, dlogits, n_valid, loss_sum))                           \
+     dt_tensor *losses, dt_tensor *dlogits, dt_tensor *loss, int64_t *n_valid),                                      \
+    (logits, targets, ignore_index, grad_scale, mean, losses, dlogits, loss, n_valid))                               \
   X(nn_cross_entropy_bwd,                                                                                            \
     (const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses, int64_t ignore_index,              \
      dt_tensor *dlogits),                                                                                            \

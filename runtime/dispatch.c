@@ -124,10 +124,10 @@ dt_status dt_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *
 }
 
 dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
-                                  double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits, int64_t *n_valid,
-                                  double *loss_sum) {
-  DT_DISPATCH("cross_entropy", (logits, targets, losses, dlogits), nn_cross_entropy_fwd, logits, targets, ignore_index,
-              grad_scale, mean, losses, dlogits, n_valid, loss_sum);
+                                  double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits, dt_tensor *loss,
+                                  int64_t *n_valid) {
+  DT_DISPATCH("cross_entropy", (logits, targets, losses, dlogits, loss), nn_cross_entropy_fwd, logits, targets,
+              ignore_index, grad_scale, mean, losses, dlogits, loss, n_valid);
 }
 
 dt_status dt_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,

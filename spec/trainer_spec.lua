@@ -78,6 +78,12 @@ describe("train.Trainer", function()
       assert.equal(rb.tokens_per_second / rb.samples_per_second, ra.tokens_per_second / ra.samples_per_second)
       local pb, pa = flat_params(mb), flat_params(ma)
       for i = 1, #pb do assert.near(pb[i], pa[i], 1e-5) end
+      if dt.default_device() == "cpu" then
+         assert.is_nil(rb.metrics.host_waits)
+      else -- a step waits for the device only to read each micro-batch's loss (after the last backward) and the norm
+         assert.equal(2, rb.metrics.host_waits)
+         assert.equal(3, ra.metrics.host_waits)
+      end
    end)
 
    it("clips the global gradient norm and reports it before clipping", function()

@@ -96,7 +96,13 @@ local function finish_leaf(x, g, own)
    return taken
 end
 
--- Backpropagate from `root` (a scalar unless `grad` is given). Leaves accumulate into .grad.
+-- Gradients whose value the host knows (every element the same): the root's when backward makes it from a number.
+-- A backward function asks M.known(g) before g:item(), which would wait for the device.
+local known_values = setmetatable({}, { __mode = "k" })
+function M.known(g) return known_values[g] end
+
+-- Backpropagate from `root` (a scalar unless `grad` is given: a tensor, or a number for every element of the root's
+-- gradient). Leaves accumulate into .grad.
 --
 -- The gradients flowing between nodes are the engine's: each is freed (t:free()) as soon as no pending entry holds
 -- it (its consumer has run, or a sum replaced it), so device memory does not wait for the GC. A gradient tensor may
@@ -106,9 +112,11 @@ end
 -- its storage's only view (a backward function may hand one tensor, or views of it, to several inputs).
 function M.backward(root, grad)
    assert(root.requires_grad, "backward() called on a tensor that does not require grad")
-   if grad == nil then
-      assert(root:numel() == 1, "backward() without a gradient needs a scalar output; pass a gradient")
-      grad = root:new_full(root.shape, 1.0)
+   if type(grad) ~= "table" then
+      assert(grad ~= nil or root:numel() == 1, "backward() without a gradient needs a scalar output; pass a gradient")
+      local value = grad or 1.0
+      grad = root:new_full(root.shape, value)
+      known_values[grad] = value
    end
    local order = toposort(root)
    local grads, held = { [root] = grad }, { [grad] = 1 }

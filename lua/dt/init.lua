@@ -99,6 +99,13 @@ function dt.cuda_linear_stats(reset)
       fallback = tonumber(s.fallback), reason = ffi.string(s.reason) }
 end
 
+-- How many times the host has waited for a cuda device since the process started (dt_cuda_host_waits: every read of a
+-- device value is one); nil in a CPU-only build.
+function dt.cuda_host_waits()
+   if device.cuda_build() == "none" then return nil end
+   return tonumber(C.dt_cuda_host_waits())
+end
+
 -- dt.backends.cuda.matmul.allow_tf32 (false by default, as torch.backends.cuda.matmul.allow_tf32): f32 matmuls on cuda
 -- devices may run on the TF32 tensor cores (inputs rounded to 10 mantissa bits). A CPU-only build keeps the flag only.
 local tf32_flag = false

@@ -34,7 +34,7 @@ static dt_status RF(norm_fwd)(const dt_tensor *x, const dt_tensor *w, const dt_t
   return DT_OK;
 }
 
-/* out[j] += sum over blocks (in block order) of part[block][j]. */
+/* out[j] = sum over blocks (in block order) of part[block][j]. */
 static void RF(norm_reduce)(const real *part, int64_t nb, int64_t c, dt_tensor *out) {
   void *op = dt_tensor_ptr(out);
   int od = out->dtype;
@@ -42,12 +42,12 @@ static void RF(norm_reduce)(const real *part, int64_t nb, int64_t c, dt_tensor *
   for (int64_t j = 0; j < c; j++) {
     real s = 0;
     for (int64_t blk = 0; blk < nb; blk++) s += part[blk * c + j];
-    dt_store(op, od, j, dt_load(op, od, j) + s);
+    dt_store(op, od, j, s);
   }
 }
 
 /* With xh = (x - mean) * rstd and g = dy * w: dx = rstd * (g - mean(g) - xh * mean(g * xh)) (no mean(g) term
- * for RMSNorm); dw += sum over rows of dy * xh, db += sum of dy. */
+ * for RMSNorm); dw = sum over rows of dy * xh, db = sum of dy. */
 static dt_status RF(norm_bwd)(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *mean,
                               const dt_tensor *rstd, dt_tensor *dx, dt_tensor *dw, dt_tensor *db, bool center,
                               int64_t n, int64_t c) {

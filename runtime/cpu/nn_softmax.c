@@ -57,16 +57,20 @@ static dt_status check_ce(const dt_tensor *logits, const dt_tensor *targets, int
 
 dt_status dt_cpu_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
                                   double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits,
-                                  int64_t *n_valid, double *loss_sum) {
+                                  dt_tensor *loss, int64_t *n_valid) {
   const char *op = "cross_entropy";
   int64_t n, v, valid = 0;
   DT_TRY(check_ce(logits, targets, ignore_index, dlogits, op, &n, &v, &valid));
   if (losses) DT_TRY(dt_nn_check_vector(losses, n, op, "losses", "one per row of logits"));
+  if (loss) DT_TRY(dt_nn_check_vector(loss, 1, op, "loss", "the reduced loss"));
   if (n_valid) *n_valid = valid;
-  double scale = !mean ? grad_scale : valid ? grad_scale / (double)valid : 0.0;
-  return logits->dtype == DT_DTYPE_F64
-             ? ce_rows_f64(logits, targets, ignore_index, scale, NULL, losses, dlogits, loss_sum, n, v)
-             : ce_rows_f32(logits, targets, ignore_index, scale, NULL, losses, dlogits, loss_sum, n, v);
+  double scale = !mean ? grad_scale : valid ? grad_scale / (double)valid : 0.0, sum = 0;
+  double *sum_p = loss ? &sum : NULL;
+  DT_TRY(logits->dtype == DT_DTYPE_F64
+             ? ce_rows_f64(logits, targets, ignore_index, scale, NULL, losses, dlogits, sum_p, n, v)
+             : ce_rows_f32(logits, targets, ignore_index, scale, NULL, losses, dlogits, sum_p, n, v));
+  if (loss) dt_store(dt_tensor_ptr(loss), loss->dtype, 0, !mean ? sum : valid ? sum / (double)valid : 0.0);
+  return DT_OK;
 }
 
 dt_status dt_cpu_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,

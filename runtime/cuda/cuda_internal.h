@@ -47,6 +47,8 @@ void dt_cuda_dl_load(const char *path, const char *what, int n, const char *cons
 #define DT_NAME_OF_(fn) #fn
 /* Makes `device` the calling thread's current device. */
 dt_status dt_cuda_use(int device);
+/* Counts one wait of the host for a device (dt_cuda_host_waits). */
+void dt_cuda_count_host_wait(void);
 
 /* Records "what: <error name>: <detail>" and returns the dt_status matching the CUDA error. */
 dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *what);

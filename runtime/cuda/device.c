@@ -179,6 +179,7 @@ dt_status dt_cuda_check_device_errors(int device) {
 
 dt_status dt_cuda_device_synchronize(int device) {
   DT_TRY(dt_cuda_use(device));
+  dt_cuda_count_host_wait();
   DT_CUDA_TRY("cudaDeviceSynchronize", cudaDeviceSynchronize());
   return dt_cuda_check_device_errors(device);
 }

@@ -56,35 +56,34 @@ static dt_status check_ce(dt_stream *s, const char *op, const dt_tensor *logits,
   return dt_nn_targets_check(op, targets, logits, *n);
 }
 
-/* Per-row losses (f64 scratch) and the valid-target count live on the device; the host values, when asked for,
- * come back after a stream synchronisation. */
+/* Per-row losses (f64 scratch), the valid-target count and the reduced loss stay on the device; the count, when the
+ * host asks for it, comes back after a stream synchronisation. */
 static dt_status ce_run(dt_stream *s, const char *op, const dt_tensor *logits, const dt_tensor *targets,
                         const dt_tensor *dlosses, int64_t ignore, double grad_scale, bool mean, dt_tensor *losses,
-                        dt_tensor *dlogits, int64_t *n_valid, double *loss_sum) {
+                        dt_tensor *dlogits, dt_tensor *loss, int64_t *n_valid) {
   int64_t n, v;
   DT_TRY(check_ce(s, op, logits, targets, dlogits, &n, &v));
   if (losses) DT_TRY(dt_cuda_check_stat(s, losses, n, op, "losses"));
   if (dlosses) DT_TRY(dt_cuda_check_stat(s, dlosses, n, op, "dlosses"));
+  if (loss) DT_TRY(dt_cuda_check_on(s, loss, op, "loss"));
+  if (loss) DT_TRY(dt_nn_check_vector(loss, 1, op, "loss", "the reduced loss"));
   dt_cuda_dev *d;
   DT_TRY(dt_cuda_dev_get(s->device, &d));
-  /* scratch: n_valid, the loss sum, then n row losses */
+  /* scratch: n_valid, then n row losses */
   double *buf = NULL;
-  DT_TRY(dt_cuda_malloc(s, (size_t)(n + 2) * sizeof(double), (void **)&buf));
+  DT_TRY(dt_cuda_malloc(s, (size_t)(n + 1) * sizeof(double), (void **)&buf));
   int64_t *valid = (int64_t *)(void *)buf;
   cudaError_t e = dt_k_ce_count(s->s, targets->dtype, dt_tensor_ptr(targets), valid, d->err, n, v, ignore);
   if (e == cudaSuccess)
     e = dt_k_ce_rows(s->s, logits->dtype, dt_tensor_ptr(logits), targets->dtype, dt_tensor_ptr(targets),
                      dlosses ? dt_tensor_ptr(dlosses) : NULL, dlosses ? dlosses->dtype : 0, valid,
-                     losses ? losses->dtype : 0, losses ? dt_tensor_ptr(losses) : NULL, buf + 2,
+                     losses ? losses->dtype : 0, losses ? dt_tensor_ptr(losses) : NULL, buf + 1,
                      dlogits ? dt_tensor_ptr(dlogits) : NULL, n, v, ignore, grad_scale, mean);
-  if (e == cudaSuccess && loss_sum) e = dt_k_sum_f64(s->s, buf + 2, buf + 1, n);
+  if (e == cudaSuccess && loss) e = dt_k_ce_total(s->s, buf + 1, valid, mean, loss->dtype, dt_tensor_ptr(loss), n);
   dt_status st = launched(e, op);
-  if (st == DT_OK && (n_valid || loss_sum)) {
-    double host[2];
-    st = dt_cuda_memcpy(s, host, buf, sizeof host); /* into pageable memory: returns once the values are there */
+  if (st == DT_OK && n_valid) {
+    st = dt_cuda_memcpy(s, n_valid, valid, sizeof *n_valid); /* into pageable memory: returns once it is there */
     if (st == DT_OK) st = dt_cuda_stream_synchronize(s);
-    if (st == DT_OK && n_valid) memcpy(n_valid, &host[0], sizeof *n_valid);
-    if (st == DT_OK && loss_sum) *loss_sum = host[1];
   }
   dt_status fst = dt_cuda_free(s, buf);
   return st != DT_OK ? st : fst;
@@ -92,9 +91,9 @@ static dt_status ce_run(dt_stream *s, const char *op, const dt_tensor *logits, c
 
 dt_status dt_cuda_nn_cross_entropy_fwd(dt_stream *s, const dt_tensor *logits, const dt_tensor *targets,
                                        int64_t ignore_index, double grad_scale, bool mean, dt_tensor *losses,
-                                       dt_tensor *dlogits, int64_t *n_valid, double *loss_sum) {
-  return ce_run(s, "cross_entropy", logits, targets, NULL, ignore_index, grad_scale, mean, losses, dlogits, n_valid,
-                loss_sum);
+                                       dt_tensor *dlogits, dt_tensor *loss, int64_t *n_valid) {
+  return ce_run(s, "cross_entropy", logits, targets, NULL, ignore_index, grad_scale, mean, losses, dlogits, loss,
+                n_valid);
 }
 
 dt_status dt_cuda_nn_cross_entropy_bwd(dt_stream *s, const dt_tensor *logits, const dt_tensor *targets,

@@ -1,7 +1,12 @@
 /* stream.c: CUDA streams (per-device compute and comm, user streams) and events for ordering and timing. */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+
+static _Atomic int64_t host_waits;
+void dt_cuda_count_host_wait(void) { atomic_fetch_add(&host_waits, 1); }
+int64_t dt_cuda_host_waits(void) { return atomic_load(&host_waits); }
 
 dt_status dt_cuda_stream_get(int device, int which, dt_stream **out) {
   DT_CHECK(which == DT_STREAM_COMPUTE || which == DT_STREAM_COMM, DT_ERR_ARG,
@@ -39,6 +44,7 @@ int dt_cuda_stream_device(const dt_stream *s) { return s->device; }
 dt_status dt_cuda_stream_synchronize(dt_stream *s) {
   DT_CHECK(s, DT_ERR_ARG, "dt_cuda_stream_synchronize: NULL stream");
   DT_TRY(dt_cuda_use(s->device));
+  dt_cuda_count_host_wait();
   DT_CUDA_TRY("cudaStreamSynchronize", cudaStreamSynchronize(s->s));
   return dt_cuda_check_device_errors(s->device);
 }
@@ -83,6 +89,7 @@ dt_status dt_cuda_event_record(dt_event *e, dt_stream *s) {
 dt_status dt_cuda_event_synchronize(dt_event *e) {
   DT_CHECK(e, DT_ERR_ARG, "dt_cuda_event_synchronize: NULL event");
   DT_TRY(dt_cuda_use(e->device));
+  dt_cuda_count_host_wait();
   DT_CUDA_TRY("cudaEventSynchronize", cudaEventSynchronize(e->e));
   return dt_cuda_check_device_errors(e->device);
 }

@@ -121,4 +121,9 @@ typedef struct dt_cuda_linear_stats {
 void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out);
 void dt_cuda_linear_stats_reset(void);
 
+/* How many times the host has waited for a cuda device since the process started: stream, event and device
+ * synchronisations (every read of a device value, such as a tensor's item(), is one). Work queued between two waits
+ * keeps the device busy while the host goes on. */
+int64_t dt_cuda_host_waits(void);
+
 #endif

@@ -15,13 +15,15 @@ dt_status dt_nn_softmax_bwd(const dt_tensor *y, const dt_tensor *dy, dt_tensor *
 
 /* Fused softmax + cross-entropy in one pass over the logits. logits (N, V); targets N values i32/i64
  * (any shape). losses (N) float (NULL to skip) gets -log softmax[target], 0 where target == ignore_index.
- * n_valid receives the count of targets != ignore_index; loss_sum (NULL to skip) the sum of the
- * losses, added in row order in f64. If dlogits (N, V) is not NULL it gets scale * (softmax - onehot)
- * in the same pass (0 rows for ignored targets) with scale = grad_scale / n_valid when mean (0 when
- * n_valid == 0), else grad_scale. A target outside [0, V) other than ignore_index is an error. */
+ * loss (one float element; NULL to skip) gets the sum of the losses, added in row order in f64, divided by the count
+ * of targets != ignore_index when mean (0 when there is none). If dlogits (N, V) is not NULL it gets
+ * scale * (softmax - onehot) in the same pass (0 rows for ignored targets) with scale = grad_scale / n_valid when
+ * mean (0 when n_valid == 0), else grad_scale. n_valid (NULL to skip) receives that count on the host: on a cuda
+ * device asking for it waits for the device; nothing else does (loss stays on the device, queued). A target outside
+ * [0, V) other than ignore_index is an error (on a cuda device reported when the host next waits for the device). */
 dt_status dt_nn_cross_entropy_fwd(const dt_tensor *logits, const dt_tensor *targets, int64_t ignore_index,
-                                  double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits,
-                                  int64_t *n_valid, double *loss_sum);
+                                  double grad_scale, bool mean, dt_tensor *losses, dt_tensor *dlogits, dt_tensor *loss,
+                                  int64_t *n_valid);
 /* dlogits = dlosses[i] * (softmax - onehot) per row (0 rows for ignored targets): the backward of
  * unreduced losses, recomputing the softmax. dlosses: N float values. */
 dt_status dt_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targets, const dt_tensor *dlosses,
@@ -31,13 +33,13 @@ dt_status dt_nn_cross_entropy_bwd(const dt_tensor *logits, const dt_tensor *targ
  * mean, rstd: (N) float, saved for backward (NULL to skip). */
 dt_status dt_nn_layernorm_fwd(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, double eps,
                               dt_tensor *y, dt_tensor *mean, dt_tensor *rstd);
-/* dx overwritten; dw += ..., db += ... accumulated in a fixed order over fixed row blocks
- * (deterministic for any thread count); dw, db NULL to skip. */
+/* dx, dw, db overwritten (no zeroing first); dw, db summed in a fixed order over fixed row blocks (deterministic for
+ * any thread count); dw, db NULL to skip. */
 dt_status dt_nn_layernorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w,
                               const dt_tensor *mean, const dt_tensor *rstd, dt_tensor *dx, dt_tensor *dw,
                               dt_tensor *db);
 
-/* RMSNorm: y = x * rstd * w (w NULL: no scale); rstd (N) float saved. dw accumulated as above. */
+/* RMSNorm: y = x * rstd * w (w NULL: no scale); rstd (N) float saved. dw summed as above. */
 dt_status dt_nn_rmsnorm_fwd(const dt_tensor *x, const dt_tensor *w, double eps, dt_tensor *y, dt_tensor *rstd);
 dt_status dt_nn_rmsnorm_bwd(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *w, const dt_tensor *rstd,
                             dt_tensor *dx, dt_tensor *dw);

@@ -198,7 +198,8 @@ static void spec_cross_entropy(void) {
   const int64_t tv[4] = {1, -100, 5, 0};
   for (int i = 0; i < 4; i++) dt_tensor_set(t, i, (double)tv[i]);
   dt_tensor *losses = zeros(1, SHAPE(4), DT_DTYPE_F64), *dl = zeros(2, SHAPE(4, 6), DT_DTYPE_F64);
-  double lsm[24], want[4], dwant[24], sum = 0, loss_sum = -1;
+  dt_tensor *loss = zeros(1, SHAPE(1), DT_DTYPE_F64);
+  double lsm[24], want[4], dwant[24], sum = 0;
   int64_t valid = -1;
   ref_softmax(x, 4, 6, true, lsm);
   for (int r = 0; r < 4; r++) {
@@ -206,8 +207,9 @@ static void spec_cross_entropy(void) {
     sum += want[r];
     for (int c = 0; c < 6; c++) dwant[r * 6 + c] = tv[r] < 0 ? 0 : 2.0 / 3 * (exp(lsm[r * 6 + c]) - (c == tv[r]));
   }
-  expect_ok(dt_nn_cross_entropy_fwd(x, t, -100, 2.0, true, losses, dl, &valid, &loss_sum), "cross-entropy");
-  expect(max_diff(losses, want) < 1e-13 && fabs(loss_sum - sum) < 1e-13, "per-row losses and their sum");
+  expect_ok(dt_nn_cross_entropy_fwd(x, t, -100, 2.0, true, losses, dl, loss, &valid), "cross-entropy");
+  expect(max_diff(losses, want) < 1e-13 && fabs(at(loss, 0) - sum / 3) < 1e-13,
+         "per-row losses and their mean over the valid targets");
   expect(valid == 3, "n_valid counts targets other than ignore_index");
   expect(max_diff(dl, dwant) < 1e-13, "dlogits = grad_scale / n_valid * (softmax - onehot), 0 for ignored rows");
   dt_tensor *dloss = sample(1, SHAPE(4), DT_DTYPE_F64, 5, 2);
@@ -219,20 +221,22 @@ static void spec_cross_entropy(void) {
 
   dt_tensor *xf = sample(2, SHAPE(4, 6), DT_DTYPE_F32, 4, 3), *dlf = zeros(2, SHAPE(4, 6), DT_DTYPE_BF16);
   dt_tensor_set(t, 1, 2);
-  expect_ok(dt_nn_cross_entropy_fwd(xf, t, -100, 1.0, false, NULL, dlf, &valid, &loss_sum), "f32 cross-entropy");
-  expect(valid == 4 && fabs(loss_sum - (sum - lsm[6 + 2])) < 1e-5, "f32 logits, sum reduction");
+  expect_ok(dt_nn_cross_entropy_fwd(xf, t, -100, 1.0, false, NULL, dlf, loss, &valid), "f32 cross-entropy");
+  expect(valid == 4 && fabs(at(loss, 0) - (sum - lsm[6 + 2])) < 1e-5, "f32 logits, sum reduction");
   expect(fabs(at(dlf, 6 + 2) - (exp(lsm[6 + 2]) - 1)) < 1e-2, "bf16 dlogits");
   for (int i = 0; i < 4; i++) dt_tensor_set(t, i, -1);
-  expect_ok(dt_nn_cross_entropy_fwd(x, t, -1, 1.0, true, losses, dl, &valid, &loss_sum), "all targets ignored");
+  expect_ok(dt_nn_cross_entropy_fwd(x, t, -1, 1.0, true, losses, dl, loss, &valid), "all targets ignored");
   double zero[24] = {0};
-  expect(valid == 0 && loss_sum == 0 && max_diff(dl, zero) == 0, "all ignored: no loss, zero gradient");
+  expect(valid == 0 && at(loss, 0) == 0 && max_diff(dl, zero) == 0, "all ignored: no loss, zero gradient");
+  expect_error(dt_nn_cross_entropy_fwd(x, t, -1, 1.0, true, NULL, NULL, losses, NULL),
+               "loss is (4) f64 but needs 1 elements (the reduced loss)", "the reduced loss is one value");
   dt_tensor_set(t, 2, 7);
-  expect_error(dt_nn_cross_entropy_fwd(x, t, -1, 1.0, true, losses, dl, &valid, NULL),
+  expect_error(dt_nn_cross_entropy_fwd(x, t, -1, 1.0, true, losses, dl, NULL, &valid),
                "target 7 at row 2 is out of range for 6 classes", "out-of-range targets are errors");
   dt_tensor *t3 = zeros(1, SHAPE(3), DT_DTYPE_I32), *tf = zeros(1, SHAPE(4), DT_DTYPE_F32);
-  expect_error(dt_nn_cross_entropy_fwd(x, t3, -1, 1.0, true, NULL, NULL, &valid, NULL),
+  expect_error(dt_nn_cross_entropy_fwd(x, t3, -1, 1.0, true, NULL, NULL, NULL, &valid),
                "targets (3) i32 has 3 elements but logits (4, 6) f64 has 4 rows", "target count must match rows");
-  expect_error(dt_nn_cross_entropy_fwd(x, tf, -1, 1.0, true, NULL, NULL, &valid, NULL),
+  expect_error(dt_nn_cross_entropy_fwd(x, tf, -1, 1.0, true, NULL, NULL, NULL, &valid),
                "targets must be i32 or i64", "float targets are errors");
   release_all();
 }
@@ -267,14 +271,13 @@ static void spec_norms(void) {
     expect(max_diff(y, ref) < 1e-13, layer ? "layer_norm matches the f64 reference" : "rms_norm matches");
     dt_tensor *gy = sample(2, SHAPE(3, 4), DT_DTYPE_F64, 9, 1), *dx = zeros(2, SHAPE(3, 4), DT_DTYPE_F64);
     dt_tensor *dw = zeros(1, SHAPE(4), DT_DTYPE_F64), *db = zeros(1, SHAPE(4), DT_DTYPE_F64);
-    dt_tensor_fill(dw, 1); /* backward accumulates */
+    dt_tensor_fill(dw, 1); /* backward overwrites what was there */
+    dt_tensor_fill(db, 1);
     s = layer ? dt_nn_layernorm_bwd(gy, x, w, mean, rstd, dx, dw, db) : dt_nn_rmsnorm_bwd(gy, x, w, rstd, dx, dw);
     expect_ok(s, "norm backward");
-    dt_tensor *dw_only = zeros(1, SHAPE(4), DT_DTYPE_F64);
-    for (int c = 0; c < 4; c++) dt_tensor_set(dw_only, c, at(dw, c) - 1);
     norm_ctx ctx = {x, w, b, zeros(2, SHAPE(3, 4), DT_DTYPE_F64), gy, layer};
     expect(fd_error(x, dx, norm_loss, &ctx) < 1e-7, "norm dx matches finite differences");
-    expect(fd_error(w, dw_only, norm_loss, &ctx) < 1e-7, "norm dw (accumulated) matches finite differences");
+    expect(fd_error(w, dw, norm_loss, &ctx) < 1e-7, "norm dw (overwritten) matches finite differences");
     if (b) expect(fd_error(b, db, norm_loss, &ctx) < 1e-7, "layer_norm db matches finite differences");
   }
   dt_tensor *x = sample(2, SHAPE(3, 4), DT_DTYPE_F32, 6, 2), *w5 = zeros(1, SHAPE(5), DT_DTYPE_F32);

@@ -13,8 +13,7 @@ local common = require "dt.ops.common"
 
 local C, check = dtffi.C, dtffi.check
 local record = autograd.record
-local empty, zeros, contiguous = common.empty, common.zeros, common.contiguous
-local int64_box, double_box = ffi.typeof("int64_t[1]"), ffi.typeof("double[1]")
+local empty, contiguous = common.empty, common.contiguous
 
 return function(dt, Tensor)
    local F = {}
@@ -64,17 +63,18 @@ return function(dt, Tensor)
 
    -- logits (..., V), targets (...) i32/i64 (0-based classes). opts.ignore_index (-100): rows with that target add
    -- no loss and get no gradient. opts.reduction: "mean" over the valid targets (0 when none is valid), "sum",
-   -- or "none" (one loss per row). For mean/sum the gradient comes out of the forward pass itself.
+   -- or "none" (one loss per row). For mean/sum the gradient comes out of the forward pass itself. Nothing waits for
+   -- the device: the loss is computed there, and its backward scales by a gradient whose value the host knows (the
+   -- root's: dt.autograd.known) without reading it back.
    function F.cross_entropy(logits, targets, opts)
       need_tensor(logits, "cross_entropy", "logits")
       need_tensor(targets, "cross_entropy", "targets")
       opts = opts or {}
       local ignore, reduction = opts.ignore_index or -100, opts.reduction or "mean"
       local lc, tc = contiguous(logits), contiguous(targets)
-      local n_valid, loss_sum = int64_box(), double_box()
       if reduction == "none" then
          local losses = empty(row_shape(logits), stat_dtype(logits), logits)
-         check(C.dt_nn_cross_entropy_fwd(lc.h, tc.h, ignore, 1, false, losses.h, nil, n_valid, nil))
+         check(C.dt_nn_cross_entropy_fwd(lc.h, tc.h, ignore, 1, false, losses.h, nil, nil, nil))
          return record(losses, { logits }, function(g)
             local dl = like(logits)
             check(C.dt_nn_cross_entropy_bwd(lc.h, tc.h, contiguous(g).h, ignore, dl.h))
@@ -84,12 +84,10 @@ return function(dt, Tensor)
          error(('F.cross_entropy: reduction must be "mean", "sum" or "none", got %s'):format(tostring(reduction)), 2)
       end
       local dl = autograd.needs_grad({ logits }) and like(logits) or nil
-      check(C.dt_nn_cross_entropy_fwd(lc.h, tc.h, ignore, 1, reduction == "mean", nil, dl and dl.h, n_valid, loss_sum))
-      local n = tonumber(n_valid[0])
-      local value = reduction == "sum" and loss_sum[0] or (n > 0 and loss_sum[0] / n or 0)
-      local loss = empty({}, stat_dtype(logits), logits):fill_(value)
+      local loss = empty({}, stat_dtype(logits), logits)
+      check(C.dt_nn_cross_entropy_fwd(lc.h, tc.h, ignore, 1, reduction == "mean", nil, dl and dl.h, loss.h, nil))
       return record(loss, { logits }, function(g)
-         local s = g:item()
+         local s = autograd.known(g) or g:item()
          if s == 1 then return dl end
          return dl * s
       end, "cross_entropy")
@@ -111,7 +109,7 @@ return function(dt, Tensor)
    end
 
    local function grad_buffer(p)
-      if p and p.requires_grad then return zeros(p.shape, p.dtype, p) end
+      if p and p.requires_grad then return empty(p.shape, p.dtype, p) end
       return nil
    end
 

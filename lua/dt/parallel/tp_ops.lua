@@ -165,7 +165,7 @@ function M.vocab_cross_entropy(tp, logits, targets, lo, opts)
    end)
    local out = logits:new_empty({}):fill_(loss)
    return autograd.record(out, { logits }, function(g)
-      local s = g:item()
+      local s = autograd.known(g) or g:item()
       if s == 1 then return grad end
       return grad * s
    end, "vocab_cross_entropy")

@@ -25,9 +25,10 @@
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count over the
--- sgemm rate on the CPU, over the device's peak on a cuda device: see dt/obs/mfu.lua), on a cuda device
--- gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the driver's library opens: dt/obs/nvml.lua;
--- otherwise stderr says why not, once), ... } }. Step
+-- sgemm rate on the CPU, over the device's peak on a cuda device: see dt/obs/mfu.lua), on a cuda device host_waits
+-- (how many times the step waited for the device: reading each micro-batch's loss after the last backward and the
+-- gradient norm) and gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the driver's library opens:
+-- dt/obs/nvml.lua; otherwise stderr says why not, once), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
 -- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
@@ -221,12 +222,12 @@ function Trainer:train_step()
    if tr then tr:begin_step(step) end
    self:hook("begin_step", step)
    dt.reset_peak_memory()
-   local t0 = dt.time()
+   local t0, waits0 = dt.time(), self:device() ~= "cpu" and dt.cuda_host_waits()
    -- lr_override (set from the live REPL) holds the lr, whatever the schedule says, until it is set to nil again
    local lr = self.lr_override or self.schedule and self.schedule(step, self.skipped_steps) or opt.lr
    opt.lr = lr
    opt:zero_grad()
-   local loss_sum, samples, tokens, gc_s = 0, 0, 0, 0
+   local losses, samples, tokens, gc_s = {}, 0, 0, 0
    local scaler = self.loss_scaler
    local scale = scaler and scaler.scale or 1
    for i = 1, n_micro do
@@ -234,13 +235,15 @@ function Trainer:train_step()
       local x, y = traced(tr, "data", "data", self.data.next, self.data)
       x, y = traced(tr, "to device", "copy", self.to_device, self, x, y)
       local loss = traced(tr, "forward", "forward", self.forward, self.model, x, y)
-      loss_sum = loss_sum + loss:item()
       samples, tokens = samples + x.shape[1], tokens + x:numel()
-      local grad = (n_micro > 1 or scale ~= 1) and loss:new_full(loss.shape, scale / n_micro) or nil
-      traced(tr, "backward", "backward", loss.backward, loss, grad)
+      -- the gradient of the loss as a number (known to the host: the cross-entropy's backward need not read it back)
+      traced(tr, "backward", "backward", loss.backward, loss, scale / n_micro)
+      losses[i] = loss -- read after the loop: reading it here would wait for the device before backward is queued
       x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
       gc_s = gc_s + traced(tr, "gc", "gc", timed_gc)
    end
+   local loss_sum = 0
+   for i = 1, n_micro do loss_sum = loss_sum + losses[i]:item() end
    self:hook("before_optimizer")
    local loss = loss_sum / n_micro
    if self.strategy.reduce_loss then loss = self:hook("reduce_loss", loss) end
@@ -273,6 +276,7 @@ function Trainer:train_step()
       extra.loss_scale = scale
    end
    local seconds = dt.time() - t0
+   if waits0 then extra.host_waits = dt.cuda_host_waits() - waits0 end
    self.step = step
    local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
