@@ -166,6 +166,14 @@ describe("autograd", function()
          assert.same({ 2, 2, 2 }, pair[1].grad:totable())
          assert.same({ 1, 1, 1 }, pair[2].grad:totable())
       end
+      -- a second gradient is added into the first one's buffer when the engine alone holds it
+      local f, g2, g3 = leaf({ 3 }, 31), nil, nil
+      local two = op({ f }, function(g) g2 = g * 2; return g2 end)
+      local three = op({ f }, function(g) g3 = g * 3; return g3 end)
+      local total = (two + three):sum()
+      total:backward()
+      assert.is_true(rawequal(f.grad, g2) or rawequal(f.grad, g3))
+      assert.same({ 5, 5, 5 }, f.grad:totable())
    end)
 
    it("reduces broadcast gradients to the input shapes", function()

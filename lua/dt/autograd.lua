@@ -108,8 +108,9 @@ function M.known(g) return known_values[g] end
 -- it (its consumer has run, or a sum replaced it), so device memory does not wait for the GC. A gradient tensor may
 -- be handed to several inputs (held[g] counts the entries); `grad` (the caller's), tensors of the graph and, under
 -- M.retain_graph (backward closures may return what they captured and run again), all of them are left to the GC.
--- A leaf's first gradient becomes its .grad without a copy when the engine's one entry is its only holder and it is
--- its storage's only view (a backward function may hand one tensor, or views of it, to several inputs).
+-- A gradient the engine owns so (its one entry is its only holder and it is its storage's only view; a backward
+-- function may hand one tensor, or views of it, to several inputs) takes a second gradient of its tensor in place,
+-- and becomes a leaf's .grad without a copy.
 function M.backward(root, grad)
    assert(root.requires_grad, "backward() called on a tensor that does not require grad")
    if type(grad) ~= "table" then
@@ -136,7 +137,10 @@ function M.backward(root, grad)
    end
    local function hold(x, g)
       local prev = grads[x]
-      if prev ~= nil then
+      if prev ~= nil and own(prev) then
+         prev:add_(g) -- the sum lands in the engine's own buffer: no third one (the caller frees g)
+         return
+      elseif prev ~= nil then
          g = prev + g
          drop(prev)
       end
