@@ -163,6 +163,33 @@ dt_status dt_op_linear_check(const dt_tensor *x, const dt_tensor *w, const dt_te
   return DT_OK;
 }
 
+dt_status dt_op_linear_wgrad_check(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *gw, const dt_tensor *gb,
+                                   int64_t *N, int64_t *K, int64_t *Nout) {
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF];
+  const char *op = "linear weight gradient";
+  DT_CHECK(dy && x && gw, DT_ERR_ARG, "%s: dy, x and gw are required (gb may be NULL)", op);
+  DT_CHECK(dy->ndim == 2 && x->ndim == 2 && gw->ndim == 2, DT_ERR_ARG,
+           "%s: dy (N, Nout), x (N, K) and gw (Nout, K) must be matrices, got dy %s, x %s, gw %s", op,
+           dt_shape_str(dy, b1, sizeof b1), dt_shape_str(x, b2, sizeof b2), dt_shape_str(gw, b3, sizeof b3));
+  DT_CHECK(dy->dtype == x->dtype && gw->dtype == x->dtype && dt_dtype_is_float(x->dtype), DT_ERR_ARG,
+           "%s: dy, x and gw must share one float dtype, got %s, %s, %s", op, dt_dtype_name(dy->dtype),
+           dt_dtype_name(x->dtype), dt_dtype_name(gw->dtype));
+  *N = x->shape[0], *K = x->shape[1], *Nout = dy->shape[1];
+  DT_CHECK(dy->shape[0] == *N && gw->shape[0] == *Nout && gw->shape[1] == *K, DT_ERR_ARG,
+           "%s: dy %s, x %s and gw %s do not match: gw must be (%lld, %lld)", op, dt_shape_str(dy, b1, sizeof b1),
+           dt_shape_str(x, b2, sizeof b2), dt_shape_str(gw, b3, sizeof b3), (long long)*Nout, (long long)*K);
+  DT_CHECK(gw->data && dt_tensor_is_contiguous(gw), DT_ERR_ARG, "%s: gw %s must be contiguous", op,
+           dt_shape_str(gw, b1, sizeof b1));
+  if (gb)
+    DT_CHECK(gb->dtype == x->dtype && gb->ndim == 1 && gb->shape[0] == *Nout && gb->data && dt_tensor_is_contiguous(gb),
+             DT_ERR_ARG, "%s: gb must be (%lld) contiguous %s, got %s %s", op, (long long)*Nout,
+             dt_dtype_name(x->dtype), dt_shape_str(gb, b1, sizeof b1), dt_dtype_name(gb->dtype));
+  DT_CHECK(*N <= INT_MAX && *K <= INT_MAX && *Nout <= INT_MAX, DT_ERR_UNSUPPORTED,
+           "%s: N, K, Nout = %lld, %lld, %lld exceed the BLAS int range", op, (long long)*N, (long long)*K,
+           (long long)*Nout);
+  return DT_OK;
+}
+
 bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
   if (rows > INT_MAX || cols > INT_MAX) return false;
   bool row_major = (cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX));

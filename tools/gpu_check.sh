@@ -2,7 +2,7 @@
 # gpu_check.sh: on a machine with a CUDA GPU, every check that needs one, each log kept: the device, the real-GPU
 # specs (c/cuda_* and cuda_lua/*), compute-sanitizer over the kernel specs, `dtrun bench kernels` (against PyTorch when
 # $DT_BENCH_PYTHON or python3 has torch with CUDA; its attention cases again with DT_ATTN_WGMMA=1) and a traced GPT
-# training run with `dtrun trace top` of it.
+# training run with `dtrun trace top` of it, then again with DT_LINEAR_BGRAD=0.
 # Usage: tools/gpu_check.sh [OUT_DIR, default runs/gpu-check] (after tools/setup.sh or a cmake build in build/).
 # Each step has a time limit and the script goes on after a failure; its last line counts the steps that passed.
 set -uo pipefail
@@ -41,7 +41,11 @@ step train 600 env DT_DEVICE=cuda build/dtrun recipes/train.lua steps=30 batch=1
   model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 "trace={steps={20,21}}"
 run_dir=$(sed -n 's/^run dir: //p' "$out/train.log" | head -1)
 [ -n "$run_dir" ] && step trace_top 60 build/dtrun trace top "$run_dir" 25
+# the same run with the bias gradients summed after the weight GEMMs instead of in their epilogue (BGRADB)
+step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 \
+  model.dim=768 model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 \
+  "trace={steps={20,21}}"
 tail -1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
-grep -E "^step 30/" "$out/train.log"
+grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log"
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"
 [ "$failed" -eq 0 ]

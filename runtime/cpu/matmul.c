@@ -248,3 +248,10 @@ dt_status dt_cpu_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tens
   DT_TRY(dt_cpu_op_matmul(x, w, z, false, true, 1, b ? 1 : 0));
   return act == DT_LINEAR_NONE ? DT_OK : dt_cpu_nn_gelu_fwd(z, y, act == DT_LINEAR_GELU_TANH);
 }
+
+dt_status dt_cpu_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb) {
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_wgrad_check(dy, x, gw, gb, &N, &K, &Nout));
+  DT_TRY(dt_cpu_op_matmul(dy, x, gw, true, false, 1, 0));
+  return gb ? dt_cpu_op_reduce(DT_REDUCE_SUM, dy, 0, false, gb) : DT_OK;
+}

@@ -1,8 +1,10 @@
-/* blas_lt.c: dt_op_linear on device tensors: one cublasLtMatmul with a bias / GELU epilogue, else cuBLAS + kernels. */
+/* blas_lt.c: dt_op_linear and its weight gradient on device tensors: one cublasLtMatmul with a bias / GELU / bias
+ * gradient epilogue, else cuBLAS + kernels. */
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -82,14 +84,18 @@ void dt_cuda_blas_lt_release(dt_cuda_dev *d) {
 }
 
 /* dt_cuda_linear_stats: the paths by counter (the struct's int64 fields in order) and the latest fallback's reason. */
-enum { P_DEFAULT, P_BIAS, P_GELU, P_GELU_AUX, P_GELU_BIAS, P_GELU_AUX_BIAS, P_GELU_KERNEL, P_FALLBACK, N_PATHS };
+enum {
+  P_DEFAULT, P_BIAS, P_GELU, P_GELU_AUX, P_GELU_BIAS, P_GELU_AUX_BIAS, P_GELU_KERNEL, P_FALLBACK, P_BGRAD,
+  P_BGRAD_FALLBACK, N_PATHS
+};
 static _Atomic int64_t counts[N_PATHS];
 static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
 static char last_reason[sizeof ((dt_cuda_linear_stats *)0)->reason];
 
 void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out) {
-  int64_t *f[N_PATHS] = {&out->lt_default,  &out->lt_bias,          &out->lt_gelu,     &out->lt_gelu_aux,
-                         &out->lt_gelu_bias, &out->lt_gelu_aux_bias, &out->gelu_kernel, &out->fallback};
+  int64_t *f[N_PATHS] = {&out->lt_default,     &out->lt_bias,          &out->lt_gelu,     &out->lt_gelu_aux,
+                         &out->lt_gelu_bias,    &out->lt_gelu_aux_bias, &out->gelu_kernel, &out->fallback,
+                         &out->lt_bgrad,        &out->bgrad_fallback};
   for (int i = 0; i < N_PATHS; i++) *f[i] = atomic_load(&counts[i]);
   pthread_mutex_lock(&reason_lock);
   memcpy(out->reason, last_reason, sizeof last_reason);
@@ -126,7 +132,8 @@ static bool operand_of(const dt_tensor *t, bool trans, lt_operand *o) {
   return true;
 }
 
-/* One cublasLtMatmul: D = epilogue(op(A) op(B)) into d (and aux); DT_ERR_UNSUPPORTED with `why` filled when the
+/* One cublasLtMatmul: D = epilogue(op(A) op(B)) into d (and aux; bias: the bias added, or the bias gradient a BGRAD
+ * epilogue writes); DT_ERR_UNSUPPORTED with `why` filled when the
  * heuristic has no algorithm for it (the caller falls back), another error when cuBLASLt fails outright. */
 static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt_operand *a, const lt_operand *b,
                            const dt_tensor *bias, cublasLtEpilogue_t ep, void *d, void *aux, int64_t M, int64_t N,
@@ -227,6 +234,14 @@ static cublasLtEpilogue_t epilogue_of(int act, bool bias, bool aux, int *path) {
               : (aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
 }
 
+/* A call that took the cuBLAS path (path P_FALLBACK or P_BGRAD_FALLBACK), and why. */
+static void count_fallback(int path, const char *why) {
+  atomic_fetch_add(&counts[path], 1);
+  pthread_mutex_lock(&reason_lock);
+  snprintf(last_reason, sizeof last_reason, "%s", why);
+  pthread_mutex_unlock(&reason_lock);
+}
+
 dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act,
                             dt_tensor *y, dt_tensor *pre) {
   DT_CHECK(s, DT_ERR_ARG, "linear: NULL stream");
@@ -252,10 +267,7 @@ dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w
     if (st != DT_OK && st != DT_ERR_UNSUPPORTED) return st;
   }
   if (st == DT_ERR_UNSUPPORTED) { /* the cuBLAS path: bias rows, then the GEMM adds onto them */
-    atomic_fetch_add(&counts[P_FALLBACK], 1);
-    pthread_mutex_lock(&reason_lock);
-    memcpy(last_reason, why, sizeof why);
-    pthread_mutex_unlock(&reason_lock);
+    count_fallback(P_FALLBACK, why);
     lt_act = false;
     if (b) DT_TRY(dt_cuda_op_axpby(s, 1, b, 0, z));
     DT_TRY(dt_cuda_op_matmul(s, x, w, z, false, true, 1, b ? 1 : 0));
@@ -263,4 +275,41 @@ dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w
   if (act == DT_LINEAR_NONE || lt_act) return DT_OK;
   atomic_fetch_add(&counts[P_GELU_KERNEL], 1);
   return dt_cuda_nn_gelu_fwd(s, z, y, act == DT_LINEAR_GELU_TANH);
+}
+
+/* gw (Nout, K), column-major (K, Nout) = op(A) op(B) with A = x (column-major (K, N): op N) and B = dy (read as
+ * column-major (Nout, N): op T); BGRADB sums op(B) over the GEMM's k (the N rows) into gb. */
+dt_status dt_cuda_op_linear_wgrad(dt_stream *s, const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb) {
+  DT_CHECK(s, DT_ERR_ARG, "linear weight gradient: NULL stream");
+  const dt_tensor *ts[4] = {dy, x, gw, gb};
+  const char *names[4] = {"dy", "x", "gw", "gb"};
+  for (int i = 0; i < 4; i++)
+    if (ts[i] || i != 3) DT_TRY(dt_cuda_check_on(s, ts[i], "linear weight gradient", names[i]));
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_wgrad_check(dy, x, gw, gb, &N, &K, &Nout));
+  if (K == 0 || Nout == 0) return DT_OK;
+  if (gb) { /* with a bias gradient: one cublasLtMatmul where cuBLASLt has the epilogue */
+    char why[sizeof ((dt_cuda_linear_stats *)0)->reason] = "";
+    dt_status st = DT_ERR_UNSUPPORTED;
+    lt_operand la, lb;
+    cublasLtHandle_t h = NULL;
+    const char *off = getenv("DT_LINEAR_BGRAD"); /* "0": the cuBLAS path, to time one against the other */
+    if (off && strcmp(off, "0") == 0) {
+      snprintf(why, sizeof why, "DT_LINEAR_BGRAD=0");
+    } else if (x->dtype == DT_DTYPE_F64) {
+      snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");
+    } else if (N == 0) {
+      snprintf(why, sizeof why, "N = 0 (nothing to multiply)");
+    } else if (!operand_of(x, false, &la) || !operand_of(dy, true, &lb)) {
+      snprintf(why, sizeof why, "dy or x has strides BLAS cannot read in place (a copy is needed)");
+    } else if (lt_get(s->device, &h, why, sizeof why)) {
+      st = lt_matmul(s, h, x->dtype, &la, &lb, gb, CUBLASLT_EPILOGUE_BGRADB, dt_tensor_ptr(gw), NULL, K, Nout, N, why,
+                     sizeof why);
+    }
+    if (st == DT_OK) atomic_fetch_add(&counts[P_BGRAD], 1);
+    if (st != DT_ERR_UNSUPPORTED) return st;
+    count_fallback(P_BGRAD_FALLBACK, why);
+  }
+  DT_TRY(dt_cuda_op_matmul(s, dy, x, gw, true, false, 1, 0));
+  return gb ? dt_cuda_op_reduce(s, DT_REDUCE_SUM, dy, 0, false, gb) : DT_OK;
 }

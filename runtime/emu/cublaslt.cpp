@@ -1,5 +1,6 @@
-/* cublaslt.cpp: emulated cuBLASLt: matmul descriptors with bias / GELU (tanh) epilogues, layouts, preferences, the
- * heuristic, and cublasLtMatmul queued on a stream, computed in f32 through OpenBLAS like the emulated cuBLAS GEMM. */
+/* cublaslt.cpp: emulated cuBLASLt: matmul descriptors with bias / GELU (tanh) / bias-gradient epilogues, layouts,
+ * preferences, the heuristic, and cublasLtMatmul queued on a stream, computed in f32 through OpenBLAS like the
+ * emulated cuBLAS GEMM. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -39,6 +40,13 @@ namespace {
 using dt_emu::blas_fail;
 
 constexpr uint32_t EP_BIAS = CUBLASLT_EPILOGUE_BIAS, EP_GELU = CUBLASLT_EPILOGUE_GELU, EP_AUX = 128;
+constexpr uint32_t EP_BGRADA = CUBLASLT_EPILOGUE_BGRADA, EP_BGRADB = CUBLASLT_EPILOGUE_BGRADB;
+
+/* The length of the vector an epilogue reads (the bias: D's rows) or writes (BGRADA: D's rows, BGRADB: its columns)
+ * through BIAS_POINTER; 0 when it has none. */
+uint64_t bias_length(uint32_t ep, uint64_t m, uint64_t n) {
+  return ep == EP_BGRADB ? n : (ep & EP_BIAS) || ep == EP_BGRADA ? m : 0;
+}
 
 /* A validated configuration: op(A) is m x k, op(B) k x n, C and D m x n, all of one data type. */
 struct shape {
@@ -63,7 +71,8 @@ cublasStatus_t validate(const char *what, const cublasLtMatmulDescEmu *d, const 
                      (int)t, (int)d->compute);
   uint32_t ep = d->epilogue;
   if (ep != CUBLASLT_EPILOGUE_DEFAULT && ep != CUBLASLT_EPILOGUE_BIAS && ep != CUBLASLT_EPILOGUE_GELU &&
-      ep != CUBLASLT_EPILOGUE_GELU_AUX && ep != CUBLASLT_EPILOGUE_GELU_BIAS && ep != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      ep != CUBLASLT_EPILOGUE_GELU_AUX && ep != CUBLASLT_EPILOGUE_GELU_BIAS && ep != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+      ep != EP_BGRADA && ep != EP_BGRADB)
     return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u is not emulated", what, ep);
   bool na = d->ta == CUBLAS_OP_N, nb = d->tb == CUBLAS_OP_N;
   uint64_t m = dl->rows, n = dl->cols, k = na ? a->cols : a->rows;
@@ -75,7 +84,7 @@ cublasStatus_t validate(const char *what, const cublasLtMatmulDescEmu *d, const 
                      what, (unsigned long long)a->rows, (unsigned long long)a->cols, (int)d->ta,
                      (unsigned long long)b->rows, (unsigned long long)b->cols, (int)d->tb, (unsigned long long)c->rows,
                      (unsigned long long)c->cols, (unsigned long long)m, (unsigned long long)n);
-  if ((ep & EP_BIAS) && !d->bias)
+  if (bias_length(ep, m, n) && !d->bias)
     return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "%s: epilogue %u needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", what, ep);
   if ((d->bias_type != -1 && d->bias_type != (int32_t)t) || (d->aux_type != -1 && d->aux_type != (int32_t)t))
     return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: bias/aux data types %d/%d other than D's %d are not emulated",
@@ -96,8 +105,8 @@ struct lt_op : dt_emu::op {
   cublasOperation_t ta, tb;
   uint32_t epilogue;
   float alpha, beta;
-  const char *a, *b, *c, *bias;
-  char *d, *aux;
+  const char *a, *b, *c;
+  char *d, *aux, *bias; /* bias: read by the bias epilogues, written by BGRADA/BGRADB */
   int64_t lda, ldb, ldc, ldd, aux_ld;
 };
 
@@ -113,7 +122,7 @@ void run_lt(dt_emu::op *o) {
   float *fa = static_cast<float *>(malloc(((size_t)ar * ac + 1) * sizeof(float)));
   float *fb = static_cast<float *>(malloc(((size_t)br * bc + 1) * sizeof(float)));
   float *fc = static_cast<float *>(malloc((mn + 1) * sizeof(float)));
-  float *fbias = static_cast<float *>(malloc(((size_t)s.m + 1) * sizeof(float)));
+  float *fbias = static_cast<float *>(malloc(((size_t)(s.m > s.n ? s.m : s.n) + 1) * sizeof(float)));
   if (!fa || !fb || !fc || !fbias) {
     dt_emu::fail_sticky(g->device, cudaErrorMemoryAllocation, "cublasLtMatmul: no host memory for f32 copies");
   } else {
@@ -128,6 +137,18 @@ void run_lt(dt_emu::op *o) {
       dt_emu::blas_widen(g->bias, s.type, false, s.m, 1, s.m, fbias);
       for (size_t j = 0; j < (size_t)s.n; j++)
         for (size_t i = 0; i < (size_t)s.m; i++) fc[j * s.m + i] += fbias[i];
+    }
+    if (g->epilogue == EP_BGRADA || g->epilogue == EP_BGRADB) { /* op(A)'s rows or op(B)'s columns summed over k */
+      bool on_a = g->epilogue == EP_BGRADA, t = on_a ? g->ta != CUBLAS_OP_N : g->tb != CUBLAS_OP_N;
+      const float *src = on_a ? fa : fb;
+      int len = on_a ? s.m : s.n, ld = on_a ? ar : br;
+      for (int i = 0; i < len; i++) { /* element (i, kk) of op(A), (kk, i) of op(B), column-major as stored */
+        float sum = 0;
+        for (int kk = 0; kk < s.k; kk++)
+          sum += on_a != t ? src[(size_t)kk * ld + i] : src[(size_t)i * ld + kk];
+        fbias[i] = sum;
+      }
+      dt_emu::blas_narrow(fbias, s.type, len, 1, len, g->bias);
     }
     if (g->epilogue & EP_AUX) dt_emu::blas_narrow(fc, s.type, s.m, s.n, (int)g->aux_ld, g->aux);
     if (g->epilogue & EP_GELU)
@@ -294,7 +315,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       !dt_emu::blas_operand_ok(B, s.type, br, bc, (int)Bdesc->ld, 0, 1) ||
       (fb != 0 && !dt_emu::blas_operand_ok(C, s.type, s.m, s.n, (int)Cdesc->ld, 0, 1)) ||
       !dt_emu::blas_operand_ok(D, s.type, s.m, s.n, (int)Ddesc->ld, 0, 1) ||
-      ((ep & EP_BIAS) && !dt_emu::blas_operand_ok(desc->bias, s.type, s.m, 1, s.m, 0, 1)) ||
+      (bias_length(ep, s.m, s.n) && !dt_emu::blas_operand_ok(desc->bias, s.type, (int)bias_length(ep, s.m, s.n), 1,
+                                                             (int)bias_length(ep, s.m, s.n), 0, 1)) ||
       ((ep & EP_AUX) && !dt_emu::blas_operand_ok(desc->aux, s.type, s.m, s.n, (int)desc->aux_ld, 0, 1)))
     return blas_fail(CUBLAS_STATUS_INVALID_VALUE,
                      "%s: an operand, the bias or the aux matrix reaches outside its device allocation (m=%d n=%d "
@@ -316,7 +338,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   g->a = static_cast<const char *>(A);
   g->b = static_cast<const char *>(B);
   g->c = static_cast<const char *>(C);
-  g->bias = static_cast<const char *>(desc->bias);
+  g->bias = static_cast<char *>(const_cast<void *>(desc->bias));
   g->d = static_cast<char *>(D);
   g->aux = static_cast<char *>(desc->aux);
   g->lda = Adesc->ld;

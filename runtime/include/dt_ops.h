@@ -78,6 +78,12 @@ typedef enum { DT_LINEAR_NONE = 0, DT_LINEAR_GELU = 1, DT_LINEAR_GELU_TANH = 2 }
  * dt_cuda_linear_stats says which path ran and why). */
 dt_status dt_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
                        dt_tensor *pre);
+/* dt_op_linear's weight and bias gradients: gw (Nout, K) = dy^T @ x for dy (N, Nout) and x (N, K) (strided views as
+ * dt_op_matmul reads them), and gb (Nout; NULL to skip) = the column sums of dy; one float dtype, gw and gb contiguous.
+ * On the CPU dt_op_matmul then dt_op_reduce's sum (the same bits). On CUDA devices, with gb, one cublasLtMatmul whose
+ * epilogue sums the bias gradient (BGRADB) where cuBLASLt has it, otherwise (or with DT_LINEAR_BGRAD=0 in the
+ * environment) cuBLAS and the column-sum kernel (dt_cuda_linear_stats counts both). */
+dt_status dt_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb);
 
 /* Indices are i32 or i64 holding 0-based positions; out-of-range is an error naming the value. */
 /* out = x.index_select(dim, idx): out.shape[dim] = numel(idx). */

@@ -384,7 +384,59 @@ static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, 
   for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
 }
 
+/* dt_cuda_op_linear_wgrad: gw = dy^T x and gb = dy's column sums vs the CPU's dt_op_linear_wgrad; `path` as above
+ * (NO_PATH: neither bias-gradient path counts). x_t: x is a transposed view. */
+#define NO_PATH SIZE_MAX
+static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias, bool x_t, size_t path,
+                       const char *what) {
+  dt_tensor *hx = x_t ? host_sample(2, SHAPE(K, N), dtype, 33, 1) : host_sample(2, SHAPE(N, K), dtype, 33, 1);
+  dt_tensor *hg = host_sample(2, SHAPE(N, Nout), dtype, 34, 1);
+  dt_tensor *dx = dev_from_host(S, hx), *dg = dev_from_host(S, hg);
+  dt_tensor *hxv = x_t ? transposed(hx) : hx, *dxv = x_t ? transposed(dx) : dx;
+  dt_tensor *rw = host_zeros(2, SHAPE(Nout, K), dtype), *rb = host_zeros(1, SHAPE(Nout), dtype);
+  dt_tensor *gw = dev_empty(S, 2, SHAPE(Nout, K), dtype), *gb = dev_empty(S, 1, SHAPE(Nout), dtype);
+  die_on(dt_op_linear_wgrad(hg, hxv, rw, bias ? rb : NULL), "cpu linear weight gradient");
+  dt_cuda_linear_stats before, after;
+  dt_cuda_linear_stats_get(&before);
+  expect_ok(dt_cuda_op_linear_wgrad(S, dg, dxv, gw, bias ? gb : NULL), what);
+  dt_cuda_linear_stats_get(&after);
+  expect_close(S, gw, rw, 1 + (double)N / 8, what);
+  if (bias) expect_close(S, gb, rb, 1 + (double)N / 8, what);
+  int64_t got = path == NO_PATH ? 1 + (after.lt_bgrad - before.lt_bgrad) + (after.bgrad_fallback - before.bgrad_fallback)
+                                : *(const int64_t *)((const char *)&after + path) -
+                                      *(const int64_t *)((const char *)&before + path);
+  if (got != 1) printf("  %s: the expected path counted %lld calls (reason: %s)\n", what, (long long)got, after.reason);
+  expect(got == 1, what);
+  if (x_t) {
+    dt_tensor_free(hxv);
+    dt_tensor_free(dxv);
+  }
+  dt_tensor *frees[] = {hx, hg, rw, rb};
+  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
+  dt_tensor *dfrees[] = {dx, dg, gw, gb};
+  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+}
+
 #define LT(field) offsetof(dt_cuda_linear_stats, field)
+static void test_linear_wgrad(void) {
+  static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
+  for (int i = 0; i < 3; i++) {
+    wgrad_case(dtypes[i], 37, 12, 16, true, false, LT(lt_bgrad), "linear weight gradient: the BGRADB epilogue");
+    wgrad_case(dtypes[i], 37, 12, 16, true, true, LT(lt_bgrad), "BGRADB with a transposed x");
+  }
+  wgrad_case(DT_DTYPE_F32, 37, 12, 16, false, false, NO_PATH, "without a bias gradient: cuBLAS alone");
+  wgrad_case(DT_DTYPE_F64, 9, 6, 8, true, false, LT(bgrad_fallback), "f64: cuBLAS and the column sums");
+  dt_cuda_linear_stats st;
+  dt_cuda_linear_stats_get(&st);
+  expect(strstr(st.reason, "f64") != NULL, "the weight gradient's fallback says why (f64)");
+  dt_tensor *g = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32), *x = dev_empty(S, 2, SHAPE(3, 4), DT_DTYPE_F32);
+  dt_tensor *gw = dev_empty(S, 2, SHAPE(5, 4), DT_DTYPE_F32), *gb = dev_empty(S, 1, SHAPE(4), DT_DTYPE_F32);
+  expect_error(dt_cuda_op_linear_wgrad(S, g, x, gw, gb), "gb must be (5) contiguous f32, got (4) f32",
+               "a bias gradient of the wrong size is refused");
+  dt_tensor *dfree[] = {g, x, gw, gb};
+  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+}
+
 static void test_linear(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
   for (int i = 0; i < 3; i++) {
@@ -511,6 +563,7 @@ int main(void) {
   test_reduce_int();
   test_matmul();
   test_linear();
+  test_linear_wgrad();
   test_index(DT_DTYPE_F32);
   test_index(DT_DTYPE_BF16);
   test_gather_scatter(DT_DTYPE_F32);

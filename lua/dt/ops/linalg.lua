@@ -60,7 +60,8 @@ return function(dt, Tensor)
    -- y = act(x @ w^T + b) with x (..., in), w (out, in), b (out) or nil; no transposed copies are made. One op
    -- (dt_op_linear) and one tape node: the bias is added in the GEMM's epilogue on cuda (cuBLASLt), and so is GELU
    -- where cuBLASLt has it (gelu_tanh); the backward runs GELU's backward on the saved pre-activation, then the two
-   -- GEMMs. On the CPU the values and gradients are those of dt.linear followed by dt.F.gelu, bit for bit.
+   -- GEMMs, the weight's with the bias gradient (dt_op_linear_wgrad: in its epilogue on cuda). On the CPU the values
+   -- and gradients are those of dt.linear followed by dt.F.gelu, bit for bit.
    function dt.linear(x, w, b, act)
       common.check_dtypes(x, w, 2)
       if b then common.check_dtypes(x, b, 2) end
@@ -95,10 +96,14 @@ return function(dt, Tensor)
             g2 = dz
          end
          local gx, gw, gb
-         -- the bias first, while g2 (just written) is in cache: column sums are memory-bound
-         if b and b.requires_grad then gb = g2:sum(1) end
+         if b and b.requires_grad then gb = empty({ out_f }, x.dtype, x) end
+         if w.requires_grad then
+            gw = empty({ out_f, in_f }, x.dtype, x)
+            check(C.dt_op_linear_wgrad(g2.h, x2.h, gw.h, gb and gb.h))
+         elseif gb then
+            check(C.dt_op_reduce(C.DT_REDUCE_SUM, g2.h, 0, false, gb.h))
+         end
          if x.requires_grad then gx = view(mm(g2, w, false, false), xs) end
-         if w.requires_grad then gw = mm(g2, x2, true, false) end
          return gx, gw, gb
       end, code == 0 and "linear" or "linear_" .. act)
    end

@@ -41,14 +41,17 @@ typedef enum {
 } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
 /* GELU is the tanh approximation (x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), as on the GPU. AUX writes the GELU
- * input (after the bias) to the aux matrix: leading dimension a multiple of 8, at least the rows of D. */
+ * input (after the bias) to the aux matrix: leading dimension a multiple of 8, at least the rows of D. BGRADA / BGRADB
+ * write op(A)'s rows / op(B)'s columns summed over k (a bias gradient) to the bias pointer. */
 typedef enum {
   CUBLASLT_EPILOGUE_DEFAULT = 1,
   CUBLASLT_EPILOGUE_BIAS = 4,
   CUBLASLT_EPILOGUE_GELU = 32,
   CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128,
   CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4,
-  CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4
+  CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512
 } cublasLtEpilogue_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle);
