@@ -176,6 +176,20 @@ describe("autograd", function()
       assert.same({ 5, 5, 5 }, f.grad:totable())
    end)
 
+   it("adds a residual's second gradient in place after a linear layer read the first (leaving no view)", function()
+      local autograd = require "dt.autograd"
+      local x, w, handed = leaf({ 4, 3 }, 40), leaf({ 3, 3 }, 41), nil
+      local s = x + dt.linear(x:exp(), w) -- x's gradient: the identity's, then the branch's through exp
+      local probe = autograd.record(dt.zeros(s.shape, { dtype = s.dtype }), { s }, function(g)
+         handed = g * 2
+         return handed
+      end, "probe")
+      probe:sum():backward()
+      assert.is_true(rawequal(x.grad, handed))
+      local ref = 2 + (dt.ones({ 4, 3 }, { dtype = x.dtype }) * 2):matmul(w) * x:exp()
+      testing.assert_close(x.grad, testing.flat(ref), 1e-12)
+   end)
+
    it("reduces broadcast gradients to the input shapes", function()
       local x = leaf({ 3, 1 }, 12)
       local y = leaf({ 4 }, 13)

@@ -202,6 +202,11 @@ describe("F.layer_norm / F.rms_norm", function()
       -- 40 rows: dw and db are summed over several row blocks
       gradcheck(function(a, ww, bb) return dt.F.layer_norm(a, ww, bb) end,
          { leaf({ 40, 3 }, 24), leaf({ 3 }, 25), leaf({ 3 }, 26) })
+      -- a residual: x's gradient is the norm's plus the identity branch's
+      gradcheck(function(a, ww, bb) return (a + dt.F.layer_norm(a, ww, bb):exp()) * 1.5 end,
+         { leaf({ 4, 5 }, 27), leaf({ 5 }, 28), leaf({ 5 }, 29) })
+      gradcheck(function(a, ww) return (a + dt.F.rms_norm(a, ww):exp()) * 1.5 end,
+         { leaf({ 4, 5 }, 30), leaf({ 5 }, 31) })
    end)
 
    it("skip weight gradients that are not needed and accumulate the others", function()

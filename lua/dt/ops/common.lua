@@ -110,6 +110,14 @@ function M.view(x, shape)
    return x:as_strided(shape, strides, x.h.offset)
 end
 
+-- view(x, shape) for x a temporary of the caller's: x's handle is freed, so that the view is its storage's only one
+-- (a gradient the autograd engine may then take over or add a second gradient into: Tensor:owns_storage).
+function M.view_owned(x, shape)
+   local v = M.view(x, shape)
+   x:free()
+   return v
+end
+
 -- A new tensor of `shape` holding x broadcast to it (x's shape must broadcast to `shape`).
 function M.broadcast_to(x, shape)
    local out = M.empty(shape, x.dtype, x)

@@ -5,7 +5,8 @@ local common = require "dt.ops.common"
 
 local C, check = dtffi.C, dtffi.check
 local record = autograd.record
-local empty, view, contiguous, shape_str = common.empty, common.view, common.contiguous, common.shape_str
+local empty, view, view_owned, contiguous, shape_str = common.empty, common.view, common.view_owned, common.contiguous,
+   common.shape_str
 
 -- op(a) @ op(b) into a new tensor (not recorded); a and b have at least 2 dims, batch dims broadcast.
 local function mm(a, b, ta, tb)
@@ -89,11 +90,12 @@ return function(dt, Tensor)
       local ys = { unpack(xs, 1, #xs - 1) }
       ys[#ys + 1] = out_f
       return record(view(y2, ys), { x, w, b }, function(g)
-         local g2 = view(contiguous(g), { n, out_f })
+         -- g's rows: a view, freed at the end so that g stays its storage's only view (the engine may add into it)
+         local rows = view(contiguous(g), { n, out_f })
+         local g2 = rows
          if pre then
-            local dz = empty({ n, out_f }, x.dtype, x)
-            check(C.dt_nn_gelu_bwd(pre.h, g2.h, dz.h, code == 2))
-            g2 = dz
+            g2 = empty({ n, out_f }, x.dtype, x)
+            check(C.dt_nn_gelu_bwd(pre.h, rows.h, g2.h, code == 2))
          end
          local gx, gw, gb
          if b and b.requires_grad then gb = empty({ out_f }, x.dtype, x) end
@@ -103,7 +105,9 @@ return function(dt, Tensor)
          elseif gb then
             check(C.dt_op_reduce(C.DT_REDUCE_SUM, g2.h, 0, false, gb.h))
          end
-         if x.requires_grad then gx = view(mm(g2, w, false, false), xs) end
+         if x.requires_grad then gx = view_owned(mm(g2, w, false, false), xs) end
+         if pre then g2:free() end
+         rows:free()
          return gx, gw, gb
       end, code == 0 and "linear" or "linear_" .. act)
    end
