@@ -37,14 +37,13 @@ step bench_kernels 600 build/dtrun bench kernels
 # the wgmma attention kernels (opt-in until this has checked and timed them; c/cuda_attention_spec checks them on 9.0)
 step bench_attention_wgmma 300 env DT_ATTN_WGMMA=1 build/dtrun bench kernels \
   cases=attention_fwd_bf16,attention_fwd_noncausal_bf16,attention_fwd_bwd_bf16,attention_fwd_bwd_gpt2_bf16
-step train 600 env DT_DEVICE=cuda build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 model.dim=768 \
-  model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 "trace={steps={20,21}}"
+train=(build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 model.dim=768 model.layers=12 model.heads=12
+  mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 "trace={steps={20,21}}")
+step train 600 env DT_DEVICE=cuda "${train[@]}"
 run_dir=$(sed -n 's/^run dir: //p' "$out/train.log" | head -1)
 [ -n "$run_dir" ] && step trace_top 60 build/dtrun trace top "$run_dir" 25
 # the same run with the bias gradients summed after the weight GEMMs instead of in their epilogue (BGRADB)
-step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 build/dtrun recipes/train.lua steps=30 batch=16 seq=1024 \
-  model.dim=768 model.layers=12 model.heads=12 mixed_precision=bf16 sample=0 eval_batches=1 log_every=5 \
-  "trace={steps={20,21}}"
+step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 "${train[@]}"
 tail -1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
 grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log"
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"

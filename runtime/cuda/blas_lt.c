@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
@@ -293,8 +292,7 @@ dt_status dt_cuda_op_linear_wgrad(dt_stream *s, const dt_tensor *dy, const dt_te
     dt_status st = DT_ERR_UNSUPPORTED;
     lt_operand la, lb;
     cublasLtHandle_t h = NULL;
-    const char *off = getenv("DT_LINEAR_BGRAD"); /* "0": the cuBLAS path, to time one against the other */
-    if (off && strcmp(off, "0") == 0) {
+    if (dt_cuda_env_is("DT_LINEAR_BGRAD", "0")) { /* the cuBLAS path, to time one against the other */
       snprintf(why, sizeof why, "DT_LINEAR_BGRAD=0");
     } else if (x->dtype == DT_DTYPE_F64) {
       snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");

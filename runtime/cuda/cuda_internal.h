@@ -49,6 +49,9 @@ void dt_cuda_dl_load(const char *path, const char *what, int n, const char *cons
 dt_status dt_cuda_use(int device);
 /* Counts one wait of the host for a device (dt_cuda_host_waits). */
 void dt_cuda_count_host_wait(void);
+/* Whether environment variable `name` is set to `value`, read at each call: the run-time switches between two paths
+ * that a GPU has yet to time against each other (DT_ATTN_WGMMA, DT_LINEAR_BGRAD). */
+bool dt_cuda_env_is(const char *name, const char *value);
 
 /* Records "what: <error name>: <detail>" and returns the dt_status matching the CUDA error. */
 dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *what);

@@ -2,6 +2,8 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_internal.h"
 
@@ -68,6 +70,11 @@ int dt_cuda_device_count(void) {
     return 0;
   }
   return n;
+}
+
+bool dt_cuda_env_is(const char *name, const char *value) {
+  const char *e = getenv(name);
+  return e && strcmp(e, value) == 0;
 }
 
 dt_status dt_cuda_use(int device) {

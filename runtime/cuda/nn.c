@@ -1,7 +1,5 @@
 /* nn.c: fused NN ops on device tensors (dt_nn.h semantics): softmax/CE, norms, GELU/SwiGLU, dropout, RoPE, attention. */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda_internal.h"
 
@@ -271,13 +269,6 @@ static dt_k_attn_layout layout_of(const dt_tensor *t) {
   return (dt_k_attn_layout){st[0], st[1], st[2]};
 }
 
-/* DT_ATTN_WGMMA=1: attention on an sm_90 device runs the wgmma kernels (kernels/attention.cu). Opt-in until a GPU
- * has checked and timed them: so far only the emulation has run them (README, "On a GPU"). */
-static bool wgmma_opted_in(void) {
-  const char *e = getenv("DT_ATTN_WGMMA");
-  return e && strcmp(e, "1") == 0;
-}
-
 static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *q, const dt_tensor *k,
                                  const dt_tensor *v, double scale, bool causal, dt_k_attn_dims *a) {
   DT_CHECK(s, DT_ERR_ARG, "%s: NULL stream", op);
@@ -292,8 +283,8 @@ static dt_status check_attention(dt_stream *s, const char *op, const dt_tensor *
            dt_shape_str(q, bq, sizeof bq));
   int64_t hq = q->shape[1], hkv = k->shape[1];
   *a = (dt_k_attn_dims){.b = q->shape[0], .hq = hq, .hkv = hkv, .t = q->shape[2], .tk = k->shape[2], .d = q->shape[3],
-                        .scale = scale, .causal = causal, .wgmma = wgmma_opted_in(), .q = layout_of(q),
-                        .k = layout_of(k), .v = layout_of(v)};
+                        .scale = scale, .causal = causal, .q = layout_of(q), .k = layout_of(k), .v = layout_of(v)};
+  a->wgmma = dt_cuda_env_is("DT_ATTN_WGMMA", "1"); /* opt-in until a GPU has checked and timed them (README) */
   return DT_OK;
 }
 

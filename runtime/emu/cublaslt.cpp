@@ -311,12 +311,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   bool na = desc->ta == CUBLAS_OP_N, nb = desc->tb == CUBLAS_OP_N;
   int ar = na ? s.m : s.k, ac = na ? s.k : s.m, br = nb ? s.k : s.n, bc = nb ? s.n : s.k;
   uint32_t ep = desc->epilogue;
+  int bias_len = (int)bias_length(ep, s.m, s.n);
   if (!dt_emu::blas_operand_ok(A, s.type, ar, ac, (int)Adesc->ld, 0, 1) ||
       !dt_emu::blas_operand_ok(B, s.type, br, bc, (int)Bdesc->ld, 0, 1) ||
       (fb != 0 && !dt_emu::blas_operand_ok(C, s.type, s.m, s.n, (int)Cdesc->ld, 0, 1)) ||
       !dt_emu::blas_operand_ok(D, s.type, s.m, s.n, (int)Ddesc->ld, 0, 1) ||
-      (bias_length(ep, s.m, s.n) && !dt_emu::blas_operand_ok(desc->bias, s.type, (int)bias_length(ep, s.m, s.n), 1,
-                                                             (int)bias_length(ep, s.m, s.n), 0, 1)) ||
+      (bias_len && !dt_emu::blas_operand_ok(desc->bias, s.type, bias_len, 1, bias_len, 0, 1)) ||
       ((ep & EP_AUX) && !dt_emu::blas_operand_ok(desc->aux, s.type, s.m, s.n, (int)desc->aux_ld, 0, 1)))
     return blas_fail(CUBLAS_STATUS_INVALID_VALUE,
                      "%s: an operand, the bias or the aux matrix reaches outside its device allocation (m=%d n=%d "
