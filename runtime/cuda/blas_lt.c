@@ -131,6 +131,15 @@ static bool operand_of(const dt_tensor *t, bool trans, lt_operand *o) {
   return true;
 }
 
+/* The largest power of two up to 256 that p's address is a multiple of. cuBLASLt's heuristic assumes 256 of A, B, C
+ * and D unless told otherwise (MIN_ALIGNMENT_*_BYTES), and cublasLtMatmul refuses a pointer less aligned than its
+ * algorithm needs (a view at an offset: FSDP's flat parameters of sizes not a multiple of 128, a slice). */
+static uint32_t alignment_of(const void *p) {
+  uint32_t a = 256;
+  while (a > 1 && (uintptr_t)p % a != 0) a /= 2;
+  return a;
+}
+
 /* One cublasLtMatmul: D = epilogue(op(A) op(B)) into d (and aux; bias: the bias added, or the bias gradient a BGRAD
  * epilogue writes); DT_ERR_UNSUPPORTED with `why` filled when the
  * heuristic has no algorithm for it (the caller falls back), another error when cuBLASLt fails outright. */
@@ -144,6 +153,18 @@ static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt
   cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
   cublasLtMatmulPreference_t pref = NULL;
   const void *bias_p = bias ? dt_tensor_ptr(bias) : NULL;
+  /* the epilogue reads (writes) the bias vector and the aux matrix with 16-byte accesses that the alignment
+   * preferences do not cover: a less aligned one would fault, so the caller's unfused path takes it */
+  bool bias_short = alignment_of(bias_p) < 16;
+  if (bias_short || alignment_of(aux) < 16) {
+    snprintf(why, size, "the epilogue's %s is only %u-byte aligned (a view at an offset); it needs 16",
+             bias_short ? "bias vector" : "aux matrix", alignment_of(bias_short ? bias_p : aux));
+    return DT_ERR_UNSUPPORTED;
+  }
+  const uint32_t align[4] = {alignment_of(a->p), alignment_of(b->p), alignment_of(d), alignment_of(d)}; /* C is D */
+  static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   int64_t aux_ld = M;
   uint64_t workspace = 0; /* none: no split-K, and nothing held between calls (memory accounting stays exact) */
   const char *step = "cublasLtMatmulDescCreate";
@@ -164,6 +185,7 @@ static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt
   LT_STEP("cublasLtMatmulPreferenceCreate", api.pref_create(&pref));
   LT_STEP("MAX_WORKSPACE_BYTES",
           api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  for (int i = 0; i < 4; i++) LT_STEP("MIN_ALIGNMENT_*_BYTES", api.pref_set(pref, align_attr[i], &align[i], sizeof align[i]));
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   memset(&heur, 0, sizeof heur);

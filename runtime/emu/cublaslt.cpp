@@ -33,6 +33,7 @@ struct cublasLtMatrixLayoutEmu {
 };
 struct cublasLtMatmulPreferenceEmu {
   uint64_t workspace;
+  uint32_t align[4]; /* MIN_ALIGNMENT_{A,B,C,D}_BYTES */
 };
 
 namespace {
@@ -173,6 +174,32 @@ cublasStatus_t set_attr(const char *what, const char *name, T *dst, const void *
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The real library's alignment contract: the heuristic's algorithm assumes A, B, C and D as aligned as the preference
+ * said (256 bytes unless set), and cublasLtMatmul answers NOT_SUPPORTED for a less aligned one (PyTorch #92201); its
+ * epilogue reads and writes the bias vector and the aux matrix with 16-byte accesses, which fault with a misaligned
+ * address when they are less aligned (PyTorch #194497: the preferences do not cover the bias). */
+cublasStatus_t check_alignment(const char *what, const cublasLtMatmulAlgo_t *algo, const void *A, const void *B,
+                               const void *C, const void *D, const cublasLtMatmulDescEmu *desc) {
+  if (!algo || algo->data[0] != 1)
+    return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "%s: no algorithm from cublasLtMatmulAlgoGetHeuristic", what);
+  const void *ptrs[4] = {A, B, C, D};
+  for (int i = 0; i < 4; i++)
+    if ((uintptr_t)ptrs[i] % algo->data[1 + i] != 0)
+      return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                       "%s: %c at %p is less aligned than the %llu bytes its algorithm assumes (set "
+                       "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES before the heuristic)",
+                       what, "ABCD"[i], ptrs[i], (unsigned long long)algo->data[1 + i], "ABCD"[i]);
+  const void *vecs[2] = {bias_length(desc->epilogue, 1, 1) ? desc->bias : nullptr,
+                         desc->epilogue & EP_AUX ? desc->aux : nullptr};
+  for (int i = 0; i < 2; i++)
+    if ((uintptr_t)vecs[i] % 16 != 0)
+      return blas_fail(CUBLAS_STATUS_EXECUTION_FAILED,
+                       "%s: the epilogue's %s at %p is not 16-byte aligned (on a GPU its kernel faults with a "
+                       "misaligned address)",
+                       what, i ? "aux matrix" : "bias vector", vecs[i]);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 } // namespace
 
 extern "C" {
@@ -250,7 +277,7 @@ cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
-  *pref = new (std::nothrow) cublasLtMatmulPreferenceEmu{0};
+  *pref = new (std::nothrow) cublasLtMatmulPreferenceEmu{0, {256, 256, 256, 256}};
   return *pref ? CUBLAS_STATUS_SUCCESS
                : blas_fail(CUBLAS_STATUS_ALLOC_FAILED, "cublasLtMatmulPreferenceCreate: no host memory");
 }
@@ -265,9 +292,18 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     size_t size) {
   const char *w = "cublasLtMatmulPreferenceSetAttribute";
   if (!pref) return blas_fail(CUBLAS_STATUS_NOT_INITIALIZED, "%s: NULL preference", w);
-  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
-    return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: attribute %d is not emulated", w, (int)attr);
-  return set_attr(w, "MAX_WORKSPACE_BYTES", &pref->workspace, buf, size);
+  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+    return set_attr(w, "MAX_WORKSPACE_BYTES", &pref->workspace, buf, size);
+  int i = (int)attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES;
+  if (i < 0 || i > 3) return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: attribute %d is not emulated", w, (int)attr);
+  uint32_t v = 0;
+  cublasStatus_t r = set_attr(w, "MIN_ALIGNMENT_*_BYTES", &v, buf, size);
+  if (r != CUBLAS_STATUS_SUCCESS) return r;
+  if (v == 0 || (v & (v - 1)) != 0)
+    return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "%s: MIN_ALIGNMENT_%c_BYTES %u is not a power of two", w, "ABCD"[i],
+                     v);
+  pref->align[i] = v;
+  return r;
 }
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -283,7 +319,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
   cublasStatus_t r = validate(w, desc, a, b, c, d, &s);
   if (r != CUBLAS_STATUS_SUCCESS) return r;
   memset(&results[0], 0, sizeof results[0]);
-  results[0].algo.data[0] = 1; /* the one emulated algorithm */
+  results[0].algo.data[0] = 1; /* the one emulated algorithm, which assumes the alignments it was asked for */
+  for (int i = 0; i < 4; i++) results[0].algo.data[1 + i] = pref->align[i];
   results[0].state = CUBLAS_STATUS_SUCCESS;
   results[0].wavesCount = 1.0f;
   *count = 1;
@@ -295,7 +332,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               const void *beta, const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo, void *workspace,
                               size_t workspaceSize, cudaStream_t stream) {
-  (void)algo;
   (void)workspace;
   (void)workspaceSize;
   const char *w = "cublasLtMatmul";
@@ -322,6 +358,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                      "%s: an operand, the bias or the aux matrix reaches outside its device allocation (m=%d n=%d "
                      "k=%d lda=%lld ldb=%lld ldd=%lld epilogue %u)",
                      w, s.m, s.n, s.k, (long long)Adesc->ld, (long long)Bdesc->ld, (long long)Ddesc->ld, ep);
+  r = check_alignment(w, algo, A, B, C, D, desc);
+  if (r != CUBLAS_STATUS_SUCCESS) return r;
   if (s.m == 0 || s.n == 0) return CUBLAS_STATUS_SUCCESS;
   lt_op *g = new (std::nothrow) lt_op;
   if (!g) return blas_fail(CUBLAS_STATUS_ALLOC_FAILED, "%s: no host memory to queue it", w);

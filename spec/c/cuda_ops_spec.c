@@ -353,13 +353,27 @@ static void test_gather_scatter(int dtype) {
   dt_tensor_free(dxt);
 }
 
+/* A device copy of host tensor h that starts `off` elements into its allocation (off 0: at its start, 256-byte
+ * aligned; 1: as aligned as one element), as a view of *base, the whole allocation. */
+static dt_tensor *dev_copy_at(const dt_tensor *h, int64_t off, dt_tensor **base) {
+  int64_t n = dt_tensor_numel(h);
+  size_t es = dt_dtype_size(h->dtype);
+  *base = dev_empty(S, 1, SHAPE(n + off), h->dtype);
+  die_on(dt_cuda_memcpy(S, (char *)(*base)->data + off * es, dt_tensor_ptr(h), (size_t)n * es), "upload");
+  dt_tensor *v = NULL;
+  die_on(dt_tensor_view(*base, h->ndim, h->shape, h->strides, off, &v), "offset view");
+  return v;
+}
+
 /* dt_cuda_op_linear (N, K) x (Nout, K) [+ b] [-> GELU] vs the CPU's dt_op_linear on the same inputs; `path` points at
- * the field of dt_cuda_linear_stats that must count this call (the path taken). x_t: x is a transposed view. */
+ * the field of dt_cuda_linear_stats that must count this call (the path taken). x_t: x is a transposed view. off: x, w
+ * and b start that many elements into their allocations. */
 static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, bool bias, bool keep_pre, bool x_t,
-                        size_t path, const char *what) {
+                        int64_t off, size_t path, const char *what) {
   dt_tensor *hx = x_t ? host_sample(2, SHAPE(K, N), dtype, 30, 1) : host_sample(2, SHAPE(N, K), dtype, 30, 1);
   dt_tensor *hw = host_sample(2, SHAPE(Nout, K), dtype, 31, 0.3), *hb = host_sample(1, SHAPE(Nout), dtype, 32, 1);
-  dt_tensor *dx = dev_from_host(S, hx), *dw = dev_from_host(S, hw), *db = dev_from_host(S, hb);
+  dt_tensor *bx, *bw, *bb; /* their allocations */
+  dt_tensor *dx = dev_copy_at(hx, off, &bx), *dw = dev_copy_at(hw, off, &bw), *db = dev_copy_at(hb, off, &bb);
   dt_tensor *hxv = x_t ? transposed(hx) : hx, *dxv = x_t ? transposed(dx) : dx;
   dt_tensor *ref = host_zeros(2, SHAPE(N, Nout), dtype), *ref_pre = host_zeros(2, SHAPE(N, Nout), dtype);
   dt_tensor *dy = dev_empty(S, 2, SHAPE(N, Nout), dtype), *dpre = dev_empty(S, 2, SHAPE(N, Nout), dtype);
@@ -378,20 +392,21 @@ static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, 
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
   }
-  dt_tensor *frees[] = {hx, hw, hb, ref, ref_pre};
+  dt_tensor *frees[] = {hx, hw, hb, ref, ref_pre, dx, dw, db};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
-  dt_tensor *dfrees[] = {dx, dw, db, dy, dpre};
+  dt_tensor *dfrees[] = {bx, bw, bb, dy, dpre};
   for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
 }
 
 /* dt_cuda_op_linear_wgrad: gw = dy^T x and gb = dy's column sums vs the CPU's dt_op_linear_wgrad; `path` as above
  * (NO_PATH: neither bias-gradient path counts). x_t: x is a transposed view. */
 #define NO_PATH SIZE_MAX
-static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias, bool x_t, size_t path,
+static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias, bool x_t, int64_t off, size_t path,
                        const char *what) {
   dt_tensor *hx = x_t ? host_sample(2, SHAPE(K, N), dtype, 33, 1) : host_sample(2, SHAPE(N, K), dtype, 33, 1);
   dt_tensor *hg = host_sample(2, SHAPE(N, Nout), dtype, 34, 1);
-  dt_tensor *dx = dev_from_host(S, hx), *dg = dev_from_host(S, hg);
+  dt_tensor *bx, *bg; /* their allocations */
+  dt_tensor *dx = dev_copy_at(hx, off, &bx), *dg = dev_copy_at(hg, off, &bg);
   dt_tensor *hxv = x_t ? transposed(hx) : hx, *dxv = x_t ? transposed(dx) : dx;
   dt_tensor *rw = host_zeros(2, SHAPE(Nout, K), dtype), *rb = host_zeros(1, SHAPE(Nout), dtype);
   dt_tensor *gw = dev_empty(S, 2, SHAPE(Nout, K), dtype), *gb = dev_empty(S, 1, SHAPE(Nout), dtype);
@@ -411,9 +426,9 @@ static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias,
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
   }
-  dt_tensor *frees[] = {hx, hg, rw, rb};
+  dt_tensor *frees[] = {hx, hg, rw, rb, dx, dg};
   for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
-  dt_tensor *dfrees[] = {dx, dg, gw, gb};
+  dt_tensor *dfrees[] = {bx, bg, gw, gb};
   for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
 }
 
@@ -421,11 +436,13 @@ static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias,
 static void test_linear_wgrad(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
   for (int i = 0; i < 3; i++) {
-    wgrad_case(dtypes[i], 37, 12, 16, true, false, LT(lt_bgrad), "linear weight gradient: the BGRADB epilogue");
-    wgrad_case(dtypes[i], 37, 12, 16, true, true, LT(lt_bgrad), "BGRADB with a transposed x");
+    wgrad_case(dtypes[i], 37, 12, 16, true, false, 0, LT(lt_bgrad), "linear weight gradient: the BGRADB epilogue");
+    wgrad_case(dtypes[i], 37, 12, 16, true, true, 0, LT(lt_bgrad), "BGRADB with a transposed x");
+    wgrad_case(dtypes[i], 37, 12, 16, true, false, 1, LT(lt_bgrad),
+               "BGRADB with dy and x one element into their allocations (cuBLASLt told how aligned they are)");
   }
-  wgrad_case(DT_DTYPE_F32, 37, 12, 16, false, false, NO_PATH, "without a bias gradient: cuBLAS alone");
-  wgrad_case(DT_DTYPE_F64, 9, 6, 8, true, false, LT(bgrad_fallback), "f64: cuBLAS and the column sums");
+  wgrad_case(DT_DTYPE_F32, 37, 12, 16, false, false, 0, NO_PATH, "without a bias gradient: cuBLAS alone");
+  wgrad_case(DT_DTYPE_F64, 9, 6, 8, true, false, 0, LT(bgrad_fallback), "f64: cuBLAS and the column sums");
   dt_cuda_linear_stats st;
   dt_cuda_linear_stats_get(&st);
   expect(strstr(st.reason, "f64") != NULL, "the weight gradient's fallback says why (f64)");
@@ -441,20 +458,27 @@ static void test_linear(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
   for (int i = 0; i < 3; i++) {
     int dt = dtypes[i];
-    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, true, false, false, LT(lt_bias), "linear: the BIAS epilogue");
-    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, false, false, false, LT(lt_default), "linear without bias");
-    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, LT(lt_gelu_aux_bias),
+    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, true, false, false, 0, LT(lt_bias), "linear: the BIAS epilogue");
+    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, false, false, false, 0, LT(lt_default), "linear without bias");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(lt_gelu_aux_bias),
                 "linear + tanh GELU keeping GELU's input: GELU_AUX_BIAS");
-    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, false, false, LT(lt_gelu_bias), "GELU_BIAS");
-    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, false, true, false, LT(lt_gelu_aux), "GELU_AUX");
-    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU, true, true, false, LT(gelu_kernel),
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, false, false, 0, LT(lt_gelu_bias), "GELU_BIAS");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, false, true, false, 0, LT(lt_gelu_aux), "GELU_AUX");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU, true, true, false, 0, LT(gelu_kernel),
                 "exact GELU: the bias epilogue, then the GELU kernel");
-    linear_case(dt, 6, 40, 7, DT_LINEAR_GELU_TANH, true, true, false, LT(fallback),
+    linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, false, false, false, 1, LT(lt_default),
+                "x and w one element into their allocations: cuBLASLt is told how aligned they are");
+    linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, 1, LT(fallback),
+                "a bias one element into its allocation (under 16-byte aligned): the cuBLAS path");
+    dt_cuda_linear_stats why;
+    dt_cuda_linear_stats_get(&why);
+    expect(strstr(why.reason, "bias vector is only") != NULL, "the fallback says the bias is not aligned enough");
+    linear_case(dt, 6, 40, 7, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback),
                 "7 output features cannot hold the aux matrix: the cuBLAS path");
   }
-  linear_case(DT_DTYPE_F32, 9, 20, 8, DT_LINEAR_GELU_TANH, true, true, true, LT(lt_gelu_aux_bias),
+  linear_case(DT_DTYPE_F32, 9, 20, 8, DT_LINEAR_GELU_TANH, true, true, true, 0, LT(lt_gelu_aux_bias),
               "a transposed x is read column-major by the epilogue path");
-  linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, LT(fallback), "f64 takes the cuBLAS path");
+  linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback), "f64 takes the cuBLAS path");
   dt_cuda_linear_stats st;
   dt_cuda_linear_stats_get(&st);
   expect(strstr(st.reason, "f64") != NULL, "the fallback says why (f64)");

@@ -39,7 +39,14 @@ typedef enum {
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26
 } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+/* MIN_ALIGNMENT_*: uint32_t, default 256: the alignment the heuristic's algorithm may assume of that pointer. */
+typedef enum {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
 /* GELU is the tanh approximation (x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), as on the GPU. AUX writes the GELU
  * input (after the bias) to the aux matrix: leading dimension a multiple of 8, at least the rows of D. BGRADA / BGRADB
  * write op(A)'s rows / op(B)'s columns summed over k (a bias gradient) to the bias pointer. */
