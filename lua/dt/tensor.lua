@@ -13,6 +13,10 @@ local C, check = dtffi.C, dtffi.check
 local MAXD = 8
 local i64arr = ffi.typeof("int64_t[8]")
 local handle_out = ffi.typeof("dt_tensor*[1]")
+-- Arguments of the C calls that make tensors, reused: C reads the dims and fills the handle slot before the call
+-- returns, and the caller takes the handle out of the slot at once (a new cdata for each was a quarter of an op's
+-- garbage). Cold paths (dist, checkpoints) make their own.
+local out_slot, dims_arg, strides_arg = handle_out(), i64arr(), i64arr()
 
 local Tensor = {}   -- methods
 local getters = {}  -- properties computed from the handle
@@ -47,8 +51,8 @@ local function shape_arg(s, ...)
    return { s, ... }
 end
 
-local function to_carray(shape)
-   local a = i64arr()
+local function to_carray(shape, into)
+   local a = into or i64arr()
    for i = 1, #shape do a[i - 1] = shape[i] end
    return a
 end
@@ -94,10 +98,9 @@ function Tensor.empty(shape, opts)
          error(("shape[%d] must be a non-negative integer, got %s"):format(i, tostring(shape[i])), 3)
       end
    end
-   local out = handle_out()
-   check(C.dt_tensor_empty(#shape, to_carray(shape), dtinfo.id, dev, out))
-   local t = wrap(out[0])
-   account_allocation(tonumber(C.dt_storage_nbytes(out[0].storage)))
+   check(C.dt_tensor_empty(#shape, to_carray(shape, dims_arg), dtinfo.id, dev, out_slot))
+   local t = wrap(out_slot[0])
+   account_allocation(tonumber(C.dt_storage_nbytes(t.h.storage)))
    if opts.requires_grad then t.requires_grad = true end
    return t
 end
@@ -211,9 +214,8 @@ end
 -- A host copy of t (t itself on the CPU), not recorded: for reading values.
 local function host(t)
    if device.is_cpu(t.h.device) then return t end
-   local out = handle_out()
-   check(C.dt_tensor_empty(t.h.ndim, t.h.shape, t.h.dtype, device.parse("cpu"), out), 3)
-   local c = wrap(out[0])
+   check(C.dt_tensor_empty(t.h.ndim, t.h.shape, t.h.dtype, device.parse("cpu"), out_slot), 3)
+   local c = wrap(out_slot[0])
    copy_across(c, t)
    return c
 end
@@ -273,9 +275,9 @@ end
 
 -- Raw view with explicit shape/strides/offset (no autograd).
 function Tensor:as_strided(shape, strides, offset)
-   local out = handle_out()
-   check(C.dt_tensor_view(self.h, #shape, to_carray(shape), to_carray(strides), offset or self.h.offset, out))
-   return wrap(out[0])
+   check(C.dt_tensor_view(self.h, #shape, to_carray(shape, dims_arg), to_carray(strides, strides_arg),
+      offset or self.h.offset, out_slot))
+   return wrap(out_slot[0])
 end
 
 function Tensor:strides()
@@ -533,4 +535,5 @@ Tensor.mt = mt
 Tensor.getters = getters
 Tensor.to_carray = to_carray
 Tensor.handle_out = handle_out
+Tensor.out_slot, Tensor.dims_arg = out_slot, dims_arg
 return Tensor

@@ -5,7 +5,7 @@ local dtype = require "dt.dtype"
 local Tensor = require "dt.tensor"
 
 local C, check = dtffi.C, dtffi.check
-local to_carray, handle_out, wrap = Tensor.to_carray, Tensor.handle_out, Tensor.wrap
+local to_carray, out_slot, dims_arg, wrap = Tensor.to_carray, Tensor.out_slot, Tensor.dims_arg, Tensor.wrap
 
 local M = {}
 
@@ -26,11 +26,10 @@ end
 -- A new uninitialised tensor of `shape` and dtype name `dt` on like's device (no autograd, no checks). A failure (out
 -- of device memory) names the op that asked for the output.
 function M.empty(shape, dt, like)
-   local out = handle_out()
-   if C.dt_tensor_empty(#shape, to_carray(shape), dtype.by_name[dt].id, like.h.device, out) ~= 0 then
+   if C.dt_tensor_empty(#shape, to_carray(shape, dims_arg), dtype.by_name[dt].id, like.h.device, out_slot) ~= 0 then
       error(("%s: its output: %s"):format(op_name(), ffi.string(C.dt_last_error())), 2)
    end
-   return wrap(out[0])
+   return wrap(out_slot[0])
 end
 
 function M.zeros(shape, dt, like)
