@@ -134,16 +134,25 @@ __device__ __forceinline__ A warp_reduce(A v, Op op) {
   return v;
 }
 
-/* Whole-block reduction (blockDim.x a multiple of 32, blockDim.y = z = 1); every thread gets the result.
- * red: 32 elements of shared memory, free for reuse when this returns. */
+/* Whole-block reductions of the N values v (blockDim.x a multiple of 32, blockDim.y = z = 1), in place: every thread
+ * gets the results, each the one a reduction of it alone gives, for one pair of barriers. red: N x 32 elements of
+ * shared memory, free for reuse when this returns. */
+template <int N, typename A, typename Op>
+__device__ __forceinline__ void block_reduce_n(A (&v)[N], Op op, A identity, A (*red)[WARP]) {
+  int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+  DT_UNROLL for (int i = 0; i < N; i++) v[i] = warp_reduce(v[i], op);
+  __syncthreads(); /* red may still be read by the previous reduction */
+  if (lane == 0) DT_UNROLL for (int i = 0; i < N; i++) red[i][w] = v[i];
+  __syncthreads(); /* every warp's partials are written */
+  DT_UNROLL for (int i = 0; i < N; i++) v[i] = warp_reduce(lane < nw ? red[i][lane] : identity, op);
+}
+
+/* block_reduce_n of one value. red: 32 elements of shared memory. */
 template <typename A, typename Op>
 __device__ __forceinline__ A block_reduce(A v, Op op, A identity, A *red) {
-  int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-  v = warp_reduce(v, op);
-  __syncthreads(); /* red may still be read by the previous reduction */
-  if (lane == 0) red[w] = v;
-  __syncthreads(); /* every warp's partial is written */
-  return warp_reduce(lane < nw ? red[lane] : identity, op);
+  A one[1] = {v};
+  block_reduce_n<1>(one, op, identity, reinterpret_cast<A(*)[WARP]>(red));
+  return one[0];
 }
 
 /* Threads for a kernel that walks rows of `len` elements with one block per row: a multiple of 32, at most 256. */

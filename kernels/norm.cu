@@ -51,17 +51,21 @@ __global__ void norm_fwd(const T *x, T *y, const T *w, const T *b, int sdtype, v
 }
 
 /* Rows [blk * br, ...) of block blk: with xh = (x - mean) * rstd and g = dy * w,
- * dx = rstd * (g - mean(g) - xh * mean(g * xh)) (no mean(g) for RMSNorm);
- * pw[blk][j] = sum of dy * xh, pb[blk][j] = sum of dy over the block's rows. */
+ * dx = rstd * (g - mean(g) - xh * mean(g * xh)) (no mean(g) for RMSNorm), both means from one block reduction;
+ * pw[blk][j] = sum of dy * xh, pb[blk][j] = sum of dy over the block's rows, in row order. A thread walks the same
+ * columns of every row, so it sums their partials alone: in the launch's shared memory (acc_shared: 2 c accumulators,
+ * copied to pw and pb at the end) where they fit, else in pw and pb themselves. */
 template <typename T>
 __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *mean, const void *rstd, T *dx,
                               const T *w, typename num<T>::acc *pw, typename num<T>::acc *pb, int64_t n, int64_t c,
-                              int64_t br, bool center) {
+                              int64_t br, bool center, bool acc_shared) {
   typedef typename num<T>::acc A;
-  DT_SHARED(A, red, [WARP]);
+  DT_SHARED(A, red, [2][WARP]);
+  DT_DYN_SMEM(A, acc);
   int64_t r0 = blockIdx.x * br, r1 = r0 + br < n ? r0 + br : n;
-  A *pwb = pw ? pw + blockIdx.x * c : nullptr, *pbb = pb ? pb + blockIdx.x * c : nullptr;
-  bool vec = rows_vec<T>(c, dy, x, dx, w, pw, pb);
+  A *pwg = pw ? pw + blockIdx.x * c : nullptr, *pbg = pb ? pb + blockIdx.x * c : nullptr; /* the block's partials */
+  A *pwb = pwg && acc_shared ? acc : pwg, *pbb = pbg && acc_shared ? acc + c : pbg;    /* where they are summed */
+  bool vec = rows_vec<T>(c, dy, x, dx, w, pwg, pbg); /* (acc + c is as aligned as pbg when c fills whole chunks) */
   row_chunks<T>(c, vec, [&](int64_t j, auto k) {
     chunk<A, decltype(k)::value> zero = {};
     if (pwb) store_chunk(pwb + j, zero);
@@ -69,18 +73,18 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
   });
   for (int64_t r = r0; r < r1; r++) {
     const T *xr = x + r * c, *gr = dy + r * c;
-    A mu = center ? load_dyn<A>(mean, sdtype, r) : (A)0, rs = load_dyn<A>(rstd, sdtype, r), sg = 0, sgx = 0;
+    A mu = center ? load_dyn<A>(mean, sdtype, r) : (A)0, rs = load_dyn<A>(rstd, sdtype, r), sums[2] = {0, 0};
     row_chunks<T>(c, vec, [&](int64_t j, auto k) {
       constexpr int K = decltype(k)::value;
       auto xv = load_chunk<K>(xr + j), gv = load_chunk<K>(gr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
       DT_UNROLL for (int e = 0; e < K; e++) {
         A g = num<T>::load(gv.x[e]) * (w ? num<T>::load(wv.x[e]) : (A)1);
-        sg += g;
-        sgx += g * (num<T>::load(xv.x[e]) - mu) * rs;
+        sums[0] += g;
+        sums[1] += g * (num<T>::load(xv.x[e]) - mu) * rs;
       }
     });
-    A gmean = center ? block_reduce(sg, sum_op(), (A)0, red) / (A)c : (A)0;
-    A proj = block_reduce(sgx, sum_op(), (A)0, red) / (A)c;
+    block_reduce_n<2>(sums, sum_op(), (A)0, red);
+    A gmean = center ? sums[0] / (A)c : (A)0, proj = sums[1] / (A)c;
     row_chunks<T>(c, vec, [&](int64_t j, auto k) {
       constexpr int K = decltype(k)::value;
       auto xv = load_chunk<K>(xr + j), gv = load_chunk<K>(gr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
@@ -96,6 +100,12 @@ __global__ void norm_bwd_rows(const T *dy, const T *x, int sdtype, const void *m
       if (pbb) store_chunk(pbb + j, pbv);
     });
   }
+  if (acc_shared) /* each thread's own columns, summed by it alone: no barrier */
+    row_chunks<T>(c, vec, [&](int64_t j, auto k) {
+      constexpr int K = decltype(k)::value;
+      if (pwg) store_chunk(pwg + j, load_chunk<K>(pwb + j));
+      if (pbg) store_chunk(pbg + j, load_chunk<K>(pbb + j));
+    });
 }
 
 /* out[j] = the sum over the row blocks of part[blk][j] for (blockIdx.y) dw then db (a null one skipped: both in one

@@ -9,6 +9,10 @@ static int64_t norm_block_rows(int64_t n) {
   return b < 4 ? 4 : b;
 }
 
+/* Shared memory for norm_bwd_rows' dw and db accumulators (2 c of them) up to the limit a launch has without opting
+ * in (sm_80, sm_90): 48 KiB, c <= 6144 with f32 accumulators. Past it they are summed in the scratch itself. */
+static const size_t NORM_ACC_SMEM = 48 << 10;
+
 cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype,
                           const void *x,                       // (N, C)
                           void *y,                             // (N, C)
@@ -47,9 +51,11 @@ cudaError_t dt_k_norm_bwd(cudaStream_t s, int dtype,
     typedef decltype(tag) T;
     typedef typename dtk::num<T>::acc A;
     A *pw = dw ? static_cast<A *>(scratch) : nullptr, *pb = db ? static_cast<A *>(scratch) + nb * c : nullptr;
-    DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::chunk_row_threads<T>(c), 0, s, static_cast<const T *>(dy),
-              static_cast<const T *>(x), sdtype, mean, rstd, static_cast<T *>(dx), static_cast<const T *>(w), pw, pb, n,
-              c, br, center);
+    size_t acc = dw || db ? (size_t)(2 * c) * sizeof(A) : 0;
+    bool acc_shared = acc > 0 && acc <= NORM_ACC_SMEM;
+    DT_LAUNCH(dtk::norm_bwd_rows<T>, (unsigned)nb, dtk::chunk_row_threads<T>(c), acc_shared ? acc : 0, s,
+              static_cast<const T *>(dy), static_cast<const T *>(x), sdtype, mean, rstd, static_cast<T *>(dx),
+              static_cast<const T *>(w), pw, pb, n, c, br, center, acc_shared);
     dim3 grid((unsigned)((c + dtk::WARP - 1) / dtk::WARP), 2); /* y: dw, db */
     if (dw || db)
       DT_LAUNCH(dtk::norm_bwd_cols<T>, grid, dtk::WARP * dtk::WARP, 0, s, pw, pb, static_cast<T *>(dw),

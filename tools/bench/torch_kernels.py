@@ -58,6 +58,14 @@ def ways(a, name):
                 return lambda: F.layer_norm(x, (a.cols,), w, b, 1e-5)
             return lambda: F.rms_norm(x, (a.cols,), w, 1e-5)
         return [(name.rsplit("_", 1)[0], setup)]
+    if name == "layer_norm_bwd_gpt2_bf16":
+        def setup():
+            B, H, T, D = (int(x) for x in a.gpt2.split(","))
+            x, w, b, dy = randn(B * T, H * D), randn(H * D), randn(H * D), randn(B * T, H * D)
+            _, mean, rstd = torch.ops.aten.native_layer_norm(x, [H * D], w, b, 1e-5)
+            return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [H * D], mean, rstd, w, b,
+                                                                     [True, True, True])
+        return [("native_layer_norm_backward", setup)]
     if name == "gelu_bf16":
         def setup():
             x = randn(a.n)

@@ -82,6 +82,18 @@ local function cases(dev, small)
          local x, w, bias = randn({ rows, cols }), randn({ cols }), randn({ cols })
          return function() return dt.F.layer_norm(x, w, bias, 1e-5) end
       end },
+      -- the backward alone (dx, dw, db) at GPT-2 small's width over its training batch's rows (gpt2's B x T)
+      { "layer_norm_bwd_gpt2_bf16", "bytes", 6 * gpt2[1] * gpt2[3] * gpt2[2] * gpt2[4], function()
+         local r, c = gpt2[1] * gpt2[3], gpt2[2] * gpt2[4]
+         local x, w, bias, dy = randn({ r, c }), randn({ c }), randn({ c }), randn({ r, c })
+         local y, dx, dw, db = randn({ r, c }), randn({ r, c }), randn({ c }), randn({ c })
+         local mean, rstd = randn({ r }, "f32"), randn({ r }, "f32")
+         check(C.dt_nn_layernorm_fwd(x.h, w.h, bias.h, 1e-5, y.h, mean.h, rstd.h))
+         return function()
+            check(C.dt_nn_layernorm_bwd(dy.h, x.h, w.h, mean.h, rstd.h, dx.h, dw.h, db.h))
+            return x, w, dy, mean, rstd, dx, dw, db -- (the closure keeps what the handles point at alive)
+         end
+      end },
       { "rms_norm_bf16", "bytes", 4 * rows * cols, function()
          local x, w = randn({ rows, cols }), randn({ cols })
          return function() return dt.F.rms_norm(x, w, 1e-5) end
