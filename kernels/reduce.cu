@@ -1,4 +1,4 @@
-/* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking, in-order combine. */
+/* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking, fixed-order combine. */
 #include "vec.cuh"
 
 namespace dtk {
@@ -60,20 +60,9 @@ __device__ __forceinline__ racc<A> shfl_xor(racc<A> r, int o) {
   return racc<A>{__shfl_xor_sync((unsigned)FULL_MASK, r.v, o), __shfl_xor_sync((unsigned)FULL_MASK, r.i, o)};
 }
 
-/* Block b of row o reduces elements [c * RED_CHUNK, ...) of the row (c = b % chunks) into partial[o * chunks + c],
- * or straight into out when the row is one chunk. */
-template <typename T>
-__global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void *out, int out_dtype,
-                                                        racc<typename num<T>::acc> *partial, int64_t len,
-                                                        int64_t chunks) {
-  typedef typename num<T>::acc A;
-  DT_SHARED(racc<A>, red, [WARP]);
-  int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks, start = c * RED_CHUNK;
-  int64_t end = start + RED_CHUNK < len ? start + RED_CHUNK : len;
-  const T *row = x + o * len;
-  racc<A> r = red_identity<A>(op);
-  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x)
-    r = red_combine(op, r, red_element(op, num<T>::load(row[i]), i));
+/* A block's reduction of r (every thread's; a fixed tree), left in thread 0's r. */
+template <typename A, int op>
+__device__ __forceinline__ void red_block(racc<A> &r, racc<A> *red) {
   for (int s = WARP / 2; s > 0; s >>= 1) r = red_combine(op, r, shfl_xor(r, s));
   int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
   if (lane == 0) red[w] = r;
@@ -81,7 +70,35 @@ __global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void
   if (w != 0) return;
   r = lane < (int)(blockDim.x / WARP) ? red[lane] : red_identity<A>(op);
   for (int s = WARP / 2; s > 0; s >>= 1) r = red_combine(op, r, shfl_xor(r, s));
-  if (lane != 0) return;
+}
+
+/* Block b of row o reduces elements [c * RED_CHUNK, ...) of the row (c = b % chunks) into partial[o * chunks + c],
+ * or straight into out when the row is one chunk: 16-byte loads where the chunk starts aligned, CHUNKS_IN_FLIGHT of
+ * them issued before the first is combined, the op a constant (a sum's combine is one add). */
+template <typename T>
+__global__ void __launch_bounds__(RED_THREADS) red_rows(int op, const T *x, void *out, int out_dtype,
+                                                        racc<typename num<T>::acc> *partial, int64_t len,
+                                                        int64_t chunks) {
+  typedef typename num<T>::acc A;
+  constexpr int N = pack_of<T>::N;
+  DT_SHARED(racc<A>, red, [WARP]);
+  int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks, start = c * RED_CHUNK;
+  int64_t end = start + RED_CHUNK < len ? start + RED_CHUNK : len;
+  const T *seg = x + o * len + start;
+  racc<A> r = red_identity<A>(op);
+  with_op<DT_REDUCE_COUNT>(op, [&](auto constant) {
+    constexpr int known_op = decltype(constant)::value;
+    for_chunk_groups<N, CHUNKS_IN_FLIGHT>(
+        end - start, aligned16(seg), threadIdx.x, blockDim.x,
+        [&](int64_t j, auto k) { return load_chunk_bits<decltype(k)::value>(seg + j); },
+        [&](int64_t j, const auto &v) {
+          auto e = v.get();
+          DT_UNROLL for (int i = 0; i < (int)(sizeof e.x / sizeof e.x[0]); i++)
+            r = red_combine(known_op, r, red_element(known_op, num<T>::load(e.x[i]), start + j + i));
+        });
+    red_block<A, known_op>(r, red);
+  });
+  if (threadIdx.x != 0) return;
   if (chunks == 1) red_store(op, r, len, out, out_dtype, o);
   else partial[o * chunks + c] = r;
 }
@@ -144,6 +161,25 @@ __global__ void red_chunks(int op, const racc<A> *partial, void *out, int out_dt
     });
     red_store(op, r, len, out, out_dtype, col);
   }
+}
+
+/* red_chunks for few columns of many chunks (a whole tensor's sum: one column of up to thousands of chunks, which one
+ * thread walked at 16 loads a trip to L2): block `col` combines its column's partials, thread t those of chunks t,
+ * t + blockDim.x, ... in order, then the block's tree: an order fixed by the chunks and the block size. */
+template <typename A>
+__global__ void __launch_bounds__(RED_THREADS) red_chunks_block(int op, const racc<A> *partial, void *out,
+                                                                int out_dtype, int64_t len, int64_t inner,
+                                                                int64_t chunks) {
+  DT_SHARED(racc<A>, red, [WARP]);
+  int64_t col = blockIdx.x;
+  const racc<A> *p = partial + col / inner * chunks * inner + col % inner;
+  racc<A> r = red_identity<A>(op);
+  with_op<DT_REDUCE_COUNT>(op, [&](auto constant) {
+    constexpr int known_op = decltype(constant)::value;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) r = red_combine(known_op, r, p[c * inner]);
+    red_block<A, known_op>(r, red);
+  });
+  if (threadIdx.x == 0) red_store(op, r, len, out, out_dtype, col);
 }
 
 } // namespace dtk

@@ -5,6 +5,20 @@ static int64_t red_chunk_count(int64_t len, int64_t chunk) {
   return len <= chunk ? 1 : (len + chunk - 1) / chunk;
 }
 
+/* The chunk partials of `cols` columns combined into out: a block per column when there are fewer columns than an
+ * H100 has SMs and each has more chunks than a thread loads at once (red_chunks_block), else a thread per column. */
+template <typename A>
+static void red_combine_chunks(cudaStream_t s, int op, const dtk::racc<A> *partial, void *out, int out_dtype,
+                               int64_t outer, int64_t len, int64_t inner, int64_t chunks) {
+  int64_t cols = outer * inner;
+  if (cols < 132 && chunks > dtk::RED_COL_BATCH)
+    DT_LAUNCH(dtk::red_chunks_block<A>, (unsigned)cols, dtk::RED_THREADS, 0, s, op, partial, out, out_dtype, len,
+              inner, chunks);
+  else
+    DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(cols, dtk::RED_CHUNKS_THREADS), dtk::RED_CHUNKS_THREADS, 0, s, op,
+              partial, out, out_dtype, outer, len, inner, chunks);
+}
+
 size_t dt_k_reduce_scratch(int64_t outer, int64_t len, int64_t inner) {
   int64_t chunks = red_chunk_count(len, inner == 1 ? dtk::RED_CHUNK : dtk::RED_COL_CHUNK);
   return chunks > 1 ? (size_t)(outer * chunks * inner) * sizeof(dtk::racc<double>) : 0;
@@ -30,18 +44,14 @@ cudaError_t dt_k_reduce(cudaStream_t s, int op, int dtype,
       else
         DT_LAUNCH((dtk::red_cols<T, 1>), dtk::grid_for(outer * chunks * inner, 256), 256, 0, s, op, xt, out, out_dtype,
                   partial, outer, len, inner, chunks);
-      const unsigned combine_threads = dtk::RED_CHUNKS_THREADS;
-      if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer * inner, combine_threads), combine_threads, 0,
-                                s, op, partial, out, out_dtype, outer, len, inner, chunks);
+      if (chunks > 1) red_combine_chunks(s, op, partial, out, out_dtype, outer, len, inner, chunks);
       return cudaGetLastError();
     }
     int64_t chunks = red_chunk_count(len, dtk::RED_CHUNK);
     unsigned threads = dtk::row_threads(len < (int64_t)dtk::RED_THREADS ? len : (int64_t)dtk::RED_THREADS);
     DT_LAUNCH(dtk::red_rows<T>, (unsigned)(outer * chunks), threads, 0, s, op, xt, out, out_dtype, partial, len,
               chunks);
-    const unsigned combine_threads = dtk::RED_CHUNKS_THREADS;
-    if (chunks > 1) DT_LAUNCH(dtk::red_chunks<A>, dtk::grid_for(outer, combine_threads), combine_threads, 0, s, op,
-                              partial, out, out_dtype, outer, len, (int64_t)1, chunks);
+    if (chunks > 1) red_combine_chunks(s, op, partial, out, out_dtype, outer, len, (int64_t)1, chunks);
     return cudaGetLastError();
   });
 }

@@ -165,6 +165,16 @@ static void test_reduce(int dtype) {
   dt_tensor_set(hl, 12345, 7.0);
   die_on(dt_cuda_memcpy(S, dl->data, hl->data, (size_t)40000 * dt_dtype_size(dtype)), "upload");
   for (int op = 0; op < DT_REDUCE_COUNT; op++) reduce_case(op, hl, dl, 1, false);
+  /* more chunks than a thread combines at once, over few rows (a block combines each row's); row 1 starts unaligned
+   * (element loads), row 0 and the whole tensor aligned (16-byte loads); row 1's largest element is in a late chunk */
+  const int64_t L = 150001;
+  dt_tensor *hm = host_sample(2, SHAPE(2, L), dtype, 13, 1.0);
+  dt_tensor_set(hm, L + 140000, 9.0);
+  dt_tensor *dm = dev_from_host(S, hm);
+  for (int op = 0; op < DT_REDUCE_COUNT; op++) {
+    reduce_case(op, hm, dm, 1, false);
+    reduce_case(op, hm, dm, -1, false);
+  }
   dt_tensor *out = dev_empty(S, 1, SHAPE(4), dtype);
   expect_error(dt_cuda_op_reduce(S, DT_REDUCE_SUM, dx, 1, false, out), "out has shape (4) ",
                "a wrong out shape names the expected one");
@@ -173,8 +183,10 @@ static void test_reduce(int dtype) {
   dt_tensor_free(dt);
   dt_tensor_free(hx);
   dt_tensor_free(hl);
+  dt_tensor_free(hm);
   dev_free(S, dx);
   dev_free(S, dl);
+  dev_free(S, dm);
 }
 
 static void test_reduce_int(void) {

@@ -58,6 +58,13 @@ def ways(a, name):
                 return lambda: F.layer_norm(x, (a.cols,), w, b, 1e-5)
             return lambda: F.rms_norm(x, (a.cols,), w, 1e-5)
         return [(name.rsplit("_", 1)[0], setup)]
+    if name == "sumsq_f32":
+        def make(f):
+            def setup():
+                x = randn(a.n, dtype=torch.float32)
+                return lambda: f(x)
+            return setup
+        return [("vector_norm", make(lambda x: torch.linalg.vector_norm(x))), ("dot", make(lambda x: torch.dot(x, x)))]
     if name == "layer_norm_bwd_gpt2_bf16":
         def setup():
             B, H, T, D = (int(x) for x in a.gpt2.split(","))

@@ -78,6 +78,13 @@ local function cases(dev, small)
          local x = randn({ rows, cols })
          return function() return x:sum(1) end
       end },
+      { "sumsq_f32", "bytes", 4 * n, function() -- a whole tensor's sum of squares, as the gradient norm's
+         local x, out = randn({ n }, "f32"), dt.empty({}, { device = dev })
+         return function()
+            check(C.dt_op_reduce(C.DT_REDUCE_SUMSQ, x.h, -1, false, out.h))
+            return x, out
+         end
+      end },
       { "layer_norm_bf16", "bytes", 4 * rows * cols, function()
          local x, w, bias = randn({ rows, cols }), randn({ cols }), randn({ cols })
          return function() return dt.F.layer_norm(x, w, bias, 1e-5) end
