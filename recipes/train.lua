@@ -6,6 +6,7 @@
 --    dtrun recipes/train.lua --nproc 4 'model.mesh_shape=[[2,2],["dp","tp"]]'   # DDP x tensor parallel (or fsdp x tp)
 --    dtrun recipes/train.lua --nproc 8 'model.mesh_shape=[[2,2,2],["pp","fsdp","tp"]]'   # 3-D: pipeline x FSDP x tp
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
+--    dtrun recipes/train.lua model.dim=768 model.layers=12 model.heads=12 seq=1024 model.vocab=50304  # GPT-2 small
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 --    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
 --    dtrun recipes/train.lua model.path=DIR      # a Hugging Face model (and its tokenizer; tokenizer=DIR for another)
@@ -25,6 +26,7 @@ local cfg = train.config {
    batch = 16, seq = 128,
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
+      vocab = 0,                                -- the byte-level GPT's vocabulary padded to it (0: 256; GPT-2: 50304)
       mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
       sequence_parallel = false,                -- with a tp axis: activations cut along the sequence between regions
       pipeline = { micro_batches = 0,           -- with a pp axis: micro-batches per step (0: 2 x the pp size),
@@ -43,11 +45,23 @@ local say = world.is_main and print or function() end
 local tok_dir = cfg.tokenizer ~= "" and cfg.tokenizer or cfg.model.path
 local tok = tok_dir ~= "" and hf.tokenizer(tok_dir) or nil
 
--- Model: GPT-2-like over the 256 byte values, or the Hugging Face model of model.path, on the default device
--- (cuda:LOCAL_RANK under --gpus or with DT_DEVICE=cuda; the trainer copies each batch there).
+-- Model: GPT-2-like over the 256 byte values (model.vocab pads its vocabulary, to train GPT-2 small's shapes on bytes),
+-- or the Hugging Face model of model.path, on the default device (cuda:LOCAL_RANK under --gpus or with
+-- DT_DEVICE=cuda; the trainer copies each batch there).
+local vocab = tok and tok.vocab_size or 256
+if cfg.model.vocab ~= 0 then
+   if tok then
+      error(("recipes/train.lua: model.vocab=%d pads the byte-level GPT's vocabulary; with a tokenizer the vocabulary "
+         .. "is its %d token ids (drop model.vocab)"):format(cfg.model.vocab, tok.vocab_size), 0)
+   elseif cfg.model.vocab < 256 or cfg.model.vocab % 1 ~= 0 then
+      error(("recipes/train.lua: model.vocab=%s cannot hold the 256 byte values (use an integer of 256 or more, or 0)")
+         :format(tostring(cfg.model.vocab)), 0)
+   end
+   vocab = cfg.model.vocab
+end
 dt.manual_seed(cfg.seed)
 local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() }):train()
-   or nn.GPT { vocab = tok and tok.vocab_size or 256, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
+   or nn.GPT { vocab = vocab, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
       heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
 say(("model: %s, %.2fM parameters, vocab %d, %d rank(s) on %s"):format(cfg.model.path ~= "" and cfg.model.path
    or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6,

@@ -106,6 +106,18 @@ describe("recipes/train.lua", function()
       assert.equal(1, status)
       assert.matches("config: bad value for 'model.dim': 'big' is not a number", err)
    end)
+
+   it("pads the byte-level GPT's vocabulary to model.vocab, and refuses one that cannot hold the bytes", function()
+      local run_dir = fs.join(dir, "run")
+      local lines, err, status = run(("steps=1 sample=0 model.vocab=1000 run_dir=%s %s"):format(run_dir, TINY), dir)
+      assert.equal(0, status, err)
+      assert.matches("vocab 1000,", table.concat(lines, "\n"), 1, true)
+      assert.near(math.log(1000), metrics(run_dir)[1].loss, 0.5) -- an untrained model's loss over 1000 classes
+      lines, err, status = run(("steps=1 model.vocab=100 run_dir=%s %s"):format(fs.join(dir, "r2"), TINY), dir)
+      assert.equal(1, status, table.concat(lines, "\n"))
+      assert.matches("model.vocab=100 cannot hold the 256 byte values (use an integer of 256 or more, or 0)", err, 1,
+         true)
+   end)
 end)
 
 describe("every recipe", function()

@@ -2,7 +2,7 @@
 # gpu_check.sh: on a machine with a CUDA GPU, every check that needs one, each log kept: the device, the real-GPU
 # specs (c/cuda_* and cuda_lua/*), compute-sanitizer over the kernel specs, `dtrun bench kernels` (against PyTorch when
 # $DT_BENCH_PYTHON or python3 has torch with CUDA; its attention cases again with DT_ATTN_WGMMA=1) and a traced GPT
-# training run with `dtrun trace top` of it, then again with DT_LINEAR_BGRAD=0.
+# training run with `dtrun trace top` of it, then again with DT_LINEAR_BGRAD=0, and at GPT-2 small's vocabulary.
 # Usage: tools/gpu_check.sh [--quick] [OUT_DIR, default runs/gpu-check] (after tools/setup.sh or a cmake build in
 # build/). --quick, for a short lease (~6 minutes on an H200): of the specs only the kernel ones (attention, tensor
 # cores, ops, nn), no sanitizer, no cuda_lua/*. Each step has a time limit and the script goes on after a failure; its
@@ -52,7 +52,13 @@ run_dir=$(sed -n 's/^run dir: //p' "$out/train.log" | head -1)
 [ -n "$run_dir" ] && step trace_top 60 build/dtrun trace top "$run_dir" 25
 # the same run with the bias gradients summed after the weight GEMMs instead of in their epilogue (BGRADB)
 step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 "${train[@]}"
-tail -1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
-grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log"
+# GPT-2 small's shapes (124M parameters: its vocabulary padded as llm.c pads it), the model of ANCHORS.md's llm.c mfu
+step train_gpt2 600 env DT_DEVICE=cuda "${train[@]}" model.vocab=50304
+tail -n 1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
+grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log" "$out/train_gpt2.log"
+for log in train train_gpt2; do # the last step's mfu (metrics.jsonl)
+  dir=$(sed -n 's/^run dir: //p' "$out/$log.log" | head -1)
+  [ -n "$dir" ] && echo "$log: $(tail -1 "$dir/metrics.jsonl" | grep -o '"mfu":[^,}]*')"
+done
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"
 [ "$failed" -eq 0 ]
