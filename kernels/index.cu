@@ -5,7 +5,7 @@ namespace dtk {
 
 /* index_add: warps a block (32 columns each), index ballots walked per step, source rows loaded at once; rows of a
  * block (its shared accumulators: 48 KiB) */
-enum { ADD_WARPS = 4, ADD_BATCH = 4, ADD_GATHER = 8, ADD_SMEM = 48 * 1024 };
+enum { ADD_WARPS = 4, ADD_BATCH = 8, ADD_GATHER = 8, ADD_SMEM = 48 * 1024 };
 
 /* out[o, i, j] = x[o, idx[i], j]; a bad index is reported and its row left as zeros. */
 template <typename E>
@@ -34,9 +34,11 @@ __global__ void check_indices(const void *idx, int idtype, dt_k_error *err, int 
 /* Block (x: column chunk of ADD_WARPS * 32, y: output rows [r0, r1) of row range range0 + y, z: outer index). The
  * block's rows accumulate in shared memory (from their values in out; each add rounded to T, as the CPU's; stored once
  * at the end) while every warp walks the indices in index order, ADD_BATCH ballots of 32 at a time with the next
- * batch's indices already loading: lane c adds column c of each source row whose index falls in [r0, r1), up to
- * ADD_GATHER source loads in flight. Walking the indices and adding into global memory one row at a time made this
- * latency-bound (a GPT's embedding backward took 1.2 ms on an H200). */
+ * batch's indices already loading: lane c adds column c of each source row whose index falls in [r0, r1), the batch's
+ * matches taken ADD_GATHER at a time across its ballots, their source loads in flight together. Walking the indices
+ * and adding into global memory one row at a time made this latency-bound (a GPT's embedding backward took 1.2 ms on
+ * an H200); so did a gather per ballot (0.87 ms: 7 rows of 256 a block meet ~1 index a ballot, one trip to memory
+ * each). */
 template <typename T>
 __global__ void __launch_bounds__(ADD_WARPS * WARP) add_kernel(const void *idx, int idtype, const T *src, T *out,
                                                                int64_t size, int64_t inner, int64_t nidx,
@@ -61,24 +63,35 @@ __global__ void __launch_bounds__(ADD_WARPS * WARP) add_kernel(const void *idx, 
       int64_t i = i0 + (ADD_BATCH + u) * WARP + lane;
       next[u] = i < nidx ? load_index(idx, idtype, i) : -1;
     }
+    unsigned mine[ADD_BATCH]; /* (warp-uniform) ballot u's lanes whose index falls in [r0, r1), not yet taken */
+    bool left = false;
     DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {
-      unsigned mine = __ballot_sync((unsigned)FULL_MASK, k[u] >= r0 && k[u] < r1);
-      while (mine) { /* (warp-uniform) the next ADD_GATHER of the batch's rows in index order */
-        int64_t row[ADD_GATHER];
-        A v[ADD_GATHER];
-        DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
-          int b = mine ? __ffs((int)mine) - 1 : -1;
-          mine &= mine ? mine - 1 : 0u;
-          row[e] = __shfl_sync((unsigned)FULL_MASK, k[u], b < 0 ? 0 : b);
-          row[e] = b < 0 ? -1 : row[e];
-          v[e] = in && b >= 0 ? num<T>::load(from[(i0 + u * WARP + b) * inner]) : (A)0;
+      mine[u] = __ballot_sync((unsigned)FULL_MASK, k[u] >= r0 && k[u] < r1);
+      left = left || mine[u];
+    }
+    while (left) { /* the batch's next ADD_GATHER matches in index order: their loads first, then their adds */
+      int64_t row[ADD_GATHER];
+      A v[ADD_GATHER];
+      DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
+        int at = -1; /* position in the batch of the first match left */
+        row[e] = -1;
+        DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) {
+          if (at < 0 && mine[u]) { /* (warp-uniform: every lane shuffles) */
+            int b = __ffs((int)mine[u]) - 1;
+            mine[u] &= mine[u] - 1;
+            at = u * WARP + b;
+            row[e] = __shfl_sync((unsigned)FULL_MASK, k[u], b);
+          }
         }
-        DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
-          if (row[e] < 0) continue;
-          A &a = acc[(row[e] - r0) * blockDim.x + slot];
-          a = num<T>::load(num<T>::store(a + v[e])); /* rounded to T at each add, as the CPU */
-        }
+        v[e] = in && at >= 0 ? num<T>::load(from[(i0 + at) * inner]) : (A)0;
       }
+      DT_UNROLL for (int e = 0; e < ADD_GATHER; e++) {
+        if (row[e] < 0) continue;
+        A &a = acc[(row[e] - r0) * blockDim.x + slot];
+        a = num<T>::load(num<T>::store(a + v[e])); /* rounded to T at each add, as the CPU */
+      }
+      left = false;
+      DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) left = left || mine[u];
     }
     DT_UNROLL for (int u = 0; u < ADD_BATCH; u++) k[u] = next[u];
   }

@@ -7,8 +7,8 @@ local have_cuda = dt.device_count("cuda") > 0
 
 describe("dtrun bench kernels", function()
    local kernels = { "copy_f32_gbps", "add_bf16_gbps", "softmax_bf16_gbps", "sum_rows_bf16_gbps", "sumsq_f32_gbps",
-      "layer_norm_bf16_gbps", "layer_norm_bwd_gpt2_bf16_gbps", "rms_norm_bf16_gbps", "gelu_bf16_gbps",
-      "adamw_f32_gbps", "matmul_bf16_tflops", "matmul_f32_tflops", "attention_fwd_bf16_tflops",
+      "layer_norm_bf16_gbps", "layer_norm_bwd_gpt2_bf16_gbps", "rms_norm_bf16_gbps", "index_add_gpt2_bf16_gbps",
+      "gelu_bf16_gbps", "adamw_f32_gbps", "matmul_bf16_tflops", "matmul_f32_tflops", "attention_fwd_bf16_tflops",
       "attention_fwd_noncausal_bf16_tflops", "attention_fwd_bwd_bf16_tflops", "attention_fwd_bwd_gpt2_bf16_tflops" }
 
    local run = have_cuda and it or function(name) pending(name .. " (skipped: no cuda device)") end

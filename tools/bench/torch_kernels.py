@@ -73,6 +73,17 @@ def ways(a, name):
             return lambda: torch.ops.aten.native_layer_norm_backward(dy, x, [H * D], mean, rstd, w, b,
                                                                      [True, True, True])
         return [("native_layer_norm_backward", setup)]
+    if name == "index_add_gpt2_bf16":
+        B, H, T, D = (int(x) for x in a.gpt2.split(","))
+        def make(f):
+            def setup():
+                g, gw = randn(B * T, H * D), torch.zeros(256, H * D, device=dev, dtype=bf)
+                idx = torch.randint(0, 256, (B * T,), device=dev)
+                return lambda: f(g, gw, idx)
+            return setup
+        return [("index_add_", make(lambda g, gw, idx: gw.index_add_(0, idx, g))),
+                ("embedding_dense_backward",
+                 make(lambda g, gw, idx: torch.ops.aten.embedding_dense_backward(g, idx, 256, -1, False)))]
     if name == "gelu_bf16":
         def setup():
             x = randn(a.n)

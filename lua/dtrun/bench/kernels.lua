@@ -105,6 +105,16 @@ local function cases(dev, small)
          local x, w = randn({ rows, cols }), randn({ cols })
          return function() return dt.F.rms_norm(x, w, 1e-5) end
       end },
+      -- an embedding's backward: GPT-2's B x T tokens' gradient rows added into a byte vocabulary's 256 rows
+      { "index_add_gpt2_bf16", "bytes", 2 * gpt2[1] * gpt2[3] * gpt2[2] * gpt2[4], function()
+         local tokens, width = gpt2[1] * gpt2[3], gpt2[2] * gpt2[4]
+         local g, gw = randn({ tokens, width }), dt.zeros({ 256, width }, { device = dev, dtype = "bf16" })
+         local idx = dt.randint(0, 256, { tokens }, { dtype = "i64" }):to(dev)
+         return function()
+            check(C.dt_op_index_add(gw.h, 0, idx.h, g.h))
+            return g, gw, idx
+         end
+      end },
       { "gelu_bf16", "bytes", 4 * n, function()
          local x = randn({ n })
          return function() return dt.F.gelu(x, true) end
