@@ -6,7 +6,7 @@
 --    dtrun recipes/train.lua --nproc 4 'model.mesh_shape=[[2,2],["dp","tp"]]'   # DDP x tensor parallel (or fsdp x tp)
 --    dtrun recipes/train.lua --nproc 8 'model.mesh_shape=[[2,2,2],["pp","fsdp","tp"]]'   # 3-D: pipeline x FSDP x tp
 --    dtrun recipes/train.lua steps=50 model.dim=64 sample=0     # key=value overrides; --config FILE.lua
---    dtrun recipes/train.lua model.dim=768 model.layers=12 model.heads=12 seq=1024 model.vocab=50304  # GPT-2 small
+--    dtrun recipes/train.lua model.dim=768 model.layers=12 model.heads=12 seq=1024 model.vocab=50304 model.gelu=tanh
 --    dtrun recipes/train.lua run_dir=runs/mine checkpoint_every=50 resume=true   # restartable
 --    dtrun recipes/train.lua --nproc 2 --deepspeed ds_config.json # a DeepSpeed config (README: DeepSpeed configs)
 --    dtrun recipes/train.lua model.path=DIR      # a Hugging Face model (and its tokenizer; tokenizer=DIR for another)
@@ -27,6 +27,7 @@ local cfg = train.config {
    data = "",                                   -- a text file or directory ("" = the default text)
    model = { dim = 192, layers = 4, heads = 6, dropout = 0,
       vocab = 0,                                -- the byte-level GPT's vocabulary padded to it (0: 256; GPT-2: 50304)
+      gelu = "exact",                           -- its MLPs' GELU: "exact" (erf) or "tanh" (GPT-2's)
       mesh_shape = {},                          -- {} = DDP over every rank; {{2,2},{"dp","tp"}}: dt/parallel/layout.lua
       sequence_parallel = false,                -- with a tp axis: activations cut along the sequence between regions
       pipeline = { micro_batches = 0,           -- with a pp axis: micro-batches per step (0: 2 x the pp size),
@@ -59,10 +60,13 @@ if cfg.model.vocab ~= 0 then
    end
    vocab = cfg.model.vocab
 end
+if cfg.model.gelu ~= "exact" and cfg.model.gelu ~= "tanh" then
+   error(("recipes/train.lua: model.gelu must be \"exact\" or \"tanh\", got %q"):format(tostring(cfg.model.gelu)), 0)
+end
 dt.manual_seed(cfg.seed)
 local model = cfg.model.path ~= "" and hf.load(cfg.model.path, { device = dt.default_device() }):train()
    or nn.GPT { vocab = vocab, seq = cfg.seq, dim = cfg.model.dim, layers = cfg.model.layers,
-      heads = cfg.model.heads, dropout = cfg.model.dropout, seed = cfg.seed }
+      heads = cfg.model.heads, dropout = cfg.model.dropout, gelu = cfg.model.gelu, seed = cfg.seed }
 say(("model: %s, %.2fM parameters, vocab %d, %d rank(s) on %s"):format(cfg.model.path ~= "" and cfg.model.path
    or ("GPT %d layers, dim %d"):format(cfg.model.layers, cfg.model.dim), model:num_parameters() / 1e6,
    model.wte.weight.shape[1], world.size, dt.default_device()))

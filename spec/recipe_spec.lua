@@ -107,7 +107,7 @@ describe("recipes/train.lua", function()
       assert.matches("config: bad value for 'model.dim': 'big' is not a number", err)
    end)
 
-   it("pads the byte-level GPT's vocabulary to model.vocab, and refuses one that cannot hold the bytes", function()
+   it("pads the byte-level GPT's vocabulary to model.vocab, refusing one under 256 and an unknown GELU", function()
       local run_dir = fs.join(dir, "run")
       local lines, err, status = run(("steps=1 sample=0 model.vocab=1000 run_dir=%s %s"):format(run_dir, TINY), dir)
       assert.equal(0, status, err)
@@ -117,6 +117,9 @@ describe("recipes/train.lua", function()
       assert.equal(1, status, table.concat(lines, "\n"))
       assert.matches("model.vocab=100 cannot hold the 256 byte values (use an integer of 256 or more, or 0)", err, 1,
          true)
+      lines, err, status = run(("steps=1 model.gelu=fast run_dir=%s %s"):format(fs.join(dir, "r3"), TINY), dir)
+      assert.equal(1, status, table.concat(lines, "\n"))
+      assert.matches('model.gelu must be "exact" or "tanh", got "fast"', err, 1, true)
    end)
 end)
 
