@@ -1,4 +1,4 @@
-/* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking, fixed-order combine. */
+/* reduce.cu: sum/mean/max/min/argmax/norm over a dim: warp-shuffle block reductions, fixed chunking and combine order. */
 #include "vec.cuh"
 
 namespace dtk {

@@ -31,6 +31,7 @@ typedef struct dt_stream dt_stream; /* a backend's ordered queue of device work 
   X(op_linear, (const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y, dt_tensor *pre),   \
     (x, w, b, act, y, pre))                                                                                          \
   X(op_linear_wgrad, (const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb), (dy, x, gw, gb))        \
+  X(op_linear_dgelu, (const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, dt_tensor *dx), (dy, w, pre, dx)) \
   X(op_index_select, (const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out), (x, dim, idx, out))        \
   X(op_index_add, (dt_tensor * out, int dim, const dt_tensor *idx, const dt_tensor *src), (out, dim, idx, src))      \
   X(op_gather, (const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out), (x, dim, idx, out))              \

@@ -190,6 +190,33 @@ dt_status dt_op_linear_wgrad_check(const dt_tensor *dy, const dt_tensor *x, cons
   return DT_OK;
 }
 
+dt_status dt_op_linear_dgelu_check(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, const dt_tensor *dx,
+                                   int64_t *N, int64_t *K, int64_t *Nout) {
+  char b1[DT_SHAPE_BUF], b2[DT_SHAPE_BUF], b3[DT_SHAPE_BUF], b4[DT_SHAPE_BUF];
+  const char *op = "linear GELU gradient";
+  DT_CHECK(dy && w && pre && dx, DT_ERR_ARG, "%s: dy, w, pre and dx are required", op);
+  DT_CHECK(dy->ndim == 2 && w->ndim == 2 && pre->ndim == 2 && dx->ndim == 2, DT_ERR_ARG,
+           "%s: dy (N, Nout), w (Nout, K), pre and dx (N, K) must be matrices, got dy %s, w %s, pre %s, dx %s", op,
+           dt_shape_str(dy, b1, sizeof b1), dt_shape_str(w, b2, sizeof b2), dt_shape_str(pre, b3, sizeof b3),
+           dt_shape_str(dx, b4, sizeof b4));
+  DT_CHECK(w->dtype == dy->dtype && pre->dtype == dy->dtype && dx->dtype == dy->dtype && dt_dtype_is_float(dy->dtype),
+           DT_ERR_ARG, "%s: dy, w, pre and dx must share one float dtype, got %s, %s, %s, %s", op,
+           dt_dtype_name(dy->dtype), dt_dtype_name(w->dtype), dt_dtype_name(pre->dtype), dt_dtype_name(dx->dtype));
+  *N = dy->shape[0], *Nout = dy->shape[1], *K = w->shape[1];
+  DT_CHECK(w->shape[0] == *Nout && pre->shape[0] == *N && pre->shape[1] == *K && dx->shape[0] == *N &&
+               dx->shape[1] == *K,
+           DT_ERR_ARG, "%s: dy %s, w %s, pre %s and dx %s do not match: w must be (%lld, K), pre and dx (%lld, K)", op,
+           dt_shape_str(dy, b1, sizeof b1), dt_shape_str(w, b2, sizeof b2), dt_shape_str(pre, b3, sizeof b3),
+           dt_shape_str(dx, b4, sizeof b4), (long long)*Nout, (long long)*N);
+  DT_CHECK(pre->data && dx->data && dt_tensor_is_contiguous(pre) && dt_tensor_is_contiguous(dx), DT_ERR_ARG,
+           "%s: pre %s and dx %s must be contiguous", op, dt_shape_str(pre, b1, sizeof b1),
+           dt_shape_str(dx, b2, sizeof b2));
+  DT_CHECK(*N <= INT_MAX && *K <= INT_MAX && *Nout <= INT_MAX, DT_ERR_UNSUPPORTED,
+           "%s: N, K, Nout = %lld, %lld, %lld exceed the BLAS int range", op, (long long)*N, (long long)*K,
+           (long long)*Nout);
+  return DT_OK;
+}
+
 bool dt_blas_view(int64_t rows, int64_t cols, int64_t s0, int64_t s1, bool *flip, int64_t *ld) {
   if (rows > INT_MAX || cols > INT_MAX) return false;
   bool row_major = (cols <= 1 || s1 == 1) && (rows <= 1 || (s0 >= cols && s0 <= INT_MAX));

@@ -35,6 +35,10 @@ dt_status dt_op_linear_check(const dt_tensor *x, const dt_tensor *w, const dt_te
  * contiguous when given, of one float dtype; sizes in BLAS's int range. */
 dt_status dt_op_linear_wgrad_check(const dt_tensor *dy, const dt_tensor *x, const dt_tensor *gw, const dt_tensor *gb,
                                    int64_t *N, int64_t *K, int64_t *Nout);
+/* linear's GELU-input gradient (dt_op_linear_dgelu): dy (N, Nout), w (Nout, K), pre and dx (N, K) contiguous, of one
+ * float dtype; sizes in BLAS's int range. */
+dt_status dt_op_linear_dgelu_check(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, const dt_tensor *dx,
+                                   int64_t *N, int64_t *K, int64_t *Nout);
 /* Strides of x's batch dims (all but the last two) broadcast to (nb, bshape); false on a mismatch. */
 bool dt_matmul_batch_strides(const dt_tensor *x, int nb, const int64_t *bshape, int64_t *bst);
 dt_status dt_nn_attention_check(const char *op, const dt_tensor *q, const dt_tensor *k, const dt_tensor *v,

@@ -81,6 +81,10 @@ dt_status dt_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_tensor 
   DT_DISPATCH("linear weight gradient", (dy, x, gw, gb), op_linear_wgrad, dy, x, gw, gb);
 }
 
+dt_status dt_op_linear_dgelu(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, dt_tensor *dx) {
+  DT_DISPATCH("linear GELU gradient", (dy, w, pre, dx), op_linear_dgelu, dy, w, pre, dx);
+}
+
 dt_status dt_op_index_select(const dt_tensor *x, int dim, const dt_tensor *idx, dt_tensor *out) {
   DT_DISPATCH("index_select", (x, idx, out), op_index_select, x, dim, idx, out);
 }

@@ -255,3 +255,10 @@ dt_status dt_cpu_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_ten
   DT_TRY(dt_cpu_op_matmul(dy, x, gw, true, false, 1, 0));
   return gb ? dt_cpu_op_reduce(DT_REDUCE_SUM, dy, 0, false, gb) : DT_OK;
 }
+
+dt_status dt_cpu_op_linear_dgelu(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, dt_tensor *dx) {
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_dgelu_check(dy, w, pre, dx, &N, &K, &Nout));
+  DT_TRY(dt_cpu_op_matmul(dy, w, dx, false, false, 1, 0));
+  return dt_cpu_nn_gelu_bwd(pre, dx, dx, true);
+}

@@ -85,7 +85,7 @@ void dt_cuda_blas_lt_release(dt_cuda_dev *d) {
 /* dt_cuda_linear_stats: the paths by counter (the struct's int64 fields in order) and the latest fallback's reason. */
 enum {
   P_DEFAULT, P_BIAS, P_GELU, P_GELU_AUX, P_GELU_BIAS, P_GELU_AUX_BIAS, P_GELU_KERNEL, P_FALLBACK, P_BGRAD,
-  P_BGRAD_FALLBACK, N_PATHS
+  P_BGRAD_FALLBACK, P_DGELU, P_DGELU_FALLBACK, N_PATHS
 };
 static _Atomic int64_t counts[N_PATHS];
 static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -94,7 +94,7 @@ static char last_reason[sizeof ((dt_cuda_linear_stats *)0)->reason];
 void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out) {
   int64_t *f[N_PATHS] = {&out->lt_default,     &out->lt_bias,          &out->lt_gelu,     &out->lt_gelu_aux,
                          &out->lt_gelu_bias,    &out->lt_gelu_aux_bias, &out->gelu_kernel, &out->fallback,
-                         &out->lt_bgrad,        &out->bgrad_fallback};
+                         &out->lt_bgrad,        &out->bgrad_fallback,   &out->lt_dgelu,    &out->dgelu_fallback};
   for (int i = 0; i < N_PATHS; i++) *f[i] = atomic_load(&counts[i]);
   pthread_mutex_lock(&reason_lock);
   memcpy(out->reason, last_reason, sizeof last_reason);
@@ -185,7 +185,8 @@ static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt
   LT_STEP("cublasLtMatmulPreferenceCreate", api.pref_create(&pref));
   LT_STEP("MAX_WORKSPACE_BYTES",
           api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-  for (int i = 0; i < 4; i++) LT_STEP("MIN_ALIGNMENT_*_BYTES", api.pref_set(pref, align_attr[i], &align[i], sizeof align[i]));
+  for (int i = 0; i < 4; i++)
+    LT_STEP("MIN_ALIGNMENT_*_BYTES", api.pref_set(pref, align_attr[i], &align[i], sizeof align[i]));
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   memset(&heur, 0, sizeof heur);
@@ -255,7 +256,7 @@ static cublasLtEpilogue_t epilogue_of(int act, bool bias, bool aux, int *path) {
               : (aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
 }
 
-/* A call that took the cuBLAS path (path P_FALLBACK or P_BGRAD_FALLBACK), and why. */
+/* A call that took the cuBLAS path (path P_FALLBACK, P_BGRAD_FALLBACK or P_DGELU_FALLBACK), and why. */
 static void count_fallback(int path, const char *why) {
   atomic_fetch_add(&counts[path], 1);
   pthread_mutex_lock(&reason_lock);
@@ -332,4 +333,39 @@ dt_status dt_cuda_op_linear_wgrad(dt_stream *s, const dt_tensor *dy, const dt_te
   }
   DT_TRY(dt_cuda_op_matmul(s, dy, x, gw, true, false, 1, 0));
   return gb ? dt_cuda_op_reduce(s, DT_REDUCE_SUM, dy, 0, false, gb) : DT_OK;
+}
+
+/* dx (N, K), column-major (K, N) = op(A) op(B) with A = w (read as column-major (K, Nout): op N) and B = dy (read as
+ * column-major (Nout, N): op N); DGELU multiplies the product by GELU_TANH'(pre), pre laid out as D. */
+dt_status dt_cuda_op_linear_dgelu(dt_stream *s, const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre,
+                                  dt_tensor *dx) {
+  DT_CHECK(s, DT_ERR_ARG, "linear GELU gradient: NULL stream");
+  const dt_tensor *ts[4] = {dy, w, pre, dx};
+  const char *names[4] = {"dy", "w", "pre", "dx"};
+  for (int i = 0; i < 4; i++) DT_TRY(dt_cuda_check_on(s, ts[i], "linear GELU gradient", names[i]));
+  int64_t N = 0, K = 0, Nout = 0;
+  DT_TRY(dt_op_linear_dgelu_check(dy, w, pre, dx, &N, &K, &Nout));
+  if (N == 0 || K == 0) return DT_OK;
+  char why[sizeof ((dt_cuda_linear_stats *)0)->reason] = "";
+  dt_status st = DT_ERR_UNSUPPORTED;
+  lt_operand la, lb;
+  cublasLtHandle_t h = NULL;
+  if (dy->dtype == DT_DTYPE_F64) {
+    snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");
+  } else if (Nout == 0) {
+    snprintf(why, sizeof why, "Nout = 0 (nothing to multiply)");
+  } else if (K % 8 != 0) {
+    snprintf(why, sizeof why, "K %lld is not a multiple of 8 (the DGELU epilogue's aux leading dimension)",
+             (long long)K);
+  } else if (!operand_of(w, false, &la) || !operand_of(dy, false, &lb)) {
+    snprintf(why, sizeof why, "dy or w has strides BLAS cannot read in place (a copy is needed)");
+  } else if (lt_get(s->device, &h, why, sizeof why)) {
+    st = lt_matmul(s, h, dy->dtype, &la, &lb, NULL, CUBLASLT_EPILOGUE_DGELU, dt_tensor_ptr(dx),
+                   (void *)dt_tensor_ptr(pre), K, N, Nout, why, sizeof why);
+  }
+  if (st == DT_OK) atomic_fetch_add(&counts[P_DGELU], 1);
+  if (st != DT_ERR_UNSUPPORTED) return st;
+  count_fallback(P_DGELU_FALLBACK, why);
+  DT_TRY(dt_cuda_op_matmul(s, dy, w, dx, false, false, 1, 0));
+  return dt_cuda_nn_gelu_bwd(s, pre, dx, dx, true);
 }

@@ -42,6 +42,7 @@ using dt_emu::blas_fail;
 
 constexpr uint32_t EP_BIAS = CUBLASLT_EPILOGUE_BIAS, EP_GELU = CUBLASLT_EPILOGUE_GELU, EP_AUX = 128;
 constexpr uint32_t EP_BGRADA = CUBLASLT_EPILOGUE_BGRADA, EP_BGRADB = CUBLASLT_EPILOGUE_BGRADB;
+constexpr uint32_t EP_DGELU = CUBLASLT_EPILOGUE_DGELU; /* reads the aux matrix, where the GELU_AUX ones write it */
 
 /* The length of the vector an epilogue reads (the bias: D's rows) or writes (BGRADA: D's rows, BGRADB: its columns)
  * through BIAS_POINTER; 0 when it has none. */
@@ -73,7 +74,7 @@ cublasStatus_t validate(const char *what, const cublasLtMatmulDescEmu *d, const 
   uint32_t ep = d->epilogue;
   if (ep != CUBLASLT_EPILOGUE_DEFAULT && ep != CUBLASLT_EPILOGUE_BIAS && ep != CUBLASLT_EPILOGUE_GELU &&
       ep != CUBLASLT_EPILOGUE_GELU_AUX && ep != CUBLASLT_EPILOGUE_GELU_BIAS && ep != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
-      ep != EP_BGRADA && ep != EP_BGRADB)
+      ep != EP_BGRADA && ep != EP_BGRADB && ep != EP_DGELU)
     return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u is not emulated", what, ep);
   bool na = d->ta == CUBLAS_OP_N, nb = d->tb == CUBLAS_OP_N;
   uint64_t m = dl->rows, n = dl->cols, k = na ? a->cols : a->rows;
@@ -111,8 +112,13 @@ struct lt_op : dt_emu::op {
   int64_t lda, ldb, ldc, ldd, aux_ld;
 };
 
-/* GELU with the tanh approximation, in f32 (cuBLASLt's GELU epilogue). */
-float gelu_tanh(float v) { return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))); }
+/* GELU with the tanh approximation, in f32 (cuBLASLt's GELU epilogue), and its derivative (the DGELU epilogue's). */
+const float GELU_K0 = 0.7978845608028654f, GELU_K1 = 0.044715f;
+float gelu_tanh(float v) { return 0.5f * v * (1.0f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v))); }
+float gelu_tanh_grad(float v) {
+  float t = tanhf(GELU_K0 * (v + GELU_K1 * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K0 * (1.0f + 3.0f * GELU_K1 * v * v);
+}
 
 void run_lt(dt_emu::op *o) {
   const lt_op *g = static_cast<const lt_op *>(o);
@@ -151,7 +157,18 @@ void run_lt(dt_emu::op *o) {
       }
       dt_emu::blas_narrow(fbias, s.type, len, 1, len, g->bias);
     }
-    if (g->epilogue & EP_AUX) dt_emu::blas_narrow(fc, s.type, s.m, s.n, (int)g->aux_ld, g->aux);
+    if (g->epilogue == EP_DGELU) { /* the product times GELU's derivative at the aux matrix, rounded once */
+      float *faux = static_cast<float *>(malloc((mn + 1) * sizeof(float)));
+      if (!faux) {
+        dt_emu::fail_sticky(g->device, cudaErrorMemoryAllocation, "cublasLtMatmul: no host memory for f32 copies");
+      } else {
+        dt_emu::blas_widen(g->aux, s.type, false, s.m, s.n, (int)g->aux_ld, faux);
+        for (size_t i = 0; i < mn; i++) fc[i] *= gelu_tanh_grad(faux[i]);
+      }
+      free(faux);
+    } else if (g->epilogue & EP_AUX) {
+      dt_emu::blas_narrow(fc, s.type, s.m, s.n, (int)g->aux_ld, g->aux);
+    }
     if (g->epilogue & EP_GELU)
       for (size_t i = 0; i < mn; i++) fc[i] = gelu_tanh(fc[i]);
     dt_emu::blas_narrow(fc, s.type, s.m, s.n, (int)g->ldd, g->d);

@@ -84,6 +84,12 @@ dt_status dt_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *
  * epilogue sums the bias gradient (BGRADB) where cuBLASLt has it, otherwise (or with DT_LINEAR_BGRAD=0 in the
  * environment) cuBLAS and the column-sum kernel (dt_cuda_linear_stats counts both). */
 dt_status dt_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb);
+/* The input gradient of a linear layer whose input was GELU_TANH(pre) (an MLP's proj after its fc), as the gradient of
+ * pre: dx (N, K) = (dy @ w) * GELU_TANH'(pre) for dy (N, Nout), w (Nout, K) (strided views as dt_op_matmul reads them)
+ * and pre (N, K); one float dtype, pre and dx contiguous. On the CPU dt_op_matmul then dt_nn_gelu_bwd (the bits of
+ * the two ops). On CUDA devices one cublasLtMatmul with the DGELU epilogue (the product is not rounded before it is
+ * multiplied) where cuBLASLt has it, otherwise cuBLAS and the GELU backward kernel (dt_cuda_linear_stats counts both). */
+dt_status dt_op_linear_dgelu(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, dt_tensor *dx);
 
 /* Indices are i32 or i64 holding 0-based positions; out-of-range is an error naming the value. */
 /* out = x.index_select(dim, idx): out.shape[dim] = numel(idx). */

@@ -377,6 +377,18 @@ static dt_tensor *dev_copy_at(const dt_tensor *h, int64_t off, dt_tensor **base)
   return v;
 }
 
+/* Expects the dt_cuda_linear_stats field at offset `path` to have counted one call between before and after (its
+ * reason printed otherwise); got: that count, or the caller's own when path is NO_PATH. */
+#define NO_PATH SIZE_MAX
+static void expect_path(const dt_cuda_linear_stats *before, const dt_cuda_linear_stats *after, size_t path,
+                        int64_t got, const char *what) {
+  if (path != NO_PATH)
+    got = *(const int64_t *)((const char *)after + path) - *(const int64_t *)((const char *)before + path);
+  if (got != 1)
+    printf("  %s: the expected path counted %lld calls (reason: %s)\n", what, (long long)got, after->reason);
+  expect(got == 1, what);
+}
+
 /* dt_cuda_op_linear (N, K) x (Nout, K) [+ b] [-> GELU] vs the CPU's dt_op_linear on the same inputs; `path` points at
  * the field of dt_cuda_linear_stats that must count this call (the path taken). x_t: x is a transposed view. off: x, w
  * and b start that many elements into their allocations. */
@@ -397,9 +409,7 @@ static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, 
   /* the GEMM epilogue rounds x @ w^T + b once; the CPU rounds the bias rows, then the sum (bf16: one more ulp) */
   expect_close(S, dy, ref, 1 + (double)K / 8, what);
   if (keep_pre) expect_close(S, dpre, ref_pre, 1 + (double)K / 8, what);
-  int64_t got = *(const int64_t *)((const char *)&after + path) - *(const int64_t *)((const char *)&before + path);
-  if (got != 1) printf("  %s: the expected path counted %lld calls (reason: %s)\n", what, (long long)got, after.reason);
-  expect(got == 1, what);
+  expect_path(&before, &after, path, 0, what);
   if (x_t) {
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
@@ -412,7 +422,6 @@ static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, 
 
 /* dt_cuda_op_linear_wgrad: gw = dy^T x and gb = dy's column sums vs the CPU's dt_op_linear_wgrad; `path` as above
  * (NO_PATH: neither bias-gradient path counts). x_t: x is a transposed view. */
-#define NO_PATH SIZE_MAX
 static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias, bool x_t, int64_t off, size_t path,
                        const char *what) {
   dt_tensor *hx = x_t ? host_sample(2, SHAPE(K, N), dtype, 33, 1) : host_sample(2, SHAPE(N, K), dtype, 33, 1);
@@ -429,11 +438,9 @@ static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias,
   dt_cuda_linear_stats_get(&after);
   expect_close(S, gw, rw, 1 + (double)N / 8, what);
   if (bias) expect_close(S, gb, rb, 1 + (double)N / 8, what);
-  int64_t got = path == NO_PATH ? 1 + (after.lt_bgrad - before.lt_bgrad) + (after.bgrad_fallback - before.bgrad_fallback)
-                                : *(const int64_t *)((const char *)&after + path) -
-                                      *(const int64_t *)((const char *)&before + path);
-  if (got != 1) printf("  %s: the expected path counted %lld calls (reason: %s)\n", what, (long long)got, after.reason);
-  expect(got == 1, what);
+  /* NO_PATH: neither bias-gradient path may count */
+  expect_path(&before, &after, path,
+              1 + (after.lt_bgrad - before.lt_bgrad) + (after.bgrad_fallback - before.bgrad_fallback), what);
   if (x_t) {
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
@@ -444,7 +451,44 @@ static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias,
   for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
 }
 
+/* dt_cuda_op_linear_dgelu: dx = (dy @ w) * GELU_TANH'(pre) vs the CPU's dt_op_linear_dgelu (the product rounded
+ * there before it is multiplied, not in the epilogue: slack as for a GEMM); `path` as above. */
+static void dgelu_case(int dtype, int64_t N, int64_t K, int64_t Nout, size_t path, const char *what) {
+  dt_tensor *hg = host_sample(2, SHAPE(N, Nout), dtype, 39, 1), *hw = host_sample(2, SHAPE(Nout, K), dtype, 40, 0.3);
+  dt_tensor *hp = host_sample(2, SHAPE(N, K), dtype, 41, 3), *ref = host_zeros(2, SHAPE(N, K), dtype);
+  dt_tensor *dg = dev_from_host(S, hg), *dw = dev_from_host(S, hw), *dp = dev_from_host(S, hp);
+  dt_tensor *dx = dev_empty(S, 2, SHAPE(N, K), dtype);
+  die_on(dt_op_linear_dgelu(hg, hw, hp, ref), "cpu linear GELU gradient");
+  dt_cuda_linear_stats before, after;
+  dt_cuda_linear_stats_get(&before);
+  expect_ok(dt_cuda_op_linear_dgelu(S, dg, dw, dp, dx), what);
+  dt_cuda_linear_stats_get(&after);
+  expect_close(S, dx, ref, 1 + (double)Nout / 8, what);
+  expect_path(&before, &after, path, 0, what);
+  dt_tensor *frees[] = {hg, hw, hp, ref};
+  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
+  dt_tensor *dfrees[] = {dg, dw, dp, dx};
+  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+}
+
 #define LT(field) offsetof(dt_cuda_linear_stats, field)
+static void test_linear_dgelu(void) {
+  static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
+  for (int i = 0; i < 3; i++)
+    dgelu_case(dtypes[i], 6, 24, 40, LT(lt_dgelu), "an MLP's GELU gradient: the DGELU epilogue");
+  dgelu_case(DT_DTYPE_F32, 6, 20, 40, LT(dgelu_fallback), "20 hidden features cannot hold the aux matrix: cuBLAS");
+  dt_cuda_linear_stats st;
+  dt_cuda_linear_stats_get(&st);
+  expect(strstr(st.reason, "multiple of 8") != NULL, "the GELU gradient's fallback says why (K)");
+  dgelu_case(DT_DTYPE_F64, 4, 8, 6, LT(dgelu_fallback), "f64: cuBLAS and the GELU backward kernel");
+  dt_tensor *g = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32), *w = dev_empty(S, 2, SHAPE(5, 8), DT_DTYPE_F32);
+  dt_tensor *pre = dev_empty(S, 2, SHAPE(3, 7), DT_DTYPE_F32), *dx = dev_empty(S, 2, SHAPE(3, 8), DT_DTYPE_F32);
+  expect_error(dt_cuda_op_linear_dgelu(S, g, w, pre, dx), "pre and dx (3, K)",
+               "a pre of the wrong width is refused, naming the shapes it needs");
+  dt_tensor *dfree[] = {g, w, pre, dx};
+  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+}
+
 static void test_linear_wgrad(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
   for (int i = 0; i < 3; i++) {
@@ -490,7 +534,8 @@ static void test_linear(void) {
   }
   linear_case(DT_DTYPE_F32, 9, 20, 8, DT_LINEAR_GELU_TANH, true, true, true, 0, LT(lt_gelu_aux_bias),
               "a transposed x is read column-major by the epilogue path");
-  linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback), "f64 takes the cuBLAS path");
+  linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback),
+              "f64 takes the cuBLAS path");
   dt_cuda_linear_stats st;
   dt_cuda_linear_stats_get(&st);
   expect(strstr(st.reason, "f64") != NULL, "the fallback says why (f64)");
@@ -600,6 +645,7 @@ int main(void) {
   test_matmul();
   test_linear();
   test_linear_wgrad();
+  test_linear_dgelu();
   test_index(DT_DTYPE_F32);
   test_index(DT_DTYPE_BF16);
   test_gather_scatter(DT_DTYPE_F32);

@@ -36,15 +36,20 @@ function MLP:init(dim, hidden, opts)
    self.drop = layers.Dropout(opts.dropout or 0)
 end
 
--- Whether fc -> GELU may run as one fused op (dt.F.linear_act) instead of through fc's own forward: fc is a plain
--- Linear (tensor parallel's colwise split keeps it one) without hooks or checkpointing, which would expect its call.
+-- Whether a linear layer may run inside a fused op (dt.F.linear_act, dt.gelu_tanh_mlp) instead of through its own
+-- forward: a plain Linear (tensor parallel's colwise split keeps fc one; its rowwise proj is not) without hooks or
+-- checkpointing, which would expect its call.
 local function fusable(fc)
    return getmetatable(fc) == layers.Linear and rawget(fc, "_hooks") == nil and not fc.checkpoint
 end
 
 function MLP:forward(x)
    if self.kind == "gelu" then
-      local fc, h = self.fc
+      local fc, proj = self.fc, self.proj
+      if self.gelu == "tanh" and fusable(fc) and fusable(proj) then -- GELU's gradient in proj's backward GEMM
+         return self.drop(dt.gelu_tanh_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias))
+      end
+      local h
       if fusable(fc) then
          h = dt.F.linear_act(x, fc.weight, fc.bias, self.gelu == "tanh" and "gelu_tanh" or "gelu")
       else

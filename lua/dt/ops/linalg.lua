@@ -58,38 +58,63 @@ return function(dt, Tensor)
    -- The activations dt.linear fuses (dt_linear_act): nil / "none", "gelu" (exact, erf) and "gelu_tanh".
    local acts = { none = 0, gelu = 1, gelu_tanh = 2 }
 
+   -- n (x's rows), in_features and out_features of x @ w^T + b, or an error naming the mismatch (at `level`).
+   local function linear_dims(x, w, b, level)
+      common.check_dtypes(x, w, level + 1)
+      if b then common.check_dtypes(x, b, level + 1) end
+      local xs, ws = x.shape, w.shape
+      if #ws ~= 2 or #xs == 0 or xs[#xs] ~= ws[2] then
+         error(("linear: x %s does not match weight %s (out_features, in_features)"):format(shape_str(xs),
+            shape_str(ws)), level + 1)
+      end
+      if b and (b.ndim ~= 1 or b:size(1) ~= ws[1]) then
+         error(("linear: bias %s must be (%d)"):format(shape_str(b.shape), ws[1]), level + 1)
+      end
+      local n = 1
+      for i = 1, #xs - 1 do n = n * xs[i] end
+      return n, ws[2], ws[1]
+   end
+
+   -- x's shape with its last dim out_f.
+   local function out_shape(x, out_f)
+      local xs = x.shape
+      xs[#xs] = out_f
+      return xs
+   end
+
+   -- The weight and bias gradients of x2 @ w^T + b from g2, its output's gradient rows (each nil unless its tensor
+   -- requires grad; dt_op_linear_wgrad: on cuda the bias gradient in the weight GEMM's epilogue).
+   local function weight_grads(g2, x2, w, b)
+      local gw, gb
+      if b and b.requires_grad then gb = empty({ w:size(1) }, w.dtype, w) end
+      if w.requires_grad then
+         gw = empty(w.shape, w.dtype, w)
+         check(C.dt_op_linear_wgrad(g2.h, x2.h, gw.h, gb and gb.h))
+      elseif gb then
+         check(C.dt_op_reduce(C.DT_REDUCE_SUM, g2.h, 0, false, gb.h))
+      end
+      return gw, gb
+   end
+
    -- y = act(x @ w^T + b) with x (..., in), w (out, in), b (out) or nil; no transposed copies are made. One op
    -- (dt_op_linear) and one tape node: the bias is added in the GEMM's epilogue on cuda (cuBLASLt), and so is GELU
    -- where cuBLASLt has it (gelu_tanh); the backward runs GELU's backward on the saved pre-activation, then the two
    -- GEMMs, the weight's with the bias gradient (dt_op_linear_wgrad: in its epilogue on cuda). On the CPU the values
    -- and gradients are those of dt.linear followed by dt.F.gelu, bit for bit.
    function dt.linear(x, w, b, act)
-      common.check_dtypes(x, w, 2)
-      if b then common.check_dtypes(x, b, 2) end
       local code = acts[act or "none"]
       if not code then
          error(("linear: act must be \"none\", \"gelu\" or \"gelu_tanh\", got %s"):format(tostring(act)), 2)
       end
-      local xs, ws = x.shape, w.shape
-      if #ws ~= 2 or #xs == 0 or xs[#xs] ~= ws[2] then
-         error(("linear: x %s does not match weight %s (out_features, in_features)"):format(shape_str(xs),
-            shape_str(ws)), 2)
-      end
-      local out_f, in_f = ws[1], ws[2]
-      if b and (b.ndim ~= 1 or b:size(1) ~= out_f) then
-         error(("linear: bias %s must be (%d)"):format(shape_str(b.shape), out_f), 2)
-      end
-      local n = 1
-      for i = 1, #xs - 1 do n = n * xs[i] end
+      local n, in_f, out_f = linear_dims(x, w, b, 2)
       local x2 = view(contiguous(x), { n, in_f })
       local y2 = empty({ n, out_f }, x.dtype, x)
       -- GELU's input, kept for the backward only when a gradient will be asked for
       local pre = code ~= 0 and autograd.needs_grad({ x, w, b }) and empty({ n, out_f }, x.dtype, x) or nil
       local bc = b and contiguous(b)
       check(C.dt_op_linear(x2.h, w.h, bc and bc.h, code, y2.h, pre and pre.h))
-      local ys = { unpack(xs, 1, #xs - 1) }
-      ys[#ys + 1] = out_f
-      return record(view(y2, ys), { x, w, b }, function(g)
+      local xs = x.shape
+      return record(view(y2, out_shape(x, out_f)), { x, w, b }, function(g)
          -- g's rows: a view, freed at the end so that g stays its storage's only view (the engine may add into it)
          local rows = view(contiguous(g), { n, out_f })
          local g2 = rows
@@ -97,18 +122,55 @@ return function(dt, Tensor)
             g2 = empty({ n, out_f }, x.dtype, x)
             check(C.dt_nn_gelu_bwd(pre.h, rows.h, g2.h, code == 2))
          end
-         local gx, gw, gb
-         if b and b.requires_grad then gb = empty({ out_f }, x.dtype, x) end
-         if w.requires_grad then
-            gw = empty({ out_f, in_f }, x.dtype, x)
-            check(C.dt_op_linear_wgrad(g2.h, x2.h, gw.h, gb and gb.h))
-         elseif gb then
-            check(C.dt_op_reduce(C.DT_REDUCE_SUM, g2.h, 0, false, gb.h))
-         end
-         if x.requires_grad then gx = view_owned(mm(g2, w, false, false), xs) end
+         local gw, gb = weight_grads(g2, x2, w, b)
+         local gx = x.requires_grad and view_owned(mm(g2, w, false, false), xs) or nil
          if pre then g2:free() end
          rows:free()
          return gx, gw, gb
       end, code == 0 and "linear" or "linear_" .. act)
+   end
+
+   -- proj(GELU_tanh(fc(x))) = (gelu_tanh(x @ w1^T + b1)) @ w2^T + b2 as one op and one tape node (an MLP's two linear
+   -- layers; b1, b2 may be nil). The forward is dt.linear(x, w1, b1, "gelu_tanh") then dt.linear(h, w2, b2); the
+   -- backward takes the gradient of GELU's input in one step, dt_op_linear_dgelu (on cuda the second GEMM's DGELU
+   -- epilogue multiplies by GELU's derivative: no pass over the hidden activations' gradient, no GELU backward
+   -- kernel). On the CPU the values and gradients are the two layers', bit for bit.
+   function dt.gelu_tanh_mlp(x, w1, b1, w2, b2)
+      local n, in_f, hidden = linear_dims(x, w1, b1, 2)
+      common.check_dtypes(x, w2, 2)
+      if b2 then common.check_dtypes(x, b2, 2) end
+      if w2.ndim ~= 2 or w2:size(2) ~= hidden or (b2 and (b2.ndim ~= 1 or b2:size(1) ~= w2:size(1))) then
+         error(("gelu_tanh_mlp: w2 %s must be (out_features, %d) and b2 %s (out_features)"):format(
+            shape_str(w2.shape), hidden, b2 and shape_str(b2.shape) or "nil"), 2)
+      end
+      local out_f = w2:size(1)
+      local x2 = view(contiguous(x), { n, in_f })
+      local h, y2 = empty({ n, hidden }, x.dtype, x), empty({ n, out_f }, x.dtype, x)
+      local inputs = { x, w1, w2 } -- then the biases given (the tape's inputs are a list without holes)
+      if b1 then inputs[#inputs + 1] = b1 end
+      if b2 then inputs[#inputs + 1] = b2 end
+      local pre = autograd.needs_grad(inputs) and empty({ n, hidden }, x.dtype, x) or nil
+      local b1c, b2c = b1 and contiguous(b1), b2 and contiguous(b2)
+      check(C.dt_op_linear(x2.h, w1.h, b1c and b1c.h, acts.gelu_tanh, h.h, pre and pre.h))
+      check(C.dt_op_linear(h.h, w2.h, b2c and b2c.h, acts.none, y2.h, nil))
+      if not pre then h:free() end
+      local xs = x.shape
+      return record(view(y2, out_shape(x, out_f)), inputs, function(g)
+         local rows = view(contiguous(g), { n, out_f })
+         local gw2, gb2 = weight_grads(rows, h, w2, b2)
+         local gx, gw1, gb1
+         if x.requires_grad or w1.requires_grad or (b1 and b1.requires_grad) then
+            local gpre = empty({ n, hidden }, x.dtype, x) -- the gradient of GELU's input
+            check(C.dt_op_linear_dgelu(rows.h, w2.h, pre.h, gpre.h))
+            gw1, gb1 = weight_grads(gpre, x2, w1, b1)
+            gx = x.requires_grad and view_owned(mm(gpre, w1, false, false), xs) or nil
+            gpre:free()
+         end
+         rows:free()
+         local grads, k = { gx, gw1, gw2 }, 3 -- in the order of inputs
+         if b1 then k = k + 1; grads[k] = gb1 end
+         if b2 then k = k + 1; grads[k] = gb2 end
+         return unpack(grads, 1, k)
+      end, "gelu_tanh_mlp")
    end
 end

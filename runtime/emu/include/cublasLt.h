@@ -48,8 +48,9 @@ typedef enum {
   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
 } cublasLtMatmulPreferenceAttributes_t;
 /* GELU is the tanh approximation (x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), as on the GPU. AUX writes the GELU
- * input (after the bias) to the aux matrix: leading dimension a multiple of 8, at least the rows of D. BGRADA / BGRADB
- * write op(A)'s rows / op(B)'s columns summed over k (a bias gradient) to the bias pointer. */
+ * input (after the bias) to the aux matrix: leading dimension a multiple of 8, at least the rows of D. DGELU reads
+ * that matrix instead and multiplies the product by GELU's derivative at it. BGRADA / BGRADB write op(A)'s rows /
+ * op(B)'s columns summed over k (a bias gradient) to the bias pointer. */
 typedef enum {
   CUBLASLT_EPILOGUE_DEFAULT = 1,
   CUBLASLT_EPILOGUE_BIAS = 4,
@@ -57,6 +58,7 @@ typedef enum {
   CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128,
   CUBLASLT_EPILOGUE_GELU_BIAS = 32 | 4,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+  CUBLASLT_EPILOGUE_DGELU = 64 | 128,
   CUBLASLT_EPILOGUE_BGRADA = 256,
   CUBLASLT_EPILOGUE_BGRADB = 512
 } cublasLtEpilogue_t;
