@@ -306,4 +306,48 @@ describe("train.Trainer", function()
       assert.same({ full[4], full[5], full[6] }, second) -- exact equality, not closeness
       assert.equal("step-6\n", fs.read(fs.join(dir, "checkpoints", "latest")))
    end)
+
+   -- What a step queues on a cuda device (its device op spans: dt_cuda_spans_*), for a 2-layer GPT as
+   -- recipes/train.lua trains it with mixed_precision=bf16 on one rank. The ceilings are the counts of 2026-11-29
+   -- (a 12-layer GPT: 359 ops a step, from 620): a change that adds work to every step must say so here.
+   local cuda_it = dt.default_device() == "cpu" and function(name) pending(name .. " (skipped: needs DT_DEVICE=cuda)")
+      end or it
+   cuda_it("queues at most 83 device ops a step (81 with tanh GELU, whose gradient the proj GEMM takes)", function()
+      local ffi = require "ffi"
+      local zero = require "dt.parallel.zero"
+      local C = dt.C
+      for _, case in ipairs { { gelu = "exact", most = 83 }, { gelu = "tanh", most = 81 } } do
+         local model = nn.GPT { vocab = 256, seq = 8, dim = 32, layers = 2, heads = 2, gelu = case.gelu, seed = 1 }
+         zero.wrap(model, zero.mixed_precision("bf16"))
+         local opt = optim.AdamW(optim.decay_groups(model:named_parameters(), 0.1), { lr = 1e-3 })
+         local data = train.text { path = fs.join(root, "text.txt"), seq = 8, batch = 2, seed = 7 }
+         local t = train.Trainer { model = model, optimizer = opt, data = data, config = { steps = 2, clip = 1 } }
+         t:train_step() -- (the first step also builds the optimizer state)
+         dt.cuda_linear_stats(true)
+         dt.check(C.dt_cuda_spans_start(0))
+         t:train_step()
+         local count, dropped = ffi.new("int[1]"), ffi.new("int64_t[1]")
+         dt.check(C.dt_cuda_spans_stop(0, count, dropped))
+         local spans, by = ffi.new("dt_cuda_span[?]", count[0]), {}
+         C.dt_cuda_spans_copy(0, 0, spans, count[0])
+         for i = 0, count[0] - 1 do
+            local name = ffi.string(spans[i].name)
+            by[name] = (by[name] or 0) + 1
+         end
+         local seen = {}
+         for name, n in pairs(by) do seen[#seen + 1] = name .. "=" .. n end
+         table.sort(seen)
+         local what = ("%s GELU: %d ops (%s)"):format(case.gelu, count[0], table.concat(seen, " "))
+         assert.equal(0, tonumber(dropped[0]), what)
+         -- (an op counts once whatever it launches: the GEMM epilogues' fallbacks are counted apart)
+         local s = dt.cuda_linear_stats()
+         assert.same({ 0, 0, 0 }, { s.fallback, s.bgrad_fallback, s.dgelu_fallback }, what .. ": " .. s.reason)
+         assert.is_true(count[0] <= case.most, what)
+         assert.equal(9, by["linear weight gradient"], what) -- the bias gradients in the weight GEMMs (no "sum" each)
+         if case.gelu == "tanh" then
+            assert.is_nil(by["gelu backward"], what)
+            assert.equal(2, by["linear GELU gradient"], what)
+         end
+      end
+   end)
 end)
