@@ -389,6 +389,14 @@ static void expect_path(const dt_cuda_linear_stats *before, const dt_cuda_linear
   expect(got == 1, what);
 }
 
+/* Expects the latest fallback's reason (dt_cuda_linear_stats) to contain `needle`. */
+static void expect_reason(const char *needle, const char *what) {
+  dt_cuda_linear_stats st;
+  dt_cuda_linear_stats_get(&st);
+  if (!strstr(st.reason, needle)) printf("  %s: the reason was \"%s\"\n", what, st.reason);
+  expect(strstr(st.reason, needle) != NULL, what);
+}
+
 /* dt_cuda_op_linear (N, K) x (Nout, K) [+ b] [-> GELU] vs the CPU's dt_op_linear on the same inputs; `path` points at
  * the field of dt_cuda_linear_stats that must count this call (the path taken). x_t: x is a transposed view. off: x, w
  * and b start that many elements into their allocations. */
@@ -477,9 +485,7 @@ static void test_linear_dgelu(void) {
   for (int i = 0; i < 3; i++)
     dgelu_case(dtypes[i], 6, 24, 40, LT(lt_dgelu), "an MLP's GELU gradient: the DGELU epilogue");
   dgelu_case(DT_DTYPE_F32, 6, 20, 40, LT(dgelu_fallback), "20 hidden features cannot hold the aux matrix: cuBLAS");
-  dt_cuda_linear_stats st;
-  dt_cuda_linear_stats_get(&st);
-  expect(strstr(st.reason, "multiple of 8") != NULL, "the GELU gradient's fallback says why (K)");
+  expect_reason("multiple of 8", "the GELU gradient's fallback says why (K)");
   dgelu_case(DT_DTYPE_F64, 4, 8, 6, LT(dgelu_fallback), "f64: cuBLAS and the GELU backward kernel");
   dt_tensor *g = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32), *w = dev_empty(S, 2, SHAPE(5, 8), DT_DTYPE_F32);
   dt_tensor *pre = dev_empty(S, 2, SHAPE(3, 7), DT_DTYPE_F32), *dx = dev_empty(S, 2, SHAPE(3, 8), DT_DTYPE_F32);
@@ -499,9 +505,7 @@ static void test_linear_wgrad(void) {
   }
   wgrad_case(DT_DTYPE_F32, 37, 12, 16, false, false, 0, NO_PATH, "without a bias gradient: cuBLAS alone");
   wgrad_case(DT_DTYPE_F64, 9, 6, 8, true, false, 0, LT(bgrad_fallback), "f64: cuBLAS and the column sums");
-  dt_cuda_linear_stats st;
-  dt_cuda_linear_stats_get(&st);
-  expect(strstr(st.reason, "f64") != NULL, "the weight gradient's fallback says why (f64)");
+  expect_reason("f64", "the weight gradient's fallback says why (f64)");
   dt_tensor *g = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32), *x = dev_empty(S, 2, SHAPE(3, 4), DT_DTYPE_F32);
   dt_tensor *gw = dev_empty(S, 2, SHAPE(5, 4), DT_DTYPE_F32), *gb = dev_empty(S, 1, SHAPE(4), DT_DTYPE_F32);
   expect_error(dt_cuda_op_linear_wgrad(S, g, x, gw, gb), "gb must be (5) contiguous f32, got (4) f32",
@@ -526,9 +530,7 @@ static void test_linear(void) {
                 "x and w one element into their allocations: cuBLASLt is told how aligned they are");
     linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, 1, LT(fallback),
                 "a bias one element into its allocation (under 16-byte aligned): the cuBLAS path");
-    dt_cuda_linear_stats why;
-    dt_cuda_linear_stats_get(&why);
-    expect(strstr(why.reason, "bias vector is only") != NULL, "the fallback says the bias is not aligned enough");
+    expect_reason("bias vector is only", "the fallback says the bias is not aligned enough");
     linear_case(dt, 6, 40, 7, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback),
                 "7 output features cannot hold the aux matrix: the cuBLAS path");
   }
@@ -536,9 +538,7 @@ static void test_linear(void) {
               "a transposed x is read column-major by the epilogue path");
   linear_case(DT_DTYPE_F64, 4, 6, 8, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(fallback),
               "f64 takes the cuBLAS path");
-  dt_cuda_linear_stats st;
-  dt_cuda_linear_stats_get(&st);
-  expect(strstr(st.reason, "f64") != NULL, "the fallback says why (f64)");
+  expect_reason("f64", "the fallback says why (f64)");
   dt_tensor *x = dev_empty(S, 2, SHAPE(3, 4), DT_DTYPE_F32), *w = dev_empty(S, 2, SHAPE(5, 6), DT_DTYPE_F32);
   dt_tensor *y = dev_empty(S, 2, SHAPE(3, 5), DT_DTYPE_F32);
   expect_error(dt_cuda_op_linear(S, x, w, NULL, DT_LINEAR_NONE, y, NULL), "do not match", "a K mismatch is refused");
