@@ -39,10 +39,8 @@ static dt_tensor *attention_case(acase c, int dtype, bool keep) {
   expect_close(S, gk, hdk, slack, "dk matches the CPU (summed over the group's query heads)");
   expect_close(S, gv, hdv, slack, "dv matches the CPU");
   dt_tensor *kept = keep ? host_from_dev(S, gk) : NULL;
-  dt_tensor *hs[] = {hq, hk, hv, hdo, ho, hl, hdq, hdk, hdv};
-  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) dt_tensor_free(hs[i]);
-  dt_tensor *ds[] = {dq, dk, dv, ddo, dout, dl, gq, gk, gv, dho, dhl};
-  for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) dev_free(S, ds[i]);
+  HOST_FREE(hq, hk, hv, hdo, ho, hl, hdq, hdk, hdv);
+  DEV_FREE(S, dq, dk, dv, ddo, dout, dl, gq, gk, gv, dho, dhl);
   return kept;
 }
 
@@ -256,8 +254,7 @@ static void strided_case(scase s) {
                  s.tc ? tc_dq : "kernel attn_bwd_dq ", msg);
     unsetenv("DT_EMU_MAX_GRID_Y");
   }
-  dt_tensor *ts[] = {q, k, v, dq, dk, dv, out, dout, lse, clse, cq, ck, cv, cdo, cout, cdq, cdk, cdv, x, gx, y, g};
-  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
+  HOST_FREE(q, k, v, dq, dk, dv, out, dout, lse, clse, cq, ck, cv, cdo, cout, cdq, cdk, cdv, x, gx, y, g);
   if (!s.fused) {
     dt_tensor_free(xkv);
     dt_tensor_free(gkv);
@@ -306,8 +303,7 @@ static void test_rows_not_contiguous(void) {
   expect_same_bits(lse, clse, what, "lse has the contiguous call's bits");
   expect_ok(dt_nn_attention_fwd(cq, cq, cq, 0.25, true, out2, lse2), "a strided lse goes through a stand-in");
   expect_same_bits(lse2, clse, "attention into a strided lse", "lse has the contiguous call's bits");
-  dt_tensor *ts[] = {buf, q, lbuf, lse, clse, lse2, cq, out, cout, out2};
-  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dt_tensor_free(ts[i]);
+  HOST_FREE(buf, q, lbuf, lse, clse, lse2, cq, out, cout, out2);
 }
 
 /* Whether case c gives the same bits with and without DT_ATTN_WGMMA=1 (out, lse and the backward's dq, dk, dv). On
@@ -343,10 +339,8 @@ static bool wgmma_same_bits(acase c, int dtype) {
       }
     }
   }
-  dt_tensor *hs[] = {hq, hk, hv, hdo};
-  for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) dt_tensor_free(hs[i]);
-  dt_tensor *ds[] = {q, k, v, d_o};
-  for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) dev_free(S, ds[i]);
+  HOST_FREE(hq, hk, hv, hdo);
+  DEV_FREE(S, q, k, v, d_o);
   return same;
 }
 
@@ -388,8 +382,7 @@ static void test_errors(void) {
   dt_tensor *f64 = dev_empty(S, 4, SHAPE(1, 1, 2, 4), DT_DTYPE_F64);
   expect_error(dt_cuda_nn_attention_fwd(S, f64, f64, f64, 1, true, f64, bl), "f64 attention runs on the CPU only",
                "f64 attention is refused on cuda");
-  dt_tensor *frees[] = {q, k, l, big, bl, f64};
-  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dev_free(S, frees[i]);
+  DEV_FREE(S, q, k, l, big, bl, f64);
 }
 
 int main(void) {

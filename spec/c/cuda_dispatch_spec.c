@@ -145,8 +145,7 @@ static void test_dispatch(void) {
   h = to_host(gr);
   expect(bitwise_equal(h, r), "uniform draws are bitwise equal on both devices");
   dt_tensor_free(h);
-  dt_tensor *all[] = {a, b, out, ga, gb, gout, lse, glse, idx, gidx, g1, gcat, ar, r, gr};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+  HOST_FREE(a, b, out, ga, gb, gout, lse, glse, idx, gidx, g1, gcat, ar, r, gr);
 }
 
 /* A device tensor of `dtype` holding t's values (converted). */
@@ -218,8 +217,7 @@ static void test_norm_fallback(void) {
   die_on(dt_tensor_copy(dx_ref, dxf), "cast back");
   expect(gpu_bitwise_equal(dx, dx_ref) && gpu_bitwise_equal(dw, dw_ref),
          "mixed-dtype rms_norm backward on cuda runs in the weights' dtype");
-  dt_tensor *all[] = {hx, hw, hdy, x, w, dy, xf, dyf, y, yf, y_ref, mean, rstd, dx, dxf, dx_ref, dw, dw_ref};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+  HOST_FREE(hx, hw, hdy, x, w, dy, xf, dyf, y, yf, y_ref, mean, rstd, dx, dxf, dx_ref, dw, dw_ref);
 }
 
 /* cuda:0 <-> cuda:1, when there are two devices (the emulation is given two below). */

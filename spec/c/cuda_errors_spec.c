@@ -48,8 +48,7 @@ static void test_op_oom(void) {
   h = host_zeros(1, SHAPE(4096), DT_DTYPE_F32);
   die_on(dt_tensor_copy(h, out), "download");
   expect(at(h, 0) == 1.5 && at(h, 4095) == 1.5, "and computes right");
-  dt_tensor *all[] = {xt, small, out, h};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+  HOST_FREE(xt, small, out, h);
 }
 
 /* Attention puts (batch, head) pairs in grid.y, whose limit is 65535: 65536 pairs take two launches, every one of
@@ -64,8 +63,7 @@ static void test_many_heads(void) {
   expect_ok(dt_nn_attention_fwd(q, q, v, 1.0, true, out, lse), "65536 (batch, head) pairs");
   expect(at(out, 0) == 1.5 && at(out, 65535 * 8 + 7) == 1.5 && at(lse, 65535) == 0.0,
          "the pairs past the first 65535 are computed too");
-  dt_tensor *all[] = {q, v, out, lse};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+  HOST_FREE(q, v, out, lse);
 }
 
 /* On the emulation, whose grid.y limit DT_EMU_MAX_GRID_Y can lower (read at each launch): a launch over the limits
@@ -83,8 +81,7 @@ static void test_launch_error(void) {
   unsetenv("DT_EMU_MAX_GRID_Y");
   expect_ok(dt_nn_attention_fwd(x, x, x, 1.0, true, y, lse), "a later launch is not affected");
   expect_ok(dt_cuda_device_synchronize(0), "nothing is left to report at the next synchronisation");
-  dt_tensor *all[] = {x, y, lse};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dt_tensor_free(all[i]);
+  HOST_FREE(x, y, lse);
 }
 
 int main(void) {

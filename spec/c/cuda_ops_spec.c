@@ -124,10 +124,8 @@ static void test_ternary_copy_fill(void) {
   expect_close(S, dlt, rlt, 1, "integer < 2.5 compares exactly (f64 compute)");
   expect_error(dt_cuda_op_unary(S, DT_UNARY_EXP, di, dout), "exp is not supported for integer inputs",
                "float-only ops refuse integers");
-  dt_tensor *frees_h[] = {hc, ha, hb, hw, ref, hr, ht, href, got, filled, hi, rlt};
-  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
-  dt_tensor *frees_d[] = {dc, da, db, dw, dout, dbf, di, dlt};
-  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+  HOST_FREE(hc, ha, hb, hw, ref, hr, ht, href, got, filled, hi, rlt);
+  DEV_FREE(S, dc, da, db, dw, dout, dbf, di, dlt);
   dt_tensor_free(dt);
 }
 
@@ -296,8 +294,7 @@ static void test_index(int dtype) {
   expect_ok(dt_cuda_op_index_add(S, dgw, 0, di, ds4), "index_add of a transposed src runs");
   dt_tensor *gw4 = host_from_dev(S, dgw);
   expect(bitwise_equal(gw4, gref), "index_add honours src's strides");
-  dt_tensor *views[] = {hwt, dwt, hs4, ds4, g4, gw4, r4};
-  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) dt_tensor_free(views[i]);
+  HOST_FREE(hwt, dwt, hs4, ds4, g4, gw4, r4);
   dev_free(S, o4);
   /* a bad index is found on the device and reported at the next synchronisation */
   dt_tensor_set(hi, 5, 11);
@@ -307,10 +304,8 @@ static void test_index(int dtype) {
                "index_select: index 11 at position 5 out of range for a dimension of size 11",
                "the synchronisation reports the bad index");
   expect_ok(dt_cuda_stream_synchronize(S), "the report clears the error");
-  dt_tensor *frees_h[] = {hw, hi, ref, got, hg, gref, gw, h3, hi32, r3, g3, hbig, hib, hsrc, gbig};
-  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
-  dt_tensor *frees_d[] = {dw, di, dout, dg, dgw, d3, di32, o3, dbig, dib, dsrc};
-  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+  HOST_FREE(hw, hi, ref, got, hg, gref, gw, h3, hi32, r3, g3, hbig, hib, hsrc, gbig);
+  DEV_FREE(S, dw, di, dout, dg, dgw, d3, di32, o3, dbig, dib, dsrc);
 }
 
 /* Index values in [0, range) of a host i32/i64 tensor, with repeats. */
@@ -358,10 +353,8 @@ static void test_gather_scatter(int dtype) {
                "the synchronisation names the op and the bad index");
   expect_ok(dt_cuda_op_gather(S, dx, 1, di, dout), "gather queues with the bad index too");
   expect_error(dt_cuda_stream_synchronize(S), "gather: index 6 at position 7", "gather reports it as well");
-  dt_tensor *frees_h[] = {hx, hi, ref, got, hxt, hi32, ref2, got2, ho, hs, gs, gx};
-  for (size_t i = 0; i < sizeof frees_h / sizeof frees_h[0]; i++) dt_tensor_free(frees_h[i]);
-  dt_tensor *frees_d[] = {dx, di, dout, di32, dout2, dob, ds};
-  for (size_t i = 0; i < sizeof frees_d / sizeof frees_d[0]; i++) dev_free(S, frees_d[i]);
+  HOST_FREE(hx, hi, ref, got, hxt, hi32, ref2, got2, ho, hs, gs, gx);
+  DEV_FREE(S, dx, di, dout, di32, dout2, dob, ds);
   dt_tensor_free(dxt);
 }
 
@@ -422,10 +415,8 @@ static void linear_case(int dtype, int64_t N, int64_t K, int64_t Nout, int act, 
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
   }
-  dt_tensor *frees[] = {hx, hw, hb, ref, ref_pre, dx, dw, db};
-  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
-  dt_tensor *dfrees[] = {bx, bw, bb, dy, dpre};
-  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+  HOST_FREE(hx, hw, hb, ref, ref_pre, dx, dw, db);
+  DEV_FREE(S, bx, bw, bb, dy, dpre);
 }
 
 /* dt_cuda_op_linear_wgrad: gw = dy^T x and gb = dy's column sums vs the CPU's dt_op_linear_wgrad; `path` as above
@@ -453,10 +444,8 @@ static void wgrad_case(int dtype, int64_t N, int64_t K, int64_t Nout, bool bias,
     dt_tensor_free(hxv);
     dt_tensor_free(dxv);
   }
-  dt_tensor *frees[] = {hx, hg, rw, rb, dx, dg};
-  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
-  dt_tensor *dfrees[] = {bx, bg, gw, gb};
-  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+  HOST_FREE(hx, hg, rw, rb, dx, dg);
+  DEV_FREE(S, bx, bg, gw, gb);
 }
 
 /* dt_cuda_op_linear_dgelu: dx = (dy @ w) * GELU_TANH'(pre) vs the CPU's dt_op_linear_dgelu (the product rounded
@@ -473,10 +462,8 @@ static void dgelu_case(int dtype, int64_t N, int64_t K, int64_t Nout, size_t pat
   dt_cuda_linear_stats_get(&after);
   expect_close(S, dx, ref, 1 + (double)Nout / 8, what);
   expect_path(&before, &after, path, 0, what);
-  dt_tensor *frees[] = {hg, hw, hp, ref};
-  for (size_t i = 0; i < sizeof frees / sizeof frees[0]; i++) dt_tensor_free(frees[i]);
-  dt_tensor *dfrees[] = {dg, dw, dp, dx};
-  for (size_t i = 0; i < sizeof dfrees / sizeof dfrees[0]; i++) dev_free(S, dfrees[i]);
+  HOST_FREE(hg, hw, hp, ref);
+  DEV_FREE(S, dg, dw, dp, dx);
 }
 
 #define LT(field) offsetof(dt_cuda_linear_stats, field)
@@ -491,8 +478,7 @@ static void test_linear_dgelu(void) {
   dt_tensor *pre = dev_empty(S, 2, SHAPE(3, 7), DT_DTYPE_F32), *dx = dev_empty(S, 2, SHAPE(3, 8), DT_DTYPE_F32);
   expect_error(dt_cuda_op_linear_dgelu(S, g, w, pre, dx), "pre and dx (3, K)",
                "a pre of the wrong width is refused, naming the shapes it needs");
-  dt_tensor *dfree[] = {g, w, pre, dx};
-  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+  DEV_FREE(S, g, w, pre, dx);
 }
 
 static void test_linear_wgrad(void) {
@@ -510,8 +496,7 @@ static void test_linear_wgrad(void) {
   dt_tensor *gw = dev_empty(S, 2, SHAPE(5, 4), DT_DTYPE_F32), *gb = dev_empty(S, 1, SHAPE(4), DT_DTYPE_F32);
   expect_error(dt_cuda_op_linear_wgrad(S, g, x, gw, gb), "gb must be (5) contiguous f32, got (4) f32",
                "a bias gradient of the wrong size is refused");
-  dt_tensor *dfree[] = {g, x, gw, gb};
-  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+  DEV_FREE(S, g, x, gw, gb);
 }
 
 static void test_linear(void) {
@@ -547,8 +532,7 @@ static void test_linear(void) {
   expect_error(dt_cuda_op_linear(S, x, w2, NULL, DT_LINEAR_NONE, y, pre), "only written with an activation",
                "pre without an activation is refused");
   expect_ok(dt_cuda_op_linear(S, x, w2, NULL, DT_LINEAR_GELU, y, pre), "matching shapes run");
-  dt_tensor *dfree[] = {x, w, y, w2, pre};
-  for (size_t i = 0; i < sizeof dfree / sizeof dfree[0]; i++) dev_free(S, dfree[i]);
+  DEV_FREE(S, x, w, y, w2, pre);
 }
 #undef LT
 

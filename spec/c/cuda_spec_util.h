@@ -86,6 +86,20 @@ static inline void dev_free(dt_stream *s, dt_tensor *t) {
   dt_tensor_free(t);
 }
 
+/* dt_tensor_free / dev_free of each listed tensor (NULL ones skipped): HOST_FREE(a, b); DEV_FREE(s, a, b). */
+#define HOST_FREE(...)                                                      \
+  do {                                                                      \
+    dt_tensor *host_free_[] = {__VA_ARGS__};                                \
+    for (size_t i_ = 0; i_ < sizeof host_free_ / sizeof host_free_[0]; i_++) \
+      dt_tensor_free(host_free_[i_]);                                       \
+  } while (0)
+#define DEV_FREE(s, ...)                                                    \
+  do {                                                                      \
+    dt_tensor *dev_free_[] = {__VA_ARGS__};                                 \
+    for (size_t i_ = 0; i_ < sizeof dev_free_ / sizeof dev_free_[0]; i_++)  \
+      dev_free(s, dev_free_[i_]);                                           \
+  } while (0)
+
 /* Largest |a - b| / (1 + |b|) over two host tensors of equal size (NaN if either has a NaN where the other does not). */
 static inline double rel_diff(const dt_tensor *a, const dt_tensor *b) {
   double worst = 0;
