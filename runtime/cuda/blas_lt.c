@@ -220,30 +220,6 @@ static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt
   return st;
 }
 
-/* Why cuBLASLt cannot run this linear (written into why), or true when it can: the operands as its layouts read
- * them, and its handle. */
-static bool lt_usable(dt_stream *s, const dt_tensor *x, const dt_tensor *w, const dt_tensor *pre, int act, int64_t K,
-                      int64_t Nout, lt_operand *a, lt_operand *b, cublasLtHandle_t *h, char *why, size_t size) {
-  if (x->dtype == DT_DTYPE_F64) {
-    snprintf(why, size, "f64: the epilogues run with the f32 compute types only");
-    return false;
-  }
-  if (K == 0) {
-    snprintf(why, size, "K = 0 (nothing to multiply)");
-    return false;
-  }
-  if (!operand_of(w, true, a) || !operand_of(x, false, b)) {
-    snprintf(why, size, "x or w has strides BLAS cannot read in place (a copy is needed)");
-    return false;
-  }
-  if (pre && act == DT_LINEAR_GELU_TANH && Nout % 8 != 0) {
-    snprintf(why, size, "out_features %lld is not a multiple of 8 (the GELU_AUX epilogue's leading dimension)",
-             (long long)Nout);
-    return false;
-  }
-  return lt_get(s->device, h, why, size);
-}
-
 /* The epilogue of this call: GELU epilogues only for the tanh approximation (cuBLASLt's GELU is that one); exact GELU
  * takes the bias epilogue and the GELU kernel after it. */
 static cublasLtEpilogue_t epilogue_of(int act, bool bias, bool aux, int *path) {
@@ -264,6 +240,34 @@ static void count_fallback(int path, const char *why) {
   pthread_mutex_unlock(&reason_lock);
 }
 
+/* One GEMM of a linear layer through cuBLASLt: D (M, N), column-major, = epilogue(op(A) op(B)) into d (and aux, bias
+ * as lt_matmul takes them), A read from row-major `a` (op T when trans_a) and B from `b`, which `names` names. DT_OK,
+ * counted in `path`; DT_ERR_UNSUPPORTED where cuBLASLt cannot run it (f64, an inner dimension K of 0, `declined`: the
+ * caller's own reason, strides it cannot read, no handle, no algorithm), counted in `fallback` with its reason, for
+ * the caller's cuBLAS path; another error when cuBLASLt failed outright. */
+static dt_status lt_linear(dt_stream *s, const dt_tensor *a, bool trans_a, const dt_tensor *b, bool trans_b,
+                           const char *names, const char *declined, const dt_tensor *bias, cublasLtEpilogue_t ep,
+                           void *d, void *aux, int64_t M, int64_t N, int64_t K, int path, int fallback) {
+  char why[sizeof ((dt_cuda_linear_stats *)0)->reason] = "";
+  lt_operand la, lb;
+  cublasLtHandle_t h = NULL;
+  dt_status st = DT_ERR_UNSUPPORTED;
+  if (a->dtype == DT_DTYPE_F64) {
+    snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");
+  } else if (K == 0) {
+    snprintf(why, sizeof why, "the GEMM's inner dimension is 0 (nothing to multiply)");
+  } else if (declined) {
+    snprintf(why, sizeof why, "%s", declined);
+  } else if (!operand_of(a, trans_a, &la) || !operand_of(b, trans_b, &lb)) {
+    snprintf(why, sizeof why, "%s has strides BLAS cannot read in place (a copy is needed)", names);
+  } else if (lt_get(s->device, &h, why, sizeof why)) {
+    st = lt_matmul(s, h, a->dtype, &la, &lb, bias, ep, d, aux, M, N, K, why, sizeof why);
+  }
+  if (st == DT_OK) atomic_fetch_add(&counts[path], 1);
+  if (st == DT_ERR_UNSUPPORTED) count_fallback(fallback, why);
+  return st;
+}
+
 dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act,
                             dt_tensor *y, dt_tensor *pre) {
   DT_CHECK(s, DT_ERR_ARG, "linear: NULL stream");
@@ -275,21 +279,18 @@ dt_status dt_cuda_op_linear(dt_stream *s, const dt_tensor *x, const dt_tensor *w
   DT_TRY(dt_op_linear_check(x, w, b, act, y, pre, &N, &K, &Nout));
   if (N == 0 || Nout == 0) return DT_OK;
   dt_tensor *z = act == DT_LINEAR_NONE || !pre ? y : pre; /* where x @ w^T + b goes (GELU's input) */
-  char why[sizeof ((dt_cuda_linear_stats *)0)->reason];
-  lt_operand la, lb;
-  cublasLtHandle_t h = NULL;
-  dt_status st = DT_ERR_UNSUPPORTED;
   bool lt_act = act == DT_LINEAR_GELU_TANH; /* the epilogue applies the activation itself */
-  if (lt_usable(s, x, w, pre, act, K, Nout, &la, &lb, &h, why, sizeof why)) {
-    int path = 0;
-    cublasLtEpilogue_t ep = epilogue_of(act, b != NULL, pre != NULL, &path);
-    st = lt_matmul(s, h, x->dtype, &la, &lb, b, ep, dt_tensor_ptr(lt_act ? y : z),
-                   lt_act && pre ? dt_tensor_ptr(pre) : NULL, Nout, N, K, why, sizeof why);
-    if (st == DT_OK) atomic_fetch_add(&counts[path], 1);
-    if (st != DT_OK && st != DT_ERR_UNSUPPORTED) return st;
-  }
+  char declined[96] = "";
+  if (pre && lt_act && Nout % 8 != 0)
+    snprintf(declined, sizeof declined,
+             "out_features %lld is not a multiple of 8 (the GELU_AUX epilogue's leading dimension)", (long long)Nout);
+  int path = 0;
+  cublasLtEpilogue_t ep = epilogue_of(act, b != NULL, pre != NULL, &path);
+  dt_status st = lt_linear(s, w, true, x, false, "x or w", declined[0] ? declined : NULL, b, ep,
+                           dt_tensor_ptr(lt_act ? y : z), lt_act && pre ? dt_tensor_ptr(pre) : NULL, Nout, N, K, path,
+                           P_FALLBACK);
+  if (st != DT_OK && st != DT_ERR_UNSUPPORTED) return st;
   if (st == DT_ERR_UNSUPPORTED) { /* the cuBLAS path: bias rows, then the GEMM adds onto them */
-    count_fallback(P_FALLBACK, why);
     lt_act = false;
     if (b) DT_TRY(dt_cuda_op_axpby(s, 1, b, 0, z));
     DT_TRY(dt_cuda_op_matmul(s, x, w, z, false, true, 1, b ? 1 : 0));
@@ -311,25 +312,11 @@ dt_status dt_cuda_op_linear_wgrad(dt_stream *s, const dt_tensor *dy, const dt_te
   DT_TRY(dt_op_linear_wgrad_check(dy, x, gw, gb, &N, &K, &Nout));
   if (K == 0 || Nout == 0) return DT_OK;
   if (gb) { /* with a bias gradient: one cublasLtMatmul where cuBLASLt has the epilogue */
-    char why[sizeof ((dt_cuda_linear_stats *)0)->reason] = "";
-    dt_status st = DT_ERR_UNSUPPORTED;
-    lt_operand la, lb;
-    cublasLtHandle_t h = NULL;
-    if (dt_cuda_env_is("DT_LINEAR_BGRAD", "0")) { /* the cuBLAS path, to time one against the other */
-      snprintf(why, sizeof why, "DT_LINEAR_BGRAD=0");
-    } else if (x->dtype == DT_DTYPE_F64) {
-      snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");
-    } else if (N == 0) {
-      snprintf(why, sizeof why, "N = 0 (nothing to multiply)");
-    } else if (!operand_of(x, false, &la) || !operand_of(dy, true, &lb)) {
-      snprintf(why, sizeof why, "dy or x has strides BLAS cannot read in place (a copy is needed)");
-    } else if (lt_get(s->device, &h, why, sizeof why)) {
-      st = lt_matmul(s, h, x->dtype, &la, &lb, gb, CUBLASLT_EPILOGUE_BGRADB, dt_tensor_ptr(gw), NULL, K, Nout, N, why,
-                     sizeof why);
-    }
-    if (st == DT_OK) atomic_fetch_add(&counts[P_BGRAD], 1);
+    /* (DT_LINEAR_BGRAD=0: the cuBLAS path, to time one against the other) */
+    const char *declined = dt_cuda_env_is("DT_LINEAR_BGRAD", "0") ? "DT_LINEAR_BGRAD=0" : NULL;
+    dt_status st = lt_linear(s, x, false, dy, true, "dy or x", declined, gb, CUBLASLT_EPILOGUE_BGRADB,
+                             dt_tensor_ptr(gw), NULL, K, Nout, N, P_BGRAD, P_BGRAD_FALLBACK);
     if (st != DT_ERR_UNSUPPORTED) return st;
-    count_fallback(P_BGRAD_FALLBACK, why);
   }
   DT_TRY(dt_cuda_op_matmul(s, dy, x, gw, true, false, 1, 0));
   return gb ? dt_cuda_op_reduce(s, DT_REDUCE_SUM, dy, 0, false, gb) : DT_OK;
@@ -346,26 +333,14 @@ dt_status dt_cuda_op_linear_dgelu(dt_stream *s, const dt_tensor *dy, const dt_te
   int64_t N = 0, K = 0, Nout = 0;
   DT_TRY(dt_op_linear_dgelu_check(dy, w, pre, dx, &N, &K, &Nout));
   if (N == 0 || K == 0) return DT_OK;
-  char why[sizeof ((dt_cuda_linear_stats *)0)->reason] = "";
-  dt_status st = DT_ERR_UNSUPPORTED;
-  lt_operand la, lb;
-  cublasLtHandle_t h = NULL;
-  if (dy->dtype == DT_DTYPE_F64) {
-    snprintf(why, sizeof why, "f64: the epilogues run with the f32 compute types only");
-  } else if (Nout == 0) {
-    snprintf(why, sizeof why, "Nout = 0 (nothing to multiply)");
-  } else if (K % 8 != 0) {
-    snprintf(why, sizeof why, "K %lld is not a multiple of 8 (the DGELU epilogue's aux leading dimension)",
+  char declined[96] = "";
+  if (K % 8 != 0)
+    snprintf(declined, sizeof declined, "K %lld is not a multiple of 8 (the DGELU epilogue's aux leading dimension)",
              (long long)K);
-  } else if (!operand_of(w, false, &la) || !operand_of(dy, false, &lb)) {
-    snprintf(why, sizeof why, "dy or w has strides BLAS cannot read in place (a copy is needed)");
-  } else if (lt_get(s->device, &h, why, sizeof why)) {
-    st = lt_matmul(s, h, dy->dtype, &la, &lb, NULL, CUBLASLT_EPILOGUE_DGELU, dt_tensor_ptr(dx),
-                   (void *)dt_tensor_ptr(pre), K, N, Nout, why, sizeof why);
-  }
-  if (st == DT_OK) atomic_fetch_add(&counts[P_DGELU], 1);
+  dt_status st = lt_linear(s, w, false, dy, false, "dy or w", declined[0] ? declined : NULL, NULL,
+                           CUBLASLT_EPILOGUE_DGELU, dt_tensor_ptr(dx), (void *)dt_tensor_ptr(pre), K, N, Nout, P_DGELU,
+                           P_DGELU_FALLBACK);
   if (st != DT_ERR_UNSUPPORTED) return st;
-  count_fallback(P_DGELU_FALLBACK, why);
   DT_TRY(dt_cuda_op_matmul(s, dy, w, dx, false, false, 1, 0));
   return dt_cuda_nn_gelu_bwd(s, pre, dx, dx, true);
 }
