@@ -58,7 +58,8 @@ return function(dt, Tensor)
    -- The activations dt.linear fuses (dt_linear_act): nil / "none", "gelu" (exact, erf) and "gelu_tanh".
    local acts = { none = 0, gelu = 1, gelu_tanh = 2 }
 
-   -- n (x's rows), in_features and out_features of x @ w^T + b, or an error naming the mismatch (at `level`).
+   -- n (x's rows), in_features and out_features of x @ w^T + b, and x's shape; or an error naming the mismatch (at
+   -- `level`).
    local function linear_dims(x, w, b, level)
       common.check_dtypes(x, w, level + 1)
       if b then common.check_dtypes(x, b, level + 1) end
@@ -72,14 +73,14 @@ return function(dt, Tensor)
       end
       local n = 1
       for i = 1, #xs - 1 do n = n * xs[i] end
-      return n, ws[2], ws[1]
+      return n, ws[2], ws[1], xs
    end
 
-   -- x's shape with its last dim out_f.
-   local function out_shape(x, out_f)
-      local xs = x.shape
-      xs[#xs] = out_f
-      return xs
+   -- Shape xs with its last dim out_f (a new table).
+   local function out_shape(xs, out_f)
+      local ys = { unpack(xs, 1, #xs - 1) }
+      ys[#ys + 1] = out_f
+      return ys
    end
 
    -- The weight and bias gradients of x2 @ w^T + b from g2, its output's gradient rows (each nil unless its tensor
@@ -106,15 +107,14 @@ return function(dt, Tensor)
       if not code then
          error(("linear: act must be \"none\", \"gelu\" or \"gelu_tanh\", got %s"):format(tostring(act)), 2)
       end
-      local n, in_f, out_f = linear_dims(x, w, b, 2)
+      local n, in_f, out_f, xs = linear_dims(x, w, b, 2)
       local x2 = view(contiguous(x), { n, in_f })
       local y2 = empty({ n, out_f }, x.dtype, x)
       -- GELU's input, kept for the backward only when a gradient will be asked for
       local pre = code ~= 0 and autograd.needs_grad({ x, w, b }) and empty({ n, out_f }, x.dtype, x) or nil
       local bc = b and contiguous(b)
       check(C.dt_op_linear(x2.h, w.h, bc and bc.h, code, y2.h, pre and pre.h))
-      local xs = x.shape
-      return record(view(y2, out_shape(x, out_f)), { x, w, b }, function(g)
+      return record(view(y2, out_shape(xs, out_f)), { x, w, b }, function(g)
          -- g's rows: a view, freed at the end so that g stays its storage's only view (the engine may add into it)
          local rows = view(contiguous(g), { n, out_f })
          local g2 = rows
@@ -136,7 +136,7 @@ return function(dt, Tensor)
    -- epilogue multiplies by GELU's derivative: no pass over the hidden activations' gradient, no GELU backward
    -- kernel). On the CPU the values and gradients are the two layers', bit for bit.
    function dt.gelu_tanh_mlp(x, w1, b1, w2, b2)
-      local n, in_f, hidden = linear_dims(x, w1, b1, 2)
+      local n, in_f, hidden, xs = linear_dims(x, w1, b1, 2)
       common.check_dtypes(x, w2, 2)
       if b2 then common.check_dtypes(x, b2, 2) end
       if w2.ndim ~= 2 or w2:size(2) ~= hidden or (b2 and (b2.ndim ~= 1 or b2:size(1) ~= w2:size(1))) then
@@ -154,8 +154,7 @@ return function(dt, Tensor)
       check(C.dt_op_linear(x2.h, w1.h, b1c and b1c.h, acts.gelu_tanh, h.h, pre and pre.h))
       check(C.dt_op_linear(h.h, w2.h, b2c and b2c.h, acts.none, y2.h, nil))
       if not pre then h:free() end
-      local xs = x.shape
-      return record(view(y2, out_shape(x, out_f)), inputs, function(g)
+      return record(view(y2, out_shape(xs, out_f)), inputs, function(g)
          local rows = view(contiguous(g), { n, out_f })
          local gw2, gb2 = weight_grads(rows, h, w2, b2)
          local gx, gw1, gb1
