@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
   if (q == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l > 0 ? m + logf(l) : -INFINITY);
 }
 
-/* The tensor-core kernels (bf16/f16, D a multiple of 8): 64-key tiles, 128 threads; Q K^T and P V on mma.sync m16n8k16
+/* The tensor-core kernels (bf16/f16, D a multiple of 8): 64-key tiles (32 in the forward at D > 96), 128 threads; Q K^T
+ * and P V on mma.sync m16n8k16
  * with f32 accumulators, the softmax in registers, tiles brought in by cp.async and fed to the mma through ldmatrix.
  * The forward takes 128 query rows a block, 32 a warp (FlashAttention-2's split: query tiles over blocks, rows over
  * warps, no inter-warp reduction): each K or V fragment a warp loads from shared memory feeds two m-tiles, so an mma
@@ -122,8 +123,49 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
  * accumulators leave no registers for a second m-tile. */
 enum { TC_BR = 64, TC_FWD_BR = 128, TC_BC = 64, TC_THREADS = 128 };
 
+/* The forward's key tile: 32 keys at D > 96, where 64 keys' f32 scores beside the 128 output accumulators of D = 128
+ * pass a thread's 255 registers (ptxas spills; at 32 keys sm_80 and sm_90 code have none). */
+template <int HD>
+__host__ __device__ constexpr int tc_fwd_bc() { return HD > 96 ? 32 : 64; }
+
 /* log2(e): the kernels exponentiate with exp2 (one MUFU op), their scores scaled by scale * log2(e). */
 #define TC_LOG2E 1.4426950408889634f
+
+/* 2^x in one MUFU op (ex2.approx.ftz, as FlashAttention's exp2f under fast math): a result under 2^-126 is 0, where
+ * exp2f spends 3 more instructions an exponential to keep it subnormal. Such a probability moves neither a softmax
+ * sum (at least 1) nor a bf16/f16 product. */
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef __CUDACC__
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  float r = exp2f(x);
+  return r < 0x1p-126f ? 0.0f : r;
+#endif
+}
+
+/* x, as a value the compiler cannot see through (an empty asm statement: no instruction; emulated, x itself): what is
+ * computed from it is computed where it is used, not held in registers across a loop. The wgmma forward, at 128
+ * registers a thread, spills otherwise. */
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+#ifdef __CUDACC__
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ const T *opaque(const T *x) {
+#ifdef __CUDACC__
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
+
+/* The forward's query tile of block x: causal tiles run heaviest first (the last rows see the most keys). */
+__device__ __forceinline__ int64_t fwd_tile(const attn_params &p, unsigned x) {
+  return p.causal ? gridDim.x - 1 - x : x;
+}
 
 /* Shared-memory row stride of a tile (elements): 16-byte aligned rows, consecutive rows 16 bytes apart modulo 128 so
  * the 8 rows an ldmatrix reads fall in distinct banks. */
@@ -131,15 +173,21 @@ template <int HD>
 __host__ __device__ constexpr int tc_ld() { return HD + 8; }
 
 /* rows x HD of dst := the first rows of an (n, d) slab at src (d a multiple of 8) whose rows lie ld elements apart (src
- * 16-byte aligned, ld a multiple of 8), zero past n rows or d columns: one 16-byte cp.async per 8 elements, in the
- * calling thread's current group. The callers step src from tile to tile (fewer registers than a row index times
- * ld). */
+ * 16-byte aligned, ld a multiple of 8), zero past n rows or d columns: one 16-byte cp.async per 8 elements by the
+ * TC_THREADS threads of the block, in each one's current group. A thread copies one column of chunks, rows STEP apart:
+ * each copy costs a pointer step and a compare, not an index's division and products. The callers step src from tile
+ * to tile (fewer registers than a row index times ld). */
 template <typename T, int HD>
 __device__ __forceinline__ void tc_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
-  for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
-    int r = idx / (HD / 8), c = idx % (HD / 8) * 8;
-    bool in = r < n && c < d;
-    cp_async16(dst + r * tc_ld<HD>() + c, in ? src + r * ld + c : src, in ? 16 : 0);
+  constexpr int CHUNKS = HD / 8, STEP = TC_THREADS / CHUNKS; /* a row's copies; the rows a pass covers */
+  int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS * 8;
+  if (r >= STEP) return; /* (the TC_THREADS % CHUNKS threads past the last whole row: HD = 96) */
+  int end = c < d ? (int)(n < rows ? n : rows) : 0; /* this thread's copies at rows before it read src */
+  const T *from = src + r * ld + c;
+  T *to = dst + r * tc_ld<HD>() + c;
+  DT_UNROLL for (int k = 0; k < (rows + STEP - 1) / STEP; k++, r += STEP, from += STEP * ld, to += STEP * tc_ld<HD>()) {
+    if (rows % STEP != 0 && r >= rows) break;
+    cp_async16(to, r < end ? from : src, r < end ? 16 : 0);
   }
 }
 
@@ -175,22 +223,26 @@ __device__ __forceinline__ void tc_p_fragment(const float (&pf)[N][4], int kk, u
   a[3] = pack2<T>(pf[2 * kk + 1][2], pf[2 * kk + 1][3]);
 }
 
-/* acc (the warp's 16M x HD, C fragments of M m-tiles by HD / 8 n-tiles) += P B, P: 16M x 8N in C fragments (rounded
- * to T as the A operand), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix, each
- * B fragment used by all M m-tiles. */
+/* a := the A fragments (rounded to T) of a 16-row P held as C fragments pf: its 16-column slices kk. */
+template <typename T, int N>
+__device__ __forceinline__ void tc_pack(const float (&pf)[N][4], uint32_t (&a)[N / 2][4]) {
+  DT_UNROLL for (int kk = 0; kk < N / 2; kk++) tc_p_fragment<T>(pf, kk, a[kk]);
+}
+
+/* acc (the warp's 16M x HD, C fragments of M m-tiles by HD / 8 n-tiles) += P B, P: 16M x 8N as A fragments pa (by
+ * tc_pack), B: an 8N x HD tile at `b` (row major, stride tc_ld<HD>()) through transposed ldmatrix, each B fragment
+ * used by all M m-tiles. */
 template <typename T, int HD, int M, int N>
-__device__ __forceinline__ void tc_mma_pb(float (&acc)[M][HD / 8][4], const float (&pf)[M][N][4], const T *b) {
+__device__ __forceinline__ void tc_mma_pb(float (&acc)[M][HD / 8][4], const uint32_t (&pa)[M][N / 2][4], const T *b) {
   constexpr int LD = tc_ld<HD>();
   const int lane = threadIdx.x % WARP;
   DT_UNROLL for (int kk = 0; kk < N / 2; kk++) {
-    uint32_t pa[M][4];
-    DT_UNROLL for (int mt = 0; mt < M; mt++) tc_p_fragment<T>(pf[mt], kk, pa[mt]);
     DT_UNROLL for (int dn = 0; dn < HD / 8; dn += 2) {
       uint32_t bf[4];
       ldmatrix<4, true>(bf, b + (16 * kk + lane % 16) * LD + 8 * dn + lane / 16 * 8);
       DT_UNROLL for (int mt = 0; mt < M; mt++) {
-        mma_16816<T>(acc[mt][dn], pa[mt], bf, acc[mt][dn]);
-        mma_16816<T>(acc[mt][dn + 1], pa[mt], bf + 2, acc[mt][dn + 1]);
+        mma_16816<T>(acc[mt][dn], pa[mt][kk], bf, acc[mt][dn]);
+        mma_16816<T>(acc[mt][dn + 1], pa[mt][kk], bf + 2, acc[mt][dn + 1]);
       }
     }
   }
@@ -219,15 +271,21 @@ __device__ __forceinline__ void tc_store_row(T *out, const float (&acc)[HD / 8][
  * / 8 cores side by side): element (r, c) at ((r / 8) (HD / 8) + c / 8) 64 + (r % 8) 8 + c % 8. */
 enum { WG_BR = 128, WG_BC = 64, WG_THREADS = 256 };
 
-/* rows x HD of dst in wgmma's core-matrix order := the first rows of an (n, d) slab at src, as tc_load_tile does: copy
- * idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. + 7, which land at 8 idx (16 contiguous
- * bytes a thread). */
+/* rows x HD of dst in wgmma's core-matrix order := the first rows of an (n, d) slab at src, as tc_load_tile does, by
+ * the WG_THREADS threads of the block: copy idx brings row idx / HD * 8 + idx % 8, columns idx / 8 % (HD / 8) * 8 .. +
+ * 7, which land at 8 idx (16 contiguous bytes a thread); a thread's copies (idx WG_THREADS apart) share the columns,
+ * their rows STEP apart. */
 template <typename T, int HD>
 __device__ __forceinline__ void wg_load_tile(T *dst, const T *src, int64_t n, int64_t d, int64_t ld, int rows) {
-  for (int idx = threadIdx.x; idx < rows * (HD / 8); idx += blockDim.x) {
-    int r = idx / HD * 8 + idx % 8, c = idx / 8 % (HD / 8) * 8;
-    bool in = r < n && c < d;
-    cp_async16(dst + 8 * idx, in ? src + r * ld + c : src, in ? 16 : 0);
+  static_assert(WG_THREADS % HD == 0, "a pass of the block covers whole 8-row blocks");
+  constexpr int STEP = WG_THREADS / HD * 8;
+  int r = threadIdx.x / HD * 8 + threadIdx.x % 8, c = threadIdx.x / 8 % (HD / 8) * 8;
+  int end = c < d ? (int)(n < rows ? n : rows) : 0; /* this thread's copies at rows before it read src */
+  const T *from = src + r * ld + c;
+  T *to = dst + 8 * threadIdx.x;
+  DT_UNROLL for (int k = 0; k < (rows + STEP - 1) / STEP; k++, r += STEP, from += STEP * ld, to += 8 * WG_THREADS) {
+    if (rows % STEP != 0 && r >= rows) break;
+    cp_async16(to, r < end ? from : src, r < end ? 16 : 0);
   }
 }
 
@@ -279,59 +337,66 @@ __device__ __forceinline__ void fwd_first_tiles(const attn_params &p, T *Qs, T *
 }
 
 /* One key tile of the forward's online softmax on a warp's 16 MT rows (row slot r = 2 mt + h is row w0 + 16 mt + 8 h +
- * g for lane (g, t)): the scores s (C fragments of keys j0 ..) times sl (scale * log2(e)), masked past each row's key
- * end when the tile reaches past unmasked_end (the diagonal or the end of the keys), become P = exp2(s - m) in place;
- * the running max m and sum l are updated and the output o rescaled to the new max. */
-template <int MT, int NT, int DN>
+ * g for lane (g, t)): the scores s (C fragments of keys j0 ..), masked past each row's key end when the tile reaches
+ * past unmasked_end (the diagonal or the end of the keys), become P = exp2(sl s - m), one FFMA and one MUFU op a score
+ * (sl = scale * log2(e) > 0: the running max m of the scaled scores is found on the unscaled ones), and leave as the A
+ * fragments pa of P V. The output o and this thread's part of each row's sum l are rescaled to the new max, o only
+ * when a row of the warp has a new max (a factor of exactly 1 leaves it as it is). */
+template <typename T, int MT, int NT, int DN>
 __device__ __forceinline__ void tc_softmax_tile(const attn_params &p, float (&s)[MT][NT][4], float (&m)[2 * MT],
-                                                float (&l)[2 * MT], float (&o)[MT][DN][4], int64_t w0, int g,
-                                                int t, int j0, int unmasked_end, float sl) {
-  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-    DT_UNROLL for (int n = 0; n < NT; n++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) s[mt][n][i] *= sl;
-    }
-  }
+                                                float (&l)[2 * MT], float (&o)[MT][DN][4], int64_t w0, int j0,
+                                                int unmasked_end, float sl,
+                                                uint32_t (&pa)[MT][NT / 2][4]) {
   if (j0 + 8 * NT > unmasked_end) { /* the tile crosses the causal diagonal or the end of the keys */
+    const unsigned lane = opaque(threadIdx.x) % WARP, g = lane / 4, t = lane % 4; /* (computed here: registers) */
     DT_UNROLL for (int mt = 0; mt < MT; mt++) {
       int64_t row = w0 + 16 * mt + g; /* (row ends computed here, not kept: registers) */
       int rend[2] = {(int)(row < p.t ? key_end(p, row) : 0), (int)(row + 8 < p.t ? key_end(p, row + 8) : 0)};
       DT_UNROLL for (int n = 0; n < NT; n++) {
         DT_UNROLL for (int i = 0; i < 4; i++) {
-          if (j0 + 8 * n + 2 * t + i % 2 >= rend[i / 2]) s[mt][n][i] = -INFINITY;
+          if (j0 + 8 * n + 2 * (int)t + i % 2 >= rend[i / 2]) s[mt][n][i] = -INFINITY;
         }
       }
     }
   }
-  float mx[2 * MT];
+  float mx[2 * MT], alpha[2 * MT];
   DT_UNROLL for (int r = 0; r < 2 * MT; r++) mx[r] = -INFINITY;
   DT_UNROLL for (int mt = 0; mt < MT; mt++) {
     DT_UNROLL for (int n = 0; n < NT; n++) {
       DT_UNROLL for (int i = 0; i < 4; i++) mx[2 * mt + i / 2] = fmaxf(mx[2 * mt + i / 2], s[mt][n][i]);
     }
   }
-  float alpha[2 * MT], psum[2 * MT];
+  bool moved = false;
   DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
-    float mnew = fmaxf(m[r], quad_max(mx[r]));
-    alpha[r] = exp2f(m[r] - mnew); /* 1 while both are -inf: a row that sees no key yet keeps l = 0 */
-    alpha[r] = mnew == -INFINITY ? 1.0f : alpha[r];
+    float mnew = fmaxf(m[r], quad_max(mx[r]) * sl);
+    alpha[r] = mnew == m[r] ? 1.0f : exp2_ftz(m[r] - mnew); /* (1 while both are -inf: l stays 0) */
+    moved |= mnew != m[r];
     m[r] = mnew;
-    mx[r] = mnew == -INFINITY ? 0.0f : mnew; /* the offset: exp2(-inf - 0) = 0 for a masked score */
-    psum[r] = 0;
+    mx[r] = mnew == -INFINITY ? 0.0f : -mnew; /* the offset: exp2(-inf + 0) = 0 for a masked score */
+    l[r] *= alpha[r];
+  }
+  if (__any_sync((unsigned)FULL_MASK, moved)) {
+    DT_UNROLL for (int mt = 0; mt < MT; mt++) {
+      DT_UNROLL for (int dn = 0; dn < DN; dn++) {
+        DT_UNROLL for (int i = 0; i < 4; i++) o[mt][dn][i] *= alpha[2 * mt + i / 2];
+      }
+    }
   }
   DT_UNROLL for (int mt = 0; mt < MT; mt++) {
     DT_UNROLL for (int n = 0; n < NT; n++) {
       DT_UNROLL for (int i = 0; i < 4; i++) {
-        s[mt][n][i] = exp2f(s[mt][n][i] - mx[2 * mt + i / 2]);
-        psum[2 * mt + i / 2] += s[mt][n][i];
+        s[mt][n][i] = exp2_ftz(fmaf(s[mt][n][i], sl, mx[2 * mt + i / 2]));
+        l[2 * mt + i / 2] += s[mt][n][i];
       }
+      if (n % 2 == 1) tc_p_fragment<T>(s[mt], n / 2, pa[mt][n / 2]);
     }
   }
-  DT_UNROLL for (int r = 0; r < 2 * MT; r++) l[r] = l[r] * alpha[r] + quad_sum(psum[r]);
-  DT_UNROLL for (int mt = 0; mt < MT; mt++) {
-    DT_UNROLL for (int dn = 0; dn < DN; dn++) {
-      DT_UNROLL for (int i = 0; i < 4; i++) o[mt][dn][i] *= alpha[2 * mt + i / 2];
-    }
-  }
+}
+
+/* The row sums the forward's threads hold in parts (tc_softmax_tile's l): each row's whole sum. */
+template <int R>
+__device__ __forceinline__ void tc_row_sums(float (&l)[R]) {
+  DT_UNROLL for (int r = 0; r < R; r++) l[r] = quad_sum(l[r]);
 }
 
 /* Block (query tile, batch * Hq): out and lse of 128 query rows. Lane (g, t) = (lane / 4, lane % 4) of warp w holds
@@ -339,12 +404,11 @@ __device__ __forceinline__ void tc_softmax_tile(const attn_params &p, float (&s)
  * i0 + 32 w + 16 mt + 8 h + g. Causal query tiles run heaviest first (the last rows see the most keys). */
 template <typename T, int HD>
 __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
-  constexpr int LD = tc_ld<HD>(), NT = TC_BC / 8, DN = HD / 8, MT = TC_FWD_BR / 4 / 16;
+  constexpr int LD = tc_ld<HD>(), BC = tc_fwd_bc<HD>(), NT = BC / 8, DN = HD / 8, MT = TC_FWD_BR / 4 / 16;
   DT_DYN_SMEM(T, sm);
-  T *Qs = sm, *Ks = Qs + TC_FWD_BR * LD, *Vs = Ks + TC_BC * LD;
+  T *Qs = sm, *Ks = Qs + TC_FWD_BR * LD, *Vs = Ks + BC * LD;
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-  int64_t tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  int64_t bh = p.bh0 + blockIdx.y, i0 = tile * TC_FWD_BR, w0 = i0 + 16 * MT * warp;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = fwd_tile(p, blockIdx.x) * TC_FWD_BR, w0 = i0 + 16 * MT * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
   const float sl = p.scale * TC_LOG2E;
   /* the key tile's K and V rows */
@@ -354,14 +418,14 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   int unmasked_end = (int)key_end(p, w0); /* (keys counted in int: fewer registers) */
   int kend = (int)key_end(p, (i0 + TC_FWD_BR < p.t ? i0 + TC_FWD_BR : p.t) - 1); /* keys past the last row: skipped */
   fwd_first_tiles<T, HD, false>(p, Qs, Ks, Vs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, qh, i0), kt, vt, i0,
-                                TC_FWD_BR, TC_BC);
+                                TC_FWD_BR, BC);
   float o[MT][DN][4], m[2 * MT], l[2 * MT];
   DT_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0;
   DT_UNROLL for (int mt = 0; mt < MT; mt++) {
     DT_UNROLL for (int dn = 0; dn < DN; dn++) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0;
   }
-  for (int j0 = 0; j0 < kend; j0 += TC_BC) {
-    bool more = j0 + TC_BC < kend;
+  for (int j0 = 0; j0 < kend; j0 += BC) {
+    bool more = j0 + BC < kend;
     cp_async_wait<1>(); /* Q and this tile's K have landed (its V may still be in flight) */
     __syncthreads();    /* ... for every thread's copies */
     float s[MT][NT][4];
@@ -370,19 +434,21 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     }
     tc_mma_abt<T, HD, MT, NT>(s, Qs + 16 * MT * warp * LD, Ks);
     __syncthreads(); /* every warp is done with K: the next tile's K may come in */
-    kt += TC_BC * p.lay.k.st;
-    if (more) tc_load_tile<T, HD>(Ks, kt, p.tk - j0 - TC_BC, p.d, p.lay.k.st, TC_BC);
+    kt += BC * p.lay.k.st;
+    if (more) tc_load_tile<T, HD>(Ks, kt, p.tk - j0 - BC, p.d, p.lay.k.st, BC);
     cp_async_commit(); /* (an empty group after the last tile keeps the wait counts below uniform) */
-    tc_softmax_tile(p, s, m, l, o, w0, g, t, j0, unmasked_end, sl);
+    uint32_t pa[MT][NT / 2][4];
+    tc_softmax_tile<T>(p, s, m, l, o, w0, j0, unmasked_end, sl, pa);
     cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
     __syncthreads();    /* ... for every thread's copies */
-    tc_mma_pb<T, HD, MT, NT>(o, s, Vs);
+    tc_mma_pb<T, HD, MT, NT>(o, pa, Vs);
     __syncthreads(); /* every warp is done with V: the next tile's V may come in */
-    vt += TC_BC * p.lay.v.st;
-    if (more) tc_load_tile<T, HD>(Vs, vt, p.tk - j0 - TC_BC, p.d, p.lay.v.st, TC_BC);
+    vt += BC * p.lay.v.st;
+    if (more) tc_load_tile<T, HD>(Vs, vt, p.tk - j0 - BC, p.d, p.lay.v.st, BC);
     cp_async_commit();
   }
   cp_async_wait<0>(); /* no copy outlives the block (with no visible key the loop never waited for Q, K, V) */
+  tc_row_sums(l);
   DT_UNROLL for (int r = 0; r < 2 * MT; r++) {
     int64_t row = w0 + 8 * r + g;
     if (row >= p.t) continue;
@@ -401,8 +467,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
   DT_DYN_SMEM(T, sm);
   T *Qs = sm, *Ks = Qs + WG_BR * HD, *Vs = Ks + WG_BC * HD;
   const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
-  int64_t tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  int64_t bh = p.bh0 + blockIdx.y, i0 = tile * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
+  int64_t bh = p.bh0 + blockIdx.y, i0 = fwd_tile(p, blockIdx.x) * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
   const float sl = p.scale * TC_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
@@ -420,31 +485,35 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
     wgmma_shared_fence(); /* ... visible to wgmma's reads */
     __syncthreads();      /* ... for every thread's copies */
     float s[1][NT][4] = {}; /* (zeroed before the fence; the first wgmma overwrites it) */
-    wg_group([&] { wg_abt<T, HD>(s[0], qw, Ks); });
+    wg_group([&] { wg_abt<T, HD>(s[0], opaque(qw), opaque(Ks)); }); /* (descriptors made here: registers) */
     __syncthreads(); /* every warpgroup is done with K: the next tile's K may come in */
     kt += WG_BC * p.lay.k.st;
     if (more) wg_load_tile<T, HD>(Ks, kt, p.tk - j0 - WG_BC, p.d, p.lay.k.st, WG_BC);
     cp_async_commit(); /* (an empty group after the last tile keeps the wait counts uniform) */
-    tc_softmax_tile(p, s, m, l, o, w0, g, t, j0, unmasked_end, sl);
-    uint32_t pa[WG_BC / 16][4]; /* P as the A fragments of P V, all before the fence */
-    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) tc_p_fragment<T>(s[0], kk, pa[kk]);
+    uint32_t pa[1][WG_BC / 16][4]; /* P as the A fragments of P V, all before the fence */
+    tc_softmax_tile<T>(p, s, m, l, o, w0, j0, unmasked_end, sl, pa);
     cp_async_wait<1>(); /* this tile's V has landed (the next K may still be in flight) */
     wgmma_shared_fence();
     __syncthreads();
-    wg_group([&] { wg_ab<T, HD>(o[0], pa, Vs); }); /* o and pa were written above */
+    wg_group([&] { wg_ab<T, HD>(o[0], pa[0], opaque(Vs)); }); /* o and pa were written above */
     __syncthreads(); /* every warpgroup is done with V: the next tile's V may come in */
     vt += WG_BC * p.lay.v.st;
     if (more) wg_load_tile<T, HD>(Vs, vt, p.tk - j0 - WG_BC, p.d, p.lay.v.st, WG_BC);
     cp_async_commit();
   }
   cp_async_wait<0>(); /* no copy outlives the block */
+  tc_row_sums(l);
+  /* the rows' batch, head and first row again, from the block's coordinates (held across the loop, they spill) */
+  const unsigned tid = opaque(threadIdx.x);
+  const int64_t obh = p.bh0 + opaque(blockIdx.y), ob = obh / p.hq, oh = obh % p.hq;
+  const int64_t ow0 = fwd_tile(p, opaque(blockIdx.x)) * WG_BR + 64 * (tid / 128) + 16 * (tid / WARP % 4);
   DT_UNROLL for (int r = 0; r < 2; r++) {
-    int64_t row = w0 + 8 * r + g;
+    int64_t row = ow0 + 8 * r + g;
     if (row >= p.t) continue;
-    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row), o[0], r,
+    tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, ob, oh, row), o[0], r,
                         l[r] > 0 ? 1.0f / l[r] : 0.0f, p.d);
     if (t == 0)
-      store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
+      store_dyn<float>(p.lse_out, p.ldtype, obh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
   }
 }
 
@@ -475,7 +544,7 @@ __device__ __forceinline__ void dq_ds_tile(float (&s)[NT][4], const float (&dp)[
   DT_UNROLL for (int n = 0; n < NT; n++) {
     DT_UNROLL for (int i = 0; i < 4; i++) {
       int key = (int)(j0 - rend[i / 2]) + 8 * n + 2 * t + i % 2; /* < 0: visible */
-      float pv = masked && key >= 0 ? 0.0f : exp2f(sl * s[n][i] - lr[i / 2]);
+      float pv = masked && key >= 0 ? 0.0f : exp2_ftz(fmaf(sl, s[n][i], -lr[i / 2]));
       s[n][i] = pv * (dp[n][i] - dr[i / 2]);
     }
   }
@@ -528,7 +597,9 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
     tc_mma_abt<T, HD, 1, NT>(pf, Qs + 16 * warp * LD, Ks);
     tc_mma_abt<T, HD, 1, NT>(dp, dOs + 16 * warp * LD, Vs);
     dq_ds_tile(pf[0], dp[0], j0, j0 + TC_BC > unmasked_end, t, sl, lr, dr, rend);
-    tc_mma_pb<T, HD, 1, NT>(dq, pf, Ks);
+    uint32_t da[1][NT / 2][4];
+    tc_pack<T>(pf[0], da[0]);
+    tc_mma_pb<T, HD, 1, NT>(dq, da, Ks);
   });
   DT_UNROLL for (int h = 0; h < 2; h++) {
     int64_t row = w0 + 8 * h + g;
@@ -563,7 +634,7 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dq_wg(attn_params p) {
     });
     dq_ds_tile(pf[0], dp[0], j0, j0 + WG_BC > unmasked_end, t, sl, lr, dr, rend);
     uint32_t da[WG_BC / 16][4]; /* dS as the A fragments of dS K */
-    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) tc_p_fragment<T>(pf[0], kk, da[kk]);
+    tc_pack<T>(pf[0], da);
     wg_group([&] { wg_ab<T, HD>(dq[0], da, Ks); });
   });
   DT_UNROLL for (int h = 0; h < 2; h++) {
@@ -586,7 +657,7 @@ __device__ __forceinline__ void dkv_ds_tile(const attn_params &p, float (&s)[NT]
       int r = r0 + 8 * n + 2 * t + i % 2;
       bool visible = !masked || (key[i / 2] < p.tk && i0 + r < p.t && Ls[r] != -INFINITY &&
                                  key[i / 2] < key_end(p, i0 + r));
-      s[n][i] = visible ? exp2f(sl * s[n][i] - Ls[r]) : 0.0f;
+      s[n][i] = visible ? exp2_ftz(fmaf(sl, s[n][i], -Ls[r])) : 0.0f;
       dp[n][i] = s[n][i] * (dp[n][i] - Dl[r]);
     }
   }
@@ -666,8 +737,11 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
       tc_mma_abt<T, HD, 1, NT>(pf, Ks + 16 * warp * LD, qh);
       tc_mma_abt<T, HD, 1, NT>(dp, Vs + 16 * warp * LD, doh);
       dkv_ds_tile(p, pf[0], dp[0], key, i0, 8 * NT * part, masked, t, sl, Ls, Dl);
-      tc_mma_pb<T, HD, 1, NT>(dv, pf, doh);
-      tc_mma_pb<T, HD, 1, NT>(dk, dp, qh);
+      uint32_t pa[1][NT / 2][4], da[1][NT / 2][4]; /* P^T and dS^T as A fragments */
+      tc_pack<T>(pf[0], pa[0]);
+      tc_pack<T>(dp[0], da[0]);
+      tc_mma_pb<T, HD, 1, NT>(dv, pa, doh);
+      tc_mma_pb<T, HD, 1, NT>(dk, da, qh);
     }
   });
   DT_UNROLL for (int h = 0; h < 2; h++) {
@@ -710,10 +784,8 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dkv_wg(attn_params p) {
     });
     dkv_ds_tile(p, pf[0], dp[0], key, i0, 0, masked, t, sl, Ls, Dl);
     uint32_t pa[WG_BC / 16][4], da[WG_BC / 16][4]; /* P^T and dS^T as A fragments */
-    DT_UNROLL for (int kk = 0; kk < WG_BC / 16; kk++) {
-      tc_p_fragment<T>(pf[0], kk, pa[kk]);
-      tc_p_fragment<T>(dp[0], kk, da[kk]);
-    }
+    tc_pack<T>(pf[0], pa);
+    tc_pack<T>(dp[0], da);
     wg_group([&] {
       wg_ab<T, HD>(dv[0], pa, dOs);
       wg_ab<T, HD>(dk[0], da, Qs);

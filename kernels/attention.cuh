@@ -92,7 +92,8 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
   p.lse_out = lse;
   const void *base[] = {q, k, v, out};
   const dt_k_attn_layout *lay[] = {&a->q, &a->k, &a->v, &a->out};
-  bool tc = attn_tensor_cores(dtype, a->d, 4, base, lay);
+  /* (the tensor-core forward finds a row's max on the unscaled scores: a scale <= 0 takes the scalar kernels) */
+  bool tc = a->scale > 0 && attn_tensor_cores(dtype, a->d, 4, base, lay);
   return attn_dispatch(dtype, a->d, [&](auto tag, auto hd) {
     typedef decltype(tag) T;
     constexpr int HD = decltype(hd)::value;
@@ -105,7 +106,7 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
     }
     if constexpr (dtk::is_mma_type<T>::value) {
       if (tc) {
-        size_t smem = (size_t)(dtk::TC_FWD_BR + 2 * dtk::TC_BC) * dtk::tc_ld<HD>() * sizeof(T);
+        size_t smem = (size_t)(dtk::TC_FWD_BR + 2 * dtk::tc_fwd_bc<HD>()) * dtk::tc_ld<HD>() * sizeof(T);
         return attn_launch(dtk::attn_fwd_tc<T, HD>, "attn_fwd_tc", (a->t + dtk::TC_FWD_BR - 1) / dtk::TC_FWD_BR,
                            a->b * a->hq, smem, s, p);
       }

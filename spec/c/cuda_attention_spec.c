@@ -11,8 +11,7 @@ typedef struct {
 } acase;
 
 /* Runs one case on both backends; returns the device dq (host copy) for determinism checks when keep is set. */
-static dt_tensor *attention_case(acase c, int dtype, bool keep) {
-  double scale = 1.0 / sqrt((double)c.d);
+static dt_tensor *scaled_attention_case(acase c, int dtype, double scale, bool keep) {
   const int64_t *qs = SHAPE(c.b, c.hq, c.t, c.d), *ks = SHAPE(c.b, c.hkv, c.tk, c.d), *ls = SHAPE(c.b, c.hq, c.t);
   dt_tensor *hq = host_sample(4, qs, dtype, 1, 1.5), *hk = host_sample(4, ks, dtype, 2, 1.5);
   dt_tensor *hv = host_sample(4, ks, dtype, 3, 1), *hdo = host_sample(4, qs, dtype, 4, 1);
@@ -23,9 +22,9 @@ static dt_tensor *attention_case(acase c, int dtype, bool keep) {
   dt_tensor *dout = dev_empty(S, 4, qs, dtype), *dl = dev_empty(S, 3, ls, DT_DTYPE_F32);
   dt_tensor *gq = dev_empty(S, 4, qs, dtype), *gk = dev_empty(S, 4, ks, dtype), *gv = dev_empty(S, 4, ks, dtype);
   char what[160];
-  snprintf(what, sizeof what, "attention B=%lld Hq=%lld Hkv=%lld T=%lld Tk=%lld D=%lld %s %s", (long long)c.b,
+  snprintf(what, sizeof what, "attention B=%lld Hq=%lld Hkv=%lld T=%lld Tk=%lld D=%lld %s %s scale %g", (long long)c.b,
            (long long)c.hq, (long long)c.hkv, (long long)c.t, (long long)c.tk, (long long)c.d,
-           c.causal ? "causal" : "full", dt_dtype_name(dtype));
+           c.causal ? "causal" : "full", dt_dtype_name(dtype), scale);
   die_on(dt_nn_attention_fwd(hq, hk, hv, scale, c.causal, ho, hl), "cpu attention");
   expect_ok(dt_cuda_nn_attention_fwd(S, dq, dk, dv, scale, c.causal, dout, dl), what);
   expect_close(S, dout, ho, 2, what);
@@ -42,6 +41,11 @@ static dt_tensor *attention_case(acase c, int dtype, bool keep) {
   HOST_FREE(hq, hk, hv, hdo, ho, hl, hdq, hdk, hdv);
   DEV_FREE(S, dq, dk, dv, ddo, dout, dl, gq, gk, gv, dho, dhl);
   return kept;
+}
+
+/* scaled_attention_case at the usual scale, 1 / sqrt(D). */
+static dt_tensor *attention_case(acase c, int dtype, bool keep) {
+  return scaled_attention_case(c, dtype, 1.0 / sqrt((double)c.d), keep);
 }
 
 /* dk sums over query heads and tiles in a fixed order: identical under any thread order (two emulator seeds). */
@@ -84,13 +88,16 @@ static void test_tensor_cores(void) {
   expect_deterministic(tc_cases[0], DT_DTYPE_BF16,
                        "the tensor-core backward is bitwise identical under another thread order");
   attention_case(tc_cases[0], DT_DTYPE_F16, false);
+  /* a negative scale: the scalar forward (the tensor-core one finds a row's max on the unscaled scores), the
+   * tensor-core backward */
+  scaled_attention_case(tc_cases[0], DT_DTYPE_BF16, -0.3, false);
 }
 
 /* The emulation's grid.y limit (DT_EMU_MAX_GRID_Y) makes the launch fail, and the error names the kernel chosen. */
-static void expect_forward_kernel(const char *kernel, const char *what) {
+static void expect_forward_kernel(const char *kernel, double scale, const char *what) {
   dt_tensor *q = dev_empty(S, 4, SHAPE(1, 2, 4, 64), DT_DTYPE_BF16), *l = dev_empty(S, 3, SHAPE(1, 2, 4), DT_DTYPE_F32);
   setenv("DT_EMU_MAX_GRID_Y", "1", 1);
-  expect_error(dt_cuda_nn_attention_fwd(S, q, q, q, 1, true, q, l), kernel, what);
+  expect_error(dt_cuda_nn_attention_fwd(S, q, q, q, scale, true, q, l), kernel, what);
   unsetenv("DT_EMU_MAX_GRID_Y");
   dev_free(S, q);
   dev_free(S, l);
@@ -308,8 +315,9 @@ static void test_rows_not_contiguous(void) {
 
 /* Whether case c gives the same bits with and without DT_ATTN_WGMMA=1 (out, lse and the backward's dq, dk, dv). On
  * the emulation the wgmma and mma.sync kernels add each 16-wide slice of a product exactly and round it into f32 in
- * the same order, so they must. */
-static bool wgmma_same_bits(acase c, int dtype) {
+ * the same order, so they must where their tiles match: with forward false (D > 96, where the mma.sync forward takes
+ * 32-key tiles to the wgmma forward's 64), both backward passes start from the mma.sync forward's out and lse. */
+static bool wgmma_same_bits(acase c, int dtype, bool forward) {
   const int64_t *qs = SHAPE(c.b, c.hq, c.t, c.d), *ks = SHAPE(c.b, c.hkv, c.tk, c.d), *ls = SHAPE(c.b, c.hq, c.t);
   const int64_t *shapes[5] = {qs, ls, qs, ks, ks};
   dt_tensor *hq = host_sample(4, qs, dtype, 5, 1.5), *hk = host_sample(4, ks, dtype, 6, 1.5);
@@ -324,7 +332,14 @@ static bool wgmma_same_bits(acase c, int dtype) {
     if (w) setenv("DT_ATTN_WGMMA", "1", 1);
     else unsetenv("DT_ATTN_WGMMA");
     double scale = 1.0 / sqrt((double)c.d);
-    expect_ok(dt_cuda_nn_attention_fwd(S, q, k, v, scale, c.causal, r[0], r[1]), "the forward runs");
+    if (w && !forward) {
+      for (int i = 0; i < 2; i++) {
+        dev_free(S, r[i]);
+        r[i] = dev_from_host(S, first[i]);
+      }
+    } else {
+      expect_ok(dt_cuda_nn_attention_fwd(S, q, k, v, scale, c.causal, r[0], r[1]), "the forward runs");
+    }
     expect_ok(dt_cuda_nn_attention_bwd(S, q, k, v, r[0], d_o, r[1], scale, c.causal, r[2], r[3], r[4]),
               "the backward runs");
     for (int i = 0; i < 5; i++) {
@@ -354,14 +369,15 @@ static void test_wgmma_forward(const dt_cuda_device_info *info) {
     return;
   }
   if (info->emulated) {
-    expect(wgmma_same_bits(tc_cases[2], DT_DTYPE_BF16), "emulated, the wgmma kernels give mma.sync's bits (D 128)");
-    expect(wgmma_same_bits(tc_cases[6], DT_DTYPE_F16), "emulated, the wgmma kernels give mma.sync's bits (D 64)");
+    expect(wgmma_same_bits(tc_cases[2], DT_DTYPE_BF16, false),
+           "emulated, the wgmma backward gives mma.sync's bits (D 128)");
+    expect(wgmma_same_bits(tc_cases[6], DT_DTYPE_F16, true), "emulated, the wgmma kernels give mma.sync's bits (D 64)");
   }
   setenv("DT_ATTN_WGMMA", "1", 1);
   for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0]; i++)
     attention_case(tc_cases[i], i % 2 ? DT_DTYPE_F16 : DT_DTYPE_BF16, false);
   if (info->emulated)
-    expect_forward_kernel("kernel attn_fwd_wg ", "with DT_ATTN_WGMMA=1, D = 64 runs the wgmma kernel");
+    expect_forward_kernel("kernel attn_fwd_wg ", 1, "with DT_ATTN_WGMMA=1, D = 64 runs the wgmma kernel");
   tc_forward = "kernel attn_fwd_wg ";
   tc_dq = "kernel attn_bwd_dq_wg ";
   test_strided(); /* the heads of a fused qkv and other views, in place */
@@ -402,8 +418,10 @@ int main(void) {
   test_tensor_cores();
   dt_cuda_device_info info;
   die_on(dt_cuda_device_info_get(0, &info), "device info");
-  if (info.emulated)
-    expect_forward_kernel("kernel attn_fwd_tc ", "bf16 attention with D = 64 runs the tensor-core kernel");
+  if (info.emulated) {
+    expect_forward_kernel("kernel attn_fwd_tc ", 1, "bf16 attention with D = 64 runs the tensor-core kernel");
+    expect_forward_kernel("kernel attn_fwd ", -1, "... and with a negative scale the scalar kernel");
+  }
   test_wgmma_forward(&info);
   test_strided();
   test_rows_not_contiguous();
