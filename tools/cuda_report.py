@@ -5,7 +5,7 @@ Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdum
 (cuobjdump -res-usage), or PTX plus ptxas -v output. Prints every kernel's registers / local memory, then the hot
 kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100
 (the slowest of: FLOPs at the peak, compulsory DRAM bytes at the bandwidth, and for tensor-core kernels the shared
-memory their ldmatrix traffic per mma needs at 128 bytes a clock);
+memory their ldmatrix traffic per mma needs at 128 bytes a clock and their main loop's instructions at 4 a clock);
 --check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
 Then the passes over a linear layer's output that cuBLASLt's epilogues remove (tools/cuda_epilogues.tsv): bytes saved
 per call and the DRAM time that is on an A100 and an H100.
@@ -47,6 +47,8 @@ NEEDS = {
     "st.v4": (r"\bSTG\.E\.(128|ENL2\.128)", r"\bst\.global\.v4\.(f32|b32|u32|s32)|\bst\.global\.v2\.(f64|b64|u64)"),
 }
 LOCAL = (r"\b(STL|LDL)\b", r"\b(st|ld)\.local\.")
+# An SM issues 4 warp instructions a clock (one a scheduler), on the A100 and the H100 alike.
+ISSUE = 4
 
 
 def parse_res_usage(text):
@@ -93,6 +95,29 @@ def split_functions(text, sass):
         elif name:
             out[name].append(line)
     return {k: "\n".join(v) for k, v in out.items()}
+
+
+def main_loop(text):
+    """The instructions of a SASS function's longest loop (from a backward branch's target to the branch): a tile of
+    a tensor-core kernel's work, every instruction its code holds (branches it skips included, loops once)."""
+    ins = [(int(a, 16), i) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
+    loops = [(int(m.group(1), 16), a) for a, i in ins for m in [re.search(r"\bBRA (?:\S+, )?0x([0-9a-f]+)", i)]
+             if m and int(m.group(1), 16) < a]
+    if not loops:
+        return []
+    lo, hi = max(loops, key=lambda l: l[1] - l[0])
+    return [i for a, i in ins if lo <= a <= hi]
+
+
+def tensor_flops_per_warp(code):
+    """Tensor-core FLOPs one warp's pass over these instructions adds: an mma.sync its own, a wgmma its quarter of the
+    warpgroup's."""
+    flops = sum(MMA_FLOPS for i in code if re.search(NEEDS["mma"][0], i))
+    for i in code:
+        m = re.search(WGMMA[0], i)
+        if m:
+            flops += 2 * 64 * int(m.group(1)) * 16 // 4
+    return flops
 
 
 def occupancy(arch, regs, threads, smem):
@@ -166,7 +191,7 @@ def main():
         shape = {k: int(v) for k, v in (kv.split("=") for kv in h["shape"].split(","))}
         flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
         needs = [n for n in h["needs"].split(",") if n]
-        mix, occ, pred, smem_frac = [], {}, [], {}
+        mix, occ, pred, smem_frac, issue_frac, loop_size = [], {}, [], {}, {}, {}
         archs = (h.get("archs") or "80,90").split(",")
         for arch in archs:
             names = [n for n in res[arch] if h["symbol"] in n]
@@ -186,6 +211,12 @@ def main():
                 # the code's ratio of tensor work to shared-memory operand traffic (all of it in the hot loop)
                 gpu = next(g for g in GPUS if g[1] == arch)[2]
                 smem_frac[arch] = min(1.0, tensor_flops / gpu["tc"] / (smem_bytes / gpu["smem"]))
+            loop = main_loop(text) if sass and h["unit"] == "tensor" else []
+            if tensor_flops_per_warp(loop):
+                # the main loop's instructions at 4 a clock an SM against its tensor work at the peak's rate a clock
+                gpu = next(g for g in GPUS if g[1] == arch)[2]
+                issue_frac[arch] = min(1.0, ISSUE * tensor_flops_per_warp(loop) / (gpu["tc"] * len(loop)))
+                loop_size[arch] = (len(loop), tensor_flops_per_warp(loop) // MMA_FLOPS)
             local = len(re.findall(LOCAL[col], text)) if sass else r["local"]
             blocks, pct = occupancy(arch, r["regs"], int(h["threads"]), int(h["smem"]) + r["shared"])
             occ[arch] = (r["regs"], local, blocks, pct)
@@ -209,11 +240,15 @@ def main():
             bounds = {unit: flops / peak[unit] if unit != "dram" else 0.0, "dram": nbytes / peak["dram"]}
             if arch in smem_frac:
                 bounds["shared-memory"] = flops / (peak["tensor"] * smem_frac[arch])
+            if arch in issue_frac:
+                bounds["issue"] = flops / (peak["tensor"] * issue_frac[arch])
             bound = max(bounds, key=bounds.get)
             t = bounds[bound]
             ref = peak["tensor"] if unit != "dram" else peak["dram"]
             achieved = (flops if unit != "dram" else nbytes) / t
             pred.append((gpu, t, 100.0 * achieved / ref, bound))
+        if "90" in loop_size:
+            mix.append("loop: {} instr, {} mma".format(*loop_size["90"]))
         rows.append((h, mix, occ, pred, flops, nbytes))
     print()
     if a.markdown:
