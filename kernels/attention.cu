@@ -645,9 +645,10 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dq_wg(attn_params p) {
 }
 
 /* The dK/dV kernels' P^T and dS^T in place of the fragments s (K Q^T) and dp (V dO^T) of a warp's keys key[0]
- * (rows g) and key[1] (rows g + 8) by the queries i0 + r0 ..: P^T = exp2(sl s - L), zero where the query does not
- * see the key when the tile is masked; dS^T = P^T (dp - delta). Ls and Dl hold the tile's queries' lse (exp2 domain)
- * and delta. */
+ * (rows g) and key[1] (rows g + 8) by the queries i0 + r0 ..: P^T = exp2(sl s - L), zero where a causal query does
+ * not see the key when the tile is masked (dkv_masked); dS^T = P^T (dp - delta). Ls and Dl hold the tile's queries'
+ * lse (exp2 domain; +inf for a query past T or one that sees no key: its P is 0) and delta. Keys past Tk are not
+ * masked: their K and V rows are zeros and their dK and dV rows, all these products feed, are not stored. */
 template <int NT>
 __device__ __forceinline__ void dkv_ds_tile(const attn_params &p, float (&s)[NT][4], float (&dp)[NT][4],
                                             const int64_t (&key)[2], int64_t i0, int r0, bool masked, int t, float sl,
@@ -655,21 +656,27 @@ __device__ __forceinline__ void dkv_ds_tile(const attn_params &p, float (&s)[NT]
   DT_UNROLL for (int n = 0; n < NT; n++) {
     DT_UNROLL for (int i = 0; i < 4; i++) {
       int r = r0 + 8 * n + 2 * t + i % 2;
-      bool visible = !masked || (key[i / 2] < p.tk && i0 + r < p.t && Ls[r] != -INFINITY &&
-                                 key[i / 2] < key_end(p, i0 + r));
+      bool visible = !masked || key[i / 2] - (i0 + r) <= p.tk - p.t; /* (query i0 + r sees keys to i0 + r + Tk - T) */
       s[n][i] = visible ? exp2_ftz(fmaf(sl, s[n][i], -Ls[r])) : 0.0f;
       dp[n][i] = s[n][i] * (dp[n][i] - Dl[r]);
     }
   }
 }
 
-/* The dK/dV kernels' per-query-tile inputs: lse (exp2 domain; -inf past T) and delta of rows i0 .. i0 + rows - 1 of
- * (batch, head) bh into Ls and Dl. */
+/* Whether the dK/dV kernels' tile of queries from i0 needs dkv_ds_tile's mask for keys w0 .. w0 + 15: causal, and
+ * the tile's first query does not see them all. */
+__device__ __forceinline__ bool dkv_masked(const attn_params &p, int64_t i0, int64_t w0) {
+  return p.causal && w0 + 16 > key_end(p, i0);
+}
+
+/* The dK/dV kernels' per-query-tile inputs: lse (exp2 domain; +inf past T and for a row that sees no key, so that
+ * its P is 0) and delta of rows i0 .. i0 + rows - 1 of (batch, head) bh into Ls and Dl. */
 __device__ __forceinline__ void dkv_rows(const attn_params &p, int64_t bh, int64_t i0, int rows, float *Ls,
                                          float *Dl) {
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     bool in = i0 + r < p.t;
-    Ls[r] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) * TC_LOG2E : -INFINITY;
+    float lse = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) : -INFINITY;
+    Ls[r] = lse == -INFINITY ? INFINITY : lse * TC_LOG2E;
     Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
   }
 }
@@ -725,8 +732,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
     DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
   }
   dkv_walk<T, HD, false>(p, b, kvh, j0, TC_BR, Qs, dOs, Ls, Dl, [&](int64_t i0) {
-    /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
-    bool masked = i0 + TC_BR > p.t || w0 + 16 > key_end(p, i0);
+    bool masked = dkv_masked(p, i0, w0);
     /* 16 queries at a time: no spills at D = 128 */
     DT_NO_UNROLL for (int part = 0; part < TC_BR / (8 * NT); part++) {
       float pf[1][NT][4], dp[1][NT][4]; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
@@ -775,8 +781,7 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dkv_wg(attn_params p) {
     DT_UNROLL for (int i = 0; i < 4; i++) dk[0][dn][i] = dv[0][dn][i] = 0;
   }
   dkv_walk<T, HD, true>(p, b, kvh, j0, WG_BC, Qs, dOs, Ls, Dl, [&](int64_t i0) {
-    /* the tile's rows all exist and its first (so every) row sees the warp's keys (so they exist): no mask */
-    bool masked = i0 + WG_BC > p.t || w0 + 16 > key_end(p, i0);
+    bool masked = dkv_masked(p, i0, w0);
     float pf[1][NT][4] = {}, dp[1][NT][4] = {}; /* P^T and dO V^T, then dS^T: (keys, queries) fragments */
     wg_group([&] {
       wg_abt<T, HD>(pf[0], kw, Qs);
