@@ -13,6 +13,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dt_flight.h"
@@ -23,7 +24,7 @@
 extern char **environ;
 
 enum { TAIL_LINES = 12, LINE_MAX_BYTES = 4096, MAX_LOCAL = DT_LAUNCH_MAX_LOCAL, STORE_POLL_MS = 1000,
-       STORE_CALL_MS = 5000 };
+       STORE_CALL_MS = 5000, CONSEQUENCE_WAIT_MS = 2000 };
 
 typedef struct worker {
   int rank, local_rank;
@@ -331,19 +332,37 @@ static void publish_failure(agent *a, int code, const char *fmt, ...) {
   if (!swapped) fetch_remote(a, key);
 }
 
-/* Once per second while the group runs: has another node failed? */
-static void poll_store(agent *a) {
-  if (!a->o->store || a->store_lost || a->stopping || dt_time_now() < a->next_poll) return;
-  a->next_poll = dt_time_now() + STORE_POLL_MS * 1e-3;
+/* Whether another node has reported a failure (then in a->remote, and the local group stopping). */
+static bool check_remote(agent *a) {
   char key[64];
   failure_key(a, key, sizeof key);
   const char *keys[] = {key};
   bool exist = false;
   if (dt_store_check(a->o->store, 1, keys, STORE_CALL_MS, &exist) != DT_OK) {
     lost_store(a);
-    return;
+    return false;
   }
   if (exist) fetch_remote(a, key);
+  return exist;
+}
+
+/* Once per second while the group runs: has another node failed? */
+static void poll_store(agent *a) {
+  if (!a->o->store || a->store_lost || a->stopping || dt_time_now() < a->next_poll) return;
+  a->next_poll = dt_time_now() + STORE_POLL_MS * 1e-3;
+  check_remote(a);
+}
+
+/* A rank killed by SIGPIPE wrote to a pipe or socket whose other end had gone: a consequence, most likely of a rank
+ * on another node that failed a moment before (a TCP collective's write to it raises SIGPIPE at once, and that
+ * node's report can reach the store after this one's). So before reporting it, this agent waits up to
+ * CONSEQUENCE_WAIT_MS for another node's report, which then stays the job's root cause. */
+static void await_cause(agent *a) {
+  double end = dt_time_now() + CONSEQUENCE_WAIT_MS * 1e-3;
+  while (a->o->store && !a->store_lost && !a->remote[0] && !check_remote(a) && dt_time_now() < end) {
+    struct timespec nap = {0, 50 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+  }
 }
 
 static void describe_exit(int wstatus, char *buf, size_t n) {
@@ -369,6 +388,7 @@ static void reap(agent *a) {
       if (bad && a->failed < 0 && !a->stopping) {
         a->failed = i;
         a->fail_time = dt_time_now() - a->t0;
+        if (WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE) await_cause(a);
         char how[64];
         describe_exit(st, how, sizeof how);
         publish_failure(a, exit_code_of(st), "rank %d (pid %d) %s after %.1f s", w->rank, (int)pid, how,

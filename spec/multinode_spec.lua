@@ -77,6 +77,16 @@ describe("multi-node on one host", function()
       H.remove_run(n0.run_dir)
    end)
 
+   it("takes a rank's failure on another node for the root cause over a rank killed by SIGPIPE just before", function()
+      local res = two_nodes("spec/fixtures/dist_faults.lua", 1, "--grace 1 mode=pipe fail_rank=1 code=7")
+      local n0, n1 = res[1], res[2]
+      assert.equal(7, n0.code, n0.out)
+      assert.equal(7, n1.code, n1.out)
+      assert.matches("job failed on another node: node 1: rank 1 %(pid %d+%) exited with code 7", n0.out)
+      assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7 after [%d.]+ s  <%- root cause", n1.out)
+      H.remove_run(n0.run_dir)
+   end)
+
    it("restarts both nodes' groups together with --max-restarts", function()
       local res = two_nodes("spec/fixtures/dist_faults.lua", 2,
          "--grace 1 --max-restarts 1 mode=fail fail_rank=3 fail_times=1")
