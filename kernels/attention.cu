@@ -114,13 +114,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
 }
 
 /* The tensor-core kernels (bf16/f16, D a multiple of 8): 64-key tiles (32 in the forward at D > 96), 128 threads; Q K^T
- * and P V on mma.sync m16n8k16
- * with f32 accumulators, the softmax in registers, tiles brought in by cp.async and fed to the mma through ldmatrix.
- * The forward takes 128 query rows a block, 32 a warp (FlashAttention-2's split: query tiles over blocks, rows over
- * warps, no inter-warp reduction): each K or V fragment a warp loads from shared memory feeds two m-tiles, so an mma
- * costs 160 bytes of ldmatrix instead of 288 with 16 rows a warp (shared memory moves 128 bytes a clock, an mma is a
- * clock of an SM's tensor cores). The backward kernels take 64 rows (or keys) a block, 16 a warp: their extra
- * accumulators leave no registers for a second m-tile. */
+ * and P V on mma.sync m16n8k16 with f32 accumulators, the softmax in registers, tiles brought in by cp.async and fed
+ * to the mma through ldmatrix. The forward takes 128 query rows a block, 32 a warp (FlashAttention-2's split: query
+ * tiles over blocks, rows over warps, no inter-warp reduction): each K or V fragment a warp loads from shared memory
+ * feeds two m-tiles, so an mma costs 160 bytes of ldmatrix (192 on 32-key tiles) instead of 288 with 16 rows a warp
+ * (shared memory moves 128 bytes a clock, an mma is a clock of an SM's tensor cores). The backward kernels take 64
+ * rows (or keys) a block, 16 a warp: their extra accumulators leave no registers for a second m-tile. */
 enum { TC_BR = 64, TC_FWD_BR = 128, TC_BC = 64, TC_THREADS = 128 };
 
 /* The forward's key tile: 32 keys at D > 96, where 64 keys' f32 scores beside the 128 output accumulators of D = 128
