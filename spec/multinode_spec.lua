@@ -68,23 +68,24 @@ describe("multi-node on one host", function()
          H.remove_run(n0.run_dir)
       end)
 
+   -- dist_faults.lua with `args` on two nodes of one rank each: both exit with `code`, and the other node's agent
+   -- names rank `node` (node `node`'s only rank) the root cause. Returns both results.
+   local function expect_cause_on_node(args, node, code)
+      local res = two_nodes("spec/fixtures/dist_faults.lua", 1, "--grace 1 " .. args)
+      for n = 1, 2 do assert.equal(code, res[n].code, res[n].out) end
+      assert.matches(("job failed on another node: node %d: rank %d %%(pid %%d+%%) exited with code %d"):format(node,
+         node, code), res[2 - node].out)
+      H.remove_run(res[1].run_dir)
+      return res
+   end
+
    it("stops node 1's ranks when a rank on node 0 fails", function()
-      local res = two_nodes("spec/fixtures/dist_faults.lua", 1, "--grace 1 mode=fail fail_rank=0 code=5")
-      local n0, n1 = res[1], res[2]
-      assert.equal(5, n0.code, n0.out)
-      assert.equal(5, n1.code, n1.out)
-      assert.matches("job failed on another node: node 0: rank 0 %(pid %d+%) exited with code 5", n1.out)
-      H.remove_run(n0.run_dir)
+      expect_cause_on_node("mode=fail fail_rank=0 code=5", 0, 5)
    end)
 
    it("takes a rank's failure on another node for the root cause over a rank killed by SIGPIPE just before", function()
-      local res = two_nodes("spec/fixtures/dist_faults.lua", 1, "--grace 1 mode=pipe fail_rank=1 code=7")
-      local n0, n1 = res[1], res[2]
-      assert.equal(7, n0.code, n0.out)
-      assert.equal(7, n1.code, n1.out)
-      assert.matches("job failed on another node: node 1: rank 1 %(pid %d+%) exited with code 7", n0.out)
-      assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7 after [%d.]+ s  <%- root cause", n1.out)
-      H.remove_run(n0.run_dir)
+      local res = expect_cause_on_node("mode=pipe fail_rank=1 code=7", 1, 7)
+      assert.matches("job failed: rank 1 %(pid %d+%) exited with code 7 after [%d.]+ s  <%- root cause", res[2].out)
    end)
 
    it("restarts both nodes' groups together with --max-restarts", function()
