@@ -207,16 +207,16 @@ def main():
                 a_shared = a_operand.startswith("gdesc") if sass else a_operand != "{"
                 tensor_flops += 2 * 64 * int(cols) * 16
                 smem_bytes += 2 * 16 * int(cols) + (2 * 64 * 16 if a_shared else 0)
+            gpu = next(g for g in GPUS if g[1] == arch)[2]
             if h["unit"] == "tensor" and tensor_flops and smem_bytes:
                 # the code's ratio of tensor work to shared-memory operand traffic (all of it in the hot loop)
-                gpu = next(g for g in GPUS if g[1] == arch)[2]
                 smem_frac[arch] = min(1.0, tensor_flops / gpu["tc"] / (smem_bytes / gpu["smem"]))
             loop = main_loop(text) if sass and h["unit"] == "tensor" else []
-            if tensor_flops_per_warp(loop):
+            loop_flops = tensor_flops_per_warp(loop)
+            if loop_flops:
                 # the main loop's instructions at 4 a clock an SM against its tensor work at the peak's rate a clock
-                gpu = next(g for g in GPUS if g[1] == arch)[2]
-                issue_frac[arch] = min(1.0, ISSUE * tensor_flops_per_warp(loop) / (gpu["tc"] * len(loop)))
-                loop_size[arch] = (len(loop), tensor_flops_per_warp(loop) // MMA_FLOPS)
+                issue_frac[arch] = min(1.0, ISSUE * loop_flops / (gpu["tc"] * len(loop)))
+                loop_size[arch] = (len(loop), loop_flops // MMA_FLOPS)
             local = len(re.findall(LOCAL[col], text)) if sass else r["local"]
             blocks, pct = occupancy(arch, r["regs"], int(h["threads"]), int(h["smem"]) + r["shared"])
             occ[arch] = (r["regs"], local, blocks, pct)
