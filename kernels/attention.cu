@@ -130,20 +130,6 @@ __host__ __device__ constexpr int tc_fwd_bc() { return HD > 96 ? 32 : 64; }
 /* log2(e): the kernels exponentiate with exp2 (one MUFU op), their scores scaled by scale * log2(e). */
 #define TC_LOG2E 1.4426950408889634f
 
-/* 2^x in one MUFU op (ex2.approx.ftz, as FlashAttention's exp2f under fast math): a result under 2^-126 is 0, where
- * exp2f spends 3 more instructions an exponential to keep it subnormal. Such a probability moves neither a softmax
- * sum (at least 1) nor a bf16/f16 product. */
-__device__ __forceinline__ float exp2_ftz(float x) {
-#ifdef __CUDACC__
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-#else
-  float r = exp2f(x);
-  return r < 0x1p-126f ? 0.0f : r;
-#endif
-}
-
 /* x, as a value the compiler cannot see through (an empty asm statement: no instruction; emulated, x itself): what is
  * computed from it is computed where it is used, not held in registers across a loop. The wgmma forward, at 128
  * registers a thread, spills otherwise. */

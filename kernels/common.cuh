@@ -84,6 +84,31 @@ struct num<__half> {
   static __device__ __forceinline__ __half store(float a) { return __float2half(a); }
 };
 
+/* 2^x in one MUFU op (ex2.approx.ftz, as FlashAttention's exp2f under fast math): a result under 2^-126 is 0, where
+ * exp2f spends 3 more instructions an exponential to keep it subnormal; past 2^128 it is +inf. Such a probability
+ * moves neither a softmax sum (at least 1) nor a bf16/f16 product. */
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef __CUDACC__
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  float r = exp2f(x);
+  return r < 0x1p-126f ? 0.0f : r;
+#endif
+}
+
+/* 1/x in one MUFU op (rcp.approx.ftz: within 1 ulp; 1/inf = 0), where IEEE division takes about 8 instructions. */
+__device__ __forceinline__ float rcp_ftz(float x) {
+#ifdef __CUDACC__
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.0f / x;
+#endif
+}
+
 /* Element i of a buffer of runtime `dtype`, in compute type C, and back (bool stores 0/1). */
 template <typename C>
 __device__ __forceinline__ C load_dyn(const void *p, int dtype, int64_t i) {

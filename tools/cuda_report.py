@@ -4,8 +4,9 @@
 Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdump -sass) plus resource usage
 (cuobjdump -res-usage), or PTX plus ptxas -v output. Prints every kernel's registers / local memory, then the hot
 kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100
-(the slowest of: FLOPs at the peak, compulsory DRAM bytes at the bandwidth, and for tensor-core kernels the shared
-memory their ldmatrix traffic per mma needs at 128 bytes a clock and their main loop's instructions at 4 a clock);
+(the slowest of: FLOPs at the peak, compulsory DRAM bytes at the bandwidth, for tensor-core kernels the shared
+memory their ldmatrix traffic per mma needs at 128 bytes a clock and their main loop's instructions at 4 a clock, and
+for a memory-bound kernel whose table row counts its main loop's trips, that loop's instructions at 4 a clock);
 --check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
 Then the passes over a linear layer's output that cuBLASLt's epilogues remove (tools/cuda_epilogues.tsv): bytes saved
 per call and the DRAM time that is on an A100 and an H100.
@@ -23,11 +24,11 @@ SM = {
 }
 # Published dense peaks: A100 SXM4 80 GB (312 TFLOP/s bf16/f16 tensor, 19.5 TFLOP/s f32, 2039 GB/s HBM2e) and
 # H100 SXM5 (989.4 TFLOP/s bf16/f16 tensor, 66.9 TFLOP/s f32, 3350 GB/s HBM3).
-# Per SM and clock: tc, the tensor FLOPs of those peaks (108 SMs at 1.41 GHz, 132 at 1.83 GHz); smem, shared-memory
-# bytes (both 128).
+# Per SM and clock: tc, the tensor FLOPs of those peaks (sms SMs at clock Hz: 108 at 1.41 GHz, 132 at 1.83 GHz);
+# smem, shared-memory bytes (both 128).
 GPUS = [
-    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9, tc=2048, smem=128)),
-    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9, tc=4096, smem=128)),
+    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9, tc=2048, smem=128, sms=108, clock=1.41e9)),
+    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9, tc=4096, smem=128, sms=132, clock=1.83e9)),
 ]
 # FLOPs of one tensor-core instruction (mma m16n8k16); bytes an ldmatrix moves: 128 per 8x8 matrix (x1, x2, x4).
 MMA_FLOPS = 2 * 16 * 8 * 16
@@ -191,7 +192,8 @@ def main():
         shape = {k: int(v) for k, v in (kv.split("=") for kv in h["shape"].split(","))}
         flops, nbytes = eval(h["flops"], {}, shape), eval(h["bytes"], {}, shape)
         needs = [n for n in h["needs"].split(",") if n]
-        mix, occ, pred, smem_frac, issue_frac, loop_size = [], {}, [], {}, {}, {}
+        mix, occ, pred, smem_frac, issue_frac, issue_time, loop_size = [], {}, [], {}, {}, {}, {}
+        trips = eval(h["loop_trips"], {}, shape) if h.get("loop_trips") else None
         archs = (h.get("archs") or "80,90").split(",")
         for arch in archs:
             names = [n for n in res[arch] if h["symbol"] in n]
@@ -211,8 +213,13 @@ def main():
             if h["unit"] == "tensor" and tensor_flops and smem_bytes:
                 # the code's ratio of tensor work to shared-memory operand traffic (all of it in the hot loop)
                 smem_frac[arch] = min(1.0, tensor_flops / gpu["tc"] / (smem_bytes / gpu["smem"]))
-            loop = main_loop(text) if sass and h["unit"] == "tensor" else []
+            loop = main_loop(text) if sass and (h["unit"] == "tensor" or trips) else []
             loop_flops = tensor_flops_per_warp(loop)
+            if trips and loop:
+                # a memory-bound kernel's main loop: its threads' trips (loop_trips) over warps, each warp's trip
+                # its instructions, at 4 a clock an SM
+                issue_time[arch] = trips / 32 * len(loop) / (ISSUE * gpu["sms"] * gpu["clock"])
+                loop_size[arch] = (len(loop), 0)
             if loop_flops:
                 # the main loop's instructions at 4 a clock an SM against its tensor work at the peak's rate a clock
                 issue_frac[arch] = min(1.0, ISSUE * loop_flops / (gpu["tc"] * len(loop)))
@@ -242,13 +249,16 @@ def main():
                 bounds["shared-memory"] = flops / (peak["tensor"] * smem_frac[arch])
             if arch in issue_frac:
                 bounds["issue"] = flops / (peak["tensor"] * issue_frac[arch])
+            if arch in issue_time:
+                bounds["issue"] = issue_time[arch]
             bound = max(bounds, key=bounds.get)
             t = bounds[bound]
             ref = peak["tensor"] if unit != "dram" else peak["dram"]
             achieved = (flops if unit != "dram" else nbytes) / t
             pred.append((gpu, t, 100.0 * achieved / ref, bound))
         if "90" in loop_size:
-            mix.append("loop: {} instr, {} mma".format(*loop_size["90"]))
+            instr, mma = loop_size["90"]
+            mix.append(f"loop: {instr} instr, {mma} mma" if mma else f"loop: {instr} instr a trip")
         rows.append((h, mix, occ, pred, flops, nbytes))
     print()
     if a.markdown:

@@ -165,6 +165,42 @@ static void test_act(int dtype, int64_t n) {
   release();
 }
 
+/* GELU's tanh form and its backward in a 16-bit dtype, element by element against f64 for x in [-12, 6]: within
+ * the storage's rounding plus the device math's (2^-7 relative for bf16, 2^-10 for f16), or absolutely below 2^-118
+ * for bf16 (past x ~ -10 e^-2u overflows f32: results under 3e-38 become 0) and f16's subnormal spacing. The CPU's
+ * f32 0.5 x (1 + tanh u) cancels for x under about -4 (1 + tanh u is then below f32's spacing near 1), so the device
+ * is checked against the formula here, not against the CPU. */
+static void test_gelu_tanh_tail(int dtype) {
+  const int64_t n = 1000;
+  const double k0 = sqrt(2 / M_PI), k1 = 0.044715, rel = dtype == DT_DTYPE_BF16 ? 0x1p-7 : 0x1p-10;
+  const double tiny = dtype == DT_DTYPE_BF16 ? 0x1p-118 : 0x1p-24;
+  dt_tensor *hx = H(host_zeros(1, SHAPE(n), dtype)), *hg = H(host_zeros(1, SHAPE(n), dtype));
+  for (int64_t i = 0; i < n; i++) {
+    dt_tensor_set(hx, i, -12 + 18.0 * (double)i / (double)(n - 1));
+    dt_tensor_set(hg, i, 1);
+  }
+  dt_tensor *dx = up(hx), *dg = up(hg), *dy = dzeros(1, SHAPE(n), dtype), *dd = dzeros(1, SHAPE(n), dtype);
+  expect_ok(dt_cuda_nn_gelu_fwd(S, dx, dy, 1), "tanh GELU runs");
+  expect_ok(dt_cuda_nn_gelu_bwd(S, dx, dg, dd, 1), "tanh GELU backward runs");
+  dt_tensor *y = H(host_from_dev(S, dy)), *d = H(host_from_dev(S, dd));
+  int64_t bad_y = 0, bad_d = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = at(hx, i), u = k0 * (x + k1 * x * x * x), sg = 1 / (1 + exp(-2 * u));
+    double want_y = x * sg, want_d = sg + 2 * x * sg * (1 - sg) * k0 * (1 + 3 * k1 * x * x);
+    if (!(fabs(at(y, i) - want_y) <= rel * fabs(want_y) + tiny)) {
+      if (bad_y++ == 0) printf("  x = %g: tanh GELU %.9g, f64 %.9g\n", x, at(y, i), want_y);
+    }
+    if (!(fabs(at(d, i) - want_d) <= rel * fabs(want_d) + tiny)) {
+      if (bad_d++ == 0) printf("  x = %g: tanh GELU backward %.9g, f64 %.9g\n", x, at(d, i), want_d);
+    }
+  }
+  expect(bad_y == 0, dtype == DT_DTYPE_BF16 ? "bf16 tanh GELU is within 2^-7 of f64 down to x = -12"
+                                            : "f16 tanh GELU is within 2^-10 of f64 down to x = -12");
+  expect(bad_d == 0, dtype == DT_DTYPE_BF16 ? "bf16 tanh GELU backward is within 2^-7 of f64 down to x = -12"
+                                            : "f16 tanh GELU backward is within 2^-10 of f64 down to x = -12");
+  release();
+}
+
 /* Head dim d: pairs in 16-byte chunks when d/2 is a multiple of the dtype's chunk, else one by one. */
 static void test_rope(int dtype, int64_t d) {
   dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, 3, d), dtype, 15, 1)), *dx = up(hx);
@@ -322,6 +358,9 @@ int main(void) {
   }
   test_act(DT_DTYPE_F32, 1003);
   test_act(DT_DTYPE_BF16, 1003);
+  test_act(DT_DTYPE_F16, 1003);
+  test_gelu_tanh_tail(DT_DTYPE_BF16);
+  test_gelu_tanh_tail(DT_DTYPE_F16);
   for (int64_t d = 8; d <= 16; d += 8) {
     test_rope(DT_DTYPE_F32, d);
     test_rope(DT_DTYPE_BF16, d);
