@@ -51,22 +51,23 @@ end
 -- same order.
 local function toposort(root)
    local order, visited = {}, {}
-   local stack = { { root, false } }
-   while #stack > 0 do
-      local top = stack[#stack]
-      stack[#stack] = nil
-      local t, expanded = top[1], top[2]
-      if expanded then
+   local stack, expanded, top = { root }, { false }, 1 -- tensors, and whether each entry is the post-visit
+   while top > 0 do
+      local t, post = stack[top], expanded[top]
+      top = top - 1
+      if post then
          order[#order + 1] = t
       elseif not visited[t] then
          visited[t] = true
-         stack[#stack + 1] = { t, true }
+         top = top + 1
+         stack[top], expanded[top] = t, true
          local node = t.node
          if node then
             for pass = 1, 2 do -- leaves, then computed tensors
                for _, x in ipairs(node.inputs) do
                   if type(x) == "table" and x.requires_grad and not visited[x] and (x.node == nil) == (pass == 1) then
-                     stack[#stack + 1] = { x, false }
+                     top = top + 1
+                     stack[top], expanded[top] = x, false
                   end
                end
             end

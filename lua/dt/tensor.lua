@@ -4,6 +4,7 @@
 -- element positions in t[i] and narrow() are 1-based; values inside index tensors (token ids,
 -- gather/embedding indices) are 0-based, as stored data.
 local ffi = require "ffi"
+local new_table = require "table.new"
 local dtffi = require "dt.ffi"
 local dtype = require "dt.dtype"
 local device = require "dt.device"
@@ -153,10 +154,20 @@ end
 
 -- Properties ----------------------------------------------------------------------------------
 
-function getters.shape(t)
-   local h, s = t.h, {}
-   for i = 0, h.ndim - 1 do s[i + 1] = tonumber(h.shape[i]) end
+-- The first n entries of a dims array (int64_t[8]: sizes, or strides, which may be negative) as a Lua array. Read as
+-- 32-bit halves (little-endian): the interpreter, which runs most op code (closures stop the JIT), boxes every int64
+-- it reads, and those boxes were a sixth of a training step's garbage.
+assert(ffi.abi("le"), "dt.tensor reads int64 dims as little-endian halves")
+local i32_ptr = ffi.typeof("int32_t *")
+local function dims_table(arr, n)
+   local s, w = new_table(n, 0), ffi.cast(i32_ptr, arr)
+   for i = 0, n - 1 do s[i + 1] = w[2 * i] % 4294967296 + w[2 * i + 1] * 4294967296 end
    return s
+end
+
+function getters.shape(t)
+   local h = t.h
+   return dims_table(h.shape, h.ndim)
 end
 function getters.ndim(t) return t.h.ndim end
 function getters.dtype(t) return dtype.by_id[t.h.dtype].name end
@@ -281,9 +292,8 @@ function Tensor:as_strided(shape, strides, offset)
 end
 
 function Tensor:strides()
-   local s = {}
-   for i = 0, self.h.ndim - 1 do s[i + 1] = tonumber(self.h.strides[i]) end
-   return s
+   local h = self.h
+   return dims_table(h.strides, h.ndim)
 end
 
 function Tensor:detach()
