@@ -16,10 +16,11 @@ namespace dtk {
 #define ACT_LOG2E 1.44269504088896340736
 
 /* A 16-bit storage type's (bf16, f16) math takes the MUFU approximations, one instruction each (ex2 within 2^-22 or
- * so, rcp within 1 ulp, against the storage's rounding at 2^-9 or 2^-12), and GELU's tanh form becomes x sigmoid(2u):
- * 0.5 (1 + tanh u) = 1 / (1 + e^-2u). With expf, tanhf and IEEE division the kernels were issue-bound (the H200 ran
- * GELU tanh at 55% of its DRAM bandwidth); the sigmoid form also keeps 1 + tanh u from cancelling for negative x.
- * f32 and f64 keep libm's functions and the CPU's formulas. */
+ * so, rcp within 1 ulp, against the storage's rounding at 2^-9 or 2^-12), GELU's tanh form becomes x sigmoid(2u):
+ * 0.5 (1 + tanh u) = 1 / (1 + e^-2u), and the exact GELU's CDF an erfc fit (normal_cdf). With expf, tanhf, erff and
+ * IEEE division the kernels took as many issue slots as DRAM time (the H200 ran GELU tanh at 55% of its bandwidth);
+ * the new forms also keep 1 + tanh u and 1 + erf from cancelling for negative x. f32 and f64 keep libm's functions
+ * and the CPU's formulas. */
 template <typename T>
 constexpr bool fast_math = sizeof(T) == 2;
 
@@ -47,6 +48,26 @@ __device__ __forceinline__ float gelu_tanh_sigmoid(float x) {
   return rcp_ftz(1.0f + exp2_ftz(x * fmaf(c2, x * x, c1)));
 }
 
+/* Phi(x), the standard normal CDF (exact GELU's 0.5 (1 + erf(x / sqrt 2))), for a 16-bit T: as 0.5 erfc(|x| / sqrt 2)
+ * below 0 (1 - that above), erfc from Numerical Recipes' Chebyshev fit (erfcc: relative error under 1.2e-7 for every
+ * argument): one rcp, nine FFMA and one ex2, where erff takes ~45 instructions and its 1 + erf cancels for x under
+ * about -4. *gauss, when given, gets e^(-x^2 / 2), which the backward's pdf needs. */
+__device__ __forceinline__ float normal_cdf(float x, float *gauss = nullptr) {
+  const float z = fabsf(x) * (float)ACT_SQRT1_2, t = rcp_ftz(fmaf(0.5f, z, 1.0f));
+  float p = fmaf(t, 0.17087277f, -0.82215223f);
+  p = fmaf(t, p, 1.48851587f);
+  p = fmaf(t, p, -1.13520398f);
+  p = fmaf(t, p, 0.27886807f);
+  p = fmaf(t, p, -0.18628806f);
+  p = fmaf(t, p, 0.09678418f);
+  p = fmaf(t, p, 0.37409196f);
+  p = fmaf(t, p, 1.00002368f);
+  p = fmaf(t, p, -1.26551223f);
+  if (gauss) *gauss = exp2_ftz(-z * z * (float)ACT_LOG2E);
+  float half_erfc = 0.5f * t * exp2_ftz(fmaf(-z, z, p) * (float)ACT_LOG2E);
+  return x < 0 ? half_erfc : 1.0f - half_erfc;
+}
+
 /* Element i of op `op` (a.op, a constant) from inputs x, y, z into outputs o1, o2, as dt_k_act_args documents. */
 template <int op, typename T>
 __device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, T y, T z, T &o1, T &o2) {
@@ -54,14 +75,23 @@ __device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, 
   const A k0 = (A)ACT_GELU_K0, k1 = (A)ACT_GELU_K1, half = (A)0.5, one = 1;
   A xv = num<T>::load(x);
   switch (op) {
-    case DT_K_GELU: o1 = num<T>::store(half * xv * (one + erf(xv * (A)ACT_SQRT1_2))); break;
+    case DT_K_GELU:
+      if constexpr (fast_math<T>) o1 = num<T>::store(xv * normal_cdf(xv));
+      else o1 = num<T>::store(half * xv * (one + erf(xv * (A)ACT_SQRT1_2)));
+      break;
     case DT_K_GELU_TANH:
       if constexpr (fast_math<T>) o1 = num<T>::store(xv * gelu_tanh_sigmoid(xv));
       else o1 = num<T>::store(half * xv * (one + tanh(k0 * (xv + k1 * xv * xv * xv))));
       break;
     case DT_K_GELU_BWD: {
-      A cdf = half * (one + erf(xv * (A)ACT_SQRT1_2)), pdf = act_exp<T>(-half * xv * xv) * (A)ACT_INV_SQRT_2PI;
-      o1 = num<T>::store(num<T>::load(y) * (cdf + xv * pdf));
+      A cdf, gauss;
+      if constexpr (fast_math<T>) {
+        cdf = normal_cdf(xv, &gauss);
+      } else {
+        cdf = half * (one + erf(xv * (A)ACT_SQRT1_2));
+        gauss = exp(-half * xv * xv);
+      }
+      o1 = num<T>::store(num<T>::load(y) * (cdf + xv * (gauss * (A)ACT_INV_SQRT_2PI)));
       break;
     }
     case DT_K_GELU_TANH_BWD: {
@@ -100,13 +130,26 @@ struct act_inputs {
   chunk_bits<T, K> x, y, z;
 };
 
-/* Elements [i, i + K) of op `op` into o1 and, where given, o2. */
+/* The inputs op reads (x; y; z) and whether it writes o2: the others' loads and stores are not compiled in (a
+ * runtime test for o2 made nvcc compile each trip's second chunk twice, once for each way). */
+template <int op>
+constexpr int act_arity =
+    op == DT_K_SWIGLU_BWD ? 3 : op == DT_K_GELU_BWD || op == DT_K_GELU_TANH_BWD || op == DT_K_SWIGLU ? 2 : 1;
+
+/* K elements of p from i, when op reads p (zeros otherwise). */
+template <bool reads, int K, typename T>
+__device__ __forceinline__ chunk_bits<T, K> act_load(const T *p, int64_t i) {
+  if constexpr (reads) return load_chunk_bits<K>(p + i);
+  else return chunk_bits<T, K>{};
+}
+
+/* Elements [i, i + K) of op `op` into o1 and, for SwiGLU's backward, o2. */
 template <int op, typename T, int K>
 __device__ __forceinline__ void act_chunk(const dt_k_act_args &a, int64_t i, const act_inputs<T, K> &in, T *o1, T *o2) {
   chunk<T, K> x = in.x.get(), y = in.y.get(), z = in.z.get(), r1 = {}, r2 = {};
   DT_UNROLL for (int e = 0; e < K; e++) act_one<op>(a, i + e, x.x[e], y.x[e], z.x[e], r1.x[e], r2.x[e]);
   store_chunk(o1 + i, r1);
-  if (o2) store_chunk(o2 + i, r2);
+  if constexpr (act_arity<op> == 3) store_chunk(o2 + i, r2);
 }
 
 /* Threads per block of act_kernel, and the blocks per SM its registers must allow (64 registers each), as for
@@ -125,8 +168,8 @@ __global__ void __launch_bounds__(ACT_THREADS, ACT_BLOCKS_PER_SM) act_kernel(dt_
       a.n, aligned16(x, y, z, o1, o2), start, stride,
       [&](int64_t i, auto w) {
         constexpr int K = decltype(w)::value;
-        return act_inputs<T, K>{load_chunk_bits<K>(x + i), load_chunk_bits_or_zero<K>(y ? y + i : nullptr),
-                                load_chunk_bits_or_zero<K>(z ? z + i : nullptr)};
+        return act_inputs<T, K>{load_chunk_bits<K>(x + i), act_load<(act_arity<op> > 1), K>(y, i),
+                                act_load<(act_arity<op> > 2), K>(z, i)};
       },
       [&](int64_t i, const auto &in) { act_chunk<op>(a, i, in, o1, o2); });
 }
