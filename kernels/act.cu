@@ -50,8 +50,8 @@ __device__ __forceinline__ float gelu_tanh_sigmoid(float x) {
 
 /* Phi(x), the standard normal CDF (exact GELU's 0.5 (1 + erf(x / sqrt 2))), for a 16-bit T: as 0.5 erfc(|x| / sqrt 2)
  * below 0 (1 - that above), erfc from Numerical Recipes' Chebyshev fit (erfcc: relative error under 1.2e-7 for every
- * argument): one rcp, nine FFMA and one ex2, where erff takes ~45 instructions and its 1 + erf cancels for x under
- * about -4. *gauss, when given, gets e^(-x^2 / 2), which the backward's pdf needs. */
+ * argument): one rcp, nine FFMA and one ex2 (erff's path is longer, and 1 + erf cancels for x under about -4).
+ * *gauss, when given, gets e^(-x^2 / 2), which the backward's pdf needs. */
 __device__ __forceinline__ float normal_cdf(float x, float *gauss = nullptr) {
   const float z = fabsf(x) * (float)ACT_SQRT1_2, t = rcp_ftz(fmaf(0.5f, z, 1.0f));
   float p = fmaf(t, 0.17087277f, -0.82215223f);
@@ -68,9 +68,10 @@ __device__ __forceinline__ float normal_cdf(float x, float *gauss = nullptr) {
   return x < 0 ? half_erfc : 1.0f - half_erfc;
 }
 
-/* Element i of op `op` (a.op, a constant) from inputs x, y, z into outputs o1, o2, as dt_k_act_args documents. */
+/* An element of op `op` (a.op, a constant) from inputs x, y, z into outputs o1, o2, as dt_k_act_args documents. */
 template <int op, typename T>
-__device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, T y, T z, T &o1, T &o2) {
+__device__ __forceinline__ void act_one(T x, T y, T z, T &o1, T &o2) {
+  static_assert(op != DT_K_DROPOUT, "dropout's elements take their Philox words from dropout_chunk");
   typedef typename num<T>::acc A;
   const A k0 = (A)ACT_GELU_K0, k1 = (A)ACT_GELU_K1, half = (A)0.5, one = 1;
   A xv = num<T>::load(x);
@@ -114,13 +115,6 @@ __device__ __forceinline__ void act_one(const dt_k_act_args &a, int64_t i, T x, 
       o2 = num<T>::store(g * xv * s);
       break;
     }
-    default: { /* DT_K_DROPOUT: element e uses word e % 4 of Philox block e / 4 of the uniform stream */
-      uint64_t e = a.offset + (uint64_t)i;
-      uint32_t words[4];
-      dt_philox_stream(a.seed, e / 4, DT_PHILOX_UNIFORM, words);
-      o1 = num<T>::store(dt_philox_bits24(words[e % 4]) >= a.keep_min ? xv * (A)a.scale : (A)0);
-      break;
-    }
   }
 }
 
@@ -129,6 +123,24 @@ template <typename T, int K>
 struct act_inputs {
   chunk_bits<T, K> x, y, z;
 };
+
+/* Dropout of elements [i, i + K): element e keeps x iff word e % 4 of Philox block e / 4 of the uniform stream (e
+ * counted from a.offset) is at least keep_min, as on the CPU. The chunk's blocks are each generated once (ten rounds
+ * of two wide multiplies: a block serves four elements, where each element generated its own), then each element's
+ * word is picked by three selects on where the chunk starts in its first block. */
+template <typename T, int K>
+__device__ __forceinline__ void dropout_chunk(const dt_k_act_args &a, int64_t i, const chunk<T, K> &x, chunk<T, K> &r) {
+  typedef typename num<T>::acc A;
+  constexpr int blocks = (K + 2) / 4 + 1; /* first .. (first word + K - 1) / 4 for a first word of 3 */
+  const uint64_t e0 = a.offset + (uint64_t)i;
+  const int first = (int)(e0 % 4);
+  uint32_t w[4 * blocks];
+  DT_UNROLL for (int b = 0; b < blocks; b++) dt_philox_stream(a.seed, e0 / 4 + b, DT_PHILOX_UNIFORM, w + 4 * b);
+  DT_UNROLL for (int e = 0; e < K; e++) {
+    uint32_t word = first == 0 ? w[e] : first == 1 ? w[e + 1] : first == 2 ? w[e + 2] : w[e + 3];
+    r.x[e] = num<T>::store(dt_philox_bits24(word) >= a.keep_min ? num<T>::load(x.x[e]) * (A)a.scale : (A)0);
+  }
+}
 
 /* The inputs op reads (x; y; z) and whether it writes o2: the others' loads and stores are not compiled in (a
  * runtime test for o2 made nvcc compile each trip's second chunk twice, once for each way). */
@@ -147,7 +159,11 @@ __device__ __forceinline__ chunk_bits<T, K> act_load(const T *p, int64_t i) {
 template <int op, typename T, int K>
 __device__ __forceinline__ void act_chunk(const dt_k_act_args &a, int64_t i, const act_inputs<T, K> &in, T *o1, T *o2) {
   chunk<T, K> x = in.x.get(), y = in.y.get(), z = in.z.get(), r1 = {}, r2 = {};
-  DT_UNROLL for (int e = 0; e < K; e++) act_one<op>(a, i + e, x.x[e], y.x[e], z.x[e], r1.x[e], r2.x[e]);
+  if constexpr (op == DT_K_DROPOUT) {
+    dropout_chunk(a, i, x, r1);
+  } else {
+    DT_UNROLL for (int e = 0; e < K; e++) act_one<op>(x.x[e], y.x[e], z.x[e], r1.x[e], r2.x[e]);
+  }
   store_chunk(o1 + i, r1);
   if constexpr (act_arity<op> == 3) store_chunk(o2 + i, r2);
 }
