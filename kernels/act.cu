@@ -13,38 +13,20 @@ namespace dtk {
 #define ACT_INV_SQRT_2PI 0.39894228040143267794
 #define ACT_GELU_K0 0.79788456080286535588 /* sqrt(2 / pi) */
 #define ACT_GELU_K1 0.044715
-#define ACT_LOG2E 1.44269504088896340736
 
-/* A 16-bit storage type's (bf16, f16) math takes the MUFU approximations, one instruction each (ex2 within 2^-22 or
- * so, rcp within 1 ulp, against the storage's rounding at 2^-9 or 2^-12), GELU's tanh form becomes x sigmoid(2u):
- * 0.5 (1 + tanh u) = 1 / (1 + e^-2u), and the exact GELU's CDF an erfc fit (normal_cdf). With expf, tanhf, erff and
+/* A 16-bit storage type's (bf16, f16) math (fast_math) also takes GELU's tanh form as x sigmoid(2u):
+ * 0.5 (1 + tanh u) = 1 / (1 + e^-2u), and the exact GELU's CDF as an erfc fit (normal_cdf). With expf, tanhf, erff and
  * IEEE division the kernels took as many issue slots as DRAM time (the H200 ran GELU tanh at 55% of its bandwidth);
- * the new forms also keep 1 + tanh u and 1 + erf from cancelling for negative x. f32 and f64 keep libm's functions
- * and the CPU's formulas. */
-template <typename T>
-constexpr bool fast_math = sizeof(T) == 2;
-
-/* e^x and 1 / x in T's compute type A. */
-template <typename T, typename A>
-__device__ __forceinline__ A act_exp(A x) {
-  if constexpr (fast_math<T>) return exp2_ftz(x * (A)ACT_LOG2E);
-  else return exp(x);
-}
-template <typename T, typename A>
-__device__ __forceinline__ A act_rcp(A x) {
-  if constexpr (fast_math<T>) return rcp_ftz(x);
-  else return (A)1 / x;
-}
-
+ * the new forms also keep 1 + tanh u and 1 + erf from cancelling for negative x. */
 template <typename T, typename A>
 __device__ __forceinline__ A sigmoid(A x) {
-  return act_rcp<T>((A)1 + act_exp<T>(-x));
+  return rcp_of<T>((A)1 + exp_of<T>(-x));
 }
 
 /* sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3), for a 16-bit T: one FFMA and two multiplies before the ex2, its
  * scale folded into the constants (c1 = -2 log2(e) sqrt(2 / pi), c2 = c1 0.044715). */
 __device__ __forceinline__ float gelu_tanh_sigmoid(float x) {
-  const float c1 = (float)(-2 * ACT_LOG2E * ACT_GELU_K0), c2 = (float)(-2 * ACT_LOG2E * ACT_GELU_K0 * ACT_GELU_K1);
+  const float c1 = (float)(-2 * DT_LOG2E * ACT_GELU_K0), c2 = (float)(-2 * DT_LOG2E * ACT_GELU_K0 * ACT_GELU_K1);
   return rcp_ftz(1.0f + exp2_ftz(x * fmaf(c2, x * x, c1)));
 }
 
@@ -63,8 +45,8 @@ __device__ __forceinline__ float normal_cdf(float x, float *gauss = nullptr) {
   p = fmaf(t, p, 0.37409196f);
   p = fmaf(t, p, 1.00002368f);
   p = fmaf(t, p, -1.26551223f);
-  if (gauss) *gauss = exp2_ftz(-z * z * (float)ACT_LOG2E);
-  float half_erfc = 0.5f * t * exp2_ftz(fmaf(-z, z, p) * (float)ACT_LOG2E);
+  if (gauss) *gauss = exp2_ftz(-z * z * DT_LOG2E);
+  float half_erfc = 0.5f * t * exp2_ftz(fmaf(-z, z, p) * DT_LOG2E);
   return x < 0 ? half_erfc : 1.0f - half_erfc;
 }
 

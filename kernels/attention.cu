@@ -127,8 +127,6 @@ enum { TC_BR = 64, TC_FWD_BR = 128, TC_BC = 64, TC_THREADS = 128 };
 template <int HD>
 __host__ __device__ constexpr int tc_fwd_bc() { return HD > 96 ? 32 : 64; }
 
-/* log2(e): the kernels exponentiate with exp2 (one MUFU op), their scores scaled by scale * log2(e). */
-#define TC_LOG2E 1.4426950408889634f
 
 /* x, as a value the compiler cannot see through (an empty asm statement: no instruction; emulated, x itself): what is
  * computed from it is computed where it is used, not held in registers across a loop. The wgmma forward, at 128
@@ -395,7 +393,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = fwd_tile(p, blockIdx.x) * TC_FWD_BR, w0 = i0 + 16 * MT * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   /* the key tile's K and V rows */
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
@@ -440,7 +438,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_fwd_tc(attn_params p) {
     tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, b, qh, row), o[r / 2], r % 2,
                         l[r] > 0 ? 1.0f / l[r] : 0.0f, p.d);
     if (t == 0)
-      store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
+      store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / DT_LOG2E : -INFINITY);
   }
 }
 
@@ -454,7 +452,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
   const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = fwd_tile(p, blockIdx.x) * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0); /* the key tile's K and V rows */
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
   int unmasked_end = (int)key_end(p, w0); /* keys before it are visible to every row of the warp */
@@ -498,7 +496,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg(attn_params p) {
     tc_store_row<T, HD>(static_cast<T *>(p.o) + attn_at(p.lay.out, ob, oh, row), o[0], r,
                         l[r] > 0 ? 1.0f / l[r] : 0.0f, p.d);
     if (t == 0)
-      store_dyn<float>(p.lse_out, p.ldtype, obh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / TC_LOG2E : -INFINITY);
+      store_dyn<float>(p.lse_out, p.ldtype, obh * p.t + row, l[r] > 0 ? (m[r] + log2f(l[r])) / DT_LOG2E : -INFINITY);
   }
 }
 
@@ -514,7 +512,7 @@ __device__ __forceinline__ void dq_start(const attn_params &p, T *Qs, T *dOs, in
   cp_tile<T, HD, CORES>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, qh, i0), p.t - i0, p.d,
                         p.lay.dout.st, rows);
   DT_UNROLL for (int h = 0; h < 2; h++, row += 8) {
-    lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * TC_LOG2E : INFINITY;
+    lr[h] = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) * DT_LOG2E : INFINITY;
     dr[h] = row < p.t ? p.delta[bh * p.t + row] : 0.0f;
     rend[h] = row < p.t ? key_end(p, row) : 0; /* (a row with lse = -inf sees no key: key_end is 0) */
   }
@@ -566,7 +564,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dq_tc(attn_params p) {
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * TC_BR, w0 = i0 + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   float lr[2], dr[2], dq[1][DN][4];
   int64_t rend[2];
   dq_start<T, HD, false>(p, Qs, dOs, bh, i0, TC_BR, w0 + g, lr, dr, rend);
@@ -603,7 +601,7 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dq_wg(attn_params p) {
   const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * WG_BR, w0 = i0 + 64 * wg + 16 * warp;
   int64_t b = bh / p.hq, qh = bh % p.hq, kvh = qh / (p.hq / p.hkv);
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   float lr[2], dr[2], dq[1][DN][4];
   int64_t rend[2];
   dq_start<T, HD, true>(p, Qs, dOs, bh, i0, WG_BR, w0 + g, lr, dr, rend);
@@ -661,7 +659,7 @@ __device__ __forceinline__ void dkv_rows(const attn_params &p, int64_t bh, int64
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
     bool in = i0 + r < p.t;
     float lse = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + r) : -INFINITY;
-    Ls[r] = lse == -INFINITY ? INFINITY : lse * TC_LOG2E;
+    Ls[r] = lse == -INFINITY ? INFINITY : lse * DT_LOG2E;
     Dl[r] = in ? p.delta[bh * p.t + i0 + r] : 0.0f;
   }
 }
@@ -707,7 +705,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_bwd_dkv_tc(attn_params p) {
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
   int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv;
   int64_t j0 = (int64_t)blockIdx.x * TC_BC, w0 = j0 + 16 * warp, key[2] = {w0 + g, w0 + g + 8};
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   const T *kt = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0);
   const T *vt = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0);
   tc_load_tile<T, HD>(Ks, kt, p.tk - j0, p.d, p.lay.k.st, TC_BC);
@@ -755,7 +753,7 @@ __global__ void __launch_bounds__(WG_THREADS) attn_bwd_dkv_wg(attn_params p) {
   const int wg = threadIdx.x / 128, warp = threadIdx.x / WARP % 4, g = threadIdx.x % WARP / 4, t = threadIdx.x % 4;
   int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv;
   int64_t j0 = (int64_t)blockIdx.x * WG_BR, w0 = j0 + 64 * wg + 16 * warp, key[2] = {w0 + g, w0 + g + 8};
-  const float sl = p.scale * TC_LOG2E;
+  const float sl = p.scale * DT_LOG2E;
   wg_load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, j0), p.tk - j0, p.d, p.lay.k.st,
                       WG_BR);
   wg_load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, j0), p.tk - j0, p.d, p.lay.v.st,

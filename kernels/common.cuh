@@ -109,6 +109,28 @@ __device__ __forceinline__ float rcp_ftz(float x) {
 #endif
 }
 
+/* A 16-bit storage type (bf16, f16) computes e^x and 1/x with those MUFU ops: their errors (~2^-22 and 1 ulp) are far
+ * under the storage's rounding (2^-9, 2^-12), and libm's expf and IEEE division cost about 8 instructions each, which
+ * made the activation and softmax kernels as long in issue slots as in DRAM time. f32 and f64 keep libm's functions
+ * (the CPU's results). */
+template <typename T>
+constexpr bool fast_math = sizeof(T) == 2;
+
+/* log2(e): e^x = 2^(x log2(e)), one ex2. */
+#define DT_LOG2E 1.4426950408889634f
+
+/* e^x and 1 / x in T's compute type A. */
+template <typename T, typename A>
+__device__ __forceinline__ A exp_of(A x) {
+  if constexpr (fast_math<T>) return exp2_ftz(x * DT_LOG2E);
+  else return exp(x);
+}
+template <typename T, typename A>
+__device__ __forceinline__ A rcp_of(A x) {
+  if constexpr (fast_math<T>) return rcp_ftz(x);
+  else return (A)1 / x;
+}
+
 /* Element i of a buffer of runtime `dtype`, in compute type C, and back (bool stores 0/1). */
 template <typename C>
 __device__ __forceinline__ C load_dyn(const void *p, int dtype, int64_t i) {

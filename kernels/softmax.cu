@@ -3,7 +3,7 @@
 
 namespace dtk {
 
-/* Row max and sum(exp(x - max)) over the block (f32, f64 for double rows). */
+/* Row max and sum(exp(x - max)) over the block (f32, f64 for double rows; exp_of: one ex2 for 16-bit rows). */
 template <typename T, typename A>
 __device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *red, A *m, A *s) {
   A mx = -(A)INFINITY, sum = 0;
@@ -12,7 +12,7 @@ __device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *re
   });
   mx = block_reduce(mx, max_op(), -(A)INFINITY, red);
   row_chunks<T>(v, vec, [&](int64_t c, auto k) {
-    for (T e : load_chunk<decltype(k)::value>(x + c).x) sum += exp(num<T>::load(e) - mx);
+    for (T e : load_chunk<decltype(k)::value>(x + c).x) sum += exp_of<T>(num<T>::load(e) - mx);
   });
   *s = block_reduce(sum, sum_op(), (A)0, red);
   *m = mx;
@@ -32,7 +32,7 @@ __global__ void softmax_fwd(const T *x, T *y, int64_t v, bool logsm) {
     auto xv = load_chunk<decltype(k)::value>(xr + c);
     for (T &e : xv.x) {
       A xe = num<T>::load(e);
-      e = num<T>::store(logsm ? xe - lse : exp(xe - m) * inv);
+      e = num<T>::store(logsm ? xe - lse : exp_of<T>(xe - m) * inv);
     }
     store_chunk(yr + c, xv);
   });
@@ -57,7 +57,7 @@ __global__ void softmax_bwd(const T *y, const T *dy, T *dx, int64_t v, bool logs
     auto gv = load_chunk<K>(dy + base + c), yv = load_chunk<K>(y + base + c);
     DT_UNROLL for (int e = 0; e < K; e++) {
       A g = num<T>::load(gv.x[e]), ye = num<T>::load(yv.x[e]);
-      gv.x[e] = num<T>::store(logsm ? g - exp(ye) * acc : ye * (g - acc));
+      gv.x[e] = num<T>::store(logsm ? g - exp_of<T>(ye) * acc : ye * (g - acc));
     }
     store_chunk(dx + base + c, gv);
   });
@@ -112,7 +112,7 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
     constexpr int K = decltype(w)::value;
     auto xv = load_chunk<K>(xr + c);
     DT_UNROLL for (int e = 0; e < K; e++) {
-      A p = exp(num<T>::load(xv.x[e]) - m) * ks;
+      A p = exp_of<T>(num<T>::load(xv.x[e]) - m) * ks;
       xv.x[e] = num<T>::store(c + e == t ? p - k : p);
     }
     store_chunk(dl + c, xv);
