@@ -84,30 +84,26 @@ struct num<__half> {
   static __device__ __forceinline__ __half store(float a) { return __float2half(a); }
 };
 
-/* 2^x in one MUFU op (ex2.approx.ftz, as FlashAttention's exp2f under fast math): a result under 2^-126 is 0, where
- * exp2f spends 3 more instructions an exponential to keep it subnormal; past 2^128 it is +inf. Such a probability
- * moves neither a softmax sum (at least 1) nor a bf16/f16 product. */
-__device__ __forceinline__ float exp2_ftz(float x) {
+/* One MUFU op on x: 2^x (ex2.approx.ftz, as FlashAttention's exp2f under fast math) or 1/x (rcp.approx.ftz, within
+ * 1 ulp, where IEEE division takes about 8 instructions). Subnormal inputs and results are 0: exp2f spends 3 more
+ * instructions an exponential to keep them, and such a probability moves neither a softmax sum (at least 1) nor a
+ * bf16/f16 product. 2^x past 128 and 1/0 are +inf, 1/inf is 0. The emulation computes the same in libm. */
+enum { MUFU_EX2, MUFU_RCP };
+template <int op>
+__device__ __forceinline__ float mufu(float x) {
 #ifdef __CUDACC__
   float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  if constexpr (op == MUFU_EX2) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  else asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 #else
-  float r = exp2f(x);
-  return r < 0x1p-126f ? 0.0f : r;
+  if (fabsf(x) < 0x1p-126f) x = copysignf(0.0f, x);
+  float r = op == MUFU_EX2 ? exp2f(x) : 1.0f / x;
+  return fabsf(r) < 0x1p-126f ? copysignf(0.0f, r) : r;
 #endif
 }
-
-/* 1/x in one MUFU op (rcp.approx.ftz: within 1 ulp; 1/inf = 0), where IEEE division takes about 8 instructions. */
-__device__ __forceinline__ float rcp_ftz(float x) {
-#ifdef __CUDACC__
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-#else
-  return 1.0f / x;
-#endif
-}
+__device__ __forceinline__ float exp2_ftz(float x) { return mufu<MUFU_EX2>(x); }
+__device__ __forceinline__ float rcp_ftz(float x) { return mufu<MUFU_RCP>(x); }
 
 /* A 16-bit storage type (bf16, f16) computes e^x and 1/x with those MUFU ops: their errors (~2^-22 and 1 ulp) are far
  * under the storage's rounding (2^-9, 2^-12), and libm's expf and IEEE division cost about 8 instructions each, which
