@@ -193,9 +193,10 @@ function Trainer:device()
    return p and p.device or "cpu"
 end
 
--- The batch on the model's device. Data stays on the host and is copied per step.
-function Trainer:to_device(x, y)
-   local dev = self:device()
+-- The batch on the model's device (dev: self:device(), which a step looks up once: it may list every parameter).
+-- Data stays on the host and is copied per step.
+function Trainer:to_device(x, y, dev)
+   dev = dev or self:device()
    if dev == "cpu" then return x, y end
    local function move(t) return dt.is_tensor(t) and t:to(dev) or t end
    return move(x), move(y)
@@ -222,7 +223,8 @@ function Trainer:train_step()
    if tr then tr:begin_step(step) end
    self:hook("begin_step", step)
    dt.reset_peak_memory()
-   local t0, waits0 = dt.time(), self:device() ~= "cpu" and dt.cuda_host_waits()
+   local dev = self:device()
+   local t0, waits0 = dt.time(), dev ~= "cpu" and dt.cuda_host_waits()
    -- lr_override (set from the live REPL) holds the lr, whatever the schedule says, until it is set to nil again
    local lr = self.lr_override or self.schedule and self.schedule(step, self.skipped_steps) or opt.lr
    opt.lr = lr
@@ -233,7 +235,7 @@ function Trainer:train_step()
    for i = 1, n_micro do
       self:hook("micro_batch", i, n_micro)
       local x, y = traced(tr, "data", "data", self.data.next, self.data)
-      x, y = traced(tr, "to device", "copy", self.to_device, self, x, y)
+      x, y = traced(tr, "to device", "copy", self.to_device, self, x, y, dev)
       local loss = traced(tr, "forward", "forward", self.forward, self.model, x, y)
       samples, tokens = samples + x.shape[1], tokens + x:numel()
       -- the gradient of the loss as a number (known to the host: the cross-entropy's backward need not read it back)
