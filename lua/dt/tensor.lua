@@ -155,8 +155,8 @@ end
 -- Properties ----------------------------------------------------------------------------------
 
 -- The first n entries of a dims array (int64_t[8]: sizes, or strides, which may be negative) as a Lua array. Read as
--- 32-bit halves (little-endian): the interpreter, which runs most op code (closures stop the JIT), boxes every int64
--- it reads, and those boxes were a sixth of a training step's garbage.
+-- 32-bit halves (little-endian) into a presized table: the interpreter, which runs most op code (closures stop the
+-- JIT), boxes every int64 it reads, and shape tables with their boxes were a sixth of a training step's garbage.
 assert(ffi.abi("le"), "dt.tensor reads int64 dims as little-endian halves")
 local i32_ptr = ffi.typeof("int32_t *")
 local function dims_table(arr, n)
