@@ -88,8 +88,9 @@ end
 -- How dt.linear ran on cuda devices (dt_cuda_linear_stats): cuBLASLt calls by epilogue (default, bias, gelu,
 -- gelu_aux, gelu_bias, gelu_aux_bias), calls whose GELU ran as a separate kernel (gelu_kernel), cuBLAS fallbacks; its
 -- backward's weight gradients with a bias gradient in the GEMM's epilogue (bgrad) or after it (bgrad_fallback); the
--- fused MLP's GELU gradients in the proj GEMM's epilogue (dgelu) or after it (dgelu_fallback); the latest fallback's
--- reason; nil in a CPU-only build. dt.cuda_linear_stats(true) also resets the counts.
+-- fused MLP's GELU gradients in the proj GEMM's epilogue (dgelu) or after it (dgelu_fallback); cuBLASLt plans made
+-- (plans: one per problem, reused by its later calls); the latest fallback's reason; nil in a CPU-only build.
+-- dt.cuda_linear_stats(true) also resets the counts.
 function dt.cuda_linear_stats(reset)
    if device.cuda_build() == "none" then return nil end
    local s = ffi.new("dt_cuda_linear_stats")
@@ -99,7 +100,8 @@ function dt.cuda_linear_stats(reset)
       gelu_aux = tonumber(s.lt_gelu_aux), gelu_bias = tonumber(s.lt_gelu_bias),
       gelu_aux_bias = tonumber(s.lt_gelu_aux_bias), gelu_kernel = tonumber(s.gelu_kernel),
       fallback = tonumber(s.fallback), bgrad = tonumber(s.lt_bgrad), bgrad_fallback = tonumber(s.bgrad_fallback),
-      dgelu = tonumber(s.lt_dgelu), dgelu_fallback = tonumber(s.dgelu_fallback), reason = ffi.string(s.reason) }
+      dgelu = tonumber(s.lt_dgelu), dgelu_fallback = tonumber(s.dgelu_fallback), plans = tonumber(s.lt_plans),
+      reason = ffi.string(s.reason) }
 end
 
 -- How many times the host has waited for a cuda device since the process started (dt_cuda_host_waits: every read of a

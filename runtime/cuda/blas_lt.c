@@ -75,17 +75,126 @@ static bool lt_get(int device, cublasLtHandle_t *h, char *why, size_t size) {
   return r == CUBLAS_STATUS_SUCCESS;
 }
 
+/* A problem cuBLASLt plans for: everything its descriptor, layouts and algorithm depend on (alignments: A, B, C, D,
+ * bias, aux; 0 for none). Zeroed before it is filled, so that its padding compares equal. */
+typedef struct {
+  int device, dtype, epilogue;
+  cublasComputeType_t compute;
+  cublasOperation_t op_a, op_b;
+  uint64_t a_rows, a_cols, b_rows, b_cols;
+  int64_t a_ld, b_ld, M, N;
+  uint32_t align[6];
+} lt_key;
+
+/* A problem's plan: made once, then each call sets the bias and aux pointers and runs. Making it took about 20 calls
+ * into cuBLASLt a GEMM (descriptor, 3 layouts, preference, heuristic, 5 destroys, attributes), where a training step
+ * runs the same few dozen problems every step (RAFT measured memoising them: a GEMM's host time ~10 -> ~5 us). */
+typedef struct {
+  lt_key key;
+  bool used;
+  cublasStatus_t found; /* CUBLAS_STATUS_SUCCESS: algo is the heuristic's first choice; else why it has none */
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+} lt_plan;
+
+/* Open addressing: a key's PLAN_PROBES slots from its hash; with all taken by other keys the first is replaced. The
+ * lock also covers a call's use of its plan (the descriptor's pointers are set per call). */
+enum { N_PLANS = 256, PLAN_PROBES = 8 };
+static lt_plan plans[N_PLANS];
+static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void plan_drop(lt_plan *p) {
+  if (p->ld) api.layout_destroy(p->ld);
+  if (p->lb) api.layout_destroy(p->lb);
+  if (p->la) api.layout_destroy(p->la);
+  if (p->desc) api.desc_destroy(p->desc);
+  memset(p, 0, sizeof *p);
+}
+
+/* Drops the plans made on a device (its handle is about to go). */
+static void plans_drop_device(int device) {
+  pthread_mutex_lock(&plan_lock);
+  for (int i = 0; i < N_PLANS; i++)
+    if (plans[i].used && plans[i].key.device == device) plan_drop(&plans[i]);
+  pthread_mutex_unlock(&plan_lock);
+}
+
+/* The key's plan (used) or the slot to make it in (not used). plan_lock held. */
+static lt_plan *plan_slot(const lt_key *k) {
+  uint32_t hash = 2166136261u; /* FNV-1a over the key's bytes */
+  for (size_t i = 0; i < sizeof *k; i++) hash = (hash ^ ((const unsigned char *)k)[i]) * 16777619u;
+  lt_plan *free_slot = NULL;
+  for (int i = 0; i < PLAN_PROBES; i++) {
+    lt_plan *p = &plans[(hash + i) % N_PLANS];
+    if (p->used && memcmp(&p->key, k, sizeof *k) == 0) return p;
+    if (!p->used && !free_slot) free_slot = p;
+  }
+  if (!free_slot) plan_drop(free_slot = &plans[hash % N_PLANS]);
+  return free_slot;
+}
+
+/* Makes plan p for key k: the descriptor (compute type, ops, epilogue, aux leading dimension; this call's bias and aux
+ * pointers, which the heuristic sees), the layouts and the heuristic's algorithm under the key's alignments (or why it
+ * has none, in p->found); the cuBLASLt status of the step that failed otherwise (`step` names it; p is dropped). */
+static cublasStatus_t plan_make(cublasLtHandle_t h, const lt_key *k, const void *bias, const void *aux, lt_plan *p,
+                                const char **step) {
+  cudaDataType t = k->dtype == DT_DTYPE_F32 ? CUDA_R_32F : k->dtype == DT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  cublasLtEpilogue_t ep = (cublasLtEpilogue_t)k->epilogue;
+  cublasLtMatmulPreference_t pref = NULL;
+  static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  int64_t aux_ld = k->M;
+  uint64_t workspace = 0; /* none: no split-K, and nothing held between calls (memory accounting stays exact) */
+  *step = "cublasLtMatmulDescCreate";
+  cublasStatus_t r = api.desc_create(&p->desc, k->compute, CUDA_R_32F);
+#define LT_STEP(name, call) \
+  if (r == CUBLAS_STATUS_SUCCESS) *step = name, r = (call)
+  LT_STEP("TRANSA", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &k->op_a, sizeof k->op_a));
+  LT_STEP("TRANSB", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &k->op_b, sizeof k->op_b));
+  LT_STEP("EPILOGUE", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+  if (bias) LT_STEP("BIAS_POINTER", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  if (aux) {
+    LT_STEP("EPILOGUE_AUX_POINTER", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    LT_STEP("EPILOGUE_AUX_LD", api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+  }
+  LT_STEP("layout A", api.layout_create(&p->la, t, k->a_rows, k->a_cols, k->a_ld));
+  LT_STEP("layout B", api.layout_create(&p->lb, t, k->b_rows, k->b_cols, k->b_ld));
+  LT_STEP("layout D", api.layout_create(&p->ld, t, (uint64_t)k->M, (uint64_t)k->N, k->M));
+  LT_STEP("cublasLtMatmulPreferenceCreate", api.pref_create(&pref));
+  LT_STEP("MAX_WORKSPACE_BYTES",
+          api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  for (int i = 0; i < 4; i++)
+    LT_STEP("MIN_ALIGNMENT_*_BYTES", api.pref_set(pref, align_attr[i], &k->align[i], sizeof k->align[i]));
+#undef LT_STEP
+  if (r == CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    memset(&heur, 0, sizeof heur);
+    cublasStatus_t hr = api.heuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heur, &found);
+    p->found = hr != CUBLAS_STATUS_SUCCESS ? hr : found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED : heur.state;
+    p->algo = heur.algo;
+    p->key = *k;
+    p->used = true;
+  }
+  if (pref) api.pref_destroy(pref);
+  if (r != CUBLAS_STATUS_SUCCESS) plan_drop(p);
+  return r;
+}
+
 void dt_cuda_blas_lt_release(dt_cuda_dev *d) {
+  plans_drop_device(d->streams[0].device);
   pthread_mutex_lock(&handle_lock);
   if (d->blas_lt) api.destroy(d->blas_lt);
   d->blas_lt = NULL;
   pthread_mutex_unlock(&handle_lock);
 }
 
-/* dt_cuda_linear_stats: the paths by counter (the struct's int64 fields in order) and the latest fallback's reason. */
+/* dt_cuda_linear_stats: the paths and the plans made by counter (the struct's int64 fields in order) and the latest fallback's reason. */
 enum {
   P_DEFAULT, P_BIAS, P_GELU, P_GELU_AUX, P_GELU_BIAS, P_GELU_AUX_BIAS, P_GELU_KERNEL, P_FALLBACK, P_BGRAD,
-  P_BGRAD_FALLBACK, P_DGELU, P_DGELU_FALLBACK, N_PATHS
+  P_BGRAD_FALLBACK, P_DGELU, P_DGELU_FALLBACK, P_PLANS, N_PATHS
 };
 static _Atomic int64_t counts[N_PATHS];
 static pthread_mutex_t reason_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -94,7 +203,8 @@ static char last_reason[sizeof ((dt_cuda_linear_stats *)0)->reason];
 void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out) {
   int64_t *f[N_PATHS] = {&out->lt_default,     &out->lt_bias,          &out->lt_gelu,     &out->lt_gelu_aux,
                          &out->lt_gelu_bias,    &out->lt_gelu_aux_bias, &out->gelu_kernel, &out->fallback,
-                         &out->lt_bgrad,        &out->bgrad_fallback,   &out->lt_dgelu,    &out->dgelu_fallback};
+                         &out->lt_bgrad,        &out->bgrad_fallback,   &out->lt_dgelu,    &out->dgelu_fallback,
+                         &out->lt_plans};
   for (int i = 0; i < N_PATHS; i++) *f[i] = atomic_load(&counts[i]);
   pthread_mutex_lock(&reason_lock);
   memcpy(out->reason, last_reason, sizeof last_reason);
@@ -141,17 +251,11 @@ static uint32_t alignment_of(const void *p) {
 }
 
 /* One cublasLtMatmul: D = epilogue(op(A) op(B)) into d (and aux; bias: the bias added, or the bias gradient a BGRAD
- * epilogue writes); DT_ERR_UNSUPPORTED with `why` filled when the
+ * epilogue writes), on the problem's plan (made on its first call); DT_ERR_UNSUPPORTED with `why` filled when the
  * heuristic has no algorithm for it (the caller falls back), another error when cuBLASLt fails outright. */
 static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt_operand *a, const lt_operand *b,
                            const dt_tensor *bias, cublasLtEpilogue_t ep, void *d, void *aux, int64_t M, int64_t N,
                            int64_t K, char *why, size_t size) {
-  cudaDataType t = dtype == DT_DTYPE_F32 ? CUDA_R_32F : dtype == DT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-  cublasComputeType_t ct = dtype == DT_DTYPE_F32 && dt_cuda_matmul_tf32_get() ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                              : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-  cublasLtMatmulPreference_t pref = NULL;
   const void *bias_p = bias ? dt_tensor_ptr(bias) : NULL;
   /* the epilogue reads (writes) the bias vector and the aux matrix with 16-byte accesses that the alignment
    * preferences do not cover: a less aligned one would fault, so the caller's unfused path takes it */
@@ -161,62 +265,47 @@ static dt_status lt_matmul(dt_stream *s, cublasLtHandle_t h, int dtype, const lt
              bias_short ? "bias vector" : "aux matrix", alignment_of(bias_short ? bias_p : aux));
     return DT_ERR_UNSUPPORTED;
   }
-  const uint32_t align[4] = {alignment_of(a->p), alignment_of(b->p), alignment_of(d), alignment_of(d)}; /* C is D */
-  static const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  int64_t aux_ld = M;
-  uint64_t workspace = 0; /* none: no split-K, and nothing held between calls (memory accounting stays exact) */
-  const char *step = "cublasLtMatmulDescCreate";
-  cublasStatus_t r = api.desc_create(&desc, ct, CUDA_R_32F);
-#define LT_STEP(name, call) \
-  if (r == CUBLAS_STATUS_SUCCESS) step = name, r = (call)
-  LT_STEP("TRANSA", api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &a->op, sizeof a->op));
-  LT_STEP("TRANSB", api.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &b->op, sizeof b->op));
-  LT_STEP("EPILOGUE", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-  if (bias) LT_STEP("BIAS_POINTER", api.desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_p, sizeof bias_p));
-  if (aux) {
-    LT_STEP("EPILOGUE_AUX_POINTER", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-    LT_STEP("EPILOGUE_AUX_LD", api.desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-  }
-  LT_STEP("layout A", api.layout_create(&la, t, a->rows, a->cols, a->ld));
-  LT_STEP("layout B", api.layout_create(&lb, t, b->rows, b->cols, b->ld));
-  LT_STEP("layout D", api.layout_create(&ld, t, (uint64_t)M, (uint64_t)N, M));
-  LT_STEP("cublasLtMatmulPreferenceCreate", api.pref_create(&pref));
-  LT_STEP("MAX_WORKSPACE_BYTES",
-          api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-  for (int i = 0; i < 4; i++)
-    LT_STEP("MIN_ALIGNMENT_*_BYTES", api.pref_set(pref, align_attr[i], &align[i], sizeof align[i]));
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  memset(&heur, 0, sizeof heur);
+  lt_key k;
+  memset(&k, 0, sizeof k);
+  k.device = s->device, k.dtype = dtype, k.epilogue = (int)ep;
+  k.compute = dtype == DT_DTYPE_F32 && dt_cuda_matmul_tf32_get() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  k.op_a = a->op, k.a_rows = a->rows, k.a_cols = a->cols, k.a_ld = a->ld;
+  k.op_b = b->op, k.b_rows = b->rows, k.b_cols = b->cols, k.b_ld = b->ld;
+  k.M = M, k.N = N;
+  const uint32_t align[6] = {alignment_of(a->p), alignment_of(b->p), alignment_of(d), alignment_of(d), /* C is D */
+                             bias_p ? alignment_of(bias_p) : 0, aux ? alignment_of(aux) : 0};
+  memcpy(k.align, align, sizeof align);
+  const char *step = "cublasLtMatmul";
   dt_status st = DT_OK;
-  if (r == CUBLAS_STATUS_SUCCESS) {
-    r = api.heuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
-    if (r != CUBLAS_STATUS_SUCCESS || found < 1 || heur.state != CUBLAS_STATUS_SUCCESS) {
-      snprintf(why, size, "cublasLtMatmulAlgoGetHeuristic has no algorithm for M=%lld N=%lld K=%lld %s epilogue %d: %s",
-               (long long)M, (long long)N, (long long)K, dt_dtype_name(dtype), (int)ep,
-               api.status_string(r != CUBLAS_STATUS_SUCCESS ? r
-                                 : found < 1                ? CUBLAS_STATUS_NOT_SUPPORTED
-                                                            : heur.state));
-      st = DT_ERR_UNSUPPORTED;
-    } else {
-      float one = 1.0f, zero = 0.0f;
-      st = dt_cuda_use(s->device);
-      if (st == DT_OK)
-        r = api.matmul(h, desc, &one, a->p, la, b->p, lb, &zero, d, ld, d, ld, &heur.algo, NULL, 0, s->s);
+  pthread_mutex_lock(&plan_lock);
+  lt_plan *p = plan_slot(&k);
+  bool made = !p->used;
+  cublasStatus_t r = made ? plan_make(h, &k, bias_p, aux, p, &step) : CUBLAS_STATUS_SUCCESS;
+  if (made && r == CUBLAS_STATUS_SUCCESS) atomic_fetch_add(&counts[P_PLANS], 1);
+  if (r == CUBLAS_STATUS_SUCCESS && p->found != CUBLAS_STATUS_SUCCESS) {
+    snprintf(why, size, "cublasLtMatmulAlgoGetHeuristic has no algorithm for M=%lld N=%lld K=%lld %s epilogue %d: %s",
+             (long long)M, (long long)N, (long long)K, dt_dtype_name(dtype), (int)ep, api.status_string(p->found));
+    st = DT_ERR_UNSUPPORTED;
+  } else if (r == CUBLAS_STATUS_SUCCESS) {
+    float one = 1.0f, zero = 0.0f;
+    if (bias && !made) {
+      step = "BIAS_POINTER";
+      r = api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_p, sizeof bias_p);
+    }
+    if (aux && !made && r == CUBLAS_STATUS_SUCCESS) {
+      step = "EPILOGUE_AUX_POINTER";
+      r = api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    }
+    if (r == CUBLAS_STATUS_SUCCESS) st = dt_cuda_use(s->device);
+    if (r == CUBLAS_STATUS_SUCCESS && st == DT_OK) {
       step = "cublasLtMatmul";
+      r = api.matmul(h, p->desc, &one, a->p, p->la, b->p, p->lb, &zero, d, p->ld, d, p->ld, &p->algo, NULL, 0, s->s);
     }
   }
-#undef LT_STEP
+  pthread_mutex_unlock(&plan_lock);
   if (st == DT_OK && r != CUBLAS_STATUS_SUCCESS)
     st = DT_FAIL(DT_ERR_STATE, "linear: %s (M=%lld N=%lld K=%lld, %s, epilogue %d) failed: %s", step, (long long)M,
                  (long long)N, (long long)K, dt_dtype_name(dtype), (int)ep, api.status_string(r));
-  if (pref) api.pref_destroy(pref);
-  if (ld) api.layout_destroy(ld);
-  if (lb) api.layout_destroy(lb);
-  if (la) api.layout_destroy(la);
-  if (desc) api.desc_destroy(desc);
   return st;
 }
 

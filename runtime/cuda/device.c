@@ -11,6 +11,10 @@ static dt_cuda_dev devs[DT_CUDA_MAX_DEVICES];
 static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static _Thread_local int tl_device; /* the device dt_cuda_use made current on this thread */
+/* Whether tl_device is current on this thread: dt_cuda_use runs before every op (a few times for some), and dtrun is
+ * the only code that sets the device (NCCL's init restores it), so later calls for the same device ask the runtime
+ * nothing (a 12-layer GPT's step made 2721 cudaSetDevice calls, each with a device count before it). */
+static _Thread_local bool tl_current;
 
 static dt_status status_of(cudaError_t e) {
   return e == cudaErrorMemoryAllocation ? DT_ERR_OOM
@@ -78,11 +82,14 @@ bool dt_cuda_env_is(const char *name, const char *value) {
 }
 
 dt_status dt_cuda_use(int device) {
+  if (tl_current && tl_device == device) return DT_OK;
   int n = dt_cuda_device_count();
   DT_CHECK(device >= 0 && device < n && device < DT_CUDA_MAX_DEVICES, DT_ERR_ARG, "cuda:%d does not exist (%d device%s)",
            device, n, n == 1 ? "" : "s");
+  tl_current = false;
   DT_CUDA_TRY("cudaSetDevice", cudaSetDevice(device));
   tl_device = device;
+  tl_current = true;
   return DT_OK;
 }
 
@@ -204,6 +211,7 @@ dt_status dt_cuda_device_reset(int device) {
   dt_cuda_mem_forget(device);
   dt_cuda_spans_forget(device);
   cudaError_t e = cudaDeviceReset();
+  tl_current = false; /* the next use sets the device again, which makes a new context current */
   pthread_mutex_unlock(&dev_lock);
   DT_CUDA_TRY("cudaDeviceReset", e);
   return DT_OK;

@@ -115,10 +115,11 @@ bool dt_cuda_matmul_tf32_get(void);
  * then the GEMM adding onto them); and how dt_op_linear_wgrad with a bias gradient ran: one cublasLtMatmul with the
  * BGRADB epilogue (lt_bgrad), or cuBLAS and the column-sum kernel (bgrad_fallback); and how dt_op_linear_dgelu ran:
  * one cublasLtMatmul with the DGELU epilogue (lt_dgelu), or cuBLAS and the GELU backward kernel (dgelu_fallback).
- * reason: the latest fallback's. */
+ * lt_plans: cuBLASLt plans made (descriptor, layouts and the heuristic's algorithm), one per problem (shapes, dtype,
+ * epilogue, alignments) that the calls before had not planned. reason: the latest fallback's. */
 typedef struct dt_cuda_linear_stats {
   int64_t lt_default, lt_bias, lt_gelu, lt_gelu_aux, lt_gelu_bias, lt_gelu_aux_bias;
-  int64_t gelu_kernel, fallback, lt_bgrad, bgrad_fallback, lt_dgelu, dgelu_fallback;
+  int64_t gelu_kernel, fallback, lt_bgrad, bgrad_fallback, lt_dgelu, dgelu_fallback, lt_plans;
   char reason[256];
 } dt_cuda_linear_stats;
 void dt_cuda_linear_stats_get(dt_cuda_linear_stats *out);

@@ -466,6 +466,58 @@ static void dgelu_case(int dtype, int64_t N, int64_t K, int64_t Nout, size_t pat
   DEV_FREE(S, dg, dw, dp, dx);
 }
 
+/* Calls of one problem after the first run on the plan it made (cuBLASLt's descriptor, layouts and algorithm) with
+ * their own operands, bias and aux matrix: three GELU_AUX_BIAS linears and three DGELU products, each call's tensors
+ * held until all have run (no address repeats), each against the CPU; one plan made for each problem. */
+static void test_linear_plans(int dtype) {
+  enum { CALLS = 3 };
+  const int64_t N = 7, K = 48, Nout = 32; /* shapes no other case plans */
+  dt_tensor *h[CALLS][6], *d[CALLS][6], *ref[CALLS][2];
+  dt_cuda_linear_stats before, after;
+  dt_cuda_linear_stats_get(&before);
+  for (int c = 0; c < CALLS; c++) {
+    uint64_t seed = 50 + 10 * (uint64_t)c;
+    h[c][0] = host_sample(2, SHAPE(N, K), dtype, seed, 1);           /* x */
+    h[c][1] = host_sample(2, SHAPE(Nout, K), dtype, seed + 1, 0.3);  /* w */
+    h[c][2] = host_sample(1, SHAPE(Nout), dtype, seed + 2, 1);       /* b */
+    h[c][3] = host_sample(2, SHAPE(N, Nout), dtype, seed + 3, 1);    /* the GELU gradient's dy */
+    h[c][4] = host_sample(2, SHAPE(Nout, K), dtype, seed + 4, 0.3);  /* its w */
+    h[c][5] = host_sample(2, SHAPE(N, K), dtype, seed + 5, 3);       /* its pre */
+    for (int i = 0; i < 6; i++) d[c][i] = dev_from_host(S, h[c][i]);
+    ref[c][0] = host_zeros(2, SHAPE(N, Nout), dtype), ref[c][1] = host_zeros(2, SHAPE(N, K), dtype);
+  }
+  dt_tensor *y[CALLS], *pre[CALLS], *dx[CALLS];
+  for (int c = 0; c < CALLS; c++) {
+    y[c] = dev_empty(S, 2, SHAPE(N, Nout), dtype), pre[c] = dev_empty(S, 2, SHAPE(N, Nout), dtype);
+    dx[c] = dev_empty(S, 2, SHAPE(N, K), dtype);
+    expect_ok(dt_cuda_op_linear(S, d[c][0], d[c][1], d[c][2], DT_LINEAR_GELU_TANH, y[c], pre[c]), "a planned linear");
+    expect_ok(dt_cuda_op_linear_dgelu(S, d[c][3], d[c][4], d[c][5], dx[c]), "a planned GELU gradient");
+  }
+  for (int c = 0; c < CALLS; c++) {
+    dt_tensor *ref_pre = host_zeros(2, SHAPE(N, Nout), dtype);
+    die_on(dt_op_linear(h[c][0], h[c][1], h[c][2], DT_LINEAR_GELU_TANH, ref[c][0], ref_pre), "cpu linear");
+    die_on(dt_op_linear_dgelu(h[c][3], h[c][4], h[c][5], ref[c][1]), "cpu linear GELU gradient");
+    expect_close(S, y[c], ref[c][0], 1 + (double)K / 8, "each call's linear reads its own operands and bias");
+    expect_close(S, pre[c], ref_pre, 1 + (double)K / 8, "each call's linear writes its own aux matrix");
+    expect_close(S, dx[c], ref[c][1], 1 + (double)Nout / 8, "each call's GELU gradient reads its own pre");
+    dt_tensor_free(ref_pre);
+  }
+  dt_cuda_linear_stats_get(&after);
+  expect(after.lt_gelu_aux_bias - before.lt_gelu_aux_bias == CALLS && after.lt_dgelu - before.lt_dgelu == CALLS,
+         "every call ran on cuBLASLt");
+  /* the pool's addresses are 256-byte aligned here, so every call of a problem has the same key */
+  if (after.lt_plans - before.lt_plans != 2) printf("  plans made: %lld\n", (long long)(after.lt_plans - before.lt_plans));
+  expect(after.lt_plans - before.lt_plans == 2, "the later calls of a problem reuse its plan");
+  for (int c = 0; c < CALLS; c++) {
+    for (int i = 0; i < 6; i++) {
+      dt_tensor_free(h[c][i]);
+      dev_free(S, d[c][i]);
+    }
+    HOST_FREE(ref[c][0], ref[c][1]);
+    DEV_FREE(S, y[c], pre[c], dx[c]);
+  }
+}
+
 #define LT(field) offsetof(dt_cuda_linear_stats, field)
 static void test_linear_dgelu(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
@@ -503,6 +555,7 @@ static void test_linear(void) {
   static const int dtypes[] = {DT_DTYPE_F32, DT_DTYPE_BF16, DT_DTYPE_F16};
   for (int i = 0; i < 3; i++) {
     int dt = dtypes[i];
+    test_linear_plans(dt);
     linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, true, false, false, 0, LT(lt_bias), "linear: the BIAS epilogue");
     linear_case(dt, 5, 12, 16, DT_LINEAR_NONE, false, false, false, 0, LT(lt_default), "linear without bias");
     linear_case(dt, 6, 40, 24, DT_LINEAR_GELU_TANH, true, true, false, 0, LT(lt_gelu_aux_bias),
