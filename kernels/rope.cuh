@@ -10,10 +10,13 @@ cudaError_t dt_k_rope(cudaStream_t s, int dtype,
   if (d / 2 > DT_K_ROPE_MAX_PAIRS) return cudaErrorInvalidValue;
   dtk::rope_freqs fr = {};
   for (int64_t i = 0; i < d / 2; i++) fr.f[i] = inv_freq[i] / M_PI;
+  /* a thread a unit (one chunk of pairs of up to ROPE_ROWS heads at one position), at least one a position's units */
+  int64_t per = (h + dtk::ROPE_ROWS - 1) / dtk::ROPE_ROWS * (d / 2), units = b * t * per;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::rope_kernel<T>, dtk::grid_for_chunks<T>(rows * (d / 2), 256), 256, 0, s, static_cast<const T *>(x),
-              static_cast<T *>(y), rows, t, h, d, fr, pos_offset, sign);
+    unsigned blocks = dtk::grid_for_chunks<T>(units, 256), least = (unsigned)((per + 255) / 256);
+    DT_LAUNCH(dtk::rope_kernel<T>, blocks > least ? blocks : least, 256, 0, s, static_cast<const T *>(x),
+              static_cast<T *>(y), b * t, t, h, d, fr, pos_offset, sign);
     return cudaGetLastError();
   });
 }

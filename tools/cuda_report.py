@@ -6,7 +6,8 @@ Reads what tools/cuda_report.sh gathers: per arch (80, 90) either SASS (cuobjdum
 kernels of tools/cuda_hot_kernels.tsv with their instruction mix, occupancy and predicted time on an A100 and an H100
 (the slowest of: FLOPs at the peak, compulsory DRAM bytes at the bandwidth, for tensor-core kernels the shared
 memory their ldmatrix traffic per mma needs at 128 bytes a clock and their main loop's instructions at 4 a clock, and
-for a memory-bound kernel whose table row counts its main loop's trips, that loop's instructions at 4 a clock);
+for a memory-bound kernel whose table row counts its main loop's trips, that loop's instructions at 4 a clock or its
+f64 arithmetic at the FP64 pipe's rate, whichever is slower);
 --check exits 1 naming every hot kernel that regressed (a needed instruction missing, spills, registers or occupancy).
 Then the passes over a linear layer's output that cuBLASLt's epilogues remove (tools/cuda_epilogues.tsv): bytes saved
 per call and the DRAM time that is on an A100 and an H100.
@@ -25,10 +26,11 @@ SM = {
 # Published dense peaks: A100 SXM4 80 GB (312 TFLOP/s bf16/f16 tensor, 19.5 TFLOP/s f32, 2039 GB/s HBM2e) and
 # H100 SXM5 (989.4 TFLOP/s bf16/f16 tensor, 66.9 TFLOP/s f32, 3350 GB/s HBM3).
 # Per SM and clock: tc, the tensor FLOPs of those peaks (sms SMs at clock Hz: 108 at 1.41 GHz, 132 at 1.83 GHz);
-# smem, shared-memory bytes (both 128).
+# smem, shared-memory bytes (both 128); f64, warp instructions of f64 arithmetic (32 FP64 lanes on an A100 SM, 64 on
+# an H100's: their 9.7 and 33.5 TFLOP/s).
 GPUS = [
-    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9, tc=2048, smem=128, sms=108, clock=1.41e9)),
-    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9, tc=4096, smem=128, sms=132, clock=1.83e9)),
+    ("A100", "80", dict(tensor=312e12, fp32=19.5e12, dram=2039e9, tc=2048, smem=128, sms=108, clock=1.41e9, f64=1)),
+    ("H100", "90", dict(tensor=989.4e12, fp32=66.9e12, dram=3350e9, tc=4096, smem=128, sms=132, clock=1.83e9, f64=2)),
 ]
 # FLOPs of one tensor-core instruction (mma m16n8k16); bytes an ldmatrix moves: 128 per 8x8 matrix (x1, x2, x4).
 MMA_FLOPS = 2 * 16 * 8 * 16
@@ -50,6 +52,8 @@ NEEDS = {
 LOCAL = (r"\b(STL|LDL)\b", r"\b(st|ld)\.local\.")
 # An SM issues 4 warp instructions a clock (one a scheduler), on the A100 and the H100 alike.
 ISSUE = 4
+# f64 arithmetic in SASS (the FP64 pipe, at GPUS' f64 a clock).
+F64 = r"\bD(FMA|MUL|ADD|SETP|MNMX)\b"
 
 
 def parse_res_usage(text):
@@ -217,8 +221,10 @@ def main():
             loop_flops = tensor_flops_per_warp(loop)
             if trips and loop:
                 # a memory-bound kernel's main loop: its threads' trips (loop_trips) over warps, each warp's trip
-                # its instructions, at 4 a clock an SM
-                issue_time[arch] = trips / 32 * len(loop) / (ISSUE * gpu["sms"] * gpu["clock"])
+                # its instructions, at 4 a clock an SM, or its f64 ones at the FP64 pipe's rate when that is slower
+                f64 = sum(1 for i in loop if re.search(F64, i))
+                clocks = max(len(loop) / ISSUE, f64 / gpu["f64"])
+                issue_time[arch] = trips / 32 * clocks / (gpu["sms"] * gpu["clock"])
                 loop_size[arch] = (len(loop), 0)
             if loop_flops:
                 # the main loop's instructions at 4 a clock an SM against its tensor work at the peak's rate a clock

@@ -211,10 +211,11 @@ static void test_gelu_tail(int dtype, int tanh_) {
   release();
 }
 
-/* Head dim d: pairs in 16-byte chunks when d/2 is a multiple of the dtype's chunk, else one by one. */
-static void test_rope(int dtype, int64_t d) {
-  dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, 3, d), dtype, 15, 1)), *dx = up(hx);
-  dt_tensor *hy = H(host_zeros(4, SHAPE(2, 5, 3, d), dtype)), *dy = dzeros(4, SHAPE(2, 5, 3, d), dtype);
+/* Head dim d: pairs in 16-byte chunks when d/2 is a multiple of the dtype's chunk, else one by one; h heads (a thread
+ * rotates up to 4 of one position). */
+static void test_rope(int dtype, int64_t h, int64_t d) {
+  dt_tensor *hx = H(host_sample(4, SHAPE(2, 5, h, d), dtype, 15, 1)), *dx = up(hx);
+  dt_tensor *hy = H(host_zeros(4, SHAPE(2, 5, h, d), dtype)), *dy = dzeros(4, SHAPE(2, 5, h, d), dtype);
   double f[8] = {1.0, 0.5, 0.1, 0.05, 0.01, 0.005, 0.001, 0.0001}; /* any frequencies: D/2 <= 8 */
   die_on(dt_nn_rope_fwd(hx, f, 3, hy), "cpu rope");
   expect_ok(dt_cuda_nn_rope_fwd(S, dx, f, 3, dy), "rope runs");
@@ -374,8 +375,10 @@ int main(void) {
     test_gelu_tail(DT_DTYPE_F16, tanh_);
   }
   for (int64_t d = 8; d <= 16; d += 8) {
-    test_rope(DT_DTYPE_F32, d);
-    test_rope(DT_DTYPE_BF16, d);
+    for (int64_t h = 3; h <= 9; h += 3) {
+      test_rope(DT_DTYPE_F32, h, d);
+      test_rope(DT_DTYPE_BF16, h, d);
+    }
   }
   test_adamw();
   test_adamw_launches(12, 1);
