@@ -3,19 +3,26 @@
 
 namespace dtk {
 
-/* Row max and sum(exp(x - max)) over the block (f32, f64 for double rows; exp_of: one ex2 for 16-bit rows). */
+/* Row max and sum(exp(x - max)) over the block (f32, f64 for double rows; exp_of: one ex2 for 16-bit rows), reading the
+ * row once: a thread keeps its chunks' running max and a sum it rescales when a chunk raises the max, then the block
+ * combines the threads' pairs (a row read twice, max then sum, was a third of softmax's and cross-entropy's reads:
+ * a 50304-wide bf16 row is 98 KiB, so a block's rows outgrow L1 and a grid's L2). A max still -inf (only -inf seen)
+ * has a sum of 0; a NaN never wins the max and makes the sum NaN, as before. */
 template <typename T, typename A>
 __device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *red, A *m, A *s) {
-  A mx = -(A)INFINITY, sum = 0;
+  const A NEG_INF = -(A)INFINITY;
+  A mx = NEG_INF, sum = 0;
   row_chunks<T>(v, vec, [&](int64_t c, auto k) {
-    for (T e : load_chunk<decltype(k)::value>(x + c).x) mx = max_op()(mx, num<T>::load(e));
+    auto xv = load_chunk<decltype(k)::value>(x + c);
+    A cm = mx;
+    for (T e : xv.x) cm = max_op()(cm, num<T>::load(e));
+    if (cm == NEG_INF) return;
+    if (cm != mx) sum *= exp_of<T>(mx - cm), mx = cm;
+    for (T e : xv.x) sum += exp_of<T>(num<T>::load(e) - mx);
   });
-  mx = block_reduce(mx, max_op(), -(A)INFINITY, red);
-  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
-    for (T e : load_chunk<decltype(k)::value>(x + c).x) sum += exp_of<T>(num<T>::load(e) - mx);
-  });
-  *s = block_reduce(sum, sum_op(), (A)0, red);
-  *m = mx;
+  A row_max = block_reduce(mx, max_op(), NEG_INF, red);
+  *s = block_reduce(mx == NEG_INF ? (A)0 : sum * exp_of<T>(mx - row_max), sum_op(), (A)0, red);
+  *m = row_max;
 }
 
 template <typename T>

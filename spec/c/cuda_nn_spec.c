@@ -45,6 +45,35 @@ static void test_softmax(int dtype, int64_t v) {
   release();
 }
 
+/* Long rows (many chunks a thread, one read for the max and the sum): row 0 rises, so its max grows chunk after
+ * chunk (every sum rescaled); row 1 falls; row 2's first two thirds are -inf (threads that see only -inf, then
+ * finite values). Softmax and the fused cross-entropy (targets among the finite values) against the CPU. */
+static void test_softmax_long_rows(int dtype, int64_t v) {
+  dt_tensor *hx = H(host_sample(2, SHAPE(3, v), dtype, 6, 1)), *ht = H(host_zeros(1, SHAPE(3), DT_DTYPE_I64));
+  for (int64_t i = 0; i < v; i++) {
+    double noise = 0;
+    dt_tensor_get(hx, i, &noise);
+    dt_tensor_set(hx, i, 12.0 * (double)i / (double)v + noise);
+    dt_tensor_set(hx, v + i, -12.0 * (double)i / (double)v + noise);
+    if (i < 2 * v / 3) dt_tensor_set(hx, 2 * v + i, -INFINITY);
+  }
+  for (int r = 0; r < 3; r++) dt_tensor_set(ht, r, (double)(v - 1 - 7 * r));
+  dt_tensor *dx = up(hx), *dtg = up(ht);
+  dt_tensor *hy = H(host_zeros(2, SHAPE(3, v), dtype)), *dy = dzeros(2, SHAPE(3, v), dtype);
+  die_on(dt_nn_softmax_fwd(hx, hy, false), "cpu softmax");
+  expect_ok(dt_cuda_nn_softmax_fwd(S, dx, dy, false), "softmax of long rows runs");
+  expect_close(S, dy, hy, 1, "softmax of long rows (rising, falling, partly -inf) matches the CPU");
+  dt_tensor *hloss = H(host_zeros(1, SHAPE(3), DT_DTYPE_F32)), *dloss = dzeros(1, SHAPE(3), DT_DTYPE_F32);
+  dt_tensor *hd = H(host_zeros(2, SHAPE(3, v), dtype)), *dd = dzeros(2, SHAPE(3, v), dtype);
+  dt_tensor *htotal = H(host_zeros(1, SHAPE(1), DT_DTYPE_F32)), *dtotal = dzeros(1, SHAPE(1), DT_DTYPE_F32);
+  int64_t cv = 0, gv = 0;
+  die_on(dt_nn_cross_entropy_fwd(hx, ht, -100, 1, true, hloss, hd, htotal, &cv), "cpu ce");
+  expect_ok(dt_cuda_nn_cross_entropy_fwd(S, dx, dtg, -100, 1, true, dloss, dd, dtotal, &gv), "ce of long rows runs");
+  expect_close(S, dloss, hloss, 1, "cross-entropy losses of long rows match the CPU");
+  expect_close(S, dd, hd, 1, "cross-entropy dlogits of long rows match the CPU");
+  release();
+}
+
 static void test_cross_entropy(int dtype, int64_t v) {
   int64_t n = 7;
   dt_tensor *hl = H(host_sample(2, SHAPE(n, v), dtype, 3, 5)), *ht = H(host_sample(1, SHAPE(n), DT_DTYPE_I64, 4, v));
@@ -361,6 +390,11 @@ int main(void) {
   for (int64_t v = 48; v <= 50; v += 2) {
     test_cross_entropy(DT_DTYPE_F32, v);
     test_cross_entropy(DT_DTYPE_BF16, v);
+  }
+  for (int64_t v = 12344; v <= 12345; v++) {
+    test_softmax_long_rows(DT_DTYPE_F32, v);
+    test_softmax_long_rows(DT_DTYPE_BF16, v);
+    test_softmax_long_rows(DT_DTYPE_F64, v);
   }
   for (int64_t c = 70; c <= 72; c += 2) {
     test_norms(DT_DTYPE_F32, c);
