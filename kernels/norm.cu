@@ -6,7 +6,7 @@ namespace dtk {
 enum { NORM_LOADS = 16 }; /* partial sums loaded at once by norm_bwd_cols */
 
 /* y = (x - mean) * rstd * w + b; RMSNorm (center false) has mean 0 and no b. */
-template <typename T>
+template <typename T, int HELD>
 __global__ void norm_fwd(const T *x, T *y, const T *w, const T *b, int sdtype, void *mean, void *rstd, int64_t c,
                          double eps, bool center) {
   typedef typename num<T>::acc A;
@@ -14,27 +14,25 @@ __global__ void norm_fwd(const T *x, T *y, const T *w, const T *b, int sdtype, v
   int64_t r = blockIdx.x;
   const T *xr = x + r * c;
   T *yr = y + r * c;
-  bool vec = rows_vec<T>(c, x, y, w, b);
+  row_regs<T, HELD> row(xr, c, rows_vec<T>(c, x, y, w, b));
   A mu = 0, sq = 0;
   if (center) {
     A s = 0;
-    row_chunks<T>(c, vec, [&](int64_t j, auto k) {
-      auto xv = load_chunk<decltype(k)::value>(xr + j);
+    row.each([&](int64_t, auto xv) {
       for (T v : xv.x) s += num<T>::load(v);
     });
     mu = block_reduce(s, sum_op(), (A)0, red) / (A)c;
   }
-  row_chunks<T>(c, vec, [&](int64_t j, auto k) {
-    auto xv = load_chunk<decltype(k)::value>(xr + j);
+  row.each([&](int64_t, auto xv) {
     for (T v : xv.x) {
       A d = num<T>::load(v) - mu;
       sq += d * d;
     }
   });
   A rs = 1 / sqrt(block_reduce(sq, sum_op(), (A)0, red) / (A)c + (A)eps);
-  row_chunks<T>(c, vec, [&](int64_t j, auto k) {
-    constexpr int K = decltype(k)::value;
-    auto xv = load_chunk<K>(xr + j), wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
+  row.each([&](int64_t j, auto xv) {
+    constexpr int K = chunk_width<decltype(xv)>;
+    auto wv = load_chunk_or_zero<K>(w ? w + j : nullptr);
     auto bv = load_chunk_or_zero<K>(b ? b + j : nullptr);
     DT_UNROLL for (int e = 0; e < K; e++) {
       A v = (num<T>::load(xv.x[e]) - mu) * rs;

@@ -23,9 +23,10 @@ cudaError_t dt_k_norm_fwd(cudaStream_t s, int dtype,
   if (n == 0 || c == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::norm_fwd<T>, (unsigned)n, dtk::chunk_row_threads<T>(c), 0, s, static_cast<const T *>(x),
-              static_cast<T *>(y), static_cast<const T *>(w), static_cast<const T *>(b), sdtype, mean, rstd, c, eps,
-              center);
+    auto kernel = dtk::row_fits_regs<T>(c) ? dtk::norm_fwd<T, dtk::ROW_HELD> : dtk::norm_fwd<T, 0>;
+    DT_LAUNCH_NAMED(kernel, "dtk::norm_fwd", (unsigned)n, dtk::chunk_row_threads<T>(c), 0, s,
+                    static_cast<const T *>(x), static_cast<T *>(y), static_cast<const T *>(w),
+                    static_cast<const T *>(b), sdtype, mean, rstd, c, eps, center);
     return cudaGetLastError();
   });
 }

@@ -8,12 +8,11 @@ namespace dtk {
  * combines the threads' pairs (a row read twice, max then sum, was a third of softmax's and cross-entropy's reads:
  * a 50304-wide bf16 row is 98 KiB, so a block's rows outgrow L1 and a grid's L2). A max still -inf (only -inf seen)
  * has a sum of 0; a NaN never wins the max and makes the sum NaN, as before. */
-template <typename T, typename A>
-__device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *red, A *m, A *s) {
+template <typename T, int HELD, typename A>
+__device__ __forceinline__ void row_stats(const row_regs<T, HELD> &x, A *red, A *m, A *s) {
   const A NEG_INF = -(A)INFINITY;
   A mx = NEG_INF, sum = 0;
-  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
-    auto xv = load_chunk<decltype(k)::value>(x + c);
+  x.each([&](int64_t, auto xv) {
     A cm = mx;
     for (T e : xv.x) cm = max_op()(cm, num<T>::load(e));
     if (cm == NEG_INF) return;
@@ -25,18 +24,17 @@ __device__ __forceinline__ void row_stats(const T *x, int64_t v, bool vec, A *re
   *m = row_max;
 }
 
-template <typename T>
+template <typename T, int HELD>
 __global__ void softmax_fwd(const T *x, T *y, int64_t v, bool logsm) {
   typedef typename num<T>::acc A;
   DT_SHARED(A, red, [WARP]);
   const T *xr = x + blockIdx.x * v;
   T *yr = y + blockIdx.x * v;
-  bool vec = rows_vec<T>(v, x, y);
+  row_regs<T, HELD> row(xr, v, rows_vec<T>(v, x, y));
   A m, s;
-  row_stats(xr, v, vec, red, &m, &s);
+  row_stats(row, red, &m, &s);
   A lse = m + log(s), inv = 1 / s;
-  row_chunks<T>(v, vec, [&](int64_t c, auto k) {
-    auto xv = load_chunk<decltype(k)::value>(xr + c);
+  row.each([&](int64_t c, auto xv) {
     for (T &e : xv.x) {
       A xe = num<T>::load(e);
       e = num<T>::store(logsm ? xe - lse : exp_of<T>(xe - m) * inv);
@@ -86,7 +84,7 @@ __global__ void ce_count(const void *targets, int tdtype, int64_t *n_valid, dt_k
 }
 
 /* Row r: loss = lse - x[t]; with dlogits, dl = k * softmax - k * onehot(t) (0 rows for ignored targets). */
-template <typename T>
+template <typename T, int HELD>
 __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const void *dlosses, int gdtype,
                         const int64_t *n_valid, void *losses, int ldtype, double *row_loss, T *dlogits, int64_t v,
                         int64_t ignore, double grad_scale, bool mean) {
@@ -104,8 +102,9 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
     }
     return;
   }
+  row_regs<T, HELD> row(xr, v, vec);
   A m, s;
-  row_stats(xr, v, vec, red, &m, &s);
+  row_stats(row, red, &m, &s);
   A loss = m + log(s) - num<T>::load(xr[t]);
   if (threadIdx.x == 0) {
     row_loss[r] = (double)loss;
@@ -115,9 +114,8 @@ __global__ void ce_rows(const T *logits, const void *targets, int tdtype, const 
   double scale = dlosses ? load_dyn<double>(dlosses, gdtype, r)
                          : !mean ? grad_scale : *n_valid ? grad_scale / (double)*n_valid : 0.0;
   A k = (A)scale, ks = k / s;
-  row_chunks<T>(v, vec, [&](int64_t c, auto w) {
-    constexpr int K = decltype(w)::value;
-    auto xv = load_chunk<K>(xr + c);
+  row.each([&](int64_t c, auto xv) {
+    constexpr int K = chunk_width<decltype(xv)>;
     DT_UNROLL for (int e = 0; e < K; e++) {
       A p = exp_of<T>(num<T>::load(xv.x[e]) - m) * ks;
       xv.x[e] = num<T>::store(c + e == t ? p - k : p);

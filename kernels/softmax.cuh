@@ -7,8 +7,9 @@ cudaError_t dt_k_softmax_fwd(cudaStream_t s, int dtype,
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::softmax_fwd<T>, (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s, static_cast<const T *>(x),
-              static_cast<T *>(y), v, log);
+    auto kernel = dtk::row_fits_regs<T>(v) ? dtk::softmax_fwd<T, dtk::ROW_HELD> : dtk::softmax_fwd<T, 0>;
+    DT_LAUNCH_NAMED(kernel, "dtk::softmax_fwd", (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s,
+                    static_cast<const T *>(x), static_cast<T *>(y), v, log);
     return cudaGetLastError();
   });
 }
@@ -47,9 +48,10 @@ cudaError_t dt_k_ce_rows(cudaStream_t s, int dtype,
   if (n == 0) return cudaSuccess;
   return dtk::with_float_type(dtype, [&](auto tag) {
     typedef decltype(tag) T;
-    DT_LAUNCH(dtk::ce_rows<T>, (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s, static_cast<const T *>(logits), targets,
-              tdtype, dlosses, gdtype, n_valid, losses, ldtype, row_loss, static_cast<T *>(dlogits), v, ignore,
-              grad_scale, mean);
+    auto kernel = dtk::row_fits_regs<T>(v) ? dtk::ce_rows<T, dtk::ROW_HELD> : dtk::ce_rows<T, 0>;
+    DT_LAUNCH_NAMED(kernel, "dtk::ce_rows", (unsigned)n, dtk::chunk_row_threads<T>(v), 0, s,
+                    static_cast<const T *>(logits), targets, tdtype, dlosses, gdtype, n_valid, losses, ldtype, row_loss,
+                    static_cast<T *>(dlogits), v, ignore, grad_scale, mean);
     return cudaGetLastError();
   });
 }

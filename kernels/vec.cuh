@@ -129,6 +129,48 @@ __device__ __forceinline__ void row_chunks(int64_t len, bool vec, F f) {
   for_chunks<pack_of<T>::N>(len, vec, threadIdx.x, blockDim.x, f);
 }
 
+/* Chunks a thread of a row kernel holds in registers (row_regs): 4 x 256 threads x 8 = 8192 bf16 elements a row. */
+enum { ROW_HELD = 4 };
+
+/* The calling thread's share of a row (its row_chunks). With HELD > 0 (the kernel's variant for rows that fit: see
+ * row_fits_regs), read from memory once where the row is vectorised: each pass of the kernel over it (each) then takes
+ * the chunks held in registers, where it read them again from L1 or L2 before. With HELD = 0 (wider rows, whose
+ * kernels keep their registers and occupancy), or on an unaligned row, each pass loads them again. */
+template <typename T, int HELD>
+struct row_regs {
+  enum { N = pack_of<T>::N };
+  const T *row;
+  int64_t len;
+  bool vec, held;
+  chunk_bits<T, N> c[HELD > 0 ? HELD : 1];
+  __device__ __forceinline__ row_regs(const T *row_, int64_t len_, bool vec_) : row(row_), len(len_), vec(vec_) {
+    held = HELD > 0 && vec && len / N <= (int64_t)HELD * blockDim.x;
+    if (held) {
+      DT_UNROLL for (int i = 0; i < HELD; i++) {
+        int64_t k = threadIdx.x + (int64_t)i * blockDim.x;
+        if (k < len / N) c[i] = load_chunk_bits<N>(row + k * N);
+      }
+    }
+  }
+  /* f(j, chunk) for each of the thread's chunks in row_chunks' order: j its first element, the chunk N wide (or 1,
+   * past a row's last whole chunk or on an unaligned row, which are never held). */
+  template <typename F>
+  __device__ __forceinline__ void each(F f) const {
+    if (held) {
+      DT_UNROLL for (int i = 0; i < HELD; i++) {
+        int64_t k = threadIdx.x + (int64_t)i * blockDim.x;
+        if (k < len / N) f(k * N, c[i].get());
+      }
+    } else {
+      row_chunks<T>(len, vec, [&](int64_t j, auto w) { f(j, load_chunk<decltype(w)::value>(row + j)); });
+    }
+  }
+};
+
+/* The width of a chunk type (chunk<T, K>: K). */
+template <typename C>
+constexpr int chunk_width = sizeof(C::x) / sizeof(C::x[0]);
+
 /* Whether rows of len elements at these pointers all start 16-byte aligned (row_chunks' `vec`). */
 template <typename T, typename... P>
 __device__ __forceinline__ bool rows_vec(int64_t len, P... ptrs) {
@@ -139,6 +181,13 @@ __device__ __forceinline__ bool rows_vec(int64_t len, P... ptrs) {
 template <typename T>
 static inline unsigned chunk_row_threads(int64_t len) {
   return row_threads((len + pack_of<T>::N - 1) / pack_of<T>::N);
+}
+
+/* Whether a row of len elements of T fits row_regs' registers in a block of chunk_row_threads (the launcher then takes
+ * the kernel's variant that holds it). */
+template <typename T>
+static inline bool row_fits_regs(int64_t len) {
+  return (len + pack_of<T>::N - 1) / pack_of<T>::N <= (int64_t)ROW_HELD * chunk_row_threads<T>(len);
 }
 
 /* Blocks of `threads` for a grid-stride for_chunks over n elements of T (grid_for of its chunks). */

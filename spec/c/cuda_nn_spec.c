@@ -391,15 +391,23 @@ int main(void) {
     test_cross_entropy(DT_DTYPE_F32, v);
     test_cross_entropy(DT_DTYPE_BF16, v);
   }
-  for (int64_t v = 12344; v <= 12345; v++) {
-    test_softmax_long_rows(DT_DTYPE_F32, v);
-    test_softmax_long_rows(DT_DTYPE_BF16, v);
-    test_softmax_long_rows(DT_DTYPE_F64, v);
+  /* 4000: held in registers, several chunks a thread (f32 and bf16; 4001: unaligned, read again); 12344: wider */
+  static const int64_t long_rows[] = {4000, 4001, 12344, 12345};
+  for (int i = 0; i < 4; i++) {
+    test_softmax_long_rows(DT_DTYPE_F32, long_rows[i]);
+    test_softmax_long_rows(DT_DTYPE_BF16, long_rows[i]);
+    test_softmax_long_rows(DT_DTYPE_F64, long_rows[i]);
   }
   for (int64_t c = 70; c <= 72; c += 2) {
     test_norms(DT_DTYPE_F32, c);
     test_norms(DT_DTYPE_BF16, c);
     test_norms(DT_DTYPE_F16, c);
+  }
+  /* rows the forward holds in registers, several chunks a thread, and rows wider than they hold (8192 bf16, 4096
+   * f32): its variant that reads them again a pass */
+  for (int64_t c = 4000; c <= 9000; c += 5000) {
+    test_norms(DT_DTYPE_F32, c);
+    test_norms(DT_DTYPE_BF16, c);
   }
   test_act(DT_DTYPE_F32, 1003);
   test_act(DT_DTYPE_BF16, 1003);
