@@ -84,6 +84,21 @@ def ways(a, name):
         return [("index_add_", make(lambda g, gw, idx: gw.index_add_(0, idx, g))),
                 ("embedding_dense_backward",
                  make(lambda g, gw, idx: torch.ops.aten.embedding_dense_backward(g, idx, 256, -1, False)))]
+    if name == "rope_gpt2_bf16":
+        B, H, T, D = (int(x) for x in a.gpt2.split(","))
+        def rope(x, cos, sin):  # transformers' apply_rotary_pos_emb (rotate_half) on x laid out (B, T, H, D)
+            x1, x2 = x[..., : D // 2], x[..., D // 2:]
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        def make(f):
+            def setup():
+                x = randn(B, T, H, D)
+                inv = 1.0 / 10000 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D)
+                angles = torch.outer(torch.arange(T, device=dev, dtype=torch.float32), inv)
+                emb = torch.cat((angles, angles), dim=-1)[None, :, None, :]
+                cos, sin = emb.cos().to(bf), emb.sin().to(bf)  # (cast to x's dtype, as transformers does)
+                return lambda: f(x, cos, sin)
+            return setup
+        return [("rotate_half_eager", make(rope)), ("rotate_half_compiled", make(torch.compile(rope)))]
     if name == "gelu_bf16":
         def setup():
             x = randn(a.n)

@@ -115,6 +115,11 @@ local function cases(dev, small)
             return g, gw, idx
          end
       end },
+      -- RoPE on GPT-2's query layout (B, T, H, D) at Llama's theta: one read and one write
+      { "rope_gpt2_bf16", "bytes", 4 * gpt2[1] * gpt2[3] * gpt2[2] * gpt2[4], function()
+         local x, freqs = randn({ gpt2[1], gpt2[3], gpt2[2], gpt2[4] }), dt.F.rope_freqs(gpt2[4], 10000)
+         return function() return dt.F.rope(x, freqs) end
+      end },
       { "gelu_bf16", "bytes", 4 * n, function()
          local x = randn({ n })
          return function() return dt.F.gelu(x, true) end
