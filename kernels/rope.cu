@@ -51,9 +51,9 @@ __device__ __forceinline__ void rope_rows(const T *x, T *y, int64_t bt, int64_t 
 
 /* (B, T, H, D) rows. A position bt = b * T + t has per = ceil(H / ROPE_ROWS) * D/2/K units of rope_rows; thread j of
  * the grid takes unit j % per of positions j / per, j / per + stride, ... (stride: the grid's threads / per), so
- * that it splits its index once and steps t by adding (a division a trip was most of the loop). K = 16-byte chunks of
- * pairs when D/2 is a multiple of them and x, y are aligned, else K = 1. sincospi reduces its argument exactly,
- * without sin/cos's slow path for large angles (and its stack frame). */
+ * that it splits its index once and steps t by adding (the old loop divided in 64 bits every trip: a subroutine call
+ * each). K = 16-byte chunks of pairs when D/2 is a multiple of them and x, y are aligned, else K = 1. sincospi
+ * reduces its argument exactly, without sin/cos's slow path for large angles (and its stack frame). */
 template <typename T>
 __global__ void rope_kernel(const T *x, T *y, int64_t bt_count, int64_t nt, int64_t nh, int64_t d, rope_freqs fr,
                             int64_t pos_offset, double sign) {

@@ -12,8 +12,9 @@ static pthread_mutex_t dev_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static _Thread_local int tl_device; /* the device dt_cuda_use made current on this thread */
 /* Whether tl_device is current on this thread: dt_cuda_use runs before every op (a few times for some), and dtrun is
- * the only code that sets the device (NCCL's init restores it), so later calls for the same device ask the runtime
- * nothing (a 12-layer GPT's step made 2721 cudaSetDevice calls, each with a device count before it). */
+ * the only code that sets the device (NCCL and cuBLAS work on the one current when they are called), so later calls
+ * for the same device ask the runtime nothing (a 12-layer GPT's step made 2721 cudaSetDevice calls, each with a
+ * device count before it). */
 static _Thread_local bool tl_current;
 
 static dt_status status_of(cudaError_t e) {
