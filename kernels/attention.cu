@@ -127,7 +127,6 @@ enum { TC_BR = 64, TC_FWD_BR = 128, TC_BC = 64, TC_THREADS = 128 };
 template <int HD>
 __host__ __device__ constexpr int tc_fwd_bc() { return HD > 96 ? 32 : 64; }
 
-
 /* x, as a value the compiler cannot see through (an empty asm statement: no instruction; emulated, x itself): what is
  * computed from it is computed where it is used, not held in registers across a loop. The wgmma forward, at 128
  * registers a thread, spills otherwise. */
