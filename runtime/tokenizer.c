@@ -216,7 +216,7 @@ static dt_status vocab_bytes(const dt_tokenizer *t, const char *piece, uint8_t *
   if (!(t->flags & DT_TOKENIZER_SENTENCEPIECE)) return piece_bytes(piece, buf, n);
   size_t k = 0;
   for (const char *c = piece; *c;) {
-    bool space = memcmp(c, "\xe2\x96\x81", 3) == 0;
+    bool space = strncmp(c, "\xe2\x96\x81", 3) == 0; /* (memcmp may read past a shorter piece's end) */
     buf[k++] = space ? ' ' : (uint8_t)*c;
     c += space ? 3 : 1;
   }
