@@ -12,7 +12,7 @@ struct attn_params {
   const void *q, *k, *v, *out, *dout, *lse;
   void *o, *lse_out, *dq, *dk, *dv;
   float *delta;
-  int ldtype;
+  int dtype, ldtype; /* q, k, v, out, dout, dq, dk, dv's dtype (f32, bf16, f16); lse's */
   int64_t t, tk, d, hq, hkv;
   int64_t bh0; /* the first (batch, head) of this launch: grid.y covers at most 65535 of them */
   float scale;
@@ -34,14 +34,24 @@ __device__ __forceinline__ int64_t key_end(const attn_params &p, int64_t row) {
   return e < 0 ? 0 : e > p.tk ? p.tk : e;
 }
 
-/* rows x HD floats (row stride HD + 1) := rows [r0, r0 + rows) of an (n, d) slab whose rows lie ld elements apart,
- * zero past n rows or d columns. */
-template <typename T, int HD>
-__device__ __forceinline__ void load_tile(float *dst, const T *src, int64_t r0, int64_t n, int64_t d, int64_t ld,
-                                          int rows) {
+/* rows x HD floats (row stride HD + 1) := rows [r0, r0 + rows) of an (n, d) slab of `dtype` (f32, bf16, f16) whose
+ * rows lie ld elements apart, `at` elements past src, zero past n rows or d columns. The dtype is a launch argument of
+ * the scalar kernels: one instance of each per head dim, not three (they compute in f32 from shared memory either way;
+ * their 36 instances were two thirds of attention.cu's sm_90a code). A loop for each dtype spilled at D = 128 on sm_80;
+ * one loop converting each element by the dtype does not. */
+template <int HD>
+__device__ __forceinline__ void load_tile(float *dst, const void *src, int dtype, int64_t at, int64_t r0, int64_t n,
+                                          int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
     int r = idx / HD, j = idx % HD;
-    dst[r * (HD + 1) + j] = r0 + r < n && j < d ? num<T>::load(src[(r0 + r) * ld + j]) : 0.0f;
+    int64_t i = at + (r0 + r) * ld + j;
+    float v = 0.0f;
+    if (r0 + r < n && j < d) {
+      if (dtype == DT_DTYPE_F32) v = static_cast<const float *>(src)[i];
+      else if (dtype == DT_DTYPE_BF16) v = num<__nv_bfloat16>::load(static_cast<const __nv_bfloat16 *>(src)[i]);
+      else v = num<__half>::load(static_cast<const __half *>(src)[i]);
+    }
+    dst[r * (HD + 1) + j] = v;
   }
 }
 
@@ -63,24 +73,23 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 /* Block (query tile, batch * Hq): out and lse of 32 query rows. */
-template <typename T, int HD>
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
   DT_DYN_SMEM(float, sm);
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *Ks = Qs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ps = Vs + ATT_BC * ld;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
   int64_t b = bh / p.hq, h = bh % p.hq, kvh = h / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
-  const T *vh = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
-  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
+  const int64_t kat = attn_at(p.lay.k, b, kvh, 0), vat = attn_at(p.lay.v, b, kvh, 0);
+  load_tile<HD>(Qs, p.q, p.dtype, attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
   float o[HD / ATT_QUAD], m = -INFINITY, l = 0;
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) o[jj] = 0;
   int64_t rend = row < p.t ? key_end(p, row) : 0;
   int64_t kend = key_end(p, (i0 + ATT_BR < p.t ? i0 + ATT_BR : p.t) - 1); /* keys past the tile's last row: skipped */
   for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
     __syncthreads(); /* the previous K, V tiles are no longer read */
-    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
-    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
+    load_tile<HD>(Ks, p.k, p.dtype, kat, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+    load_tile<HD>(Vs, p.v, p.dtype, vat, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
     __syncthreads(); /* Q, K, V tiles are complete */
     float s[ATT_PER], mx = -INFINITY;
     DT_UNROLL for (int cc = 0; cc < ATT_PER; cc++) {
@@ -105,10 +114,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd(attn_params p) {
     }
   }
   if (row >= p.t) return;
-  T *orow = static_cast<T *>(p.o) + attn_at(p.lay.out, b, h, row);
+  const int64_t oat = attn_at(p.lay.out, b, h, row);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
-    if (j < p.d) orow[j] = num<T>::store(l > 0 ? o[jj] / l : 0.0f);
+    if (j < p.d) store_dyn<float>(p.o, p.dtype, oat + j, l > 0 ? o[jj] / l : 0.0f);
   }
   if (q == 0) store_dyn<float>(p.lse_out, p.ldtype, bh * p.t + row, l > 0 ? m + logf(l) : -INFINITY);
 }
@@ -816,18 +825,16 @@ __global__ void attn_delta(const T *out, dt_k_attn_layout lo, const T *dout, dt_
 
 /* Block (query tile, batch * Hq): dQ = scale * sum over key tiles of dS K, with P = exp(scale Q K^T - lse) and
  * dS = P * (dO V^T - delta). */
-template <typename T, int HD>
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
   DT_DYN_SMEM(float, sm);
   const int ld = HD + 1, r = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
   float *Qs = sm, *dOs = Qs + ATT_BR * ld, *Ks = dOs + ATT_BR * ld, *Vs = Ks + ATT_BC * ld, *Ds = Vs + ATT_BC * ld;
   int64_t bh = p.bh0 + blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_BR, row = i0 + r;
   int64_t b = bh / p.hq, h = bh % p.hq, kvh = h / (p.hq / p.hkv);
-  const T *kh = static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0);
-  const T *vh = static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0);
-  load_tile<T, HD>(Qs, static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
-  load_tile<T, HD>(dOs, static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, 0), i0, p.t, p.d, p.lay.dout.st,
-                   ATT_BR);
+  const int64_t kat = attn_at(p.lay.k, b, kvh, 0), vat = attn_at(p.lay.v, b, kvh, 0);
+  load_tile<HD>(Qs, p.q, p.dtype, attn_at(p.lay.q, b, h, 0), i0, p.t, p.d, p.lay.q.st, ATT_BR);
+  load_tile<HD>(dOs, p.dout, p.dtype, attn_at(p.lay.dout, b, h, 0), i0, p.t, p.d, p.lay.dout.st, ATT_BR);
   float lr = row < p.t ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + row) : -INFINITY;
   float dr = row < p.t ? p.delta[bh * p.t + row] : 0.0f, dq[HD / ATT_QUAD];
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) dq[jj] = 0;
@@ -835,8 +842,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
   int64_t kend = key_end(p, (i0 + ATT_BR < p.t ? i0 + ATT_BR : p.t) - 1);
   for (int64_t j0 = 0; j0 < kend; j0 += ATT_BC) {
     __syncthreads(); /* the previous K, V tiles are no longer read */
-    load_tile<T, HD>(Ks, kh, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
-    load_tile<T, HD>(Vs, vh, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
+    load_tile<HD>(Ks, p.k, p.dtype, kat, j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+    load_tile<HD>(Vs, p.v, p.dtype, vat, j0, p.tk, p.d, p.lay.v.st, ATT_BC);
     __syncthreads(); /* every tile is complete */
     DT_UNROLL for (int cc = 0; cc < ATT_PER; cc++) {
       int c = q * ATT_PER + cc;
@@ -851,16 +858,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq(attn_params p) {
     }
   }
   if (row >= p.t) return;
-  T *drow = static_cast<T *>(p.dq) + attn_at(p.lay.dq, b, h, row);
+  const int64_t dat = attn_at(p.lay.dq, b, h, row);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
-    if (j < p.d) drow[j] = num<T>::store(p.scale * dq[jj]);
+    if (j < p.d) store_dyn<float>(p.dq, p.dtype, dat + j, p.scale * dq[jj]);
   }
 }
 
 /* Block (key tile, batch * Hkv): dV = sum of P^T dO and dK = scale * sum of dS^T Q over the kv head's query heads,
  * then query tiles, in order. Quad c holds key c of the tile. */
-template <typename T, int HD>
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
   DT_DYN_SMEM(float, sm);
   const int ld = HD + 1, c = threadIdx.x / ATT_QUAD, q = threadIdx.x % ATT_QUAD;
@@ -868,20 +875,19 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
   float *Dt = Pt + ATT_BC * (ATT_BR + 1), *Ls = Dt + ATT_BC * (ATT_BR + 1), *Dl = Ls + ATT_BR;
   int64_t bk = p.bh0 + blockIdx.y, b = bk / p.hkv, kvh = bk % p.hkv, group = p.hq / p.hkv;
   int64_t j0 = (int64_t)blockIdx.x * ATT_BC, key = j0 + c;
-  load_tile<T, HD>(Ks, static_cast<const T *>(p.k) + attn_at(p.lay.k, b, kvh, 0), j0, p.tk, p.d, p.lay.k.st, ATT_BC);
-  load_tile<T, HD>(Vs, static_cast<const T *>(p.v) + attn_at(p.lay.v, b, kvh, 0), j0, p.tk, p.d, p.lay.v.st, ATT_BC);
+  load_tile<HD>(Ks, p.k, p.dtype, attn_at(p.lay.k, b, kvh, 0), j0, p.tk, p.d, p.lay.k.st, ATT_BC);
+  load_tile<HD>(Vs, p.v, p.dtype, attn_at(p.lay.v, b, kvh, 0), j0, p.tk, p.d, p.lay.v.st, ATT_BC);
   float dk[HD / ATT_QUAD], dv[HD / ATT_QUAD];
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) dk[jj] = dv[jj] = 0;
   int64_t first = p.causal ? j0 - (p.tk - p.t) : 0; /* the first query row that sees key j0 */
   first = first < 0 ? 0 : first / ATT_BR * ATT_BR;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
     int64_t bh = b * p.hq + h;
-    const T *qh = static_cast<const T *>(p.q) + attn_at(p.lay.q, b, h, 0);
-    const T *dh = static_cast<const T *>(p.dout) + attn_at(p.lay.dout, b, h, 0);
+    const int64_t qat = attn_at(p.lay.q, b, h, 0), dat = attn_at(p.lay.dout, b, h, 0);
     for (int64_t i0 = first; i0 < p.t; i0 += ATT_BR) {
       __syncthreads(); /* the previous Q, dO tiles are no longer read */
-      load_tile<T, HD>(Qs, qh, i0, p.t, p.d, p.lay.q.st, ATT_BR);
-      load_tile<T, HD>(dOs, dh, i0, p.t, p.d, p.lay.dout.st, ATT_BR);
+      load_tile<HD>(Qs, p.q, p.dtype, qat, i0, p.t, p.d, p.lay.q.st, ATT_BR);
+      load_tile<HD>(dOs, p.dout, p.dtype, dat, i0, p.t, p.d, p.lay.dout.st, ATT_BR);
       for (int rr = threadIdx.x; rr < ATT_BR; rr += blockDim.x) {
         bool in = i0 + rr < p.t;
         Ls[rr] = in ? load_dyn<float>(p.lse, p.ldtype, bh * p.t + i0 + rr) : -INFINITY;
@@ -909,13 +915,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv(attn_params p) {
     }
   }
   if (key >= p.tk) return;
-  T *dkr = static_cast<T *>(p.dk) + attn_at(p.lay.dk, b, kvh, key);
-  T *dvr = static_cast<T *>(p.dv) + attn_at(p.lay.dv, b, kvh, key);
+  const int64_t kat = attn_at(p.lay.dk, b, kvh, key), vat = attn_at(p.lay.dv, b, kvh, key);
   DT_UNROLL for (int jj = 0; jj < HD / ATT_QUAD; jj++) {
     int j = q + ATT_QUAD * jj;
     if (j < p.d) {
-      dkr[j] = num<T>::store(p.scale * dk[jj]);
-      dvr[j] = num<T>::store(dv[jj]);
+      store_dyn<float>(p.dk, p.dtype, kat + j, p.scale * dk[jj]);
+      store_dyn<float>(p.dv, p.dtype, vat + j, dv[jj]);
     }
   }
 }

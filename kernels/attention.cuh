@@ -17,9 +17,10 @@ static cudaError_t attn_dispatch(int dtype, int64_t d, F f) {
   });
 }
 
-static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int ldtype, const void *q, const void *k,
+static dtk::attn_params attn_params_of(const dt_k_attn_dims *a, int dtype, int ldtype, const void *q, const void *k,
                                         const void *v) {
   dtk::attn_params p = {};
+  p.dtype = dtype;
   p.q = q;
   p.k = k;
   p.v = v;
@@ -87,7 +88,7 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
                                const dt_k_attn_dims *a  // B, Hq, Hkv, T, Tk, D, scale, causal
 ) {
   if (a->b * a->hq * a->t == 0) return cudaSuccess;
-  dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
+  dtk::attn_params p = attn_params_of(a, dtype, ldtype, q, k, v);
   p.o = out;
   p.lse_out = lse;
   const void *base[] = {q, k, v, out};
@@ -112,7 +113,7 @@ cudaError_t dt_k_attention_fwd(cudaStream_t s, int dtype,
       }
     }
     size_t floats = (size_t)(dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-    return attn_launch(dtk::attn_fwd<T, HD>, "attn_fwd", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
+    return attn_launch(dtk::attn_fwd<HD>, "attn_fwd", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
                        floats * sizeof(float), s, p);
   });
 }
@@ -130,7 +131,7 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
                                float *delta,                 // (B, Hq, T) scratch: rowsum(out * dout)
                                const dt_k_attn_dims *a       // B, Hq, Hkv, T, Tk, D, scale, causal
 ) {
-  dtk::attn_params p = attn_params_of(a, ldtype, q, k, v);
+  dtk::attn_params p = attn_params_of(a, dtype, ldtype, q, k, v);
   p.out = out;
   p.dout = dout;
   p.lse = lse;
@@ -176,13 +177,13 @@ cudaError_t dt_k_attention_bwd(cudaStream_t s, int dtype,
     }
     if (rows > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + dtk::ATT_BR * (dtk::ATT_BC + 1);
-      e = attn_launch(dtk::attn_bwd_dq<T, HD>, "attn_bwd_dq", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
+      e = attn_launch(dtk::attn_bwd_dq<HD>, "attn_bwd_dq", (a->t + dtk::ATT_BR - 1) / dtk::ATT_BR, a->b * a->hq,
                       floats * sizeof(float), s, p);
     }
     if (e == cudaSuccess && a->b * a->hkv * a->tk > 0) {
       size_t floats = (size_t)(2 * dtk::ATT_BR + 2 * dtk::ATT_BC) * (HD + 1) + 2 * dtk::ATT_BC * (dtk::ATT_BR + 1) +
                       2 * dtk::ATT_BR;
-      e = attn_launch(dtk::attn_bwd_dkv<T, HD>, "attn_bwd_dkv", (a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC,
+      e = attn_launch(dtk::attn_bwd_dkv<HD>, "attn_bwd_dkv", (a->tk + dtk::ATT_BC - 1) / dtk::ATT_BC,
                       a->b * a->hkv, floats * sizeof(float), s, p);
     }
     return e;

@@ -30,14 +30,18 @@ cudaError_t dt_k_elementwise(cudaStream_t s, const dt_k_ew_plan *p /* ptr[0..nin
       return dtk::with_float_type(p->dtype[p->nin], [&](auto out_tag) {
         typedef decltype(in_tag) I;
         typedef decltype(out_tag) O;
-        constexpr int n = dtk::ew_pack<I, O>::N, threads = dtk::EW_THREADS;
-        if (p->ndim >= 2) {
-          DT_LAUNCH((dtk::ew_rows_kernel<I, O>), dtk::grid_for(p->numel / n, threads), threads, 0, s, *p);
+        if constexpr (std::is_same<I, double>::value != std::is_same<O, double>::value) {
+          return cudaErrorInvalidValue; /* ew_chunked keeps f64 on both sides or on neither: no kernels for these */
         } else {
-          unsigned blocks = dtk::grid_for_chunk_groups<n, dtk::CHUNKS_IN_FLIGHT>(p->numel, threads);
-          DT_LAUNCH((dtk::ew_contig_kernel<I, O>), blocks, threads, 0, s, *p, vec);
+          constexpr int n = dtk::ew_pack<I, O>::N, threads = dtk::EW_THREADS;
+          if (p->ndim >= 2) {
+            DT_LAUNCH((dtk::ew_rows_kernel<I, O>), dtk::grid_for(p->numel / n, threads), threads, 0, s, *p);
+          } else {
+            unsigned blocks = dtk::grid_for_chunk_groups<n, dtk::CHUNKS_IN_FLIGHT>(p->numel, threads);
+            DT_LAUNCH((dtk::ew_contig_kernel<I, O>), blocks, threads, 0, s, *p, vec);
+          }
+          return cudaGetLastError();
         }
-        return cudaGetLastError();
       });
     });
   }
