@@ -46,8 +46,6 @@ struct fiber {
   uint64_t cvalue, cresult;
   int shared_next; /* index of this thread's next DT_SHARED declaration */
   void *asan_fake;
-  async_queue copies; /* its cp.async copies in flight */
-  wgmma_queue wgmma;  /* its wgmma results not yet waited for */
 };
 
 struct launch_desc {
@@ -64,7 +62,12 @@ struct launch_desc {
 };
 
 struct worker {
-  fiber fibers[MAX_THREADS];
+  fiber fibers[MAX_THREADS]; /* small: what the scheduler reads of each thread lies close together */
+  /* each thread's cp.async copies in flight and wgmma results not yet waited for (6 KiB a thread, kept apart from the
+   * fibers), emptied after a block that used any */
+  async_queue copies[MAX_THREADS];
+  wgmma_queue wgmma[MAX_THREADS];
+  bool queues_used;
   int nstacks;
   bool stacks_dirty; /* a faulting block left poisoned frames on the stacks (ASan) */
 #if defined(__x86_64__)
@@ -76,6 +79,9 @@ struct worker {
   size_t sched_size;
   const launch_desc *L;
   fiber *running;
+  int order[MAX_THREADS]; /* the round's fibers in the order they run */
+  int round_len, round_pos;
+  bool from_scheduler; /* the running fiber was entered from the scheduler (not from the fiber before it) */
   int nthreads;
   void *shared[MAX_SHARED_DECLS];
   size_t shared_bytes[MAX_SHARED_DECLS];
@@ -97,8 +103,9 @@ void fiber_main();
 
 #if defined(__x86_64__)
 extern "C" void dt_emu_ctx_switch(void **save_sp, void *next_sp);
-/* Saves the callee-saved registers, MXCSR and the x87 control word on the current stack, stores the stack pointer in
- * *save_sp, then restores the same from next_sp and returns into that context. */
+/* Saves the callee-saved registers on the current stack, stores the stack pointer in *save_sp, then restores the same
+ * from next_sp and returns into that context. MXCSR and the x87 control word are the OS thread's, shared by its fibers
+ * and left alone: no kernel changes them. */
 asm(R"(
   .text
   .p2align 4
@@ -112,14 +119,8 @@ dt_emu_ctx_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -135,12 +136,13 @@ void fiber_prepare(fiber *f) {
   uint64_t *sp = (uint64_t *)(((uintptr_t)f->stack + STACK_BYTES) & ~(uintptr_t)15);
   *--sp = 0; /* fiber_main's return address: it never returns */
   *--sp = (uint64_t)(uintptr_t)&fiber_main;
-  for (int i = 0; i < 6; i++) *--sp = 0;  /* rbp, rbx, r12-r15 */
-  *--sp = 0x0000037F00001F80ull;          /* default MXCSR, x87 control word */
+  for (int i = 0; i < 6; i++) *--sp = 0; /* rbp, rbx, r12-r15 */
   f->sp = sp;
 }
-void ctx_to_fiber(fiber *f) { dt_emu_ctx_switch(&W->sched_sp, f->sp); }
-void ctx_to_scheduler(fiber *f) { dt_emu_ctx_switch(&f->sp, W->sched_sp); }
+/* Saves the running context in `from` (the scheduler's if nullptr) and continues `to` (the scheduler if nullptr). */
+void ctx_switch(fiber *from, fiber *to) {
+  dt_emu_ctx_switch(from ? &from->sp : &W->sched_sp, to ? to->sp : W->sched_sp);
+}
 #else
 void fiber_prepare(fiber *f) {
   getcontext(&f->ctx);
@@ -149,41 +151,63 @@ void fiber_prepare(fiber *f) {
   f->ctx.uc_link = nullptr;
   makecontext(&f->ctx, fiber_main, 0);
 }
-void ctx_to_fiber(fiber *f) { swapcontext(&W->sched_ctx, &f->ctx); }
-void ctx_to_scheduler(fiber *f) { swapcontext(&f->ctx, &W->sched_ctx); }
+void ctx_switch(fiber *from, fiber *to) {
+  swapcontext(from ? &from->ctx : &W->sched_ctx, to ? &to->ctx : &W->sched_ctx);
+}
 #endif
 
-/* Scheduler -> fiber, until the fiber waits, exits or faults. */
-void resume(fiber *f) {
+/* Makes f the running thread (whose view kernels read). */
+void enter(fiber *f, bool from_scheduler) {
+  W->running = f;
+  W->from_scheduler = from_scheduler;
+  cur = &f->view;
+}
+
+/* A fiber's arrival (ASan): where it came from is the scheduler's stack, remembered for the switch back. */
+void arrived(void *fake) {
+#if DT_EMU_ASAN
+  bool s = W->from_scheduler;
+  __sanitizer_finish_switch_fiber(fake, s ? &W->sched_bottom : nullptr, s ? &W->sched_size : nullptr);
+#else
+  (void)fake;
+#endif
+}
+
+/* Runs the round's fibers (order[0 .. round_len)), each until it waits, exits or faults: each switches straight to the
+ * next (yield), the last back here. (Through the scheduler a yield took two switches.) */
+void run_round() {
+  worker *w = W;
+  fiber *f = w->fibers + w->order[0];
+  w->round_pos = 0;
 #if DT_EMU_ASAN
   void *fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, f->stack, STACK_BYTES);
 #endif
-  W->running = f;
-  cur = &f->view;
-  ctx_to_fiber(f);
+  enter(f, true);
+  ctx_switch(nullptr, f);
 #if DT_EMU_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
 }
 
-/* Fiber -> scheduler; `final`: the fiber never runs again. */
+/* The running fiber waits or ends (`final`: it never runs again): the round's next fiber runs, or after the last one
+ * or a fault the scheduler. */
 void yield(bool final) {
-  fiber *f = W->running;
+  worker *w = W;
+  fiber *f = w->running;
+  fiber *next = !w->fault && ++w->round_pos < w->round_len ? w->fibers + w->order[w->round_pos] : nullptr;
   (void)final; /* only the sanitizer needs to know */
 #if DT_EMU_ASAN
-  __sanitizer_start_switch_fiber(final ? nullptr : &f->asan_fake, W->sched_bottom, W->sched_size);
+  __sanitizer_start_switch_fiber(final ? nullptr : &f->asan_fake, next ? next->stack : w->sched_bottom,
+                                 next ? (size_t)STACK_BYTES : w->sched_size);
 #endif
-  ctx_to_scheduler(f);
-#if DT_EMU_ASAN
-  __sanitizer_finish_switch_fiber(f->asan_fake, &W->sched_bottom, &W->sched_size);
-#endif
+  if (next) enter(next, false);
+  ctx_switch(f, next);
+  arrived(f->asan_fake);
 }
 
 void fiber_main() {
-#if DT_EMU_ASAN
-  __sanitizer_finish_switch_fiber(nullptr, &W->sched_bottom, &W->sched_size);
-#endif
+  arrived(nullptr);
   W->L->run(W->L->closure);
   W->running->state = F_DONE;
   yield(true);
@@ -234,13 +258,13 @@ uint64_t splitmix(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-/* Source lane of `lane`'s shuffle, or -1 when it reads its own value. */
+/* Source lane of `lane`'s shuffle, or -1 when it reads its own value (the width a power of two: masks, no division). */
 int shuffle_source(const fiber *f, int lane) {
-  int w = f->cwidth, seg = lane / w * w, src;
+  int w = f->cwidth, seg = lane & -w, src;
   switch (f->ckind) {
-    case COLL_SHFL_IDX: src = seg + ((f->carg % w) + w) % w; break;
-    case COLL_SHFL_UP: src = lane % w >= f->carg ? lane - f->carg : -1; break;
-    case COLL_SHFL_DOWN: src = lane % w + f->carg < w ? lane + f->carg : -1; break;
+    case COLL_SHFL_IDX: src = seg + (f->carg & (w - 1)); break;
+    case COLL_SHFL_UP: src = (lane & (w - 1)) >= f->carg ? lane - f->carg : -1; break;
+    case COLL_SHFL_DOWN: src = (lane & (w - 1)) + f->carg < w ? lane + f->carg : -1; break;
     default: src = (lane ^ f->carg) < seg + w ? lane ^ f->carg : -1; break; /* COLL_SHFL_XOR */
   }
   return src == lane ? -1 : src;
@@ -378,10 +402,6 @@ void run_block(const launch_desc *L, uint64_t id) {
     f->state = F_RUN;
     f->linear = i;
     f->shared_next = 0;
-    f->copies.n = 0;
-    f->copies.commits = 0;
-    f->wgmma.n = 0;
-    f->wgmma.commits = 0;
 #if DT_EMU_ASAN
     if (w->stacks_dirty) __asan_unpoison_memory_region(f->stack, STACK_BYTES);
 #endif
@@ -390,7 +410,7 @@ void run_block(const launch_desc *L, uint64_t id) {
   w->stacks_dirty = false;
   w->dyn = L->smem ? poisoned(L->smem) : nullptr;
   if (L->smem && !w->dyn) scheduler_fault("no host memory for %zu bytes of dynamic shared memory", L->smem);
-  int order[MAX_THREADS];
+  int *order = w->order;
   uint64_t rng = L->seed ^ (id + 1) * 0xD1B54A32D192ED03ull;
   while (!w->fault) {
     int m = 0;
@@ -402,9 +422,17 @@ void run_block(const launch_desc *L, uint64_t id) {
         order[i] = order[j];
         order[j] = t;
       }
-    for (int k = 0; k < m && !w->fault; k++) resume(w->fibers + order[k]);
+    w->round_len = m;
+    if (m > 0) run_round();
     if (w->fault || !release_waiters(n)) break;
   }
+  for (int i = 0; w->queues_used && i < n; i++) {
+    w->copies[i].n = 0;
+    w->copies[i].commits = 0;
+    w->wgmma[i].n = 0;
+    w->wgmma[i].commits = 0;
+  }
+  w->queues_used = false;
   for (int k = 0; k < w->nshared; k++) free(w->shared[k]);
   free(w->dyn);
   w->stacks_dirty = w->fault && DT_EMU_ASAN;
@@ -465,9 +493,15 @@ void thread_fault(cudaError_t code, const char *fmt, ...) {
   __builtin_unreachable();
 }
 
-async_queue *thread_async_queue() { return &W->running->copies; }
+async_queue *thread_async_queue() {
+  W->queues_used = true;
+  return &W->copies[W->running->linear];
+}
 
-wgmma_queue *thread_wgmma_queue() { return &W->running->wgmma; }
+wgmma_queue *thread_wgmma_queue() {
+  W->queues_used = true;
+  return &W->wgmma[W->running->linear];
+}
 
 bool shared_range_ok(const void *p, size_t n) {
   const char *c = static_cast<const char *>(p);
