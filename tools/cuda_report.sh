@@ -22,6 +22,7 @@ trap 'rm -rf "$tmp"' EXIT
 objs=("$build"/CMakeFiles/dt_kernels.dir/kernels/*.cu.o)
 table=$root/tools/cuda_hot_kernels.tsv
 hot=$(grep -v '^#' "$table" | tail -n +2 | cut -f2 | sort -u)
+symbols=$(grep -v '^#' "$table" | tail -n +2 | cut -f3 | sort -u)
 
 # cuobjdump (and the nvdisasm it runs for -sass) from the specs' Python venv, installed there on first use
 tools=""
@@ -39,11 +40,11 @@ fi
 if [ -n "$tools" ]; then
   for arch in 80 90a; do # (the report calls sm_90a's code sm_90's: the GPUs it models)
     for o in "${objs[@]}"; do # (one object per call: given several, cuobjdump prints nothing)
-      PATH="$tools:$PATH" cuobjdump -res-usage -arch "sm_$arch" "$o" >>"$tmp/res_${arch%a}.txt"
-    done
-    for f in $hot; do # SASS (slow to disassemble) of the hot kernels' families only
-      PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" "$build/CMakeFiles/dt_kernels.dir/kernels/$f.cu.o" \
-        >>"$tmp/sass_${arch%a}.txt"
+      PATH="$tools:$PATH" cuobjdump -res-usage -arch "sm_$arch" "$o" >"$tmp/res_one.txt"
+      cat "$tmp/res_one.txt" >>"$tmp/res_${arch%a}.txt"
+      # SASS (slow to disassemble: 40 s for the hot kernels' whole families) of the kernels the table names only
+      funs=$(sed -n 's/^ *Function \([^:]*\):.*/\1/p' "$tmp/res_one.txt" | grep -F "$symbols" | paste -sd, -) || true
+      [ -z "$funs" ] || PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" -fun "$funs" "$o" >>"$tmp/sass_${arch%a}.txt"
     done
   done
 else
