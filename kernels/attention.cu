@@ -38,20 +38,13 @@ __device__ __forceinline__ int64_t key_end(const attn_params &p, int64_t row) {
  * rows lie ld elements apart, `at` elements past src, zero past n rows or d columns. The dtype is a launch argument of
  * the scalar kernels: one instance of each per head dim, not three (they compute in f32 from shared memory either way;
  * their 36 instances were two thirds of attention.cu's sm_90a code). A loop for each dtype spilled at D = 128 on sm_80;
- * one loop converting each element by the dtype does not. */
+ * one loop converting each element by the dtype (load_dyn) does not. */
 template <int HD>
 __device__ __forceinline__ void load_tile(float *dst, const void *src, int dtype, int64_t at, int64_t r0, int64_t n,
                                           int64_t d, int64_t ld, int rows) {
   for (int idx = threadIdx.x; idx < rows * HD; idx += blockDim.x) {
     int r = idx / HD, j = idx % HD;
-    int64_t i = at + (r0 + r) * ld + j;
-    float v = 0.0f;
-    if (r0 + r < n && j < d) {
-      if (dtype == DT_DTYPE_F32) v = static_cast<const float *>(src)[i];
-      else if (dtype == DT_DTYPE_BF16) v = num<__nv_bfloat16>::load(static_cast<const __nv_bfloat16 *>(src)[i]);
-      else v = num<__half>::load(static_cast<const __half *>(src)[i]);
-    }
-    dst[r * (HD + 1) + j] = v;
+    dst[r * (HD + 1) + j] = r0 + r < n && j < d ? load_dyn<float>(src, dtype, at + (r0 + r) * ld + j) : 0.0f;
   }
 }
 

@@ -44,7 +44,8 @@ if [ -n "$tools" ]; then
       cat "$tmp/res_one.txt" >>"$tmp/res_${arch%a}.txt"
       # SASS (slow to disassemble: 40 s for the hot kernels' whole families) of the kernels the table names only
       funs=$(sed -n 's/^ *Function \([^:]*\):.*/\1/p' "$tmp/res_one.txt" | grep -F "$symbols" | paste -sd, -) || true
-      [ -z "$funs" ] || PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" -fun "$funs" "$o" >>"$tmp/sass_${arch%a}.txt"
+      [ -z "$funs" ] || PATH="$tools:$PATH" cuobjdump -sass -arch "sm_$arch" -fun "$funs" "$o" \
+        >>"$tmp/sass_${arch%a}.txt"
     done
   done
 else
