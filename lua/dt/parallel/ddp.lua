@@ -143,6 +143,22 @@ function DDP:reduce_loss(_, loss)
    return t:item()
 end
 
+-- The buckets, for the trainer's gradient norm and clipping: one reduction and one multiply a bucket instead of one
+-- of each a parameter. Every .grad is a view of its bucket (prepare; grad_ready checks it) and a bucket holds
+-- nothing else. None when the trainer's parameters are not exactly DDP's (an optimizer over a subset).
+function DDP:grad_buffers(trainer)
+   local buffers, n = {}, 0
+   for i, b in ipairs(self.buckets) do
+      buffers[i] = b.flat
+      n = n + #b.params
+   end
+   if #trainer.params ~= n then return nil end
+   for _, p in ipairs(trainer.params) do
+      if not self.entry_of[p] then return nil end
+   end
+   return buffers
+end
+
 -- Throughput over every rank.
 function DDP:end_step(_, result)
    result.samples_per_second = result.samples_per_second * self.comm.size
