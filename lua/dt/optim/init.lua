@@ -9,9 +9,11 @@
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
+local dtype = require "dt.dtype"
 local autograd = require "dt.autograd"
 
 local C, check = dtffi.C, dtffi.check
+local out_slot = Tensor.out_slot
 local REDUCE_SUMSQ = C.DT_REDUCE_SUMSQ
 
 local optim = {}
@@ -297,30 +299,40 @@ end
 
 -- Sum of squares of every gradient (f32 accumulation per tensor, f64 across tensors, in list order). The per-tensor
 -- sums of one device and accumulator dtype go into one vector read back at once: one wait for the device, not one per
--- gradient.
+-- gradient. Each sum lands in its element through a view made and freed in C: no Lua tensor per gradient (149 views
+-- of a 12-layer GPT were most of a step's norm on the host).
+local F64 = dtype.by_name.f64.id
 function optim.grad_sumsq(params)
-   local groups, order = {}, {}
+   local by_key, groups, order_group, order_index = {}, {}, {}, {}
    for _, p in ipairs(params) do
       local g = p.grad
       if g ~= nil then
-         local dtype = g.dtype == "f64" and "f64" or "f32"
-         local key = tostring(g.device) .. " " .. dtype
-         local group = groups[key]
+         local h = g.h
+         local f64 = h.dtype == F64
+         local key = (h.device.type * 65536 + h.device.index) * 2 + (f64 and 1 or 0)
+         local group = by_key[key]
          if not group then
-            group = { dtype = dtype, device = g.device, grads = {} }
-            groups[key], groups[#groups + 1] = group, group
+            group = { dtype = f64 and "f64" or "f32", device = g.device, grads = {} }
+            by_key[key], groups[#groups + 1] = group, group
          end
          group.grads[#group.grads + 1] = g
-         order[#order + 1] = { group, #group.grads }
+         order_group[#order_group + 1], order_index[#order_index + 1] = group, #group.grads
       end
    end
    for _, group in ipairs(groups) do
       local sums = Tensor.empty({ #group.grads }, { dtype = group.dtype, device = group.device })
-      for i, g in ipairs(group.grads) do check(C.dt_op_reduce(REDUCE_SUMSQ, g.h, -1, false, sums:select(1, i).h)) end
+      local sh = sums.h
+      for i, g in ipairs(group.grads) do
+         check(C.dt_tensor_view(sh, 0, nil, nil, sh.offset + i - 1, out_slot))
+         local element = out_slot[0]
+         local status = C.dt_op_reduce(REDUCE_SUMSQ, g.h, -1, false, element)
+         C.dt_tensor_free(element)
+         check(status)
+      end
       group.sums = sums:totable()
    end
    local total = 0
-   for _, o in ipairs(order) do total = total + o[1].sums[o[2]] end
+   for k = 1, #order_group do total = total + order_group[k].sums[order_index[k]] end
    return total
 end
 
