@@ -469,6 +469,24 @@ describe("grad clipping and groups", function()
          assert.near(expected, optim.grad_sumsq(ps), 1e-5 * expected) -- a device sums in its own order
       end)
 
+   it("clip_grad_norm scales every gradient (one call a device) with a multiply's bits", function()
+      local dev = dt.device_count("cuda") > 0 and "cuda:0" or "cpu"
+      local ps, expected = {}, {}
+      for i, dty in ipairs { "f32", "bf16", "f16", "f64" } do
+         for j, d in ipairs { "cpu", dev } do
+            local p = dt.randn({ 300 + 2 * i + j }, { dtype = dty, device = d })
+            p.grad = dt.randn({ 300 + 2 * i + j }, { dtype = dty, device = d }) * 10
+            ps[#ps + 1] = p
+         end
+      end
+      local coef = 0.37 / (math.sqrt(optim.grad_sumsq(ps)) + 1e-6)
+      for i, p in ipairs(ps) do expected[i] = p.grad:clone():mul_(coef):to("cpu"):to("f64"):totable() end
+      optim.clip_grad_norm(ps, 0.37)
+      for i, p in ipairs(ps) do
+         assert.same(expected[i], p.grad:to("cpu"):to("f64"):totable(), p.grad.dtype .. " on " .. p.grad.device)
+      end
+   end)
+
    it("clip_grad_norm adds shard norms through opts.reduce", function()
       local a = param_from({ 0, 0 }, { 2 })
       grad_for(a, { 3, 4 })

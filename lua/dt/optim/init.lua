@@ -301,6 +301,8 @@ end
 -- gradient. Each sum lands in its element through a view made and freed in C: no Lua tensor per gradient (149 views
 -- of a 12-layer GPT were most of a step's norm on the host).
 local F64 = dtype.by_name.f64.id
+local function device_key(h) return h.device.type * 65536 + h.device.index end
+
 function optim.grad_sumsq(params)
    local by_key, groups, order_group, order_index = {}, {}, {}, {}
    for _, p in ipairs(params) do
@@ -308,7 +310,7 @@ function optim.grad_sumsq(params)
       if g ~= nil then
          local h = g.h
          local f64 = h.dtype == F64
-         local key = (h.device.type * 65536 + h.device.index) * 2 + (f64 and 1 or 0)
+         local key = device_key(h) * 2 + (f64 and 1 or 0)
          local group = by_key[key]
          if not group then
             group = { dtype = f64 and "f64" or "f32", device = g.device, grads = {} }
@@ -335,16 +337,16 @@ function optim.grad_sumsq(params)
    return total
 end
 
--- g := coef g for every gradient: one dt_op_axpby_n call a device (y = 0 x + coef y with x = y: coef y, the bits of a
--- multiply), where a multiply each took a call each (on cuda a launch each; now one per dtype and 32 gradients).
+-- g := coef g for every gradient: one dt_op_axpby_n call a device (y = 0 x + coef y with x = y: a multiply's bits
+-- for finite values), where a multiply each took a call each (on cuda a launch each; now one per dtype and 32
+-- gradients).
 local handle_list, const_handle_list = ffi.typeof("dt_tensor *[?]"), ffi.typeof("const dt_tensor *[?]")
 local function scale_grads(grads, coef)
    local by_device, lists = {}, {}
    for _, p in ipairs(grads) do
       local g = p.grad
       if g ~= nil then
-         local d = g.h.device
-         local key = d.type * 65536 + d.index
+         local key = device_key(g.h)
          local list = by_device[key]
          if not list then
             list = {}
