@@ -80,9 +80,17 @@ describe("train.Trainer", function()
       for i = 1, #pb do assert.near(pb[i], pa[i], 1e-5) end
       if dt.default_device() == "cpu" then
          assert.is_nil(rb.metrics.host_waits)
+         assert.is_nil(rb.metrics.host_wait_seconds)
       else -- a step waits for the device only to read each micro-batch's loss (after the last backward) and the norm
          assert.equal(2, rb.metrics.host_waits)
          assert.equal(3, ra.metrics.host_waits)
+         -- the emulated device runs the queued kernels in those waits: most of the step
+         local least = dt.cuda_build() == "emulated" and 0.5 or 0
+         for _, r in ipairs { rb, ra } do
+            local waited = r.metrics.host_wait_seconds
+            assert.is_true(waited > least * r.step_seconds and waited < r.step_seconds,
+               ("host_wait_seconds %s of a %s s step"):format(waited, r.step_seconds))
+         end
       end
    end)
 

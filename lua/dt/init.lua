@@ -111,6 +111,13 @@ function dt.cuda_host_waits()
    return tonumber(C.dt_cuda_host_waits())
 end
 
+-- The seconds the host has spent in those waits since the process started (dt_cuda_host_wait_seconds); nil in a
+-- CPU-only build.
+function dt.cuda_host_wait_seconds()
+   if device.cuda_build() == "none" then return nil end
+   return C.dt_cuda_host_wait_seconds()
+end
+
 -- dt.backends.cuda.matmul.allow_tf32 (false by default, as torch.backends.cuda.matmul.allow_tf32): f32 matmuls on cuda
 -- devices may run on the TF32 tensor cores (inputs rounded to 10 mantissa bits). A CPU-only build keeps the flag only.
 local tf32_flag = false

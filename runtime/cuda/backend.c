@@ -94,7 +94,9 @@ dt_status dt_cuda_copy_across(dt_tensor *dst, const dt_tensor *src) {
   if (!ss || !ds) {
     dt_stream *s = ss ? ss : ds;
     dt_cuda_span_begin(s->device, DT_STREAM_COMPUTE, ss ? "copy to host" : "copy to device");
+    int64_t t0 = dt_cuda_wait_clock();
     dt_status st = dt_cuda_memcpy(s, dp, sp, nbytes);
+    if (ss) dt_cuda_host_wait_end(t0); /* into pageable memory it returned once the work before it had run */
     dt_cuda_span_end();
     DT_TRY(st);
     return host_side_wait(s, ss ? dp : sp, ss != NULL);

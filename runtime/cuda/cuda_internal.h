@@ -47,8 +47,12 @@ void dt_cuda_dl_load(const char *path, const char *what, int n, const char *cons
 #define DT_NAME_OF_(fn) #fn
 /* Makes `device` the calling thread's current device. */
 dt_status dt_cuda_use(int device);
-/* Counts one wait of the host for a device (dt_cuda_host_waits). */
-void dt_cuda_count_host_wait(void);
+/* One wait of the host for a device, counted and timed (dt_cuda_host_waits, dt_cuda_host_wait_seconds): begin counts
+ * it and returns its start (ns), end adds the time since. A wait that another call began (a copy into pageable host
+ * memory, which returns once the stream's earlier work has run) times its part from dt_cuda_wait_clock(). */
+int64_t dt_cuda_host_wait_begin(void);
+int64_t dt_cuda_wait_clock(void);
+void dt_cuda_host_wait_end(int64_t start_ns);
 /* Whether environment variable `name` is set to `value`, read at each call: the run-time switches between two paths
  * that a GPU has yet to time against each other (DT_ATTN_WGMMA, DT_LINEAR_BGRAD). */
 bool dt_cuda_env_is(const char *name, const char *value);

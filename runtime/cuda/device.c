@@ -194,8 +194,10 @@ dt_status dt_cuda_check_device_errors(int device) {
 
 dt_status dt_cuda_device_synchronize(int device) {
   DT_TRY(dt_cuda_use(device));
-  dt_cuda_count_host_wait();
-  DT_CUDA_TRY("cudaDeviceSynchronize", cudaDeviceSynchronize());
+  int64_t t0 = dt_cuda_host_wait_begin();
+  cudaError_t err = cudaDeviceSynchronize();
+  dt_cuda_host_wait_end(t0);
+  DT_CUDA_TRY("cudaDeviceSynchronize", err);
   return dt_cuda_check_device_errors(device);
 }
 

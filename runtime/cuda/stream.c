@@ -4,9 +4,15 @@
 
 #include "cuda_internal.h"
 
-static _Atomic int64_t host_waits;
-void dt_cuda_count_host_wait(void) { atomic_fetch_add(&host_waits, 1); }
+static _Atomic int64_t host_waits, host_wait_ns;
+int64_t dt_cuda_wait_clock(void) { return (int64_t)(dt_time_now() * 1e9); }
+int64_t dt_cuda_host_wait_begin(void) {
+  atomic_fetch_add(&host_waits, 1);
+  return dt_cuda_wait_clock();
+}
+void dt_cuda_host_wait_end(int64_t start_ns) { atomic_fetch_add(&host_wait_ns, dt_cuda_wait_clock() - start_ns); }
 int64_t dt_cuda_host_waits(void) { return atomic_load(&host_waits); }
+double dt_cuda_host_wait_seconds(void) { return (double)atomic_load(&host_wait_ns) * 1e-9; }
 
 dt_status dt_cuda_stream_get(int device, int which, dt_stream **out) {
   DT_CHECK(which == DT_STREAM_COMPUTE || which == DT_STREAM_COMM, DT_ERR_ARG,
@@ -44,8 +50,10 @@ int dt_cuda_stream_device(const dt_stream *s) { return s->device; }
 dt_status dt_cuda_stream_synchronize(dt_stream *s) {
   DT_CHECK(s, DT_ERR_ARG, "dt_cuda_stream_synchronize: NULL stream");
   DT_TRY(dt_cuda_use(s->device));
-  dt_cuda_count_host_wait();
-  DT_CUDA_TRY("cudaStreamSynchronize", cudaStreamSynchronize(s->s));
+  int64_t t0 = dt_cuda_host_wait_begin();
+  cudaError_t err = cudaStreamSynchronize(s->s);
+  dt_cuda_host_wait_end(t0);
+  DT_CUDA_TRY("cudaStreamSynchronize", err);
   return dt_cuda_check_device_errors(s->device);
 }
 
@@ -89,8 +97,10 @@ dt_status dt_cuda_event_record(dt_event *e, dt_stream *s) {
 dt_status dt_cuda_event_synchronize(dt_event *e) {
   DT_CHECK(e, DT_ERR_ARG, "dt_cuda_event_synchronize: NULL event");
   DT_TRY(dt_cuda_use(e->device));
-  dt_cuda_count_host_wait();
-  DT_CUDA_TRY("cudaEventSynchronize", cudaEventSynchronize(e->e));
+  int64_t t0 = dt_cuda_host_wait_begin();
+  cudaError_t err = cudaEventSynchronize(e->e);
+  dt_cuda_host_wait_end(t0);
+  DT_CUDA_TRY("cudaEventSynchronize", err);
   return dt_cuda_check_device_errors(e->device);
 }
 

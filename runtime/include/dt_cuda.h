@@ -129,5 +129,8 @@ void dt_cuda_linear_stats_reset(void);
  * synchronisations (every read of a device value, such as a tensor's item(), is one). Work queued between two waits
  * keeps the device busy while the host goes on. */
 int64_t dt_cuda_host_waits(void);
+/* The seconds the host has spent in those waits since the process started: what a step's host did not spend queuing
+ * work (a step that waits little is bound by its host, one that waits much by its device). */
+double dt_cuda_host_wait_seconds(void);
 
 #endif

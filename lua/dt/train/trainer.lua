@@ -27,8 +27,9 @@
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count over the
 -- sgemm rate on the CPU, over the device's peak on a cuda device: see dt/obs/mfu.lua), on a cuda device host_waits
 -- (how many times the step waited for the device: reading each micro-batch's loss after the last backward and the
--- gradient norm) and gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the driver's library opens:
--- dt/obs/nvml.lua; otherwise stderr says why not, once), ... } }. Step
+-- gradient norm), host_wait_seconds (how long those waits took: little means the host bounds the step) and
+-- gpu_utilization, gpu_memory_used and gpu_memory_total (NVML, when the driver's library opens: dt/obs/nvml.lua;
+-- otherwise stderr says why not, once), ... } }. Step
 -- callbacks run in order and may add entries to result.metrics; then the result goes to
 -- <run_dir>/metrics.jsonl (and, unless tensorboard=false, to TensorBoard event files in <run_dir>/tb) and, every
 -- log_every steps, to the console. With config.trace the step's phases (data, copy, forward, backward, gc, optimizer,
@@ -224,7 +225,8 @@ function Trainer:train_step()
    self:hook("begin_step", step)
    dt.reset_peak_memory()
    local dev = self:device()
-   local t0, waits0 = dt.time(), dev ~= "cpu" and dt.cuda_host_waits()
+   local on_cuda = dev ~= "cpu"
+   local t0, waits0, waited0 = dt.time(), on_cuda and dt.cuda_host_waits(), on_cuda and dt.cuda_host_wait_seconds()
    -- lr_override (set from the live REPL) holds the lr, whatever the schedule says, until it is set to nil again
    local lr = self.lr_override or self.schedule and self.schedule(step, self.skipped_steps) or opt.lr
    opt.lr = lr
@@ -278,7 +280,9 @@ function Trainer:train_step()
       extra.loss_scale = scale
    end
    local seconds = dt.time() - t0
-   if waits0 then extra.host_waits = dt.cuda_host_waits() - waits0 end
+   if waits0 then
+      extra.host_waits, extra.host_wait_seconds = dt.cuda_host_waits() - waits0, dt.cuda_host_wait_seconds() - waited0
+   end
    self.step = step
    local result = { step = step, loss = loss, lr = lr, grad_norm = grad_norm, step_seconds = seconds,
       samples_per_second = samples / seconds, tokens_per_second = tokens / seconds, memory = dt.memory_stats(),
