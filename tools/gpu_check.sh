@@ -57,9 +57,10 @@ step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 "${train[@]}"
 step train_gpt2 600 env DT_DEVICE=cuda "${train[@]}" model.vocab=50304 model.gelu=tanh
 tail -n 1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
 grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log" "$out/train_gpt2.log"
-for log in train train_gpt2; do # the last step's mfu (metrics.jsonl)
+for log in train train_gpt2; do # the last step's mfu, time and time waiting for the device (metrics.jsonl)
   dir=$(sed -n 's/^run dir: //p' "$out/$log.log" | head -1)
-  [ -n "$dir" ] && echo "$log: $(tail -1 "$dir/metrics.jsonl" | grep -o '"mfu":[^,}]*')"
+  [ -n "$dir" ] && echo "$log: $(tail -1 "$dir/metrics.jsonl" | grep -oE '"(mfu|step_seconds|host_wait_seconds)":[^,}]*' |
+    tr '\n' ' ')"
 done
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"
 [ "$failed" -eq 0 ]
