@@ -64,6 +64,14 @@ dt_status dt_cuda_fail(cudaError_t e, const char *file, int line, const char *wh
     cudaError_t dt_cuda_e_ = (call);                                     \
     if (dt_cuda_e_ != cudaSuccess) return dt_cuda_fail(dt_cuda_e_, __FILE__, __LINE__, what); \
   } while (0)
+/* DT_CUDA_TRY of a call that makes the host wait for a device (a synchronisation), counted and timed as one wait. */
+#define DT_CUDA_WAIT(what, call)                                                           \
+  do {                                                                                     \
+    int64_t dt_cuda_t0_ = dt_cuda_host_wait_begin();                                       \
+    cudaError_t dt_cuda_w_ = (call);                                                       \
+    dt_cuda_host_wait_end(dt_cuda_t0_);                                                    \
+    DT_CUDA_TRY(what, dt_cuda_w_);                                                         \
+  } while (0)
 
 /* A failed kernel entry point (dt_k_*) of `op`: a launch error names the kernel, its grid/block and the op's tensors
  * (the current op); a sticky fault surfacing there names the ops queued before it. */

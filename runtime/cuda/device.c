@@ -194,10 +194,7 @@ dt_status dt_cuda_check_device_errors(int device) {
 
 dt_status dt_cuda_device_synchronize(int device) {
   DT_TRY(dt_cuda_use(device));
-  int64_t t0 = dt_cuda_host_wait_begin();
-  cudaError_t err = cudaDeviceSynchronize();
-  dt_cuda_host_wait_end(t0);
-  DT_CUDA_TRY("cudaDeviceSynchronize", err);
+  DT_CUDA_WAIT("cudaDeviceSynchronize", cudaDeviceSynchronize());
   return dt_cuda_check_device_errors(device);
 }
 

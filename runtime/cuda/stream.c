@@ -50,10 +50,7 @@ int dt_cuda_stream_device(const dt_stream *s) { return s->device; }
 dt_status dt_cuda_stream_synchronize(dt_stream *s) {
   DT_CHECK(s, DT_ERR_ARG, "dt_cuda_stream_synchronize: NULL stream");
   DT_TRY(dt_cuda_use(s->device));
-  int64_t t0 = dt_cuda_host_wait_begin();
-  cudaError_t err = cudaStreamSynchronize(s->s);
-  dt_cuda_host_wait_end(t0);
-  DT_CUDA_TRY("cudaStreamSynchronize", err);
+  DT_CUDA_WAIT("cudaStreamSynchronize", cudaStreamSynchronize(s->s));
   return dt_cuda_check_device_errors(s->device);
 }
 
@@ -97,10 +94,7 @@ dt_status dt_cuda_event_record(dt_event *e, dt_stream *s) {
 dt_status dt_cuda_event_synchronize(dt_event *e) {
   DT_CHECK(e, DT_ERR_ARG, "dt_cuda_event_synchronize: NULL event");
   DT_TRY(dt_cuda_use(e->device));
-  int64_t t0 = dt_cuda_host_wait_begin();
-  cudaError_t err = cudaEventSynchronize(e->e);
-  dt_cuda_host_wait_end(t0);
-  DT_CUDA_TRY("cudaEventSynchronize", err);
+  DT_CUDA_WAIT("cudaEventSynchronize", cudaEventSynchronize(e->e));
   return dt_cuda_check_device_errors(e->device);
 }
 
