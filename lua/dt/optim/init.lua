@@ -296,44 +296,52 @@ function optim.decay_groups(named, weight_decay)
    return groups
 end
 
+local F64 = dtype.by_name.f64.id
+local function device_key(h) return h.device.type * 65536 + h.device.index end
+local function sum_key(h) return device_key(h) * 2 + (h.dtype == F64 and 1 or 0) end -- and the accumulator
+
+-- The gradients of params in groups by key(handle), in the order of each group's first, each a list in params'
+-- order; and for every gradient, in params' order, its group and its place there.
+local function group_grads(params, key)
+   local by_key, groups, group_of, place = {}, {}, {}, {}
+   for _, p in ipairs(params) do
+      local g = p.grad
+      if g ~= nil then
+         local k = key(g.h)
+         local group = by_key[k]
+         if not group then
+            group = {}
+            by_key[k], groups[#groups + 1] = group, group
+         end
+         group[#group + 1] = g
+         group_of[#group_of + 1], place[#place + 1] = group, #group
+      end
+   end
+   return groups, group_of, place
+end
+
 -- Sum of squares of every gradient (f32 accumulation per tensor, f64 across tensors, in list order). The per-tensor
 -- sums of one device and accumulator dtype go into one vector read back at once: one wait for the device, not one per
 -- gradient. Each sum lands in its element through a view made and freed in C: no Lua tensor per gradient (149 views
 -- of a 12-layer GPT were most of a step's norm on the host).
-local F64 = dtype.by_name.f64.id
-local function device_key(h) return h.device.type * 65536 + h.device.index end
-
 function optim.grad_sumsq(params)
-   local by_key, groups, order_group, order_index = {}, {}, {}, {}
-   for _, p in ipairs(params) do
-      local g = p.grad
-      if g ~= nil then
-         local h = g.h
-         local f64 = h.dtype == F64
-         local key = device_key(h) * 2 + (f64 and 1 or 0)
-         local group = by_key[key]
-         if not group then
-            group = { dtype = f64 and "f64" or "f32", device = g.device, grads = {} }
-            by_key[key], groups[#groups + 1] = group, group
-         end
-         group.grads[#group.grads + 1] = g
-         order_group[#order_group + 1], order_index[#order_index + 1] = group, #group.grads
-      end
-   end
+   local groups, group_of, place = group_grads(params, sum_key)
+   local sums_of = {}
    for _, group in ipairs(groups) do
-      local sums = Tensor.empty({ #group.grads }, { dtype = group.dtype, device = group.device })
+      local first = group[1]
+      local sums = Tensor.empty({ #group }, { dtype = first.h.dtype == F64 and "f64" or "f32", device = first.device })
       local sh = sums.h
-      for i, g in ipairs(group.grads) do
+      for i, g in ipairs(group) do
          check(C.dt_tensor_view(sh, 0, nil, nil, sh.offset + i - 1, out_slot))
          local element = out_slot[0]
          local status = C.dt_op_reduce(REDUCE_SUMSQ, g.h, -1, false, element)
          C.dt_tensor_free(element)
          check(status)
       end
-      group.sums = sums:totable()
+      sums_of[group] = sums:totable()
    end
    local total = 0
-   for k = 1, #order_group do total = total + order_group[k].sums[order_index[k]] end
+   for k = 1, #group_of do total = total + sums_of[group_of[k]][place[k]] end
    return total
 end
 
@@ -342,20 +350,7 @@ end
 -- gradients).
 local handle_list, const_handle_list = ffi.typeof("dt_tensor *[?]"), ffi.typeof("const dt_tensor *[?]")
 local function scale_grads(grads, coef)
-   local by_device, lists = {}, {}
-   for _, p in ipairs(grads) do
-      local g = p.grad
-      if g ~= nil then
-         local key = device_key(g.h)
-         local list = by_device[key]
-         if not list then
-            list = {}
-            by_device[key], lists[#lists + 1] = list, list
-         end
-         list[#list + 1] = g
-      end
-   end
-   for _, list in ipairs(lists) do
+   for _, list in ipairs((group_grads(grads, device_key))) do
       local n = #list
       local x, y = const_handle_list(n), handle_list(n)
       for i = 1, n do x[i - 1], y[i - 1] = list[i].h, list[i].h end
