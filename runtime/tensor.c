@@ -118,6 +118,10 @@ dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device d
   return DT_OK;
 }
 
+dt_status dt_tensor_empty_on(int ndim, const int64_t *shape, int dtype, const dt_tensor *device_of, dt_tensor **out) {
+  return dt_tensor_empty(ndim, shape, dtype, device_of->device, out);
+}
+
 dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out) {
   DT_TRY(dt_tensor_empty(ndim, shape, dtype, device, out));
   dt_tensor *t = *out;
@@ -167,13 +171,17 @@ static void storage_release_bytes(dt_storage *s) {
   s->nbytes = 0;
 }
 
-void dt_tensor_free(dt_tensor *t) {
-  if (!t) return;
-  dt_storage *s = t->storage;
+/* Drop one view's reference to s; the last one frees it. NULL is fine. */
+static void storage_unref(dt_storage *s) {
   if (s && atomic_fetch_sub(&s->refcount, 1) == 1) {
     storage_release_bytes(s);
     free(s);
   }
+}
+
+void dt_tensor_free(dt_tensor *t) {
+  if (!t) return;
+  storage_unref(t->storage);
   free(t);
 }
 
@@ -199,13 +207,19 @@ bool dt_tensor_is_contiguous(const dt_tensor *t) {
   return true;
 }
 
+bool dt_tensor_owns_storage(const dt_tensor *t) {
+  const dt_storage *s = t->storage;
+  return s && t->offset == 0 && dt_storage_refcount(s) == 1 && dt_tensor_is_contiguous(t) &&
+         s->nbytes == dt_tensor_numel(t) * (int64_t)dt_dtype_size(t->dtype);
+}
+
 void *dt_tensor_ptr(const dt_tensor *t) { return (char *)t->data + t->offset * (int64_t)dt_dtype_size(t->dtype); }
 int64_t dt_storage_nbytes(const dt_storage *s) { return s->nbytes; }
 int dt_storage_refcount(const dt_storage *s) { return atomic_load(&((dt_storage *)s)->refcount); }
 
-dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
-                         dt_tensor **out) {
-  *out = NULL;
+/* *v := the view of t's storage with this geometry, bounds-checked (t's storage not retained: the caller does). */
+static dt_status view_of(const dt_tensor *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+                         dt_tensor *v) {
   int64_t numel;
   DT_TRY(check_shape(ndim, shape, &numel));
   DT_CHECK(t->storage && t->data, DT_ERR_STATE, "cannot view a tensor whose storage was released");
@@ -219,8 +233,6 @@ dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape, con
   DT_CHECK(numel == 0 || (lo >= 0 && hi < cap), DT_ERR_ARG,
            "view reaches elements %lld..%lld of a storage holding %lld", (long long)lo, (long long)hi,
            (long long)cap);
-  dt_tensor *v = calloc(1, sizeof *v);
-  DT_CHECK(v, DT_ERR_OOM, "out of host memory");
   *v = *t;
   v->ndim = ndim;
   v->offset = offset;
@@ -228,8 +240,56 @@ dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape, con
     v->shape[d] = d < ndim ? shape[d] : 0;
     v->strides[d] = d < ndim ? strides[d] : 0;
   }
+  return DT_OK;
+}
+
+dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape, const int64_t *strides, int64_t offset,
+                         dt_tensor **out) {
+  *out = NULL;
+  dt_tensor v;
+  DT_TRY(view_of(t, ndim, shape, strides, offset, &v));
+  dt_tensor *h = malloc(sizeof *h);
+  DT_CHECK(h, DT_ERR_OOM, "out of host memory");
+  *h = v;
   atomic_fetch_add(&t->storage->refcount, 1);
-  *out = v;
+  *out = h;
+  return DT_OK;
+}
+
+dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out) {
+  *out = NULL;
+  int64_t numel, strides[DT_MAX_DIMS];
+  DT_TRY(check_shape(ndim, shape, &numel));
+  DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "reshape: the tensor is not contiguous (copy it first)");
+  DT_CHECK(numel == dt_tensor_numel(t), DT_ERR_ARG, "reshape: %lld elements cannot view %lld", (long long)numel,
+           (long long)dt_tensor_numel(t));
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+  return dt_tensor_view(t, ndim, shape, strides, t->offset, out);
+}
+
+dt_status dt_tensor_set_views(int n, dt_tensor *const *dst, const dt_tensor *src, const dt_tensor *layouts) {
+  DT_CHECK(n >= 0, DT_ERR_ARG, "set_views: n must be >= 0, got %d", n);
+  for (int i = 0; i < n; i++) { /* all checked before any changes */
+    const dt_tensor *l = &layouts[i];
+    dt_tensor v;
+    dt_status st = view_of(src, l->ndim, l->shape, l->strides, src->offset + l->offset, &v);
+    if (st != DT_OK) {
+      char why[256];
+      snprintf(why, sizeof why, "%s", dt_last_error());
+      return DT_FAIL(st, "set_views (view %d): %s", i, why);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    const dt_tensor *l = &layouts[i];
+    dt_storage *old = dst[i]->storage;
+    atomic_fetch_add(&src->storage->refcount, 1); /* before dst[i] lets go: they may share a storage */
+    view_of(src, l->ndim, l->shape, l->strides, src->offset + l->offset, dst[i]);
+    storage_unref(old);
+  }
   return DT_OK;
 }
 

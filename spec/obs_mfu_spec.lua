@@ -13,6 +13,9 @@ local root
 local have_cuda = dt.device_count("cuda") > 0
 local on_cuda = have_cuda and it or function(name) pending(name .. " (skipped: no cuda device)") end
 
+-- mfu within a rounding of the expected figure (the meter multiplies the FLOPs of a position by the token rate)
+local function close(expected, got) assert.near(expected, got, 1e-12 * expected) end
+
 -- The step results of 3 steps of `model` with run dir root/run.
 local function run(model)
    fs.write(fs.join(root, "text.txt"), ("a stitch in time saves nine. "):rep(20))
@@ -92,7 +95,7 @@ describe("mfu", function()
    on_cuda("on a cuda device is the FLOPs x tokens/s over dtrun info's peak for the training dtype", function()
       local gpt = nn.GPT { vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2, seed = 1 }:to("cuda:0")
       local results = run(gpt)
-      for _, r in ipairs(results) do assert.equal(expected(gpt, r, "f32"), r.metrics.mfu) end
+      for _, r in ipairs(results) do close(expected(gpt, r, "f32"), r.metrics.mfu) end
       local r = results[3]
       -- TF32 tensor cores while allow_tf32 is on (read at each step), bf16's for a bf16 model
       local meter = mfu.meter(gpt, "cuda:0")
@@ -101,14 +104,14 @@ describe("mfu", function()
       local ok, tf32 = pcall(meter, r)
       matmul.allow_tf32 = false
       assert(ok, tf32)
-      assert.equal(expected(gpt, r, "tf32"), tf32)
-      assert.equal(expected(gpt, r, "f32"), meter(r))
-      assert.equal(expected(gpt, r, "bf16"), mfu.meter(gpt:to("bf16"), "cuda:0")(r))
+      close(expected(gpt, r, "tf32"), tf32)
+      close(expected(gpt, r, "f32"), meter(r))
+      close(expected(gpt, r, "bf16"), mfu.meter(gpt:to("bf16"), "cuda:0")(r))
       -- mixed precision (f32 masters, computed in bf16: recipes' mixed_precision = "bf16" on one rank) is bf16's
       local mixed = nn.GPT { vocab = 256, seq = 16, dim = 32, layers = 1, heads = 2, seed = 1 }:to("cuda:0")
       require("dt.parallel.zero").wrap(mixed, require("dt.parallel.zero").mixed_precision("bf16"))
       assert.equal("f32", mixed:parameters()[1].dtype)
-      assert.equal(expected(mixed, r, "bf16"), mfu.meter(mixed, "cuda:0")(r))
+      close(expected(mixed, r, "bf16"), mfu.meter(mixed, "cuda:0")(r))
       -- the figure `dtrun info` shows
       local info = dt.cuda_device_info(0)
       local out = dist.dtrun("info").out
@@ -138,8 +141,8 @@ describe("mfu", function()
       it("measures each rank against its own device", function()
          fake(8, 0)
          local flops = 3 * gpt:flops(1e5, 8)
-         assert.equal(flops / (10 * 1.5e9 * 128), mfu.meter(gpt, "cuda:0")(r))
-         assert.equal(flops / (20 * 1.5e9 * 128), mfu.meter(gpt, "cuda:1")(r)) -- A100's f32: 128 per SM per clock
+         close(flops / (10 * 1.5e9 * 128), mfu.meter(gpt, "cuda:0")(r))
+         close(flops / (20 * 1.5e9 * 128), mfu.meter(gpt, "cuda:1")(r)) -- A100's f32: 128 per SM per clock
          assert.same({}, notes)
       end)
 

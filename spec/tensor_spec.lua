@@ -61,6 +61,32 @@ describe("tensor", function()
       assert.same({ { 1, 1, 1 }, { 2, 2, 2 } }, e:totable())
    end)
 
+   it("owns its storage only as the storage's one view covering all of it", function()
+      local t = dt.zeros({ 2, 3 })
+      assert.is_true(t:owns_storage())
+      local v = t:view(6) -- a second view: writing into t would change v
+      assert.is_false(t:owns_storage())
+      assert.is_false(v:owns_storage())
+      v:free()
+      assert.is_true(t:owns_storage())
+      local whole = t:as_strided({ 2, 3 }, { 3, 1 }, 0)
+      t:free()
+      assert.is_true(whole:owns_storage())
+      local parts = {
+         function(x) return x:transpose(1, 2) end, -- every byte, not contiguous
+         function(x) return x:narrow(1, 1, 1) end, -- contiguous, not every byte
+         function(x) return x:as_strided({ 5 }, { 1 }, 1) end, -- at an offset
+      }
+      for i, part in ipairs(parts) do
+         local p = part(whole)
+         whole:free() -- p is now its storage's only view
+         assert.is_false(p:owns_storage(), "view " .. i)
+         whole = p:as_strided({ 2, 3 }, { 3, 1 }, 0)
+         p:free()
+         assert.is_true(whole:owns_storage(), "view " .. i)
+      end
+   end)
+
    it("reshapes with -1 and rejects mismatches", function()
       local t = dt.zeros({ 2, 3, 4 })
       assert.same({ 6, 4 }, t:view(-1, 4).shape)

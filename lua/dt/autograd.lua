@@ -148,6 +148,17 @@ function M.backward(root, grad)
       grads[x] = g
       held[g] = (held[g] or 0) + 1
    end
+   -- t's node handed back gins...: one per input (as varargs, not a table a node)
+   local function settle(t, g, ...)
+      local inputs = t.node.inputs
+      for i, x in ipairs(inputs) do
+         local gin = (select(i, ...))
+         if type(x) == "table" and x.requires_grad and gin ~= nil then hold(x, gin) end
+      end
+      if not M.retain_graph then t.node = nil end
+      for i = 1, #inputs do free_unheld((select(i, ...))) end
+      drop(g)
+   end
    M.set_enabled(false, function()
       for k = 1, #order do
          local t = order[k]
@@ -157,13 +168,7 @@ function M.backward(root, grad)
             grads[t] = nil
             local node = t.node
             if node then
-               local gins = { node.backward(g) }
-               for i, x in ipairs(node.inputs) do
-                  if type(x) == "table" and x.requires_grad and gins[i] ~= nil then hold(x, gins[i]) end
-               end
-               if not M.retain_graph then t.node = nil end
-               for i = 1, #node.inputs do free_unheld(gins[i]) end
-               drop(g)
+               settle(t, g, node.backward(g))
             elseif finish_leaf(t, g, own(g)) then
                held[g] = nil -- t's .grad now
             else

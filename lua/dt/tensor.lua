@@ -94,14 +94,16 @@ function Tensor.empty(shape, opts)
    local dtinfo = dtype.get(opts.dtype or "f32", 3)
    local dev = device.parse(opts.device, 3)
    if #shape > MAXD then error(("tensors have at most %d dims, got %d"):format(MAXD, #shape), 3) end
+   local numel = 1
    for i = 1, #shape do
       if type(shape[i]) ~= "number" or shape[i] < 0 or shape[i] % 1 ~= 0 then
          error(("shape[%d] must be a non-negative integer, got %s"):format(i, tostring(shape[i])), 3)
       end
+      numel = numel * shape[i]
    end
    check(C.dt_tensor_empty(#shape, to_carray(shape, dims_arg), dtinfo.id, dev, out_slot))
    local t = wrap(out_slot[0])
-   account_allocation(tonumber(C.dt_storage_nbytes(t.h.storage)))
+   account_allocation(numel * dtinfo.size) -- its storage's bytes
    if opts.requires_grad then t.requires_grad = true end
    return t
 end
@@ -200,8 +202,7 @@ function Tensor:dtype_info() return dtype.by_id[self.h.dtype] end
 -- True when this view is its storage's only one and covers all of it: writing into it changes no other tensor.
 function Tensor:owns_storage()
    local h = self.h
-   return h ~= nil and h.offset == 0 and C.dt_storage_refcount(h.storage) == 1 and C.dt_tensor_is_contiguous(h)
-      and C.dt_storage_nbytes(h.storage) == self:numel() * self:dtype_info().size
+   return h ~= nil and C.dt_tensor_owns_storage(h)
 end
 function Tensor:options() return { dtype = self.dtype, device = self.h.device } end
 
@@ -342,9 +343,8 @@ end
 function Tensor:view(s, ...)
    local shape = infer_shape(self, shape_arg(s, ...))
    local src = self:contiguous()
-   local strides, st = {}, 1
-   for i = #shape, 1, -1 do strides[i] = st; st = st * shape[i] end
-   local out = src:as_strided(shape, strides, src.h.offset)
+   check(C.dt_tensor_reshape(src.h, #shape, to_carray(shape, dims_arg), out_slot))
+   local out = wrap(out_slot[0])
    local in_shape = self.shape
    return autograd.record(out, { src }, function(g) return g:reshape(in_shape) end, "view")
 end

@@ -7,7 +7,12 @@
 #include <stdint.h>
 #endif
 
-/* Every fallible function returns a dt_status; on failure dt_last_error() says why. */
+/* Every fallible function returns a dt_status; on failure dt_last_error() says why. LuaJIT returns a C enum as a new
+ * cdata object, garbage on every call of an op: the FFI (DT_FFI, dt/cdef.lua) declares the status as the int it is,
+ * which comes back as a plain number. */
+#ifdef DT_FFI
+typedef int dt_status;
+#else
 typedef enum {
   DT_OK = 0,
   DT_ERR_ARG = -1,    /* bad argument: shape, dtype, range */
@@ -17,6 +22,7 @@ typedef enum {
   DT_ERR_UNSUPPORTED = -5,
   DT_ERR_CORRUPT = -6 /* checksum or format mismatch */
 } dt_status;
+#endif
 
 const char *dt_last_error(void);
 void dt_clear_error(void);

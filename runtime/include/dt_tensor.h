@@ -38,6 +38,9 @@ typedef struct dt_tensor {
  * stream-ordered device memory (dt_cuda_malloc on the device's compute stream) for cuda:N. A device that this build or
  * machine lacks is an error naming it. */
 dt_status dt_tensor_empty(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out);
+/* dt_tensor_empty on the device of `device_of`: what an op makes its outputs with (through the FFI a dt_device read
+ * from a tensor is a new cdata object, garbage on every call; a tensor's handle is not). */
+dt_status dt_tensor_empty_on(int ndim, const int64_t *shape, int dtype, const dt_tensor *device_of, dt_tensor **out);
 dt_status dt_tensor_zeros(int ndim, const int64_t *shape, int dtype, dt_device device, dt_tensor **out);
 /* A tensor over memory the caller owns (e.g. an mmap'd file); never freed by dt. */
 dt_status dt_tensor_wrap(void *data, int ndim, const int64_t *shape, int dtype, dt_tensor **out);
@@ -49,9 +52,19 @@ void dt_tensor_release_storage(dt_tensor *t);
 /* A new view sharing storage: arbitrary shape/strides/offset, bounds-checked. */
 dt_status dt_tensor_view(const dt_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                          int64_t offset, dt_tensor **out);
+/* A new row-major view of contiguous t with another shape of as many elements, at t's offset. */
+dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, dt_tensor **out);
+/* dst[i] becomes the view of src's storage with the ndim, shape and strides of layouts[i] at element src->offset +
+ * layouts[i].offset, in place: its handle is kept and its previous storage released (the layouts are descriptors:
+ * only those fields are read). Every view is checked before any changes. FSDP binds and unbinds its parameters so
+ * every step, one call a unit instead of a new handle a parameter. */
+dt_status dt_tensor_set_views(int n, dt_tensor *const *dst, const dt_tensor *src, const dt_tensor *layouts);
 
 int64_t dt_tensor_numel(const dt_tensor *t);
 bool dt_tensor_is_contiguous(const dt_tensor *t);
+/* True when t is its storage's only view and covers all of it (offset 0, contiguous, every byte): writing into it
+ * changes no other tensor. */
+bool dt_tensor_owns_storage(const dt_tensor *t);
 /* Pointer to element 0 of the view. */
 void *dt_tensor_ptr(const dt_tensor *t);
 int64_t dt_storage_nbytes(const dt_storage *s);

@@ -319,6 +319,71 @@ static void test_index(void) {
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
 }
 
+/* dt_tensor_reshape and dt_tensor_empty_on: the views and outputs the Lua ops make without building strides or reading
+ * a device. */
+static void test_reshape(void) {
+  int64_t s6[1] = {6}, s23[2] = {2, 3}, s32[2] = {3, 2}, s4[1] = {4};
+  dt_tensor *flat = make_sample(1, s6, DT_DTYPE_F32, 2), *part = NULL, *rows = NULL, *t = NULL, *bad = NULL;
+  dt_tensor_view(flat, 1, s4, (int64_t[]){1}, 2, &part); /* elements 2..5 */
+  expect_ok(dt_tensor_reshape(flat, 2, s23, &rows), "reshape (6) -> (2, 3)");
+  bool ok = rows->strides[0] == 3 && rows->strides[1] == 1 && rows->offset == 0;
+  for (int i = 0; i < 6; i++) ok = ok && at(rows, i) == at(flat, i);
+  expect(ok && dt_storage_refcount(flat->storage) == 3, "reshape: a row-major view of the same storage");
+  dt_tensor_free(rows);
+  expect_ok(dt_tensor_reshape(part, 2, (int64_t[]){2, 2}, &rows), "reshape of a view at an offset");
+  expect(rows->offset == 2 && at(rows, 3) == at(flat, 5), "reshape keeps the view's offset");
+  dt_tensor_view(flat, 2, s32, (int64_t[]){1, 3}, 0, &t); /* a transpose */
+  expect_error(dt_tensor_reshape(t, 1, s6, &bad), "reshape: the tensor is not contiguous", "reshape: not contiguous");
+  expect_error(dt_tensor_reshape(flat, 1, s4, &bad), "reshape: 4 elements cannot view 6", "reshape: a count mismatch");
+  expect(bad == NULL, "a refused reshape makes nothing");
+  dt_tensor *out = NULL;
+  expect_ok(dt_tensor_empty_on(2, s32, DT_DTYPE_BF16, flat, &out), "empty_on");
+  expect(out->device.type == DT_DEVICE_CPU && out->dtype == DT_DTYPE_BF16 && dt_tensor_numel(out) == 6 &&
+             dt_tensor_owns_storage(out) && !dt_tensor_owns_storage(flat),
+         "empty_on: a new tensor on the device of the one given, its storage's only view");
+  dt_tensor *all[] = {flat, part, rows, t, out};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) dt_tensor_free(all[i]);
+}
+
+/* dt_tensor_set_views (FSDP's bind and unbind): handles re-pointed in place at a flat buffer and back at an empty
+ * tensor, each previous storage released with its last view, a bad layout refused before any handle changes. */
+static void test_set_views(void) {
+  dt_pool_stats before, now;
+  dt_pool_stats_get(DT_POOL_HOST, &before);
+  int64_t s6[1] = {6}, s0[1] = {0}, s22[2] = {2, 2}, s1[1] = {1};
+  dt_tensor *flat = make_sample(1, s6, DT_DTYPE_F32, 1), *empty = make(1, s0, DT_DTYPE_F32);
+  dt_tensor *a = make(2, s22, DT_DTYPE_F64), *b = make(1, s1, DT_DTYPE_F32), *a_handle = a;
+  dt_tensor *dst[2] = {a, b};
+  dt_tensor full[2] = {{.ndim = 2, .shape = {2, 2}, .strides = {2, 1}, .offset = 0},
+                       {.ndim = 1, .shape = {2}, .strides = {1}, .offset = 4}};
+  dt_tensor none[2] = {{.ndim = 1, .shape = {0}, .strides = {1}}, {.ndim = 1, .shape = {0}, .strides = {1}}};
+  expect_ok(dt_tensor_set_views(2, dst, flat, full), "set_views: bind");
+  bool ok = dst[0] == a_handle && a->dtype == DT_DTYPE_F32 && a->ndim == 2 && b->shape[0] == 2;
+  for (int i = 0; i < 4; i++) ok = ok && at(a, i) == at(flat, i);
+  for (int i = 0; i < 2; i++) ok = ok && at(b, i) == at(flat, 4 + i);
+  expect(ok, "set_views: the same handles view the buffer's slices, in its dtype");
+  dt_pool_stats_get(DT_POOL_HOST, &now);
+  expect(now.live_bytes - before.live_bytes == 6 * 4 && dt_storage_refcount(flat->storage) == 3,
+         "set_views: the handles' own storages are freed, the buffer's is held by its three views");
+  dt_tensor_set(a, 3, 42);
+  expect(at(flat, 3) == 42, "set_views: a write through a view lands in the buffer");
+  expect_ok(dt_tensor_set_views(2, dst, flat, full), "set_views: bind again to the storage already viewed");
+  expect(dt_storage_refcount(flat->storage) == 3 && at(a, 3) == 42, "set_views: re-binding keeps the storage");
+  dt_tensor bad[2] = {none[0], {.ndim = 1, .shape = {3}, .strides = {1}, .offset = 4}};
+  expect_error(dt_tensor_set_views(2, dst, flat, bad),
+               "set_views (view 1): view reaches elements 4..6 of a storage holding 6", "set_views: past the end");
+  expect(a->ndim == 2 && b->shape[0] == 2 && dt_storage_refcount(flat->storage) == 3,
+         "set_views: a refused call changes no handle");
+  expect_ok(dt_tensor_set_views(2, dst, empty, none), "set_views: unbind");
+  expect(dt_tensor_numel(a) == 0 && dt_tensor_numel(b) == 0 && dt_storage_refcount(flat->storage) == 1 &&
+             dt_storage_refcount(empty->storage) == 3,
+         "set_views: unbound, the handles view the empty tensor and let go of the buffer");
+  dt_tensor *all[] = {flat, empty, a, b};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) dt_tensor_free(all[i]);
+  dt_pool_stats_get(DT_POOL_HOST, &now);
+  expect(now.live_bytes == before.live_bytes, "set_views: nothing leaks");
+}
+
 /* Devices: counts, and refusals that need no GPU (a missing cuda device; in a CPU-only build, any). */
 static void test_devices(void) {
   int n = dt_device_count(DT_DEVICE_CUDA), build = dt_cuda_build();
@@ -451,5 +516,7 @@ int main(void) {
   test_reduce();
   test_matmul();
   test_index();
+  test_reshape();
+  test_set_views();
   return spec_finish();
 }

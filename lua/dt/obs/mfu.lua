@@ -92,9 +92,14 @@ function M.meter(model, dev)
          return nil
       end
    end
+   -- FLOPs a position at the latest sequence length: a module's own_flops counts positions (linear in tokens), and
+   -- walking the modules every step made a few hundred tables a step
+   local seq_of, per_token
    return function(r)
       -- the step's own shape: tokens per second, in sequences of the data's length (not the model's maximum)
-      return M.step_flops(model, r.tokens_per_second, r.tokens_per_second / r.samples_per_second) / peak()
+      local seq = r.tokens_per_second / r.samples_per_second
+      if seq ~= seq_of then seq_of, per_token = seq, M.step_flops(model, 1, seq) end
+      return r.tokens_per_second * per_token / peak()
    end
 end
 

@@ -21,6 +21,7 @@ local M = {}
 -- Protobuf wire format: varints, tags, length-delimited, fixed64 (double) and fixed32 (float) fields.
 local function varint(n)
    assert(n >= 0 and n % 1 == 0 and n < 2 ^ 53, "varint: a non-negative integer")
+   if n < 128 then return string.char(n) end -- most tags and lengths: one byte, no table
    local out = {}
    repeat
       local low = n % 128

@@ -26,7 +26,7 @@ end
 -- A new uninitialised tensor of `shape` and dtype name `dt` on like's device (no autograd, no checks). A failure (out
 -- of device memory) names the op that asked for the output.
 function M.empty(shape, dt, like)
-   if C.dt_tensor_empty(#shape, to_carray(shape, dims_arg), dtype.by_name[dt].id, like.h.device, out_slot) ~= 0 then
+   if C.dt_tensor_empty_on(#shape, to_carray(shape, dims_arg), dtype.by_name[dt].id, like.h, out_slot) ~= 0 then
       error(("%s: its output: %s"):format(op_name(), ffi.string(C.dt_last_error())), 2)
    end
    return wrap(out_slot[0])
@@ -101,12 +101,8 @@ end
 
 -- A raw (unrecorded) row-major view of contiguous x with another shape.
 function M.view(x, shape)
-   local strides, st = {}, 1
-   for i = #shape, 1, -1 do
-      strides[i] = st
-      st = st * shape[i]
-   end
-   return x:as_strided(shape, strides, x.h.offset)
+   check(C.dt_tensor_reshape(x.h, #shape, to_carray(shape, dims_arg), out_slot), 3)
+   return wrap(out_slot[0])
 end
 
 -- view(x, shape) for x a temporary of the caller's: x's handle is freed, so that the view is its storage's only one

@@ -4,8 +4,9 @@
 -- keeps its f32 shard of it (with per-parameter views for the optimizer), and the module's parameter tensors are
 -- re-pointed at a gathered copy of the buffer or left empty.
 --
--- A parameter keeps its identity (the Lua tensor object the module holds): only its C handle changes. While the
--- unit is gathered it is a view of the gathered buffer; otherwise it is an empty 1-D tensor. Autograd nodes recorded
+-- A parameter keeps its identity (the Lua tensor object the module holds) and its C handle: only what the handle views
+-- changes (dt_tensor_set_views, one call a unit). While the unit is gathered it is a view of the gathered buffer;
+-- otherwise it is an empty 1-D tensor. Autograd nodes recorded
 -- during a forward hold the parameter objects, so a re-gather before backward is seen by them.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
@@ -68,26 +69,16 @@ function M.partition(model, modules)
    return units
 end
 
--- Empty 1-D tensors of each dtype and device: what a parameter holds while its unit is sharded.
+-- Empty 1-D tensors of each dtype and device: what the parameters view while their unit is sharded.
 local empties = {}
-local function empty_handle(dtype, device)
+local function empty_tensor(dtype, device)
    local key = dtype .. "@" .. device
    local e = empties[key]
    if e == nil then
       e = Tensor.empty({ 0 }, { dtype = dtype, device = device })
       empties[key] = e
    end
-   local v = e:as_strided({ 0 }, { 1 }, 0)
-   local h = v.h
-   v.h = nil -- the handle (and its finaliser) moves to the caller
-   return h
-end
-
--- p takes over handle h; p's previous handle is freed now.
-local function set_handle(p, h)
-   local old = p.h
-   p.h = h
-   if old ~= nil then C.dt_tensor_free(ffi.gc(old, nil)) end
+   return e
 end
 
 local function contiguous_strides(shape)
@@ -103,15 +94,25 @@ local const_handles, positions = ffi.typeof("const dt_tensor *[?]"), ffi.typeof(
 -- parameter i's slice of the accumulator (its shape, contiguous), a tensor descriptor re-pointed at each accumulator
 -- the unit is given (storage, dtype, device, offset); x and y, the handle lists of one call; at[k], the parameter of
 -- pair k; n, the pairs of the latest call.
+-- Descriptors of each parameter's slice of a flat buffer: its shape, contiguous, at its offset in the unit (or, empty,
+-- a 1-D tensor of 0 elements at 0).
+local function layouts(params, empty)
+   local out = descriptors(#params)
+   for i, e in ipairs(params) do
+      local s = out[i - 1]
+      if empty then
+         s.ndim, s.shape[0], s.strides[0] = 1, 0, 1
+      else
+         s.ndim, s.offset = #e.shape, e.offset
+         for d, st in ipairs(contiguous_strides(e.shape)) do s.shape[d - 1], s.strides[d - 1] = e.shape[d], st end
+      end
+   end
+   return out
+end
+
 local function new_take(params)
    local n = #params
-   local t = { slices = descriptors(n), x = const_handles(n), y = handles(n), at = positions(n), n = 0 }
-   for i, e in ipairs(params) do
-      local s = t.slices[i - 1]
-      s.ndim = #e.shape
-      for d, st in ipairs(contiguous_strides(e.shape)) do s.shape[d - 1], s.strides[d - 1] = e.shape[d], st end
-   end
-   return t
+   return { slices = layouts(params), x = const_handles(n), y = handles(n), at = positions(n), n = 0 }
 end
 
 -- Point the slices of take t at acc (nothing to do when it is laid out as the last one). They are descriptors, not
@@ -177,27 +178,35 @@ function M.new(spec, rank, size, param_dtype, device, alloc, grads)
       end
    end
    for _, e in ipairs(u.params) do
-      set_handle(e.p, empty_handle(param_dtype, device))
       e.p.requires_grad, e.p.grad = true, nil -- a gradient from before the wrap is not this unit's to reduce
    end
    u.take = new_take(u.params)
+   u.binding = { handles = handles(#u.params), full = layouts(u.params), empty = layouts(u.params, true),
+      empty_tensor = empty_tensor(param_dtype, device) }
+   u.bound = true
+   u:unbind() -- the full parameters' bytes go
    return u
+end
+
+-- Re-point every parameter's handle at src with the binding's layouts `kind` ("full" or "empty").
+local function point_params(u, src, kind)
+   local b, params = u.binding, u.params
+   for i, e in ipairs(params) do b.handles[i - 1] = e.p.h end
+   if C.dt_tensor_set_views(#params, b.handles, src.h, b[kind]) ~= 0 then
+      error(("fsdp unit %s: %s"):format(label(u), ffi.string(C.dt_last_error())), 3)
+   end
 end
 
 -- Point every parameter at its slice of `full` (the gathered padded buffer, param_dtype).
 function Unit:bind(full)
-   for _, e in ipairs(self.params) do
-      local v = full:as_strided(e.shape, contiguous_strides(e.shape), e.offset)
-      set_handle(e.p, v.h)
-      v.h = nil
-   end
+   point_params(self, full, "full")
    self.bound = true
 end
 
 -- Leave every parameter empty (the gathered buffer can then be freed).
 function Unit:unbind()
    if not self.bound then return end
-   for _, e in ipairs(self.params) do set_handle(e.p, empty_handle(self.param_dtype, self.device)) end
+   point_params(self, self.binding.empty_tensor, "empty")
    self.bound = false
 end
 
