@@ -132,8 +132,8 @@ dt_status dt_op_linear_check(const dt_tensor *x, const dt_tensor *w, const dt_te
            "linear: act must be DT_LINEAR_NONE, DT_LINEAR_GELU or DT_LINEAR_GELU_TANH, got %d", act);
   DT_CHECK(x && w && y, DT_ERR_ARG, "linear: x, w and y are required (b and pre may be NULL)");
   DT_CHECK(x->ndim == 2 && w->ndim == 2 && y->ndim == 2, DT_ERR_ARG,
-           "linear: x (N, K), w (Nout, K) and y (N, Nout) must be matrices, got x %s, w %s, y %s (flatten the "
-           "leading dims of x first)",
+           "linear: x (N, K), w (Nout, K) and y (N, Nout) must be matrices, got x %s, w %s, y %s (x and y of more "
+           "dims must be contiguous: x:contiguous())",
            dt_shape_str(x, b1, sizeof b1), dt_shape_str(w, b2, sizeof b2), dt_shape_str(y, b3, sizeof b3));
   DT_CHECK(x->dtype == w->dtype && x->dtype == y->dtype && dt_dtype_is_float(x->dtype), DT_ERR_ARG,
            "linear: x, w and y must share one float dtype, got %s, %s, %s", dt_dtype_name(x->dtype),

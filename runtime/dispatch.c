@@ -72,16 +72,37 @@ dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, b
   DT_DISPATCH("matmul", (a, b, out), op_matmul, a, b, out, trans_a, trans_b, alpha, beta);
 }
 
+/* t, contiguous of one or more than two dims (..., n), as the (rows, n) matrix of its leading dims (a vector: one row):
+ * a descriptor in *m that borrows t's storage for the call; any other t as it is. The linear ops read activations of
+ * any rank so. */
+static dt_tensor *rows_of(const dt_tensor *t, dt_tensor *m) {
+  if (!t || t->ndim == 0 || t->ndim == 2 || !dt_tensor_is_contiguous(t)) return (dt_tensor *)t;
+  *m = *t;
+  int64_t rows = 1;
+  for (int d = 0; d < t->ndim - 1; d++) rows *= t->shape[d];
+  m->ndim = 2;
+  m->shape[0] = rows, m->shape[1] = t->shape[t->ndim - 1];
+  m->strides[0] = m->shape[1], m->strides[1] = 1;
+  for (int d = 2; d < DT_MAX_DIMS; d++) m->shape[d] = m->strides[d] = 0;
+  return m;
+}
+
 dt_status dt_op_linear(const dt_tensor *x, const dt_tensor *w, const dt_tensor *b, int act, dt_tensor *y,
                        dt_tensor *pre) {
+  dt_tensor xm, ym, pm;
+  x = rows_of(x, &xm), y = rows_of(y, &ym), pre = rows_of(pre, &pm);
   DT_DISPATCH("linear", (x, w, b, y, pre), op_linear, x, w, b, act, y, pre);
 }
 
 dt_status dt_op_linear_wgrad(const dt_tensor *dy, const dt_tensor *x, dt_tensor *gw, dt_tensor *gb) {
+  dt_tensor dym, xm;
+  dy = rows_of(dy, &dym), x = rows_of(x, &xm);
   DT_DISPATCH("linear weight gradient", (dy, x, gw, gb), op_linear_wgrad, dy, x, gw, gb);
 }
 
 dt_status dt_op_linear_dgelu(const dt_tensor *dy, const dt_tensor *w, const dt_tensor *pre, dt_tensor *dx) {
+  dt_tensor dym, pm, dxm;
+  dy = rows_of(dy, &dym), pre = rows_of(pre, &pm), dx = rows_of(dx, &dxm);
   DT_DISPATCH("linear GELU gradient", (dy, w, pre, dx), op_linear_dgelu, dy, w, pre, dx);
 }
 

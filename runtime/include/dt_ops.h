@@ -70,7 +70,8 @@ dt_status dt_op_matmul(const dt_tensor *a, const dt_tensor *b, dt_tensor *out, b
 typedef enum { DT_LINEAR_NONE = 0, DT_LINEAR_GELU = 1, DT_LINEAR_GELU_TANH = 2 } dt_linear_act;
 
 /* y = act(x @ w^T + b), a linear layer in one op: x (N, K) (strided views as dt_op_matmul reads them), w (Nout, K),
- * b (Nout) contiguous or NULL, y (N, Nout) contiguous, one float dtype. pre: NULL, or (N, Nout) contiguous receiving
+ * b (Nout) contiguous or NULL, y (N, Nout) contiguous, one float dtype. In the three linear ops an activation (x, y,
+ * pre, dy, dx) may also be contiguous of any rank (..., n): its leading dims are the N rows (a vector is one). pre: NULL, or (N, Nout) contiguous receiving
  * x @ w^T + b (GELU's input, which its backward needs; only with an activation). On the CPU the bias rows are written
  * first and the GEMM adds onto them (beta = 1), then GELU runs as one pass: the same bits as dt_op_matmul after
  * dt_op_axpby of b, then dt_nn_gelu_fwd. On CUDA devices one cublasLtMatmul with the BIAS epilogue (GELU_BIAS /

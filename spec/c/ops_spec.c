@@ -319,6 +319,48 @@ static void test_index(void) {
   for (size_t i = 0; i < sizeof tensors / sizeof *tensors; i++) dt_tensor_free(tensors[i]);
 }
 
+/* The linear ops read activations of any rank as the matrix of their rows: a (2, 3, K) x gives the bits of its (6, K)
+ * view, through the forward with GELU and both gradients; a vector is one row; a non-contiguous x of 3 dims is refused. */
+static void test_linear_rows(void) {
+  int64_t K = 5, O = 4;
+  int64_t s3[3] = {2, 3, K}, s2[2] = {6, K}, y3[3] = {2, 3, O}, y2[2] = {6, O}, sw[2] = {O, K}, sb[1] = {O};
+  dt_tensor *x = make_sample(3, s3, DT_DTYPE_F32, 3), *w = make_sample(2, sw, DT_DTYPE_F32, 4);
+  dt_tensor *b = make_sample(1, sb, DT_DTYPE_F32, 5), *x2 = NULL;
+  dt_tensor_reshape(x, 2, s2, &x2);
+  dt_tensor *y = make(3, y3, DT_DTYPE_F32), *pre = make(3, y3, DT_DTYPE_F32);
+  dt_tensor *ry = make(2, y2, DT_DTYPE_F32), *rpre = make(2, y2, DT_DTYPE_F32);
+  expect_ok(dt_op_linear(x, w, b, DT_LINEAR_GELU_TANH, y, pre), "linear of a 3-d x");
+  expect_ok(dt_op_linear(x2, w, b, DT_LINEAR_GELU_TANH, ry, rpre), "linear of its rows");
+  bool same = true;
+  for (int i = 0; i < 6 * O; i++) same = same && at(y, i) == at(ry, i) && at(pre, i) == at(rpre, i);
+  expect(same, "linear: a 3-d x gives its rows' bits (y and pre)");
+  dt_tensor *gw = make(2, sw, DT_DTYPE_F32), *gb = make(1, sb, DT_DTYPE_F32);
+  dt_tensor *rgw = make(2, sw, DT_DTYPE_F32), *rgb = make(1, sb, DT_DTYPE_F32);
+  expect_ok(dt_op_linear_wgrad(y, x, gw, gb), "linear weight gradient of 3-d dy and x");
+  expect_ok(dt_op_linear_wgrad(ry, x2, rgw, rgb), "linear weight gradient of their rows");
+  dt_tensor *wt = NULL; /* w^T (K, O): dx (6, O) = (dy (6, K) @ w^T) * GELU'(pre), with x as dy and y as dx */
+  dt_tensor_view(w, 2, (int64_t[]){K, O}, (int64_t[]){1, K}, 0, &wt);
+  expect_ok(dt_op_linear_dgelu(x, wt, pre, y), "linear GELU gradient of 3-d dy, pre and dx");
+  expect_ok(dt_op_linear_dgelu(x2, wt, rpre, ry), "linear GELU gradient of their rows");
+  for (int i = 0; i < O * K; i++) same = same && at(gw, i) == at(rgw, i);
+  for (int i = 0; i < O; i++) same = same && at(gb, i) == at(rgb, i);
+  for (int i = 0; i < 6 * O; i++) same = same && at(y, i) == at(ry, i);
+  expect(same, "linear gradients: 3-d operands give their rows' bits");
+  dt_tensor *v = NULL, *vy = make(1, sb, DT_DTYPE_F32), *v2 = NULL, *vy2 = make(2, (int64_t[]){1, O}, DT_DTYPE_F32);
+  dt_tensor_view(x, 1, (int64_t[]){K}, (int64_t[]){1}, K, &v); /* row 2 */
+  dt_tensor_view(x, 2, (int64_t[]){1, K}, (int64_t[]){K, 1}, K, &v2);
+  expect_ok(dt_op_linear(v, w, b, DT_LINEAR_NONE, vy, NULL), "linear of a vector");
+  expect_ok(dt_op_linear(v2, w, b, DT_LINEAR_NONE, vy2, NULL), "linear of it as one row");
+  for (int i = 0; i < O; i++) same = same && at(vy, i) == at(vy2, i);
+  expect(same, "linear: a vector is one row");
+  dt_tensor *xt = NULL;
+  dt_tensor_view(x, 3, (int64_t[]){3, 2, K}, (int64_t[]){K, 3 * K, 1}, 0, &xt);
+  expect_error(dt_op_linear(xt, w, b, DT_LINEAR_NONE, y, NULL), "x and y of more dims must be contiguous",
+               "linear: a non-contiguous 3-d x");
+  dt_tensor *all[] = {x, w, b, x2, y, pre, ry, rpre, gw, gb, rgw, rgb, wt, v, vy, v2, vy2, xt};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) dt_tensor_free(all[i]);
+}
+
 /* dt_tensor_reshape and dt_tensor_empty_on: the views and outputs the Lua ops make without building strides or reading
  * a device. */
 static void test_reshape(void) {
@@ -517,6 +559,7 @@ int main(void) {
   test_matmul();
   test_index();
   test_reshape();
+  test_linear_rows();
   test_set_views();
   return spec_finish();
 }

@@ -92,9 +92,19 @@ return function(dt, Tensor)
          gw = empty(w.shape, w.dtype, w)
          check(C.dt_op_linear_wgrad(g2.h, x2.h, gw.h, gb and gb.h))
       elseif gb then
-         check(C.dt_op_reduce(C.DT_REDUCE_SUM, g2.h, 0, false, gb.h))
+         local rows = view(g2, { g2:numel() / w:size(1), w:size(1) })
+         check(C.dt_op_reduce(C.DT_REDUCE_SUM, rows.h, 0, false, gb.h))
+         rows:free()
       end
       return gw, gb
+   end
+
+   -- The input gradient g @ w of a linear layer with n rows of input, in the input's shape xs (g contiguous).
+   local function input_grad(g, w, n, xs)
+      local rows = view(g, { n, w:size(1) })
+      local gx = view_owned(mm(rows, w, false, false), xs)
+      rows:free()
+      return gx
    end
 
    -- y = act(x @ w^T + b) with x (..., in), w (out, in), b (out) or nil; no transposed copies are made. One op
@@ -107,25 +117,25 @@ return function(dt, Tensor)
       if not code then
          error(("linear: act must be \"none\", \"gelu\" or \"gelu_tanh\", got %s"):format(tostring(act)), 2)
       end
-      local n, in_f, out_f, xs = linear_dims(x, w, b, 2)
-      local x2 = view(contiguous(x), { n, in_f })
-      local y2 = empty({ n, out_f }, x.dtype, x)
+      local n, _, out_f, xs = linear_dims(x, w, b, 2)
+      -- x (..., in), y and pre (..., out) go to the op in their own shapes: their leading dims are the rows
+      local xc, ys = contiguous(x), out_shape(xs, out_f)
+      local y = empty(ys, x.dtype, x)
       -- GELU's input, kept for the backward only when a gradient will be asked for
-      local pre = code ~= 0 and autograd.needs_grad({ x, w, b }) and empty({ n, out_f }, x.dtype, x) or nil
+      local pre = code ~= 0 and autograd.needs_grad({ x, w, b }) and empty(ys, x.dtype, x) or nil
       local bc = b and contiguous(b)
-      check(C.dt_op_linear(x2.h, w.h, bc and bc.h, code, y2.h, pre and pre.h))
-      return record(view(y2, out_shape(xs, out_f)), { x, w, b }, function(g)
-         -- g's rows: a view, freed at the end so that g stays its storage's only view (the engine may add into it)
-         local rows = view(contiguous(g), { n, out_f })
-         local g2 = rows
+      check(C.dt_op_linear(xc.h, w.h, bc and bc.h, code, y.h, pre and pre.h))
+      return record(y, { x, w, b }, function(g)
+         local gc = contiguous(g) -- a copy of a strided g is freed at the end; g itself stays the engine's
+         local g2 = gc
          if pre then
-            g2 = empty({ n, out_f }, x.dtype, x)
-            check(C.dt_nn_gelu_bwd(pre.h, rows.h, g2.h, code == 2))
+            g2 = empty(ys, x.dtype, x)
+            check(C.dt_nn_gelu_bwd(pre.h, gc.h, g2.h, code == 2))
          end
-         local gw, gb = weight_grads(g2, x2, w, b)
-         local gx = x.requires_grad and view_owned(mm(g2, w, false, false), xs) or nil
+         local gw, gb = weight_grads(g2, xc, w, b)
+         local gx = x.requires_grad and input_grad(g2, w, n, xs) or nil
          if pre then g2:free() end
-         rows:free()
+         if gc ~= g then gc:free() end
          return gx, gw, gb
       end, code == 0 and "linear" or "linear_" .. act)
    end
@@ -136,7 +146,7 @@ return function(dt, Tensor)
    -- epilogue multiplies by GELU's derivative: no pass over the hidden activations' gradient, no GELU backward
    -- kernel). On the CPU the values and gradients are the two layers', bit for bit.
    function dt.gelu_tanh_mlp(x, w1, b1, w2, b2)
-      local n, in_f, hidden, xs = linear_dims(x, w1, b1, 2)
+      local n, _, hidden, xs = linear_dims(x, w1, b1, 2)
       common.check_dtypes(x, w2, 2)
       if b2 then common.check_dtypes(x, b2, 2) end
       if w2.ndim ~= 2 or w2:size(2) ~= hidden or (b2 and (b2.ndim ~= 1 or b2:size(1) ~= w2:size(1))) then
@@ -144,28 +154,28 @@ return function(dt, Tensor)
             shape_str(w2.shape), hidden, b2 and shape_str(b2.shape) or "nil"), 2)
       end
       local out_f = w2:size(1)
-      local x2 = view(contiguous(x), { n, in_f })
-      local h, y2 = empty({ n, hidden }, x.dtype, x), empty({ n, out_f }, x.dtype, x)
+      local xc, hs = contiguous(x), out_shape(xs, hidden)
+      local h, y = empty(hs, x.dtype, x), empty(out_shape(xs, out_f), x.dtype, x)
       local inputs = { x, w1, w2 } -- then the biases given (the tape's inputs are a list without holes)
       if b1 then inputs[#inputs + 1] = b1 end
       if b2 then inputs[#inputs + 1] = b2 end
-      local pre = autograd.needs_grad(inputs) and empty({ n, hidden }, x.dtype, x) or nil
+      local pre = autograd.needs_grad(inputs) and empty(hs, x.dtype, x) or nil
       local b1c, b2c = b1 and contiguous(b1), b2 and contiguous(b2)
-      check(C.dt_op_linear(x2.h, w1.h, b1c and b1c.h, acts.gelu_tanh, h.h, pre and pre.h))
-      check(C.dt_op_linear(h.h, w2.h, b2c and b2c.h, acts.none, y2.h, nil))
+      check(C.dt_op_linear(xc.h, w1.h, b1c and b1c.h, acts.gelu_tanh, h.h, pre and pre.h))
+      check(C.dt_op_linear(h.h, w2.h, b2c and b2c.h, acts.none, y.h, nil))
       if not pre then h:free() end
-      return record(view(y2, out_shape(xs, out_f)), inputs, function(g)
-         local rows = view(contiguous(g), { n, out_f })
-         local gw2, gb2 = weight_grads(rows, h, w2, b2)
+      return record(y, inputs, function(g)
+         local gc = contiguous(g)
+         local gw2, gb2 = weight_grads(gc, h, w2, b2)
          local gx, gw1, gb1
          if x.requires_grad or w1.requires_grad or (b1 and b1.requires_grad) then
-            local gpre = empty({ n, hidden }, x.dtype, x) -- the gradient of GELU's input
-            check(C.dt_op_linear_dgelu(rows.h, w2.h, pre.h, gpre.h))
-            gw1, gb1 = weight_grads(gpre, x2, w1, b1)
-            gx = x.requires_grad and view_owned(mm(gpre, w1, false, false), xs) or nil
+            local gpre = empty(hs, x.dtype, x) -- the gradient of GELU's input
+            check(C.dt_op_linear_dgelu(gc.h, w2.h, pre.h, gpre.h))
+            gw1, gb1 = weight_grads(gpre, xc, w1, b1)
+            gx = x.requires_grad and input_grad(gpre, w1, n, xs) or nil
             gpre:free()
          end
-         rows:free()
+         if gc ~= g then gc:free() end
          local grads, k = { gx, gw1, gw2 }, 3 -- in the order of inputs
          if b1 then k = k + 1; grads[k] = gb1 end
          if b2 then k = k + 1; grads[k] = gb2 end
