@@ -59,7 +59,11 @@ void shm_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAK
 
 /* Mark the communicator aborted on behalf of rank r (the first report wins) and wake every sleeper. */
 static void abort_as(dt_comm *c, int r, const char *msg) {
-  snprintf(c->ranks[r].abort_msg, sizeof c->ranks[0].abort_msg, "%s", msg);
+  /* Copied whole, not formatted in place: concurrent reporters for one rank write the same bytes (report_gone), and
+   * snprintf may empty its buffer before it writes, so that a reader saw an empty reason (the ASan comm spec, once). */
+  char buf[sizeof c->ranks[0].abort_msg];
+  snprintf(buf, sizeof buf, "%s", msg);
+  memcpy(c->ranks[r].abort_msg, buf, strlen(buf) + 1);
   uint32_t healthy = 0;
   atomic_compare_exchange_strong(&c->hdr->abort_rank, &healthy, (uint32_t)r + 1);
   shm_wake(&c->hdr->gen);
