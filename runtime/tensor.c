@@ -274,6 +274,7 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, 
 dt_status dt_tensor_set_views(int n, dt_tensor *const *dst, const dt_tensor *src, const dt_tensor *layouts) {
   DT_CHECK(n >= 0, DT_ERR_ARG, "set_views: n must be >= 0, got %d", n);
   for (int i = 0; i < n; i++) { /* all checked before any changes */
+    DT_CHECK(dst[i], DT_ERR_ARG, "set_views: handle %d is NULL (a freed tensor)", i);
     const dt_tensor *l = &layouts[i];
     dt_tensor v;
     dt_status st = view_of(src, l->ndim, l->shape, l->strides, src->offset + l->offset, &v);

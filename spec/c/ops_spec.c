@@ -414,6 +414,8 @@ static void test_set_views(void) {
   dt_tensor bad[2] = {none[0], {.ndim = 1, .shape = {3}, .strides = {1}, .offset = 4}};
   expect_error(dt_tensor_set_views(2, dst, flat, bad),
                "set_views (view 1): view reaches elements 4..6 of a storage holding 6", "set_views: past the end");
+  dt_tensor *with_null[2] = {a, NULL};
+  expect_error(dt_tensor_set_views(2, with_null, empty, none), "set_views: handle 1 is NULL", "set_views: a NULL");
   expect(a->ndim == 2 && b->shape[0] == 2 && dt_storage_refcount(flat->storage) == 3,
          "set_views: a refused call changes no handle");
   expect_ok(dt_tensor_set_views(2, dst, empty, none), "set_views: unbind");

@@ -6,8 +6,8 @@
 --
 -- A parameter keeps its identity (the Lua tensor object the module holds) and its C handle: only what the handle views
 -- changes (dt_tensor_set_views, one call a unit). While the unit is gathered it is a view of the gathered buffer;
--- otherwise it is an empty 1-D tensor. Autograd nodes recorded
--- during a forward hold the parameter objects, so a re-gather before backward is seen by them.
+-- otherwise it is an empty 1-D tensor. Autograd nodes recorded during a forward hold the parameter objects, so a
+-- re-gather before backward is seen by them.
 local ffi = require "ffi"
 local dtffi = require "dt.ffi"
 local Tensor = require "dt.tensor"
@@ -90,10 +90,6 @@ end
 local descriptors, handles = ffi.typeof("dt_tensor[?]"), ffi.typeof("dt_tensor *[?]")
 local const_handles, positions = ffi.typeof("const dt_tensor *[?]"), ffi.typeof("int32_t[?]")
 
--- What Unit:take_grads hands dt_op_axpby_n, made once per unit (its layout is fixed when it is built): slices[i - 1],
--- parameter i's slice of the accumulator (its shape, contiguous), a tensor descriptor re-pointed at each accumulator
--- the unit is given (storage, dtype, device, offset); x and y, the handle lists of one call; at[k], the parameter of
--- pair k; n, the pairs of the latest call.
 -- Descriptors of each parameter's slice of a flat buffer: its shape, contiguous, at its offset in the unit (or, empty,
 -- a 1-D tensor of 0 elements at 0).
 local function layouts(params, empty)
@@ -110,6 +106,10 @@ local function layouts(params, empty)
    return out
 end
 
+-- What Unit:take_grads hands dt_op_axpby_n, made once per unit (its layout is fixed when it is built): slices[i - 1],
+-- parameter i's slice of the accumulator (its shape, contiguous), a tensor descriptor re-pointed at each accumulator
+-- the unit is given (storage, dtype, device, offset); x and y, the handle lists of one call; at[k], the parameter of
+-- pair k; n, the pairs of the latest call.
 local function new_take(params)
    local n = #params
    return { slices = layouts(params), x = const_handles(n), y = handles(n), at = positions(n), n = 0 }
