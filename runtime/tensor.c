@@ -54,17 +54,22 @@ static dt_status check_shape(int ndim, const int64_t *shape, int64_t *numel) {
   return DT_OK;
 }
 
+/* The strides of a contiguous row-major tensor of `shape`. */
+static void row_major_strides(int ndim, const int64_t *shape, int64_t *strides) {
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = stride;
+    stride *= shape[d];
+  }
+}
+
 static dt_tensor *tensor_struct(int ndim, const int64_t *shape, int dtype) {
   dt_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
   t->ndim = ndim;
   t->dtype = dtype;
-  int64_t stride = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    t->shape[d] = shape[d];
-    t->strides[d] = stride;
-    stride *= shape[d];
-  }
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  row_major_strides(ndim, shape, t->strides);
   return t;
 }
 
@@ -263,11 +268,7 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, 
   DT_CHECK(dt_tensor_is_contiguous(t), DT_ERR_ARG, "reshape: the tensor is not contiguous (copy it first)");
   DT_CHECK(numel == dt_tensor_numel(t), DT_ERR_ARG, "reshape: %lld elements cannot view %lld", (long long)numel,
            (long long)dt_tensor_numel(t));
-  int64_t stride = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    strides[d] = stride;
-    stride *= shape[d];
-  }
+  row_major_strides(ndim, shape, strides);
   return dt_tensor_view(t, ndim, shape, strides, t->offset, out);
 }
 
