@@ -517,4 +517,34 @@ describe("cuda tensors", function()
          train_both(nn.Llama, { vocab = 32, seq = 8, dim = 32, layers = 1, heads = 4, kv_heads = 2, seed = 4 })
       end)
    end)
+
+   -- DT_EMU_HOST_ONLY=1 (the emulation only): the host's side of a program, as on a GPU, without the device's work
+   local host_only_it = dt.cuda_build() == "emulated" and cuda_it or function(name)
+      pending(name .. " (skipped: the emulation's mode, and this is a " .. dt.cuda_build() .. " build)")
+   end
+   host_only_it("under DT_EMU_HOST_ONLY=1 queues and checks every op but runs none: what it reads back is 0", function()
+      local exe = require("ffi").string(dt.C.dt_exe_path())
+      local base = os.tmpname()
+      local script = base .. ".lua" -- (dtrun runs scripts named *.lua)
+      finally(function() os.remove(base); os.remove(script) end)
+      local f = assert(io.open(script, "w"))
+      f:write([[
+local dt = require "dt"
+local x = dt.ones({ 1000 }, { device = "cuda" })
+io.write(("sum=%g\n"):format((x + x):sum():item()))
+local ok, err = pcall(dt.matmul, x:view({ 10, 100 }), x:view({ 20, 50 }))
+io.write(("refused=%s %s\n"):format(tostring(not ok), tostring(err):match("matmul[^\n]*") or ""))
+]])
+      f:close()
+      local function run(env)
+         local p = io.popen(("DT_DEVICE=cuda %s %q %q 2>&1"):format(env, exe, script))
+         local out = p:read("*a")
+         p:close()
+         return out
+      end
+      assert.matches("sum=2000\n", run(""))
+      local out = run("DT_EMU_HOST_ONLY=1")
+      assert.matches("sum=0\n", out) -- the fill, the add and the sum never ran; the copy back reads zeros
+      assert.matches("refused=true matmul", out) -- the checks before a launch still run
+   end)
 end)

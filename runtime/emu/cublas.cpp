@@ -222,6 +222,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   g->run = run_gemm;
   g->destroy = destroy_gemm;
   g->skippable = true;
+  g->compute = true;
   g->ta = transa;
   g->tb = transb;
   g->m = m;

@@ -384,6 +384,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   g->run = run_lt;
   g->destroy = destroy_lt;
   g->skippable = true;
+  g->compute = true;
   g->sh = s;
   g->ta = desc->ta;
   g->tb = desc->tb;

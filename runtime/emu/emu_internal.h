@@ -42,12 +42,13 @@ void fail_sticky(int device, cudaError_t code, const char *fmt, ...) __attribute
 cudaError_t sticky_error(int device);
 int current_device();
 
-/* A unit of queued stream work: run() executes it (skipped once the device has a sticky error when `skippable`),
- * destroy() frees it. Queued work runs lazily: when something waits for it. */
+/* A unit of queued stream work: run() executes it (skipped once the device has a sticky error when `skippable`, and
+ * under DT_EMU_HOST_ONLY when `compute`: work on device memory alone), destroy() frees it. Queued work runs lazily:
+ * when something waits for it. */
 struct op {
   void (*run)(op *self);
   void (*destroy)(op *self);
-  bool skippable;
+  bool skippable, compute;
   uint64_t seq;
   op *next;
 };
@@ -111,6 +112,11 @@ bool shared_range_ok(const void *p, size_t n);
 /* Computes a warp matrix collective (COLL_MMA, COLL_LDMATRIX) once its 32 lanes have posted their operands (`lanes`:
  * their mma_lane / ldmatrix_lane pointers); false, with the reason in msg, when the operands are invalid. */
 bool warp_matrix_op(int kind, int arg, const uint64_t lanes[32], char *msg, size_t len);
+
+/* DT_EMU_HOST_ONLY=1: kernels, GEMMs, fills and device-to-device copies are checked and queued but never run, new
+ * device memory is not filled, and a copy out of device memory reads zeros: the host's side of a program (its API
+ * calls included) without the device's work, which a GPU would do while the host goes on. */
+bool host_only();
 
 /* DT_EMU_SEED: 0 runs the threads of a block in index order, other values shuffle them (default 1). */
 uint64_t seed();

@@ -74,7 +74,7 @@ cudaError_t check_range(const char *what, const char *name, const void *p, size_
 void *fresh_memory(size_t size) {
   void *p = nullptr;
   if (posix_memalign(&p, 256, size ? size : 1) != 0) return nullptr;
-  memset(p, 0xff, size); /* device memory starts as garbage: NaN in every float type */
+  if (!host_only()) memset(p, 0xff, size); /* device memory starts as garbage: NaN in every float type */
   return p;
 }
 
@@ -109,15 +109,23 @@ void release(void *p) {
 }
 
 
+/* n bytes from src (device memory when from_device) to dst; under DT_EMU_HOST_ONLY what the host reads of the device
+ * is zeros (no kernel wrote it). */
+void copy_bytes(void *dst, const void *src, size_t n, bool from_device) {
+  if (from_device && host_only()) memset(dst, 0, n);
+  else memcpy(dst, src, n);
+}
+
 struct copy_op : op {
   void *dst;
   const void *src;
   size_t n;
+  bool from_device;
   void *owned; /* snapshot of a pageable source */
 };
 void run_copy(op *o) {
   copy_op *c = static_cast<copy_op *>(o);
-  memcpy(c->dst, c->src, c->n);
+  copy_bytes(c->dst, c->src, c->n, c->from_device);
 }
 void destroy_copy(op *o) {
   copy_op *c = static_cast<copy_op *>(o);
@@ -161,7 +169,7 @@ cudaError_t copy(const char *what, void *dst, const void *src, size_t n, cudaMem
     if (s) flush_stream(s);
     else flush_device(current_device());
     RETURN_IF_STICKY(current_device());
-    memcpy(dst, src, n);
+    copy_bytes(dst, src, n, src_dev);
     return cudaSuccess;
   }
   copy_op *c = new (std::nothrow) copy_op;
@@ -169,9 +177,11 @@ cudaError_t copy(const char *what, void *dst, const void *src, size_t n, cudaMem
   c->run = run_copy;
   c->destroy = destroy_copy;
   c->skippable = true;
+  c->compute = src_dev && dst_dev; /* (under DT_EMU_HOST_ONLY the device holds nothing to copy) */
   c->dst = dst;
   c->src = src;
   c->n = n;
+  c->from_device = src_dev;
   c->owned = nullptr;
   if (src_pageable) { /* the source may change once the call returns: take it now */
     c->owned = malloc(n);
@@ -256,6 +266,7 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
   o->run = run_free;
   o->destroy = destroy_plain<free_op>;
   o->skippable = false;
+  o->compute = false;
   o->p = ptr;
   return enqueue(stream, o);
 }
@@ -361,6 +372,7 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
   o->run = run_set;
   o->destroy = destroy_plain<set_op>;
   o->skippable = true;
+  o->compute = true; /* (a fill of device memory: not run under DT_EMU_HOST_ONLY) */
   o->dst = ptr;
   o->value = value;
   o->n = count;

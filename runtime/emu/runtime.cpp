@@ -90,7 +90,7 @@ void flush_until(CUstream_st *s, uint64_t seq) {
     s->head = o->next;
     if (!s->head) s->tail = nullptr;
     s->queued--;
-    if (!o->skippable || devs[s->device].sticky == cudaSuccess) o->run(o);
+    if ((!o->skippable || devs[s->device].sticky == cudaSuccess) && !(o->compute && host_only())) o->run(o);
     s->done_seq = o->seq;
     o->destroy(o);
   }
@@ -223,6 +223,14 @@ int stream_device(cudaStream_t stream) {
 int max_dynamic_smem(const void *kernel) {
   auto it = func_smem.find(kernel);
   return it == func_smem.end() ? (int)SMEM_DEFAULT : it->second;
+}
+
+bool host_only() {
+  static const bool on = [] {
+    const char *s = getenv("DT_EMU_HOST_ONLY");
+    return s && *s && strcmp(s, "0") != 0;
+  }();
+  return on;
 }
 
 uint64_t seed() {
@@ -390,6 +398,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   o->run = run_wait;
   o->destroy = destroy_plain<wait_op>;
   o->skippable = false;
+  o->compute = false;
   o->s = event->stream;
   o->seq = event->seq;
   return enqueue(s, o);
@@ -422,6 +431,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   o->run = run_record;
   o->destroy = destroy_plain<record_op>;
   o->skippable = false;
+  o->compute = false;
   o->e = event;
   event->stream = s;
   event->recorded = true;

@@ -615,7 +615,7 @@ void launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t 
     if (closure) destroy(closure);
     return;
   }
-  l->base = op{run_grid, destroy_launch, true, 0, nullptr};
+  l->base = op{run_grid, destroy_launch, true, true, 0, nullptr};
   l->d = launch_desc{kernel, name, grid, block, smem, max_dyn > SMEM_DEFAULT ? (int)SMEM_OPTIN : (int)SMEM_DEFAULT,
                      seed(), device, run, closure, destroy};
   enqueue(stream, &l->base);
