@@ -68,6 +68,41 @@ describe("train.Trainer", function()
       assert.equal(30, t.data:position())
    end)
 
+   it("collects after every backward (gc=step) or when the memory budget says (gc=auto), training the same", function()
+      local runs = {}
+      for _, mode in ipairs { "step", "auto" } do
+         dt.manual_seed(11)
+         local t = setup({ steps = 6, grad_accum = 2, gc = mode })
+         local r = { losses = {}, collections = 0 }
+         t:add_step_callback(function(res)
+            r.losses[#r.losses + 1] = res.loss
+            r.collections = r.collections + res.metrics.gc_collections
+         end)
+         t:run()
+         runs[mode] = r
+      end
+      assert.same(runs.step.losses, runs.auto.losses) -- the collector changes no value
+      assert.equal(12, runs.step.collections) -- one a micro-batch
+      -- this model allocates a few hundred KiB a micro-batch, far below the budget (64 MiB at least)
+      assert.is_true(runs.auto.collections < 2, runs.auto.collections .. " collections")
+      assert.matches('gc must be "step" (a full collection after every backward) or "auto" (when the memory budget '
+         .. 'says), got always', errmsg(setup, { gc = "always" }), 1, true)
+   end)
+
+   it("collects when the bytes to come would pass the budget, freeing dead tensors (dt.Tensor.collect_if_due)",
+      function()
+         dt.Tensor.collect()
+         assert.is_false(dt.Tensor.collect_if_due(0))
+         local before = dt.memory_stats()
+         dt.zeros({ 1024, 1024 }) -- 4 MiB, dropped at once: garbage
+         local a0 = dt.Tensor.allocated_bytes()
+         assert.is_true(dt.Tensor.collect_if_due(2 ^ 40)) -- a reserve past any budget
+         assert.equal(a0, dt.Tensor.allocated_bytes()) -- a counter of allocations: collecting leaves it
+         local after = dt.memory_stats()
+         local pool = dt.default_device() == "cpu" and "host" or "device"
+         assert.equal(before[pool].live, after[pool].live) -- the dead 4 MiB are back
+      end)
+
    it("accumulates micro-batches like one large batch", function()
       local big, mb = setup({ steps = 1 }, { sgd = true, lr = 0.5, batch = 4 })
       local acc, ma = setup({ steps = 1, grad_accum = 2 }, { sgd = true, lr = 0.5, batch = 2 })

@@ -2,7 +2,8 @@
 # gpu_check.sh: on a machine with a CUDA GPU, every check that needs one, each log kept: the device, the real-GPU
 # specs (c/cuda_* and cuda_lua/*), compute-sanitizer over the kernel specs, `dtrun bench kernels` (against PyTorch when
 # $DT_BENCH_PYTHON or python3 has torch with CUDA; its attention cases again with DT_ATTN_WGMMA=1) and a traced GPT
-# training run with `dtrun trace top` of it, then again with DT_LINEAR_BGRAD=0, and at GPT-2 small's vocabulary.
+# training run with `dtrun trace top` of it, then again with DT_LINEAR_BGRAD=0, at GPT-2 small's vocabulary and with
+# gc=auto.
 # Usage: tools/gpu_check.sh [--quick] [OUT_DIR, default runs/gpu-check] (after tools/setup.sh or a cmake build in
 # build/). --quick, for a short lease (~6 minutes on an H200): of the specs only the kernel ones (attention, tensor
 # cores, ops, nn), no sanitizer, no cuda_lua/*. Each step has a time limit and the script goes on after a failure; its
@@ -55,12 +56,14 @@ step train_no_bgrad 600 env DT_DEVICE=cuda DT_LINEAR_BGRAD=0 "${train[@]}"
 # GPT-2 small's shapes and tanh GELU (its vocabulary padded as llm.c pads it; the head untied: 163M parameters to its
 # 124M, the same FLOPs a token), the model of ANCHORS.md's llm.c mfu
 step train_gpt2 600 env DT_DEVICE=cuda "${train[@]}" model.vocab=50304 model.gelu=tanh
+# the first run again with Lua's full collection when the memory budget says, not after every backward (gc=auto)
+step train_gc_auto 600 env DT_DEVICE=cuda "${train[@]}" gc=auto
 tail -n 1 "$out/bench_kernels.log" "$out/bench_attention_wgmma.log"
-grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log" "$out/train_gpt2.log"
-for log in train train_gpt2; do # the last step's mfu, time and time waiting for the device (metrics.jsonl)
+grep -E "^step 30/" "$out/train.log" "$out/train_no_bgrad.log" "$out/train_gpt2.log" "$out/train_gc_auto.log"
+for log in train train_gpt2 train_gc_auto; do # the last step's mfu, time, wait for the device and collection
   dir=$(sed -n 's/^run dir: //p' "$out/$log.log" | head -1)
-  [ -n "$dir" ] && echo "$log: $(tail -1 "$dir/metrics.jsonl" | grep -oE '"(mfu|step_seconds|host_wait_seconds)":[^,}]*' |
-    tr '\n' ' ')"
+  [ -n "$dir" ] && echo "$log: $(tail -1 "$dir/metrics.jsonl" |
+    grep -oE '"(mfu|step_seconds|host_wait_seconds|gc_seconds)":[^,}]*' | tr '\n' ' ')"
 done
 echo "gpu_check: $passed passed, $failed failed (logs in $out)"
 [ "$failed" -eq 0 ]

@@ -70,23 +70,54 @@ local function cdim(t, d, ndim, level)
 end
 Tensor.cdim = cdim
 
--- LuaJIT's GC sees a tensor as a few bytes, so dead tensors' storage would pile up. Count the
--- bytes allocated since the last collection and collect once they exceed what was live then
--- (at least 64 MiB): garbage stays bounded by about the live set, and pages get reused while warm.
+-- LuaJIT's GC sees a tensor as a few bytes, so dead tensors' storage would pile up. Count the bytes allocated since
+-- the last collection and collect once they exceed the budget: what was live then (at least 64 MiB), or, with a slack
+-- set (Tensor.set_gc_slack), that share of a device's memory not in use then if more. Garbage stays bounded by about
+-- the budget, and pages get reused while warm.
 local gc_budget, gc_min = 64 * 2 ^ 20, 64 * 2 ^ 20
-local allocated_since_gc = 0
+local allocated_since_gc, allocated_total = 0, 0
+local slack_capacity, slack_fraction = 0, 0
 local pool_stats = ffi.new("dt_pool_stats")
+
+-- The budget for the bytes live now.
+local function budget()
+   C.dt_pool_stats_get(0, pool_stats) -- host
+   local live = tonumber(pool_stats.live_bytes)
+   C.dt_pool_stats_get(2, pool_stats) -- device (all cuda devices)
+   local device_live = tonumber(pool_stats.live_bytes)
+   return math.max(gc_min, live + device_live, slack_fraction * (slack_capacity - device_live))
+end
+
+-- A full collection, then the next budget.
+function Tensor.collect()
+   collectgarbage()
+   gc_budget = budget()
+   allocated_since_gc = 0
+end
 
 local function account_allocation(nbytes)
    allocated_since_gc = allocated_since_gc + nbytes
-   if allocated_since_gc > gc_budget then
-      collectgarbage()
-      C.dt_pool_stats_get(0, pool_stats) -- host
-      local live = tonumber(pool_stats.live_bytes)
-      C.dt_pool_stats_get(2, pool_stats) -- device (all cuda devices)
-      gc_budget = math.max(gc_min, live + tonumber(pool_stats.live_bytes))
-      allocated_since_gc = 0
-   end
+   allocated_total = allocated_total + nbytes
+   if allocated_since_gc > gc_budget then Tensor.collect() end
+end
+
+-- Lets dead tensors hold up to `fraction` of the `capacity` bytes (a cuda device's memory) not in use at the last
+-- collection before the next one (0, 0: no slack, the default). Cheaper steps for more memory held: see the
+-- trainer's config.gc = "auto".
+function Tensor.set_gc_slack(capacity, fraction)
+   slack_capacity, slack_fraction = capacity, fraction
+   gc_budget = budget() -- (what is live now includes garbage: the next collection sets it right)
+end
+
+-- Bytes of tensor storage allocated so far (a counter: differences measure a stretch of work).
+function Tensor.allocated_bytes() return allocated_total end
+
+-- A full collection when `reserve` more bytes would take the allocations since the last one past the budget (the
+-- bytes a step allocates: so that the next step need not collect midway); true when it collected.
+function Tensor.collect_if_due(reserve)
+   if allocated_since_gc + reserve <= gc_budget then return false end
+   Tensor.collect()
+   return true
 end
 
 function Tensor.empty(shape, opts)

@@ -16,6 +16,9 @@ M.base = {
    grad_accum = 1,        -- micro-batches per step
    clip = 1.0,            -- max global grad norm (0: no clipping)
    nonfinite = "error",   -- a non-finite loss or grad norm: "error" (stop), "skip" (no optimizer step), "ignore"
+   gc = "step",           -- Lua's full collection, which frees dead tensors: after every backward ("step": each
+                          -- step's memory figures exact), or "auto": when the tensors allocated since the last one
+                          -- would pass a budget (more memory held, fewer collections; dt/train/trainer.lua)
    log_every = 10,        -- console progress line every N steps (0: never)
    checkpoint_every = 0,  -- save a checkpoint every N steps and at the end (0: never)
    keep_last = 0,         -- keep only the newest N checkpoints, deleting older ones after each save (0: all)

@@ -17,11 +17,15 @@
 -- non-finite global norm: the one all_reduce of the norm is the overflow check) skip the step, counted in
 -- metrics.skipped_steps with metrics.loss_scale the scale the step used; otherwise the gradients are unscaled as
 -- they are clipped, and the scaler updates (config.mixed_precision = "fp16" without one, or a DeepSpeed config's
--- fp16 block: DeepSpeed's default, dynamic from 2^16). After
--- every backward the trainer runs a full collectgarbage(): LuaJIT's GC cannot see tensor bytes, so
--- activations would otherwise linger for an unbounded number of steps. The Lua heap is small (tensors
--- are small tables over C memory): a full collection takes ~2 ms on recipes/train.lua's model (about 3%
--- of its step); the result's metrics.gc_seconds reports it.
+-- fp16 block: DeepSpeed's default, dynamic from 2^16).
+-- LuaJIT's GC cannot see tensor bytes, so dead activations would linger: after every backward the trainer runs a
+-- full collection (config.gc = "step"). It marks and sweeps the whole Lua heap, the loaded code and the model's
+-- tables as well as the step's garbage, which costs a 12-layer GPT ~4-6 ms a step on a cuda device whatever its
+-- width: about 40% of the host's part of the step. config.gc = "auto" collects only when the tensor bytes allocated
+-- since the last collection, plus what this micro-batch allocated, would pass dt.Tensor's budget (the bytes live at
+-- the last collection, at least 64 MiB, or on a cuda device a quarter of its memory not in use then, if more): steps
+-- then hold up to that budget of dead tensors, which their memory figures include. metrics.gc_seconds and
+-- metrics.gc_collections report a step's collections.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count over the
@@ -72,6 +76,7 @@ Trainer.__index = Trainer
 local function default_forward(model, x, y) return model(x, y) end
 
 local nonfinite_modes = { error = true, skip = true, ignore = true }
+local gc_modes = { step = true, auto = true }
 
 -- Why config values the trainer reads are unusable (grad_accum, nonfinite; checkpoint_every and resume without a
 -- run_dir), or nil. Also checks values changed from the REPL (dt/repl/eval.lua).
@@ -81,6 +86,10 @@ function Trainer.check_config(cfg, run_dir)
    end
    if not nonfinite_modes[cfg.nonfinite] then
       return ("nonfinite must be \"error\", \"skip\" or \"ignore\", got %s"):format(tostring(cfg.nonfinite))
+   end
+   if not gc_modes[cfg.gc] then
+      return ("gc must be \"step\" (a full collection after every backward) or \"auto\" (when the memory budget says), "
+         .. "got %s"):format(tostring(cfg.gc))
    end
    if (cfg.checkpoint_every > 0 or cfg.resume) and not run_dir then
       return "checkpoint_every and resume need a run_dir"
@@ -205,10 +214,13 @@ end
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
-local function timed_gc()
+-- The collection after a backward (config.gc): always ("step"), or when `reserve` more bytes of tensors (what the
+-- micro-batch allocated) would pass dt.Tensor's budget ("auto"). Returns its seconds and whether it collected.
+local function timed_gc(reserve)
    local t0 = dt.time()
-   collectgarbage()
-   return dt.time() - t0
+   local collected = true
+   if reserve then collected = dt.Tensor.collect_if_due(reserve) else dt.Tensor.collect() end
+   return dt.time() - t0, collected
 end
 
 -- fn(...), in a span of the step's timeline when the run is traced (config.trace).
@@ -231,10 +243,11 @@ function Trainer:train_step()
    local lr = self.lr_override or self.schedule and self.schedule(step, self.skipped_steps) or opt.lr
    opt.lr = lr
    opt:zero_grad()
-   local losses, samples, tokens, gc_s = {}, 0, 0, 0
+   local losses, samples, tokens, gc_s, collections = {}, 0, 0, 0, 0
    local scaler = self.loss_scaler
    local scale = scaler and scaler.scale or 1
    for i = 1, n_micro do
+      local allocated = dt.Tensor.allocated_bytes()
       self:hook("micro_batch", i, n_micro)
       local x, y = traced(tr, "data", "data", self.data.next, self.data)
       x, y = traced(tr, "to device", "copy", self.to_device, self, x, y, dev)
@@ -244,7 +257,9 @@ function Trainer:train_step()
       traced(tr, "backward", "backward", loss.backward, loss, scale / n_micro)
       losses[i] = loss -- read after the loop: reading it here would wait for the device before backward is queued
       x, y, loss = nil, nil, nil -- luacheck: ignore 311 (drop the references before the GC)
-      gc_s = gc_s + traced(tr, "gc", "gc", timed_gc)
+      local seconds, collected = traced(tr, "gc", "gc", timed_gc,
+         cfg.gc == "auto" and dt.Tensor.allocated_bytes() - allocated or nil)
+      gc_s, collections = gc_s + seconds, collections + (collected and 1 or 0)
    end
    local loss_sum = 0
    for i = 1, n_micro do loss_sum = loss_sum + losses[i]:item() end
@@ -262,7 +277,7 @@ function Trainer:train_step()
    end
    local grad_norm = optim.clip_grad_norm(self.params, cfg.clip > 0 and cfg.clip or math.huge,
       { reduce = reduce, unscale = scale, buffers = self:hook("grad_buffers") })
-   local extra = { gc_seconds = gc_s }
+   local extra = { gc_seconds = gc_s, gc_collections = collections }
    if steps then
       traced(tr, "optimizer step", "optimizer", opt.step, opt)
    elseif overflow then
@@ -358,6 +373,9 @@ function Trainer:run()
    if tb then tb:text(self.step, "config", (config.to_lua(cfg):gsub("[^\n]+", "    %0"))) end
    self.mfu = mfu.meter(self.model, self:device())
    local cuda = tostring(self:device()):match("^cuda:?(%d*)$")
+   -- config.gc = "auto": dead tensors may fill a quarter of the device's memory not in use before a collection
+   local slack = cfg.gc == "auto" and cuda and dt.cuda_device_info(tonumber(cuda) or 0).total_memory or 0
+   dt.Tensor.set_gc_slack(slack, 0.25)
    if cuda then
       local why
       self.gpu, why = nvml.open(tonumber(cuda) or 0)
