@@ -20,12 +20,13 @@
 -- fp16 block: DeepSpeed's default, dynamic from 2^16).
 -- LuaJIT's GC cannot see tensor bytes, so dead activations would linger: after every backward the trainer runs a
 -- full collection (config.gc = "step"). It marks and sweeps the whole Lua heap, the loaded code and the model's
--- tables as well as the step's garbage, which costs a 12-layer GPT ~4-6 ms a step on a cuda device whatever its
--- width: about 40% of the host's part of the step. config.gc = "auto" collects only when the tensor bytes allocated
--- since the last collection, plus what this micro-batch allocated, would pass dt.Tensor's budget (the bytes live at
--- the last collection, at least 64 MiB, or on a cuda device a quarter of its memory not in use then, if more): steps
--- then hold up to that budget of dead tensors, which their memory figures include. metrics.gc_seconds and
--- metrics.gc_collections report a step's collections.
+-- tables as well as the step's garbage (3-7 ms a step for a 12-layer GPT, whatever its width: 30-45% of the host's
+-- part of the step). config.gc = "auto" collects only when the tensor bytes allocated since the last collection,
+-- plus what this micro-batch allocated, would pass dt.Tensor's budget (the bytes live at the last collection, at
+-- least 64 MiB, or on a cuda device a quarter of its memory not in use then, if more), and leaves the rest to
+-- LuaJIT's incremental collector, which still frees each step's garbage but marks the live heap once every few
+-- steps: steps hold up to that budget of dead tensors, which their memory figures include. metrics.gc_seconds and
+-- metrics.gc_collections report the trainer's collections.
 --
 -- Step result: { step, loss, lr, grad_norm, samples_per_second, tokens_per_second, step_seconds,
 -- memory = dt.memory_stats() (peak = this step's peak), metrics = { gc_seconds, mfu (the model's FLOP count over the
