@@ -203,6 +203,13 @@ int64_t dt_tensor_numel(const dt_tensor *t) {
   return n;
 }
 
+void dt_tensor_dims_f64(const dt_tensor *t, double *shape, double *strides) {
+  for (int d = 0; d < t->ndim; d++) {
+    shape[d] = (double)t->shape[d];
+    if (strides) strides[d] = (double)t->strides[d];
+  }
+}
+
 bool dt_tensor_is_contiguous(const dt_tensor *t) {
   int64_t stride = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {

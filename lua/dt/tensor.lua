@@ -187,20 +187,28 @@ end
 
 -- Properties ----------------------------------------------------------------------------------
 
--- The first n entries of a dims array (int64_t[8]: sizes, or strides, which may be negative) as a Lua array. Read as
--- 32-bit halves (little-endian) into a presized table: the interpreter, which runs most op code (closures stop the
--- JIT), boxes every int64 it reads, and shape tables with their boxes were a sixth of a training step's garbage.
-assert(ffi.abi("le"), "dt.tensor reads int64 dims as little-endian halves")
-local i32_ptr = ffi.typeof("int32_t *")
-local function dims_table(arr, n)
-   local s, w = new_table(n, 0), ffi.cast(i32_ptr, arr)
-   for i = 0, n - 1 do s[i + 1] = w[2 * i] % 4294967296 + w[2 * i + 1] * 4294967296 end
+-- A handle's sizes (and strides) as numbers, through dt_tensor_dims_f64 into these buffers: the interpreter, which
+-- runs most op code (closures stop the JIT), makes a new object of every int64 it reads and of every reference to a
+-- struct's array field, and a shape read made three (a step of a 12-layer GPT reads about 600 shapes and 200 sizes).
+local shape_buf, strides_buf = ffi.new("double[8]"), ffi.new("double[8]")
+
+-- The first n entries of buf as a Lua array.
+local function dims_table(buf, n)
+   local s = new_table(n, 0)
+   for i = 0, n - 1 do s[i + 1] = buf[i] end
    return s
 end
 
 function getters.shape(t)
    local h = t.h
-   return dims_table(h.shape, h.ndim)
+   C.dt_tensor_dims_f64(h, shape_buf, nil)
+   return dims_table(shape_buf, h.ndim)
+end
+
+-- The size of 0-based dim cd of handle h.
+local function dim_size(h, cd)
+   C.dt_tensor_dims_f64(h, shape_buf, nil)
+   return shape_buf[cd]
 end
 function getters.ndim(t) return t.h.ndim end
 function getters.dtype(t) return dtype.by_id[t.h.dtype].name end
@@ -224,7 +232,7 @@ end
 
 function Tensor:size(d)
    if d == nil then return self.shape end
-   return tonumber(self.h.shape[cdim(self, d)])
+   return dim_size(self.h, cdim(self, d))
 end
 function Tensor:dim() return self.h.ndim end
 function Tensor:numel() return tonumber(C.dt_tensor_numel(self.h)) end
@@ -325,7 +333,8 @@ end
 
 function Tensor:strides()
    local h = self.h
-   return dims_table(h.strides, h.ndim)
+   C.dt_tensor_dims_f64(h, shape_buf, strides_buf)
+   return dims_table(strides_buf, h.ndim)
 end
 
 function Tensor:detach()
@@ -411,7 +420,7 @@ end
 -- Elements start .. start+len-1 (1-based) along dim.
 function Tensor:narrow(d, start, len)
    local cd = cdim(self, d)
-   local size = tonumber(self.h.shape[cd])
+   local size = dim_size(self.h, cd)
    if start < 1 or len < 0 or start + len - 1 > size then
       error(("narrow: [%d, %d] out of range for dimension %d of size %d"):format(start, start + len - 1, d, size), 2)
    end
@@ -429,7 +438,7 @@ end
 -- Index i (1-based, negative from the end) along dim; the dim is removed.
 function Tensor:select(d, i)
    local cd = cdim(self, d)
-   local size = tonumber(self.h.shape[cd])
+   local size = dim_size(self.h, cd)
    local idx = i < 0 and size + i + 1 or i
    if idx < 1 or idx > size then
       error(("index %d out of range for dimension %d of size %d"):format(i, d, size), 3)

@@ -61,6 +61,10 @@ dt_status dt_tensor_reshape(const dt_tensor *t, int ndim, const int64_t *shape, 
 dt_status dt_tensor_set_views(int n, dt_tensor *const *dst, const dt_tensor *src, const dt_tensor *layouts);
 
 int64_t dt_tensor_numel(const dt_tensor *t);
+/* t's shape into shape[0 .. ndim - 1] and, unless strides is NULL, its strides, as doubles (exact below 2^53): Lua
+ * reads them without a new object each (the FFI boxes every int64_t it reads outside compiled code, and the array
+ * fields of a struct too). */
+void dt_tensor_dims_f64(const dt_tensor *t, double *shape, double *strides);
 bool dt_tensor_is_contiguous(const dt_tensor *t);
 /* True when t is its storage's only view and covers all of it (offset 0, contiguous, every byte): writing into it
  * changes no other tensor. */
