@@ -109,23 +109,23 @@ void release(void *p) {
 }
 
 
-/* n bytes from src (device memory when from_device) to dst; under DT_EMU_HOST_ONLY what the host reads of the device
- * is zeros (no kernel wrote it). */
-void copy_bytes(void *dst, const void *src, size_t n, bool from_device) {
-  if (from_device && host_only()) memset(dst, 0, n);
-  else memcpy(dst, src, n);
+/* n bytes from src to dst (either in device memory when src_dev, dst_dev); under DT_EMU_HOST_ONLY a copy out of the
+ * device reads zeros (no kernel wrote it) and one within it does not run. */
+void copy_bytes(void *dst, const void *src, size_t n, bool src_dev, bool dst_dev) {
+  if (!src_dev || !host_only()) memcpy(dst, src, n);
+  else if (!dst_dev) memset(dst, 0, n);
 }
 
 struct copy_op : op {
   void *dst;
   const void *src;
   size_t n;
-  bool from_device;
+  bool src_dev, dst_dev;
   void *owned; /* snapshot of a pageable source */
 };
 void run_copy(op *o) {
   copy_op *c = static_cast<copy_op *>(o);
-  copy_bytes(c->dst, c->src, c->n, c->from_device);
+  copy_bytes(c->dst, c->src, c->n, c->src_dev, c->dst_dev);
 }
 void destroy_copy(op *o) {
   copy_op *c = static_cast<copy_op *>(o);
@@ -169,7 +169,7 @@ cudaError_t copy(const char *what, void *dst, const void *src, size_t n, cudaMem
     if (s) flush_stream(s);
     else flush_device(current_device());
     RETURN_IF_STICKY(current_device());
-    copy_bytes(dst, src, n, src_dev);
+    copy_bytes(dst, src, n, src_dev, dst_dev);
     return cudaSuccess;
   }
   copy_op *c = new (std::nothrow) copy_op;
@@ -177,11 +177,12 @@ cudaError_t copy(const char *what, void *dst, const void *src, size_t n, cudaMem
   c->run = run_copy;
   c->destroy = destroy_copy;
   c->skippable = true;
-  c->compute = src_dev && dst_dev; /* (under DT_EMU_HOST_ONLY the device holds nothing to copy) */
+  c->compute = false; /* (copy_bytes decides under DT_EMU_HOST_ONLY) */
   c->dst = dst;
   c->src = src;
   c->n = n;
-  c->from_device = src_dev;
+  c->src_dev = src_dev;
+  c->dst_dev = dst_dev;
   c->owned = nullptr;
   if (src_pageable) { /* the source may change once the call returns: take it now */
     c->owned = malloc(n);

@@ -347,7 +347,7 @@ function Trainer:evaluate(n)
       for pos = 0, (n or 8) - 1 do total = total + self.forward(model, self:to_device(val:batch_at(pos))):item() end
    end)
    if model.train then model:train() end
-   collectgarbage()
+   dt.Tensor.collect()
    return total / (n or 8)
 end
 
