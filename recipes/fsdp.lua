@@ -75,15 +75,8 @@ if last then
       val, best, last.metrics.tokens_seen))
 end
 
--- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40). Every rank generates the same bytes (the same
+-- Sample: continue "The " byte by byte (temperature 0.8, top-k 40). Every rank generates the same bytes (the same
 -- generator): with FSDP each forward is a collective.
 if cfg.sample > 0 and not trainer.stopped then
-   local idx = dt.tensor({ { ("The "):byte(1, -1) } }, { dtype = "i64" })
-   local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })
-   local bytes = {}
-   for i = 1, out:numel() do
-      local b = out:get(i)
-      bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
-   end
-   say("sample:\n" .. table.concat(bytes))
+   say("sample:\n" .. train.sample(model, cfg.sample, { seed = cfg.seed }))
 end

@@ -108,20 +108,8 @@ local last = trainer:run()
 local val = trainer:evaluate(cfg.eval_batches) -- every rank: with tensor parallelism this is a collective
 if last then say(("done: step %d  train loss %.4f  val loss %.4f"):format(last.step, last.loss, val)) end
 
--- Sample: continue a prompt byte by byte (temperature 0.8, top-k 40), or token by token with a tokenizer; every
--- rank draws the same ones.
+-- Sample: continue "The " byte by byte (temperature 0.8, top-k 40), or token by token with a tokenizer; every rank
+-- draws the same ones.
 if cfg.sample > 0 and not trainer.stopped then
-   local prompt = "The "
-   local idx = dt.tensor({ tok and tok:encode(prompt) or { prompt:byte(1, -1) } }, { dtype = "i64" })
-   local out = model:generate(idx, cfg.sample, { temperature = 0.8, top_k = 40, generator = dt.Generator(cfg.seed) })
-   local text = tok and tok:decode(out:totable()[1])
-   if not text then
-      local bytes = {}
-      for i = 1, out:numel() do
-         local b = out:get(i)
-         bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
-      end
-      text = table.concat(bytes)
-   end
-   say("sample:\n" .. text)
+   say("sample:\n" .. train.sample(model, cfg.sample, { seed = cfg.seed, tokenizer = tok }))
 end

@@ -52,4 +52,21 @@ function train.run_dir(cfg, opts)
    return path
 end
 
+-- Continue `prompt` (default "The ") by n tokens, temperature 0.8 and top-k 40 from dt.Generator(seed), and return
+-- the text: the tokenizer's decoding (opts.tokenizer), else the bytes, anything unprintable but a newline as "?".
+-- Every rank that calls it with the same seed draws the same tokens (with FSDP or tensor parallelism each forward is
+-- a collective, so every rank must call it).
+function train.sample(model, n, opts)
+   local dt = require "dt"
+   local tok, prompt = opts.tokenizer, opts.prompt or "The "
+   local idx = dt.tensor({ tok and tok:encode(prompt) or { prompt:byte(1, -1) } }, { dtype = "i64" })
+   local out = model:generate(idx, n, { temperature = 0.8, top_k = 40, generator = dt.Generator(opts.seed) })
+   if tok then return tok:decode(out:totable()[1]) end
+   local bytes = {}
+   for i, b in ipairs(out:totable()[1]) do
+      bytes[i] = (b == 10 or (b >= 32 and b < 127)) and string.char(b) or "?"
+   end
+   return table.concat(bytes)
+end
+
 return train
