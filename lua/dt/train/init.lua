@@ -4,6 +4,7 @@
 --    local dir = train.run_dir(cfg)                       -- prints "run dir: runs/<recipe>-<timestamp>"
 --    local data = train.text { seq = 128, batch = 8, seed = cfg.seed }
 --    train.Trainer { model = m, optimizer = opt, data = data, config = cfg, run_dir = dir }:run()
+local dt = require "dt"
 local config = require "dt.train.config"
 local data = require "dt.train.data"
 local fs = require "dt.fs"
@@ -57,7 +58,6 @@ end
 -- Every rank that calls it with the same seed draws the same tokens (with FSDP or tensor parallelism each forward is
 -- a collective, so every rank must call it).
 function train.sample(model, n, opts)
-   local dt = require "dt"
    local tok, prompt = opts.tokenizer, opts.prompt or "The "
    local idx = dt.tensor({ tok and tok:encode(prompt) or { prompt:byte(1, -1) } }, { dtype = "i64" })
    local out = model:generate(idx, n, { temperature = 0.8, top_k = 40, generator = dt.Generator(opts.seed) })
